@@ -1,0 +1,60 @@
+# pi2: one entry point for setting up, building, testing and demoing.
+#   make setup   virtualenv + editable install + OS packages + native build
+#   make test    pytest and the native unit tests (sets up first when needed)
+#   make lint    ruff
+#   make engine  build native/ for this host
+#   make demo    the main job end to end on this machine
+#   make clean   remove build outputs (keeps ~/.cache/pi2)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PI2    := $(VENV)/bin/pi2
+BUILD  := build/host
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+
+# Tools the build needs and the Debian packages that provide them.
+APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
+             aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user
+
+.PHONY: setup test test-python test-native lint engine demo clean os-packages
+
+setup: os-packages $(VENV)/.installed engine
+
+os-packages:
+	@missing=""; for pair in $(APT_TOOLS); do tool=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing OS packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null \
+	    || { echo "could not install:$$missing (install them and re-run make setup)"; exit 1; }; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+engine:
+	cmake -S native -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: setup test-native test-python
+
+test-native: engine
+	ctest --test-dir $(BUILD) --output-on-failure
+
+test-python: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check pi2cli tests benchmarks workloads
+	$(VENV)/bin/ruff format --check pi2cli tests benchmarks workloads
+
+demo: setup
+	$(PI2) --help
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,71 @@
+#include "common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char last_error[512];
+
+void pi2_set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+}
+
+const char *pi2_last_error(void) { return last_error[0] ? last_error : "unknown error"; }
+
+int pi2_parse_size(const char *text, uint64_t *out) {
+    if (!text || !*text) {
+        pi2_set_error("empty size");
+        return -1;
+    }
+    errno = 0;
+    char *end = NULL;
+    double value = strtod(text, &end);
+    if (end == text || errno || value < 0) {
+        pi2_set_error("bad size '%s' (expected e.g. 4096, 512K, 2G)", text);
+        return -1;
+    }
+    double scale = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': scale = 1024.0; end++; break;
+    case 'M': scale = 1024.0 * 1024; end++; break;
+    case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (toupper((unsigned char)*end) == 'I') end++;
+    if (toupper((unsigned char)*end) == 'B') end++;
+    if (*end != '\0' || value * scale > 1.8e19) {
+        pi2_set_error("bad size '%s' (expected e.g. 4096, 512K, 2G)", text);
+        return -1;
+    }
+    *out = (uint64_t)(value * scale);
+    return 0;
+}
+
+uint64_t pi2_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t pi2_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "VmHWM:", 6) == 0) {
+            kb = strtoull(line + 6, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return kb * 1024;
+}

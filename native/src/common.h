@@ -1,0 +1,24 @@
+/* Small shared helpers: errors, sizes, clocks. Everything else in the engine builds on these. */
+#ifndef PI2_COMMON_H
+#define PI2_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PI2_VERSION "0.1.0"
+
+/* Error handling: functions that can fail on bad input return 0 on success and -1 on failure after
+ * recording one human-readable line with pi2_set_error(). The program prints pi2_last_error() once. */
+void pi2_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *pi2_last_error(void);
+
+/* Parse "4096", "512K", "2G", "1.5G" (powers of 1024; optional trailing "B"/"iB"). -1 on bad input. */
+int pi2_parse_size(const char *text, uint64_t *out);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t pi2_now_ns(void);
+
+/* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
+uint64_t pi2_peak_rss_bytes(void);
+
+#endif

@@ -1,0 +1,3 @@
+from pi2cli.cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""The `pi2` command: a thin click front over plain functions.
+
+Each command group lives in its own module under pi2cli/commands/ and exports `command`. Modules are
+imported only when their command runs, so `pi2 --help` stays fast and one broken piece cannot take the
+whole tool down.
+"""
+
+import importlib
+
+import click
+
+from pi2cli import __version__
+
+# name -> one-line help shown by `pi2 --help`. Order is the order a user meets them in.
+COMMANDS: dict[str, str] = {
+    "build": "Build pi2-engine or llama.cpp for this host, android-arm64 or linux-arm64.",
+    "devices": "List targets (this machine, adb phones, qemu-arm64) with their hardware facts.",
+    "push": "Copy engine, models, plans and workloads to a device, skipping what is already there.",
+    "models": "The model registry: list, show, pull, synthesize and profile models.",
+    "convert": "Convert GGUF / PowerInfer GGUF / safetensors checkpoints to .pi2 (plus a GGUF twin).",
+    "generate": "Generate text with pi2-engine or llama.cpp on this machine.",
+    "workloads": "The dialogue, code, math and role-play workloads: list and show statistics.",
+    "profile": "Measure a device's CPU, memory and storage throughput with pi2-probe.",
+    "plan": "Choose cache sizes, hot set, threads and load strategy for a model, device and budget.",
+    "bench": "Run engines x workloads on a device and record TTFT, TBT and memory.",
+    "compare": "Compare runs side by side with speedups and confidence intervals.",
+    "report": "Write a markdown and HTML report with plots from runs.",
+    "results": "List and filter recorded runs in the results index.",
+    "farm": "Nightly device-farm runs with regression flags.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"pi2cli.commands.{name}")
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Help comes from the table above, so listing commands imports nothing.
+        with formatter.section("Commands"):
+            formatter.write_dl(list(COMMANDS.items()))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pi2")
+def cli() -> None:
+    """pi2: PowerInfer-2 on Android phones.
+
+    Builds the sparse engine, pushes it and its models to phones over adb, runs the dialogue, code,
+    math and role-play workloads against pi2 and the baselines (llama.cpp, LLM in a Flash, MLC-LLM),
+    and turns TTFT, TBT and memory into results, comparisons and reports.
+
+    Run `pi2 COMMAND --help` for what each command does and its options.
+    """
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("pi2: interrupted", err=True)
+        raise SystemExit(130) from None

@@ -1,0 +1,1 @@
+"""One module per `pi2` command group; each exports `command`."""
