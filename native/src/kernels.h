@@ -1,0 +1,88 @@
+/* Quantized weight types and the compute kernels the engine is built on.
+ *
+ * Block layouts are bit-compatible with GGUF/ggml so weights convert without loss; type ids are
+ * ggml's. As in ggml, a weight row of type T is multiplied with an activation vector that was first
+ * converted to T's "activation type" (pi2_act_type): Q4_0 and Q8_0 rows pair with Q8_0
+ * activations, Q4_1 with Q8_1, F16 with F16, F32 with F32. Keeping ggml's pairing keeps our logits
+ * within rounding of llama.cpp's on the same weights.
+ *
+ * Kernels are single-threaded; callers split rows across the thread pool. Every kernel has a scalar
+ * reference; SIMD paths (AVX2/FMA, AVX-512, NEON, NEON dotprod, i8mm) are chosen once at run time from
+ * the CPU's features, and tests compare each with the scalar path. */
+#ifndef PI2_KERNELS_H
+#define PI2_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    PI2_F32 = 0,
+    PI2_F16 = 1,
+    PI2_Q4_0 = 2,
+    PI2_Q4_1 = 3,
+    PI2_Q8_0 = 8,
+    PI2_Q8_1 = 9, /* activations only */
+} pi2_type;
+
+#define PI2_QK 32 /* elements per quantized block (all block types here) */
+
+typedef uint16_t pi2_f16;
+
+typedef struct { pi2_f16 d; uint8_t qs[PI2_QK / 2]; } pi2_block_q4_0;          /* 18 bytes */
+typedef struct { pi2_f16 d, m; uint8_t qs[PI2_QK / 2]; } pi2_block_q4_1;       /* 20 bytes */
+typedef struct { pi2_f16 d; int8_t qs[PI2_QK]; } pi2_block_q8_0;               /* 34 bytes */
+typedef struct { pi2_f16 d, s; int8_t qs[PI2_QK]; } pi2_block_q8_1;            /* 36 bytes; s = d*sum(qs) */
+
+const char *pi2_type_name(pi2_type t);
+int pi2_type_valid_weight(int t);          /* 1 for F32, F16, Q4_0, Q4_1, Q8_0 */
+size_t pi2_row_size(pi2_type t, int64_t n);  /* bytes of one row of n elements (n % 32 == 0 for quants) */
+pi2_type pi2_act_type(pi2_type weight_type);
+
+float pi2_f16_to_f32(pi2_f16 h);
+pi2_f16 pi2_f32_to_f16(float f);
+
+/* Row conversion (n elements). quantize_row follows ggml's reference rounding. */
+void pi2_quantize_row(pi2_type t, const float *x, void *out, int64_t n);
+void pi2_dequantize_row(pi2_type t, const void *row, float *out, int64_t n);
+
+/* Convert activation x (n floats) into act_type(wt) for use with rows of type wt. buf holds
+ * pi2_row_size(pi2_act_type(wt), n) bytes. */
+void pi2_prepare_act(pi2_type wt, const float *x, void *buf, int64_t n);
+
+/* dot(row, act) over n elements; act prepared by pi2_prepare_act(wt, ...). */
+float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act);
+
+/* y[r] = dot(W[r], act) for r in [0, rows); W is rows x n, row-major, rows of pi2_row_size(wt, n). */
+void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y);
+
+/* y[i] = dot(W[idx[i]], act) for i in [0, count): the sparse FFN's gather over active neurons. */
+void pi2_gather_gemv(pi2_type wt, const void *w, int64_t n, const int32_t *idx, int64_t count,
+                     const void *act, float *y);
+
+/* y[0..n) += a * dequant(row): down-projection columns stored as rows, scaled by a neuron's output. */
+void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
+
+/* Prefill: Y[t][r] = dot(W[r], A[t]) for t in [0, tokens), r in [0, rows). A holds `tokens`
+ * activations prepared with pi2_prepare_act, each pi2_row_size(act_type(wt), n) bytes; Y is
+ * tokens x ldy floats. Blocked so each weight row is read once per tile of tokens. */
+void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens,
+              float *y, int64_t ldy);
+
+/* Kernel selection. pi2_kernels_init() picks the best path the CPU supports (idempotent; called
+ * lazily by the kernels). Tests force a level to compare it with PI2_KERNELS_SCALAR. */
+typedef enum {
+    PI2_KERNELS_SCALAR = 0,
+    PI2_KERNELS_AVX2,
+    PI2_KERNELS_AVX512,
+    PI2_KERNELS_NEON,
+    PI2_KERNELS_DOTPROD,
+    PI2_KERNELS_I8MM,
+} pi2_kernel_level;
+
+void pi2_kernels_init(void);
+pi2_kernel_level pi2_kernels_best(void);                /* best level this CPU supports */
+int pi2_kernels_force(pi2_kernel_level level);          /* -1 if the CPU lacks it */
+pi2_kernel_level pi2_kernels_current(void);
+const char *pi2_kernel_level_name(pi2_kernel_level level);
+
+#endif
