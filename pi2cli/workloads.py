@@ -1,0 +1,309 @@
+"""The four workload sets (multi-turn dialogue, code, math, role-play) and chat-template rendering.
+
+The sets are JSONL files in workloads/ at the repository root (or $PI2_WORKLOADS), written by
+workloads/build_workloads.py from real data. One record per line:
+
+    {"id": str, "source": str, "system": str | null, "turns": [str, ...], "max_new_tokens": [int, ...]}
+
+`turns` are the user turns of one conversation; the assistant answers are whatever the engine generates,
+so each turn's prompt is the template rendered over everything said so far (see `messages_for_turn`).
+`max_new_tokens[i]` caps the answer to turns[i].
+
+workloads/stats.json holds the token counts of every user turn under each statistics tokenizer, keyed by
+record id, so `pi2 workloads show` can summarise any subset without loading a tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import REPO_ROOT
+
+WORKLOADS: dict[str, str] = {
+    "multi-turn": "Multi-turn dialogue: ShareGPT conversations with >= 3 user turns and MT-Bench's 80 questions.",
+    "code": "Code generation: HumanEval's 164 prompts and MT-Bench coding.",
+    "math": "Math: MT-Bench math and reasoning plus grade-school word problems written for pi2.",
+    "role-play": "Role-play: MT-Bench roleplay plus ShareGPT conversations that set up a role.",
+}
+
+RECORD_KEYS = {"id", "source", "system", "turns", "max_new_tokens"}
+
+
+def workloads_dir() -> Path:
+    return Path(os.environ.get("PI2_WORKLOADS") or REPO_ROOT / "workloads")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One workload item: the user turns of a conversation and the answer budget of each turn."""
+
+    id: str
+    source: str
+    system: str | None
+    turns: tuple[str, ...]
+    max_new_tokens: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "record") -> Conversation:
+        """Validate one decoded JSONL record; a bad one raises Pi2Error naming `where`."""
+        if not isinstance(data, dict):
+            raise Pi2Error(f"{where}: expected a JSON object, got {type(data).__name__}")
+        keys = set(data)
+        if keys != RECORD_KEYS:
+            missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
+            raise Pi2Error(f"{where}: wrong keys (missing {missing}, unexpected {extra})")
+        if not isinstance(data["id"], str) or not data["id"]:
+            raise Pi2Error(f"{where}: id must be a non-empty string")
+        if not isinstance(data["source"], str) or not data["source"]:
+            raise Pi2Error(f"{where}: source must be a non-empty string")
+        system = data["system"]
+        if system is not None and (not isinstance(system, str) or not system.strip()):
+            raise Pi2Error(f"{where}: system must be null or a non-empty string")
+        turns, budgets = data["turns"], data["max_new_tokens"]
+        if not isinstance(turns, list) or not turns:
+            raise Pi2Error(f"{where}: turns must be a non-empty list")
+        if not all(isinstance(t, str) and t.strip() for t in turns):
+            raise Pi2Error(f"{where}: every turn must be a non-empty string")
+        if not isinstance(budgets, list) or len(budgets) != len(turns):
+            raise Pi2Error(f"{where}: max_new_tokens must be a list with one entry per turn")
+        if not all(type(b) is int and b > 0 for b in budgets):
+            raise Pi2Error(f"{where}: max_new_tokens entries must be positive integers")
+        return cls(data["id"], data["source"], system, tuple(turns), tuple(budgets))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["turns"], data["max_new_tokens"] = list(self.turns), list(self.max_new_tokens)
+        return data
+
+    def messages_for_turn(self, index: int, answers: list[str] | tuple[str, ...] = ()) -> list[dict]:
+        """Chat messages that prompt turn `index`: system, then user/assistant pairs, then the user turn.
+
+        `answers` are the assistant replies to turns 0..index-1 (what the engine generated before).
+        """
+        if not 0 <= index < len(self.turns):
+            raise Pi2Error(f"{self.id}: turn {index} out of range (it has {len(self.turns)})")
+        if len(answers) != index:
+            raise Pi2Error(f"{self.id}: turn {index} needs {index} earlier answers, got {len(answers)}")
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        for user, answer in zip(self.turns[:index], answers, strict=True):
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": self.turns[index]})
+        return messages
+
+
+def list_workloads() -> list[str]:
+    """Names of the workload sets, in the paper's order."""
+    return list(WORKLOADS)
+
+
+def workload_path(name: str) -> Path:
+    if name not in WORKLOADS:
+        raise Pi2Error(f"unknown workload {name!r} (choose from: {', '.join(WORKLOADS)})")
+    return workloads_dir() / f"{name}.jsonl"
+
+
+def read_workload(name: str) -> list[Conversation]:
+    """Every record of a set, validated, in file order; ids must be unique."""
+    path = workload_path(name)
+    if not path.is_file():
+        raise Pi2Error(f"workload file {path} is missing (regenerate: python workloads/build_workloads.py)")
+    records: list[Conversation] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path.name}:{number}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise Pi2Error(f"{where}: not valid JSON ({exc.msg})") from None
+            record = Conversation.from_dict(data, where)
+            if record.id in seen:
+                raise Pi2Error(f"{where}: duplicate id {record.id!r}")
+            seen.add(record.id)
+            records.append(record)
+    if not records:
+        raise Pi2Error(f"workload file {path} has no records")
+    return records
+
+
+def load_workload(name: str, limit: int | None = None, seed: int | None = None) -> list[Conversation]:
+    """The conversations of set `name`.
+
+    Without a seed: file order, the first `limit`. With a seed: a random sample of `limit` (all of them,
+    shuffled, without a limit) that depends only on the seed and the file.
+    """
+    if limit is not None and limit < 1:
+        raise Pi2Error(f"--limit must be at least 1, got {limit}")
+    records = read_workload(name)
+    count = len(records) if limit is None else min(limit, len(records))
+    if seed is None:
+        return records[:count]
+    return random.Random(seed).sample(records, count)
+
+
+# ---------------------------------------------------------------------------------------------- templates
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
+):
+    # HF's tojson: no HTML escaping (jinja2's built-in escapes <, >, & which templates do not want).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _compile_template(source: str):
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    # Same environment as transformers' apply_chat_template, so GGUF templates written for HF render here.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def render_chat(
+    template_source: str,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **extra: Any,
+) -> str:
+    """Render a chat template (the GGUF's tokenizer.chat_template, or the registry's) over messages."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        template = _compile_template(template_source)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **extra,
+        )
+    except TemplateError as exc:
+        raise Pi2Error(f"chat template failed: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str
+    bos_token: str
+    eos_token: str
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return render_chat(self.source, messages, add_generation_prompt, self.bos_token, self.eos_token)
+
+
+def gguf_chat_template(gguf_path: str | os.PathLike) -> ChatTemplate:
+    """tokenizer.chat_template of a GGUF with its BOS/EOS token texts."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except (OSError, ValueError) as exc:
+        raise Pi2Error(f"cannot read GGUF {gguf_path}: {exc}") from None
+    fields = reader.fields
+    if "tokenizer.chat_template" not in fields:
+        raise Pi2Error(f"{gguf_path} has no tokenizer.chat_template")
+    source = fields["tokenizer.chat_template"].contents()
+    tokens = fields.get("tokenizer.ggml.tokens")
+
+    def token_text(key: str) -> str:
+        if tokens is None or key not in fields:
+            return ""
+        index = int(fields[key].contents())
+        return tokens.contents(index) if 0 <= index < len(tokens.data) else ""
+
+    return ChatTemplate(
+        source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id")
+    )
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def read_stats() -> dict:
+    """workloads/stats.json: {"tokenizers": {key: description}, "counts": {key: {id: [tokens per turn]}}}."""
+    path = workloads_dir() / "stats.json"
+    if not path.is_file():
+        raise Pi2Error(f"{path} is missing (regenerate: python workloads/build_workloads.py)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise Pi2Error(f"{path}: not valid JSON ({exc.msg})") from None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of nothing")
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(records: list[Conversation], stats: dict) -> dict:
+    """Counts, turns per conversation and user-turn token percentiles per tokenizer for `records`."""
+    turns = [len(r.turns) for r in records]
+    sources: dict[str, int] = {}
+    for r in records:
+        family = r.source.split(":")[0]
+        sources[family] = sources.get(family, 0) + 1
+    summary: dict[str, Any] = {
+        "conversations": len(records),
+        "turns": sum(turns),
+        "sources": dict(sorted(sources.items())),
+        "turns_per_conversation": _spread(turns),
+        "max_new_tokens_per_turn": _spread([b for r in records for b in r.max_new_tokens]),
+        "tokens_per_turn": {},
+        "tokens_per_conversation": {},
+    }
+    for key, counts in stats.get("counts", {}).items():
+        per_turn: list[int] = []
+        per_conv: list[int] = []
+        for r in records:
+            got = counts.get(r.id)
+            if got is None or len(got) != len(r.turns):
+                raise Pi2Error(f"stats.json has no token counts for {r.id} under {key} (regenerate it)")
+            per_turn += got
+            per_conv.append(sum(got))
+        summary["tokens_per_turn"][key] = _spread(per_turn)
+        summary["tokens_per_conversation"][key] = _spread(per_conv)
+    return summary
+
+
+def _spread(values: list[int]) -> dict[str, float]:
+    return {
+        "min": min(values),
+        "mean": round(sum(values) / len(values), 1),
+        "p50": round(percentile(values, 50), 1),
+        "p90": round(percentile(values, 90), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": max(values),
+    }
