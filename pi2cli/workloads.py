@@ -284,7 +284,9 @@ def summarize(records: list[Conversation], stats: dict) -> dict:
         "tokens_per_turn": {},
         "tokens_per_conversation": {},
     }
-    for key, counts in stats.get("counts", {}).items():
+    counts_by_key = stats.get("counts", {})
+    for key in sorted(counts_by_key, key=lambda k: (k != "smollm2", k)):  # the test model first
+        counts = counts_by_key[key]
         per_turn: list[int] = []
         per_conv: list[int] = []
         for r in records:
