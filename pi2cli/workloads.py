@@ -220,26 +220,23 @@ class ChatTemplate:
 
 def gguf_chat_template(gguf_path: str | os.PathLike) -> ChatTemplate:
     """tokenizer.chat_template of a GGUF with its BOS/EOS token texts."""
-    from gguf import GGUFReader
+    from pi2cli.gguf_meta import read_gguf_metadata
 
-    try:
-        reader = GGUFReader(str(gguf_path))
-    except (OSError, ValueError) as exc:
-        raise Pi2Error(f"cannot read GGUF {gguf_path}: {exc}") from None
-    fields = reader.fields
-    if "tokenizer.chat_template" not in fields:
+    wanted = {"tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
+              "tokenizer.ggml.eos_token_id"}  # fmt: skip
+    meta = read_gguf_metadata(gguf_path, wanted)
+    if "tokenizer.chat_template" not in meta:
         raise Pi2Error(f"{gguf_path} has no tokenizer.chat_template")
-    source = fields["tokenizer.chat_template"].contents()
-    tokens = fields.get("tokenizer.ggml.tokens")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
 
     def token_text(key: str) -> str:
-        if tokens is None or key not in fields:
-            return ""
-        index = int(fields[key].contents())
-        return tokens.contents(index) if 0 <= index < len(tokens.data) else ""
+        index = meta.get(key)
+        return tokens[index] if isinstance(index, int) and 0 <= index < len(tokens) else ""
 
     return ChatTemplate(
-        source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id")
+        meta["tokenizer.chat_template"],
+        token_text("tokenizer.ggml.bos_token_id"),
+        token_text("tokenizer.ggml.eos_token_id"),
     )
 
 

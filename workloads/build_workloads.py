@@ -356,17 +356,18 @@ def smollm2_tokenizer(gguf_path: Path):
 
     llama.cpp's 'smollm' pre-tokenizer: every digit alone, then the GPT-2 split regex, byte-level.
     """
-    from gguf import GGUFReader
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    reader = GGUFReader(str(gguf_path))
-    fields = reader.fields
-    model = fields["tokenizer.ggml.model"].contents()
-    pre = fields["tokenizer.ggml.pre"].contents()
-    if model != "gpt2" or pre != "smollm":
+    from pi2cli.gguf_meta import read_gguf_metadata
+
+    meta = read_gguf_metadata(
+        gguf_path, {f"tokenizer.ggml.{k}" for k in ("model", "pre", "tokens", "merges")}
+    )
+    model, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+    if model != "gpt2" or pre != "smollm" or "tokenizer.ggml.merges" not in meta:
         raise Pi2Error(f"{gguf_path}: expected a gpt2/smollm tokenizer, found {model}/{pre}")
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"].contents()]
+    tokens = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     vocab = {token: index for index, token in enumerate(tokens)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
