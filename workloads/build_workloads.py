@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", type=Path, default=None, help="SmolLM2 GGUF (default: the test model)")
     parser.add_argument("--check", action="store_true", help="compare with the files instead of writing")
     args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        parser.error(f"--out {args.out} is not a directory")
     try:
         from pi2cli.testmodels import smollm2_gguf
 
@@ -482,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs = {f"{name}.jsonl": jsonl_text(records) for name, records in sets.items()}
         outputs["stats.json"] = json.dumps(stats, sort_keys=True, indent=1) + "\n"
         readme_path = args.out / "README.md"
+        if not readme_path.is_file():  # a fresh --out directory starts from this README
+            readme_path = HERE / "README.md"
         outputs["README.md"] = replace_stats(
             readme_path.read_text(encoding="utf-8"), stats_markdown(sets, stats, facts)
         )
@@ -503,6 +507,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Pi2Error as exc:
         print(f"build_workloads: error: {exc.format_message()}", file=sys.stderr)
+        return 1
+    except ImportError as exc:
+        print(
+            f"build_workloads: error: {exc.name} is missing (pip install tokenizers sentencepiece)",
+            file=sys.stderr,
+        )
         return 1
 
 
