@@ -15,12 +15,12 @@ Written from the protocol descriptions (OVERVIEW.TXT, SYNC.TXT, the shell protoc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shlex
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -108,7 +108,9 @@ class Stream:
                 if self.closed.is_set():
                     raise Closed()
                 self.can_send.clear()
-                self.conn.send(A_WRTE, self.local_id, self.remote_id, data[start : start + self.conn.max_payload])
+                self.conn.send(
+                    A_WRTE, self.local_id, self.remote_id, data[start : start + self.conn.max_payload]
+                )
 
     def close(self) -> None:
         """Our side is done: tell the host once."""
@@ -183,10 +185,8 @@ class Connection:
                 self.streams.clear()
             for s in streams:
                 s.closed_by_host()
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.close()
-            except OSError:
-                pass
 
     def dispatch(self, command: int, arg0: int, arg1: int, payload: bytes) -> None:
         if command == A_CNXN:
@@ -235,10 +235,8 @@ def run_service(handler, stream: Stream) -> None:
     except Closed:
         pass
     finally:
-        try:
+        with contextlib.suppress(Closed):
             stream.close()
-        except Closed:
-            pass
 
 
 def pick_service(service: str, stream: Stream, opts: Options):
@@ -276,10 +274,8 @@ def start_command(command: str, opts: Options, merge_stderr: bool) -> subprocess
 
 def kill_group(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def feed_stdin(stream: Stream, proc: subprocess.Popen, packets: bool) -> None:
@@ -300,10 +296,8 @@ def feed_stdin(stream: Stream, proc: subprocess.Popen, packets: bool) -> None:
     except (Closed, OSError, ValueError):
         pass
     finally:
-        try:
+        with contextlib.suppress(OSError):
             proc.stdin.close()
-        except OSError:
-            pass
 
 
 def pump(pipe, send) -> None:
@@ -440,7 +434,9 @@ class SyncSession:
         except ValueError:
             mode = 0o644
         sink = None
-        error = None if host is not None else f"{path}: Permission denied (test adbd serves {DEVICE_TMP} only)"
+        error = (
+            None if host is not None else f"{path}: Permission denied (test adbd serves {DEVICE_TMP} only)"
+        )
         if host is not None:
             try:
                 host.parent.mkdir(parents=True, exist_ok=True)
@@ -567,7 +563,9 @@ echo '/dev/block/dm-9 {kib + 1000} 1000 {kib} 1% /data'
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--root", required=True, help="host directory that plays /data/local/tmp")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: pick a free one)")
     parser.add_argument("--port-file", help="write the chosen port here once listening")
