@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import tempfile
 import time
 from collections.abc import Callable
@@ -220,8 +221,10 @@ def push_one(target: Target, item: PushItem, progress: Progress | None) -> float
             target.remove(partial)  # usually impossible when the device vanished; .partial says it all
         raise Pi2Error(f"{exc} ({item.local.name} not installed; run pi2 push again)") from None
     except KeyboardInterrupt:
+        # The device may still be draining data we sent into the closed stream: remove, give it a
+        # moment to notice the stream is gone, remove again.
         with contextlib.suppress(TargetError, KeyboardInterrupt):
-            target.remove(partial)
+            target.sh(f"rm -f {shlex.quote(partial)}; sleep 0.3; rm -f {shlex.quote(partial)}", timeout=10)
         raise
     seconds = time.monotonic() - start
     digest = target.hash(partial)

@@ -32,7 +32,10 @@ def command(as_json, no_facts):
 
     table = Table(title="pi2 targets")
     for h in HEADERS:
-        table.add_column(h, overflow="fold")
+        table.add_column(h, overflow="fold", no_wrap=h in ("target", "state"))
     for values in table_rows(rows):
         table.add_row(*values)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)

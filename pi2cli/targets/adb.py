@@ -154,9 +154,10 @@ class AdbTarget(ShellTarget):
     def __init__(self, serial: str, workdir: str | None = None):
         super().__init__(name=serial, kind="adb", arch="unknown", workdir=workdir or DEVICE_WORKDIR)
         states = {s: st for s, st, _tags in list_adb_devices()}
+        connect_reply = ""
         if serial not in states and looks_like_network_serial(serial):
             try:
-                adb_client().connect(serial, timeout=10)
+                connect_reply = adb_client().connect(serial, timeout=10).strip()
             except _errors() as exc:
                 raise TargetError(f"cannot connect to {serial}: {exc}") from exc
             for _ in range(20):  # the server finishes the handshake in the background
@@ -165,6 +166,8 @@ class AdbTarget(ShellTarget):
                     break
                 time.sleep(0.1)
         state = states.get(serial)
+        if state is None and connect_reply and not connect_reply.startswith(("connected", "already")):
+            raise TargetError(f"cannot connect to {serial}: {connect_reply}")
         if state is None:
             known = ", ".join(sorted(states)) or "none"
             raise TargetError(f"no device {serial!r} (adb devices: {known}; `pi2 devices` lists targets)")
@@ -213,7 +216,9 @@ class AdbTarget(ShellTarget):
     def run(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
             on_output: OutputCallback | None = None) -> AdbProcess:  # fmt: skip
         try:
-            return AdbProcess(self, wrap_command(argv, env, cwd or self.workdir), on_output)
+            # The default cwd is the working directory, created on first use; a given cwd must exist.
+            command = wrap_command(argv, env, cwd or self.workdir, make_cwd=cwd is None)
+            return AdbProcess(self, command, on_output)
         except _errors() as exc:
             raise TargetError(f"cannot start {argv[0]} on {self.name}: {exc}") from exc
 

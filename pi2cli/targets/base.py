@@ -406,9 +406,11 @@ class ShellTarget:
         return temp
 
 
-def wrap_command(argv: list[str], env: dict[str, str] | None, cwd: str | None) -> str:
+def wrap_command(argv: list[str], env: dict[str, str] | None, cwd: str | None, make_cwd: bool = False) -> str:
     """A shell line that reports the real pid first (on stderr) and then becomes the command."""
     parts = []
+    if cwd and make_cwd:
+        parts.append(f"mkdir -p {shlex.quote(cwd)};")
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} || exit 127;")
     parts.append("echo __PI2_PID__=$$ >&2;")
