@@ -211,28 +211,33 @@ def check_free_space(target: Target, workdir: str, needed: int) -> int:
 
 
 def push_one(target: Target, item: PushItem, progress: Progress | None) -> float:
-    """Copy to NAME.partial, verify the hash on the target, rename. Returns the seconds it took."""
+    """Copy to NAME.partial, verify the hash on the target, rename. Returns the seconds the copy took.
+
+    Ctrl-C anywhere before the rename removes the .partial; a vanished device leaves at most a
+    .partial behind, which the next push replaces."""
     partial = item.remote + PARTIAL_SUFFIX
-    start = time.monotonic()
     try:
-        target.push(item.local, partial, progress=progress, mode=item.mode)
-    except TransferError as exc:
-        with contextlib.suppress(TargetError):
-            target.remove(partial)  # usually impossible when the device vanished; .partial says it all
-        raise Pi2Error(f"{exc} ({item.local.name} not installed; run pi2 push again)") from None
+        start = time.monotonic()
+        try:
+            target.push(item.local, partial, progress=progress, mode=item.mode)
+        except TransferError as exc:
+            with contextlib.suppress(TargetError):
+                target.remove(partial)  # usually impossible when the device vanished; .partial says it all
+            raise Pi2Error(f"{exc} ({item.local.name} not installed; run pi2 push again)") from None
+        seconds = time.monotonic() - start
+        digest = target.hash(partial)
+        if digest != item.sha256:
+            with contextlib.suppress(TargetError):
+                target.remove(partial)
+            raise Pi2Error(f"{item.local.name} arrived corrupted on {target.name} (sha256 "
+                           f"{digest or 'missing'} instead of {item.sha256[:16]}...); removed it, run pi2 "
+                           f"push again")  # fmt: skip
     except KeyboardInterrupt:
         # The device may still be draining data we sent into the closed stream: remove, give it a
         # moment to notice the stream is gone, remove again.
         with contextlib.suppress(TargetError, KeyboardInterrupt):
             target.sh(f"rm -f {shlex.quote(partial)}; sleep 0.3; rm -f {shlex.quote(partial)}", timeout=10)
         raise
-    seconds = time.monotonic() - start
-    digest = target.hash(partial)
-    if digest != item.sha256:
-        with contextlib.suppress(TargetError):
-            target.remove(partial)
-        raise Pi2Error(f"{item.local.name} arrived corrupted on {target.name} (sha256 {digest or 'missing'} "
-                       f"instead of {item.sha256[:16]}...); removed it, run pi2 push again")  # fmt: skip
     target.rename(partial, item.remote)
     return seconds
 

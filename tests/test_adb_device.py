@@ -83,6 +83,14 @@ def test_adb_target_facts_commands_and_memory(make_device):
     assert ("stdout", f"{WORKDIR}\n".encode()) in chunks  # the default cwd: the workdir, made on demand
     assert b"".join(d for n, d in chunks if n == "stderr") == b"oops\n"  # the pid marker is not output
 
+    out = []
+    p = t.run(["sh", "-c", 'echo "$PI2_X"'], env={"PI2_X": "a b"}, on_output=lambda n, d: out.append(d))
+    assert p.wait(10) == 0 and b"".join(out) == b"a b\n"
+
+    err = []
+    p = t.run(["true"], cwd="/data/local/tmp/no/such/dir", on_output=lambda n, d: err.append(d))
+    assert p.wait(10) == 127 and b"no/such/dir" in b"".join(err)
+
     p = t.run(["sleep", "30"], cwd="/data/local/tmp")
     assert p.pid is not None
     mem = t.read_memory(p.pid)

@@ -109,6 +109,8 @@ class AdbProcess:
     def _read(self) -> None:
         try:
             self.returncode = read_shell_v2(self.conn, self._emit)
+            if self.pid is None and self._stderr_head and self._on_output:
+                self._on_output("stderr", self._stderr_head)  # it died before exec (e.g. cd failed)
         except _errors() as exc:
             self.error = f"lost the device {self.target.name} while the command ran: {exc}"
             self.returncode = -1
