@@ -3,7 +3,9 @@ test daemon in tests/adbd, and pi2's targets, `pi2 push` and `pi2 devices` run a
 
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -202,3 +204,24 @@ def test_devices_lists_states_and_facts(make_device):
     assert "unauthorized" in table and "pi2 targets" in table
     with pytest.raises(TargetError, match="unauthorized: accept"):
         get_target(locked.serial)
+
+
+def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_server):
+    dev = make_device("--slow", str(2 << 20))  # 3 MiB at 2 MiB/s: plenty of time to interrupt
+    partial = dev.root / "pi2" / "models" / "tiny.gguf.partial"
+    proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "push", "--device", dev.serial, "--no-engine",
+                             "--no-workloads", "-m", str(files["model"])], env={**os.environ},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # click reports Ctrl-C as "Aborted!" (exit 1) until cli.main handles it (exit 130, "pi2: interrupted").
+    assert proc.returncode in (1, 130) and (b"Aborted" in err or b"interrupted" in err), err
+    assert not partial.exists() and not (dev.root / "pi2" / "models" / "tiny.gguf").exists()

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # Transport commands: four ASCII bytes read as a little-endian u32.
@@ -56,6 +57,7 @@ class Options:
         self.unauthorized = args.unauthorized
         self.corrupt = args.corrupt
         self.disconnect_after = args.disconnect_after
+        self.slow = args.slow  # bytes per second that SEND accepts, or None
         self.received = 0  # sync DATA bytes received, across connections (for --disconnect-after)
         self.lock = threading.Lock()
 
@@ -454,6 +456,8 @@ class SyncSession:
                     return False
                 data = self.stream.read_exact(length)
                 self.count_received(len(data))
+                if self.opts.slow:
+                    time.sleep(len(data) / self.opts.slow)
                 if sink is not None:
                     sink.write(data)
         finally:
@@ -575,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corrupt", action="store_true", help="flip a byte in every file pushed")
     parser.add_argument("--disconnect-after", type=int, default=None, metavar="BYTES",
                         help="vanish (exit) once this many bytes were pushed")  # fmt: skip
+    parser.add_argument("--slow", type=int, default=None, metavar="BYTES_PER_S",
+                        help="accept pushed data at most this fast")  # fmt: skip
     parser.add_argument("--free-bytes", type=int, default=None, help="make `df` report this much free space")
     args = parser.parse_args(argv)
 
