@@ -128,8 +128,9 @@ def collect_items(
 
 
 # ------------------------------------------------------------------------------------------ hashes
-def sha256_file(path: Path, cache_path: Path | None = None) -> str:
-    """sha256 of a local file, remembered by (path, size, mtime) so GB models hash once."""
+def sha256_file(path: Path, cache_path: Path | None = None, progress: Progress | None = None) -> str:
+    """sha256 of a local file, remembered by (path, size, mtime) so GB models hash once.
+    progress(bytes_hashed) is called only when the file is really read."""
     cache_path = cache_path or cache_dir() / "hash-cache.json"
     st = path.stat()
     key = str(path.resolve())
@@ -141,9 +142,13 @@ def sha256_file(path: Path, cache_path: Path | None = None) -> str:
     if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
         return hit[2]
     h = hashlib.sha256()
+    done = 0
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             h.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done)
     digest = h.hexdigest()
     cache[key] = [st.st_size, st.st_mtime_ns, digest]
     tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
@@ -242,11 +247,12 @@ def push_one(target: Target, item: PushItem, progress: Progress | None) -> float
     return seconds
 
 
-ProgressFactory = Callable[[PushItem], contextlib.AbstractContextManager]
+# progress_for(item, stage) with stage "hash" (local sha256, only called back when not cached) or "copy"
+ProgressFactory = Callable[[PushItem, str], contextlib.AbstractContextManager]
 
 
 @contextlib.contextmanager
-def _no_progress(_item: PushItem):
+def _no_progress(_item: PushItem, _stage: str):
     yield None
 
 
@@ -257,14 +263,15 @@ def push_files(
     progress_for: ProgressFactory | None = None,
     hash_cache: Path | None = None,
 ) -> PushReport:
-    """Push `items`, skipping those already on the target. progress_for(item) is a context manager
-    yielding a Progress callback (or None) for each copied file."""
+    """Push `items`, skipping those already on the target. progress_for(item, stage) is a context
+    manager yielding a Progress callback (or None) while a file is hashed here and while it is copied."""
     workdir = workdir or target.workdir
     progress_for = progress_for or _no_progress
     report = PushReport(target=target.name, workdir=workdir)
     try:
         for item in items:
-            item.sha256 = sha256_file(item.local, hash_cache)
+            with progress_for(item, "hash") as progress:
+                item.sha256 = sha256_file(item.local, hash_cache, progress)
         manifest = read_manifest(target, workdir)
         same = already_there(target, items, manifest)
         todo = [i for i in items if i.remote not in same]
@@ -278,7 +285,7 @@ def push_files(
         for parent in sorted({i.remote.rsplit("/", 1)[0] for i in todo}):
             target.mkdir(parent)
         for item in todo:
-            with progress_for(item) as progress:
+            with progress_for(item, "copy") as progress:
                 seconds = push_one(target, item, progress)
             report.files.append(PushResult(item.remote, str(item.local), item.kind, item.size, item.sha256,
                                            "copied", round(seconds, 3),

@@ -68,10 +68,23 @@ def command(device, models, plans, workdir, no_engine, no_workloads, as_json):
                             TransferSpeedColumn(), TimeRemainingColumn(), transient=False)  # fmt: skip
 
         @contextlib.contextmanager
-        def progress_for(item):
-            task = progress.add_task(item.local.name, total=item.size)
-            yield lambda done: progress.update(task, completed=done)
-            progress.update(task, completed=item.size)
+        def progress_for(item, stage):
+            if stage == "copy":
+                task = progress.add_task(item.local.name, total=item.size)
+                yield lambda done: progress.update(task, completed=done)
+                progress.update(task, completed=item.size)
+                return
+            # Hashing: a bar only when the file is really read (not cached), removed when done.
+            tasks = []
+
+            def hashed(done):
+                if not tasks:
+                    tasks.append(progress.add_task(f"sha256 {item.local.name}", total=item.size))
+                progress.update(tasks[0], completed=done)
+
+            yield hashed
+            if tasks:
+                progress.remove_task(tasks[0])
 
     with progress or contextlib.nullcontext():
         report = push_files(target, items, workdir, progress_for=progress_for)
