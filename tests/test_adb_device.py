@@ -1,0 +1,227 @@
+"""The adb path end to end without a phone: the real adb server (bundled with adbutils) talks to the
+test daemon in tests/adbd, and pi2's targets, `pi2 push` and `pi2 devices` run against it."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from adbd.harness import AdbServer, TestDevice  # noqa: E402
+
+from pi2cli.cli import cli  # noqa: E402
+from pi2cli.push import collect_items, push_files  # noqa: E402
+from pi2cli.targets import TargetError, get_target  # noqa: E402
+
+WORKDIR = "/data/local/tmp/pi2"
+
+
+@pytest.fixture(scope="module")
+def adb_server(tmp_path_factory):
+    server = AdbServer(tmp_path_factory.mktemp("adbhome"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+    mp.setenv("PI2_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield server
+    mp.undo()
+    server.stop()
+
+
+@pytest.fixture
+def make_device(adb_server, tmp_path):
+    devices = []
+
+    def make(*flags, want="device"):
+        d = TestDevice(tmp_path / f"dev{len(devices)}", *flags)
+        devices.append(d)
+        adb_server.connect(d.serial, want=want)
+        return d
+
+    yield make
+    for d in devices:
+        adb_server.call("disconnect", d.serial, timeout=10)
+        d.stop()
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(os.urandom(3 << 20))
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"threads": 4}\n')
+    build = tmp_path / "build" / "host"
+    build.mkdir(parents=True)
+    engine = build / "pi2-engine"
+    engine.write_text("#!/bin/sh\necho engine says $1\n")
+    engine.chmod(0o755)
+    return {"model": model, "plan": plan, "build_root": tmp_path / "build"}
+
+
+def run_cli(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_adb_target_facts_commands_and_memory(make_device):
+    dev = make_device()
+    t = get_target(dev.serial)
+    f = t.facts()
+    assert f["kind"] == "adb" and f["model"] == "pi2_test_adbd" and f["android"] == "14"
+    assert f["battery"] == {"level_percent": 100, "temperature_c": 30.0}
+    assert f["cores"] >= 1 and f["ram_bytes"] > 0
+
+    r = t.sh("echo to-out; echo to-err >&2; exit 5")
+    assert (r.returncode, r.stdout, r.stderr) == (5, "to-out\n", "to-err\n")
+
+    chunks = []
+    p = t.run(["sh", "-c", "pwd; echo oops >&2; exit 4"], on_output=lambda n, d: chunks.append((n, d)))
+    assert p.wait(10) == 4
+    assert ("stdout", f"{WORKDIR}\n".encode()) in chunks  # the default cwd: the workdir, made on demand
+    assert b"".join(d for n, d in chunks if n == "stderr") == b"oops\n"  # the pid marker is not output
+
+    out = []
+    p = t.run(["sh", "-c", 'echo "$PI2_X"'], env={"PI2_X": "a b"}, on_output=lambda n, d: out.append(d))
+    assert p.wait(10) == 0 and b"".join(out) == b"a b\n"
+
+    err = []
+    p = t.run(["true"], cwd="/data/local/tmp/no/such/dir", on_output=lambda n, d: err.append(d))
+    assert p.wait(10) == 127 and b"no/such/dir" in b"".join(err)
+
+    p = t.run(["sleep", "30"], cwd="/data/local/tmp")
+    assert p.pid is not None
+    mem = t.read_memory(p.pid)
+    assert mem is not None and mem.rss_bytes > 0
+    assert p.poll() is None
+    p.kill()
+    assert p.wait(10) != 0
+
+
+def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch):
+    dev = make_device()
+    monkeypatch.setenv("PI2_BUILD_ROOT", str(files["build_root"]))
+    args = ["push", "--device", dev.serial, "-m", str(files["model"]), "--plan", str(files["plan"]),
+            "--no-workloads", "--json"]  # fmt: skip
+    first = run_cli(*args)
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    assert report["copied"] == 3 and report["skipped"] == 0
+    landed = dev.root / "pi2"
+    assert (landed / "models" / "tiny.gguf").read_bytes() == files["model"].read_bytes()
+    assert (landed / "plans" / "plan.json").read_text() == files["plan"].read_text()
+    assert (landed / "bin" / "pi2-engine").stat().st_mode & stat.S_IXUSR
+    assert not list(landed.rglob("*.partial"))
+
+    second = json.loads(run_cli(*args).stdout)  # the acceptance: nothing changed, nothing copied
+    assert second["copied"] == 0 and second["skipped"] == 3
+
+    files["plan"].write_text('{"threads": 2}\n')
+    third = json.loads(run_cli(*args).stdout)
+    assert [f["remote"] for f in third["files"] if f["action"] == "copied"] == [f"{WORKDIR}/plans/plan.json"]
+
+    # The manifest is only a shortcut: a file changed behind pi2's back is caught by its hash.
+    (landed / "models" / "tiny.gguf").write_bytes(os.urandom(3 << 20))
+    fourth = json.loads(run_cli(*args).stdout)
+    assert {f["remote"] for f in fourth["files"] if f["action"] == "copied"} == {
+        f"{WORKDIR}/models/tiny.gguf"
+    }
+    assert (landed / "models" / "tiny.gguf").read_bytes() == files["model"].read_bytes()
+
+    # The pushed engine runs on the device.
+    out = []
+    p = get_target(dev.serial).run([f"{WORKDIR}/bin/pi2-engine", "hi"], on_output=lambda n, d: out.append(d))
+    assert p.wait(10) == 0 and b"".join(out) == b"engine says hi\n"
+
+
+def test_push_catches_a_corrupted_transfer(make_device, files):
+    dev = make_device("--corrupt")
+    r = run_cli("push", "--device", dev.serial, "--no-engine", "--no-workloads", "-m", str(files["model"]))
+    assert r.exit_code == 1
+    assert "corrupted" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    models = dev.root / "pi2" / "models"
+    assert not (models / "tiny.gguf").exists() and not (models / "tiny.gguf.partial").exists()
+
+
+def test_push_checks_free_space_first(make_device, files):
+    dev = make_device("--free-bytes", "1000000")
+    r = run_cli("push", "--device", dev.serial, "--no-engine", "--no-workloads", "-m", str(files["model"]))
+    assert r.exit_code == 1
+    assert "not enough space" in r.stderr and "3.0 MiB to copy" in r.stderr
+    assert not (dev.root / "pi2" / "models").exists()
+
+
+def test_disconnect_mid_push_is_one_line_and_leaves_no_complete_file(make_device, files, adb_server):
+    dev = make_device("--disconnect-after", str(1 << 20))
+    start = time.monotonic()
+    r = run_cli("push", "--device", dev.serial, "--no-engine", "--no-workloads", "-m", str(files["model"]))
+    assert r.exit_code == 1 and time.monotonic() - start < 30
+    assert r.stderr.startswith("pi2: error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "not installed" in r.stderr
+    assert not (dev.root / "pi2" / "models" / "tiny.gguf").exists()
+    assert dev.proc.wait(5) == 3  # the daemon really went away
+
+
+def test_ctrl_c_during_push_removes_the_partial(make_device, files):
+    dev = make_device()
+    t = get_target(dev.serial)
+    items = collect_items(t, WORKDIR, models=[files["model"]])
+
+    class Interrupt:
+        def __init__(self, item, stage):
+            self.stage = stage
+
+        def __enter__(self):
+            def progress(done):
+                if self.stage == "copy" and done >= 1 << 20:
+                    raise KeyboardInterrupt
+
+            return progress
+
+        def __exit__(self, *exc):
+            return False
+
+    with pytest.raises(KeyboardInterrupt):
+        push_files(t, items, progress_for=Interrupt)
+    models = dev.root / "pi2" / "models"
+    assert not (models / "tiny.gguf").exists() and not (models / "tiny.gguf.partial").exists()
+
+
+def test_devices_lists_states_and_facts(make_device):
+    good = make_device()
+    locked = make_device("--unauthorized", want="unauthorized")
+    r = run_cli("devices", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert rows["local"]["facts"]["cores"] >= 1
+    assert rows[good.serial]["state"] == "device" and rows[good.serial]["facts"]["model"] == "pi2_test_adbd"
+    assert rows[locked.serial]["state"] == "unauthorized" and "facts" not in rows[locked.serial]
+    table = run_cli("devices").stdout
+    assert "unauthorized" in table and "pi2 targets" in table
+    with pytest.raises(TargetError, match="unauthorized: accept"):
+        get_target(locked.serial)
+
+
+def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_server):
+    dev = make_device("--slow", str(2 << 20))  # 3 MiB at 2 MiB/s: plenty of time to interrupt
+    partial = dev.root / "pi2" / "models" / "tiny.gguf.partial"
+    proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "push", "--device", dev.serial, "--no-engine",
+                             "--no-workloads", "-m", str(files["model"])], env={**os.environ},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # click reports Ctrl-C as "Aborted!" (exit 1) until cli.main handles it (exit 130, "pi2: interrupted").
+    assert proc.returncode in (1, 130) and (b"Aborted" in err or b"interrupted" in err), err
+    assert not partial.exists() and not (dev.root / "pi2" / "models" / "tiny.gguf").exists()
