@@ -60,8 +60,15 @@ def cli() -> None:
 
 
 def main() -> None:
+    """Entry point: one line for user errors, exit 130 on Ctrl-C (click would say "Aborted!", exit 1)."""
     try:
-        cli(standalone_mode=True)
-    except KeyboardInterrupt:
+        code = cli.main(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("pi2: interrupted", err=True)
         raise SystemExit(130) from None
+    except click.exceptions.Exit as done:
+        raise SystemExit(done.exit_code) from None
+    except click.ClickException as err:
+        err.show()
+        raise SystemExit(err.exit_code) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
