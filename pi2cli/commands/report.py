@@ -54,4 +54,4 @@ def command(runs, out_dir, title, baseline, seed, model, engine, workload, since
                            since=since)  # fmt: skip
     with Console(stderr=True).status(f"plotting {len(selected)} run(s)"):
         paths = write_report(selected, out_dir, title=title, baseline=baseline, seed=seed)
-    click.echo(f"wrote {paths['html']} and {paths['markdown']} ({len(selected)} runs)")
+    click.echo(f"wrote {paths.html} and {paths.markdown} ({len(selected)} runs, {len(paths.figures)} plots)")

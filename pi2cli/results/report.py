@@ -22,11 +22,20 @@ from pi2cli.results.template import HTML_TEMPLATE
 
 
 @dataclass
+class ReportFiles:
+    markdown: Path
+    html: Path
+    plots_dir: Path
+    figures: list  # the Plot objects drawn
+
+
+@dataclass
 class Plot:
     name: str  # file stem
     title: str
     caption: str
     png: bytes
+    text: str = ""  # every piece of text drawn on the figure (titles, ticks, legends), for checks
 
     @property
     def data_uri(self) -> str:
@@ -73,13 +82,18 @@ def _engine_colors(runs: Sequence[dict]) -> dict[str, tuple]:
     return {engine: cmap(i % 10) for i, engine in enumerate(engines)}
 
 
-def _save(fig) -> bytes:
+def _save(fig) -> tuple[bytes, str]:
+    """The figure as PNG bytes, and all its text joined (so tests can see what a reader sees)."""
     import io
 
+    from matplotlib.text import Text
+
+    text = "\n".join(t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text())
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    fig.tight_layout()  # cheaper than bbox_inches="tight", which draws the figure twice
+    fig.savefig(buf, format="png", dpi=96)
     _pyplot().close(fig)
-    return buf.getvalue()
+    return buf.getvalue(), text
 
 
 def _grouped_bars(runs, value, error, ylabel: str, title: str):
@@ -117,7 +131,7 @@ def plot_decode(runs: Sequence[dict]) -> Plot:
     fig = _grouped_bars(runs, lambda r: r["summary"]["avg_ts"], lambda r: r["summary"]["stddev_ts"],
                         "decode tokens/s", "Decode speed per engine and workload (mean ± stddev over turns)")  # fmt: skip
     return Plot("decode", "Decode speed", "Decode tokens per second, mean over turns, error bars one stddev.",
-                _save(fig))  # fmt: skip
+                *_save(fig))  # fmt: skip
 
 
 def plot_ttft(runs: Sequence[dict]) -> Plot | None:
@@ -126,7 +140,7 @@ def plot_ttft(runs: Sequence[dict]) -> Plot | None:
     value = lambda r: None if r["summary"]["ttft_avg_ns"] is None else r["summary"]["ttft_avg_ns"] / 1e6  # noqa: E731
     fig = _grouped_bars(runs, value, None, "TTFT ms (mean over turns)", "Time to first token")
     return Plot("ttft", "Time to first token", "Mean time from prompt start to the first generated token.",
-                _save(fig))  # fmt: skip
+                *_save(fig))  # fmt: skip
 
 
 def plot_tbt_cdf(runs: Sequence[dict]) -> Plot | None:
@@ -160,9 +174,8 @@ def plot_tbt_cdf(runs: Sequence[dict]) -> Plot | None:
     for j in range(len(case_order), nrows * cols):
         axes[j // cols][j % cols].set_visible(False)
     fig.suptitle(f"TBT distribution (dots: P50, P90, P99)\n{_models_title(runs)}", fontsize=10)
-    fig.tight_layout()
     return Plot("tbt_cdf", "Time between tokens", "Cumulative distribution of every time between tokens; "
-                "dots mark P50, P90 and P99.", _save(fig))  # fmt: skip
+                "dots mark P50, P90 and P99.", *_save(fig))  # fmt: skip
 
 
 def plot_memory(runs: Sequence[dict]) -> Plot | None:
@@ -200,7 +213,7 @@ def plot_memory(runs: Sequence[dict]) -> Plot | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return Plot("memory", "Memory over time", "Resident (RSS) and proportional (PSS) memory of the engine "
-                "process; dashed lines are memory budgets.", _save(fig))  # fmt: skip
+                "process; dashed lines are memory budgets.", *_save(fig))  # fmt: skip
 
 
 def plot_budget(runs: Sequence[dict]) -> Plot | None:
@@ -229,7 +242,7 @@ def plot_budget(runs: Sequence[dict]) -> Plot | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return Plot("budget", "Speed against memory budget", "Decode tokens per second at each memory budget.",
-                _save(fig))  # fmt: skip
+                *_save(fig))  # fmt: skip
 
 
 def plot_ablation(runs: Sequence[dict]) -> Plot | None:
@@ -264,7 +277,7 @@ def plot_ablation(runs: Sequence[dict]) -> Plot | None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return Plot("ablation", "Ablation ladder", "Decode tokens per second of pi2-engine with each technique "
-                "switched on in turn (policies dense, bundle, cache, powerinfer2).", _save(fig))  # fmt: skip
+                "switched on in turn (policies dense, bundle, cache, powerinfer2).", *_save(fig))  # fmt: skip
 
 
 def make_plots(runs: Sequence[dict]) -> list[Plot]:
@@ -381,8 +394,8 @@ def write_report(
     baseline: str | None = None,
     resamples: int | None = None,
     seed: int | None = None,
-) -> dict[str, Path]:
-    """Write report.md, plots/*.png and index.html into out_dir; returns their paths by kind."""
+) -> ReportFiles:
+    """Write report.md, plots/*.png and index.html into out_dir; returns their paths and the plots."""
     runs = list(runs)
     if not runs:
         raise ValueError("no runs to report")
@@ -410,4 +423,4 @@ def write_report(
         os.replace(tmp / "index.html", out / "index.html")  # last: its presence means the report is whole
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"markdown": out / "report.md", "html": out / "index.html", "plots": out / "plots"}
+    return ReportFiles(out / "report.md", out / "index.html", out / "plots", plots)

@@ -117,6 +117,8 @@ def list_runs(
             raise Pi2Error(
                 f"--since {since!r}: not a date or time (use e.g. 2026-11-21 or 2026-11-21T08:00)"
             ) from None
+    if not runs_dir(results_dir).is_dir() and not index_path(results_dir, index).exists():
+        return []  # nothing recorded here: do not create an index for a directory that has no runs
     with open_index(results_dir, index) as idx:
         return idx.query(
             model=model, engine=engine, workload=workload, since=since, status=status, limit=limit
