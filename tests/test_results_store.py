@@ -186,3 +186,17 @@ def test_results_commands(tmp_path):
     assert reindexed.exit_code == 0 and "indexed 2 run(s)" in reindexed.stdout
     empty = runner.invoke(cli, ["results", "list", "--results-dir", str(tmp_path / "none")])
     assert empty.exit_code == 0 and "no runs match" in empty.stderr
+
+
+def test_turn_extras_are_kept_and_unstorable_values_refused(tmp_path):
+    run = fake_run(turns=1)
+    S.add_turn(
+        run, n_prompt=3, n_gen=3, ttft_ns=10, samples_ns=[5, 5], extra={"text": "hi", "token_ids": [1, 2, 3]}
+    )
+    path = store.save_run(run, tmp_path)
+    assert json.loads(path.read_text())["turns"][1]["extra"]["token_ids"] == [1, 2, 3]
+    bad = fake_run(turns=1)
+    S.add_turn(bad, n_prompt=3, n_gen=3, ttft_ns=10, samples_ns=[5, 5], extra={"when": object()})
+    with pytest.raises(S.ResultSchemaError, match="not storable as JSON"):
+        store.save_run(bad, tmp_path)
+    assert len(list((tmp_path / "runs").iterdir())) == 1

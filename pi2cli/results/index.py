@@ -101,6 +101,8 @@ class Index:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.conn = self._connect()
+        except sqlite3.OperationalError:
+            raise  # locked, read-only, no such directory...: a real problem, never a reason to delete
         except sqlite3.DatabaseError:
             # Not a database (truncated, overwritten): it is only derived data, so start again.
             self.path.unlink(missing_ok=True)
@@ -145,9 +147,11 @@ class Index:
         """Bring the index in line with runs/*.json; returns one warning per file that could not be read.
 
         Unchanged files (same name, size and mtime) are not reread, so this costs one stat per run."""
-        files = {p.name: p for p in self.runs_dir.glob("*.json")} if self.runs_dir.is_dir() else {}
+        # Rows first, files second: a run saved in between is then seen as a new file (re-added, harmless)
+        # rather than as a row without a file (deleted until the next sync).
         known = {row["path"]: (row["file_mtime_ns"], row["file_size"], row["run_id"])
                  for row in self.conn.execute("SELECT path, file_mtime_ns, file_size, run_id FROM runs")}  # fmt: skip
+        files = {p.name: p for p in self.runs_dir.glob("*.json")} if self.runs_dir.is_dir() else {}
         warnings = []
         stale = [known[name][2] for name in known if name not in files]
         fresh = []

@@ -236,6 +236,7 @@ def add_turn(
     peak_rss_bytes: int | None = None,
     status: str = STATUS_OK,
     error: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """Record one turn (one prompt, one repetition) and return it.
 
@@ -243,6 +244,7 @@ def add_turn(
     generated tokens (n_gen - 1 of them when all were timed). prefill_ts defaults to n_prompt / TTFT and
     decode_ts to len(samples_ns) / sum(samples_ns), so every engine is measured alike; pass them only
     for an engine that reports rates and no per-token times. Warm-up turns are kept but not summarised.
+    `extra` holds anything else worth keeping (generated text, token ids, engine-specific figures).
     """
     samples = [int(round(s)) for s in samples_ns]
     if prefill_ts is None and ttft_ns and n_prompt:
@@ -255,7 +257,7 @@ def add_turn(
         "rep": rep,
         "warmup": bool(warmup),
         "status": status,
-        "error": error,
+        "error": " ".join(str(error).split()) if error else None,
         "n_prompt": int(n_prompt),
         "n_gen": int(n_gen),
         "ttft_ns": None if ttft_ns is None else int(round(ttft_ns)),
@@ -268,6 +270,7 @@ def add_turn(
         "io_ns": io_ns,
         "compute_ns": compute_ns,
         "peak_rss_bytes": peak_rss_bytes,
+        "extra": dict(extra or {}),
     }
     run["turns"].append(turn)
     return turn
@@ -473,6 +476,7 @@ _TURN_FIELDS = {
     "io_ns": (_INT, True),
     "compute_ns": (_INT, True),
     "peak_rss_bytes": (_INT, True),
+    "extra": (_DICT, False),
 }
 _MEMORY_SAMPLE_FIELDS = {"t_s": (_NUM, False), "rss_bytes": (_INT, False), "pss_bytes": (_INT, True)}
 _NON_NEGATIVE = {"n_prompt", "n_gen", "ttft_ns", "prefill_ts", "decode_ts", "bytes_read", "cache_hits",

@@ -74,7 +74,11 @@ def save_run(
     path = runs_dir(results_dir) / f"{run['run_id']}.json"
     if path.exists() and not overwrite:
         raise Pi2Error(f"run {run['run_id']} already exists at {path}")
-    atomic_write_text(path, json.dumps(run, indent=1, sort_keys=False) + "\n")
+    try:
+        text = json.dumps(run, indent=1, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise schema.ResultSchemaError(f"run {run['run_id']}: not storable as JSON ({err})") from None
+    atomic_write_text(path, text)
     with open_index(results_dir, index, sync=False) as idx:
         idx.upsert(run, path)
     return path
