@@ -55,19 +55,27 @@ def _pyplot():
     return plt
 
 
-def _case_labels(runs: Sequence[dict]) -> dict[str, str]:
-    """A label per run for its (model, workload, budget) showing only the parts that vary."""
+def _key_order(key: tuple) -> tuple:
+    model, workload, budget = key
+    return (model, workload, -1 if budget is None else budget)
+
+
+def _case_labels(runs: Sequence[dict]) -> tuple[dict[str, str], list[str]]:
+    """A label per run for its (model, workload, budget) showing only the parts that vary, and the
+    labels in order (model, workload, then budget numerically)."""
     keys = {r["run_id"]: schema.group_key(r) for r in runs}
     varying = [len({k[i] for k in keys.values()}) > 1 for i in range(3)]
-    labels = {}
-    for run_id, (model, workload, budget) in keys.items():
+    labels, order = {}, {}
+    for run_id, key in keys.items():
+        model, workload, budget = key
         parts = [workload]
         if varying[0]:
             parts.insert(0, model)
         if varying[2]:
             parts.append(schema.budget_label(budget))
         labels[run_id] = "\n".join(parts)
-    return labels
+        order.setdefault(labels[run_id], _key_order(key))
+    return labels, sorted(order, key=order.get)
 
 
 def _models_title(runs: Sequence[dict]) -> str:
@@ -97,31 +105,34 @@ def _save(fig) -> tuple[bytes, str]:
 
 
 def _grouped_bars(runs, value, error, ylabel: str, title: str):
-    """Bars per case (x) and engine (colour); `value(run)` may be None (bar left out)."""
+    """Bars per case (x) and engine (colour), packed so each case shows only the engines it has;
+    `value(run)` may be None (bar left out)."""
     plt = _pyplot()
-    cases = _case_labels(runs)
-    case_order = sorted(set(cases.values()))
+    cases, case_order = _case_labels(runs)
     colors = _engine_colors(runs)
-    engines = list(colors)
-    width = 0.8 / max(len(engines), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(case_order) * max(len(engines), 1) * 0.6 + 2), 4.2))
-    for j, engine in enumerate(engines):
-        xs, ys, errs = [], [], []
-        for run in runs:
-            if schema.engine_label(run) != engine or value(run) is None:
-                continue
-            xs.append(case_order.index(cases[run["run_id"]]) + (j - (len(engines) - 1) / 2) * width)
-            ys.append(value(run))
-            errs.append(error(run) or 0.0 if error else 0.0)
-        if not xs:
-            continue
-        bars = ax.bar(xs, ys, width * 0.95, yerr=errs if any(errs) else None, capsize=3, label=engine,
-                      color=colors[engine])  # fmt: skip
-        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+    per_case = {c: sorted((r for r in runs if cases[r["run_id"]] == c and value(r) is not None),
+                          key=schema.engine_label) for c in case_order}  # fmt: skip
+    most = max((len(v) for v in per_case.values()), default=1) or 1
+    width = 0.8 / most
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * sum(len(v) for v in per_case.values()) + 2.5), 4.2))
+    labelled = set()
+    for i, case in enumerate(case_order):
+        members = per_case[case]
+        for k, run in enumerate(members):
+            engine = schema.engine_label(run)
+            x = i + (k - (len(members) - 1) / 2) * width
+            err = error(run) if error else None
+            bars = ax.bar([x], [value(run)], width * 0.95, yerr=[err] if err else None, capsize=3,
+                          color=colors[engine], label=None if engine in labelled else engine)  # fmt: skip
+            labelled.add(engine)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
     ax.set_xticks(range(len(case_order)), case_order)
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title}\n{_models_title(runs)}", fontsize=10)
-    ax.legend(fontsize=8, title="engine", title_fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda n: labels[n])
+    ax.legend([handles[n] for n in order], [labels[n] for n in order], fontsize=8, title="engine",
+              title_fontsize=8)  # fmt: skip
     ax.grid(axis="y", alpha=0.3)
     ax.set_ylim(bottom=0)
     return fig
@@ -148,15 +159,14 @@ def plot_tbt_cdf(runs: Sequence[dict]) -> Plot | None:
     if not runs:
         return None
     plt = _pyplot()
-    cases = _case_labels(runs)
-    case_order = sorted(set(cases.values()))
+    cases, case_order = _case_labels(runs)
     colors = _engine_colors(runs)
     cols = min(2, len(case_order))
     nrows = (len(case_order) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.8 * nrows), squeeze=False)
     for i, case in enumerate(case_order):
         ax = axes[i // cols][i % cols]
-        for run in runs:
+        for run in sorted(runs, key=schema.engine_label):
             if cases[run["run_id"]] != case:
                 continue
             tbt = np.sort(schema.tbt_samples_ns(run)) / 1e6
@@ -183,12 +193,11 @@ def plot_memory(runs: Sequence[dict]) -> Plot | None:
     if not runs:
         return None
     plt = _pyplot()
-    cases = _case_labels(runs)
+    cases, case_order = _case_labels(runs)
     colors = _engine_colors(runs)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     budgets = set()
     styles = ["-", "--", ":", "-."]
-    case_order = sorted(set(cases.values()))
     for run in runs:
         samples = run["memory_samples"]
         t = [s["t_s"] for s in samples]
@@ -258,7 +267,7 @@ def plot_ablation(runs: Sequence[dict]) -> Plot | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    cases = sorted(ladder, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]))
+    cases = sorted(ladder, key=_key_order)
     width = 0.8 / len(cases)
     for i, key in enumerate(cases):
         model, workload, budget = key
