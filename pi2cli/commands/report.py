@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from pi2cli.commands.compare import select_runs
+from pi2cli.errors import Pi2Error
 from pi2cli.results import compare
 from pi2cli.results.options import filter_options, index_option, results_dir_option
 
@@ -52,6 +53,9 @@ def command(runs, out_dir, title, baseline, seed, model, engine, workload, since
 
     selected = select_runs(runs, results_dir, index_path, model=model, engine=engine, workload=workload,
                            since=since)  # fmt: skip
-    with Console(stderr=True).status(f"plotting {len(selected)} run(s)"):
-        paths = write_report(selected, out_dir, title=title, baseline=baseline, seed=seed)
+    try:
+        with Console(stderr=True).status(f"plotting {len(selected)} run(s)"):
+            paths = write_report(selected, out_dir, title=title, baseline=baseline, seed=seed)
+    except OSError as err:
+        raise Pi2Error(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     click.echo(f"wrote {paths.html} and {paths.markdown} ({len(selected)} runs, {len(paths.figures)} plots)")

@@ -163,6 +163,9 @@ def compare_runs(
     Failed runs are left out with a note. A group without the baseline engine is compared with its
     oldest run, and a note says so."""
     wanted = baseline or DEFAULT_BASELINE
+    for run in runs:
+        if not run.get("summary"):
+            schema.summarize(run)
     notes: list[str] = []
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
@@ -185,7 +188,7 @@ def compare_runs(
         base_tbt = schema.tbt_samples_ns(base_run)
         base_ttft = schema.ttft_samples_ns(base_run)
         for run in members:
-            summary = run["summary"] or schema.summarize(run)
+            summary = run["summary"]
             is_base = run is base_run
             row = Row(
                 model=model,

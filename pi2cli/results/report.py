@@ -408,6 +408,9 @@ def write_report(
     runs = list(runs)
     if not runs:
         raise ValueError("no runs to report")
+    for run in runs:
+        if not run.get("summary"):
+            schema.summarize(run)
     opts = {k: v for k, v in {"resamples": resamples, "seed": seed}.items() if v is not None}
     comparison = compare_runs(runs, baseline=baseline, **opts)
     plots = make_plots(runs)
