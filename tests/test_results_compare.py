@@ -58,23 +58,13 @@ def test_degenerate_samples():
 
 
 def _runs():
+    syn = {"workload": "code", "model": "syn-7b", "synthetic": True}
     return [
-        fake_run("llama.cpp", tbt_ms=40, ttft_ms=400, seed=1),
         fake_run("pi2", policy="powerinfer2", tbt_ms=20, ttft_ms=100, seed=2),
+        fake_run("llama.cpp", tbt_ms=40, ttft_ms=400, seed=1),
         fake_run("pi2", policy="dense", tbt_ms=40, seed=3),
-        fake_run(
-            "pi2", policy="powerinfer2", workload="code", model="syn-7b", synthetic=True, tbt_ms=10, seed=4
-        ),
-        fake_run(
-            "pi2",
-            policy="dense",
-            workload="code",
-            model="syn-7b",
-            synthetic=True,
-            tbt_ms=30,
-            seed=5,
-            created_at="2026-01-01T00:00:00Z",
-        ),
+        fake_run("pi2", policy="dense", tbt_ms=30, seed=5, **syn),
+        fake_run("pi2", policy="powerinfer2", tbt_ms=10, seed=4, **syn),
     ]
 
 
@@ -96,7 +86,7 @@ def test_compare_groups_and_baselines():
     assert pi2.ttft_speedup.ratio == pytest.approx(4.0, rel=0.2)
     dense = rows[("fake-model", "dialogue", "pi2:dense")]
     assert dense.decode_speedup.ci_low <= 1.0 <= dense.decode_speedup.ci_high
-    # The synthetic group has no llama.cpp: its oldest run is the baseline, and a note says so.
+    # The synthetic group has no llama.cpp: its first run is the baseline, and a note says so.
     syn = rows[("syn-7b [synthetic]", "code", "pi2:powerinfer2")]
     assert syn.synthetic and syn.baseline == "pi2:dense"
     assert syn.decode_speedup.ratio == pytest.approx(3.0, rel=0.05)
@@ -143,6 +133,14 @@ def test_compare_command(tmp_path):
     assert pi2["decode_speedup"]["ci_low"] <= 2.0 <= pi2["decode_speedup"]["ci_high"]
     named = runner.invoke(cli, args + ["--format", "json", old["run_id"], pi2["baseline_run_id"]])
     assert json.loads(named.stdout)["rows"][1]["decode_speedup"]["ratio"] == pytest.approx(0.5, rel=0.05)
+    twice = runner.invoke(
+        cli, args + ["--format", "json", old["run_id"], pi2["run_id"]]
+    )  # one engine, two runs
+    rows = json.loads(twice.stdout)["rows"]
+    assert [r["is_baseline"] for r in rows if r["run_id"] == old["run_id"]] == [True]
+    assert next(r for r in rows if not r["is_baseline"])["decode_speedup"]["ratio"] == pytest.approx(
+        4.0, rel=0.05
+    )
     table = runner.invoke(cli, args)
     assert table.exit_code == 0 and "pi2:powerinfer2" in table.stdout and "baseline" in table.stdout
     assert "decode speedup" in table.stdout

@@ -3,7 +3,7 @@
 import click
 
 from pi2cli.errors import Pi2Error
-from pi2cli.results import compare, store
+from pi2cli.results import compare, schema, store
 from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option
 
 
@@ -17,7 +17,10 @@ def select_runs(runs_args, results_dir, index_path, *, model=None, engine=None, 
         raise Pi2Error(
             f"no finished runs to use in {store.runs_dir(results_dir)} (record some with `pi2 bench`)"
         )
-    return store.latest_per_group(runs)
+    # Oldest first, so a group without the baseline engine is compared with its oldest run.
+    return sorted(
+        store.latest_per_group(runs), key=lambda r: (schema.parse_time(r["created_at"]), r["run_id"])
+    )
 
 
 @click.command(name="compare")
@@ -58,7 +61,8 @@ def command(runs, baseline, fmt, resamples, seed, model, engine, workload, since
 
     RUNS are run ids (or unique prefixes, or JSON paths). With none, the newest finished run of each
     (engine, model, workload, memory budget) is used, narrowed by the filters. Runs are grouped by
-    model, workload and budget; in each group every engine is compared with the baseline.
+    model, workload and budget; in each group every run is compared with the baseline run. Naming two
+    runs of one engine compares them with each other: the first named is the baseline.
 
     \b
     Speedups (above 1: faster than the baseline), each with a 95% percentile-bootstrap interval

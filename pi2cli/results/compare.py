@@ -144,10 +144,8 @@ def _ms(ns: int | float | None) -> float | None:
 
 
 def _pick_baseline(runs: list[dict], baseline: str) -> dict | None:
-    matching = [r for r in runs if baseline in (schema.engine_label(r), r["engine"]["name"])]
-    if matching:
-        return max(matching, key=lambda r: (schema.parse_time(r["created_at"]), r["run_id"]))
-    return None
+    """The first run (in the order given) of the baseline engine, by label or name."""
+    return next((r for r in runs if baseline in (schema.engine_label(r), r["engine"]["name"])), None)
 
 
 def compare_runs(
@@ -160,8 +158,9 @@ def compare_runs(
 ) -> Comparison:
     """Group the runs and compare each with its group's baseline run (see the module doc).
 
-    Failed runs are left out with a note. A group without the baseline engine is compared with its
-    oldest run, and a note says so."""
+    The baseline of a group is its first run (in the order given) of the baseline engine; a group
+    without that engine is compared with its first run, and a note says so. Failed runs are left out
+    with a note."""
     wanted = baseline or DEFAULT_BASELINE
     for run in runs:
         if not run.get("summary"):
@@ -177,10 +176,11 @@ def compare_runs(
     rows: list[Row] = []
     for key in sorted(groups, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
         model, workload, budget = key
-        members = sorted(groups[key], key=lambda r: (schema.engine_label(r), r["created_at"], r["run_id"]))
-        base_run = _pick_baseline(members, wanted)
+        given = groups[key]  # in the order the runs were given: that order decides the baseline
+        members = sorted(given, key=lambda r: (schema.engine_label(r), r["created_at"], r["run_id"]))
+        base_run = _pick_baseline(given, wanted)
         if base_run is None:
-            base_run = min(members, key=lambda r: (schema.parse_time(r["created_at"]), r["run_id"]))
+            base_run = given[0]
             if len(members) > 1:
                 where = f"{model} / {workload} / {schema.budget_label(budget)}"
                 notes.append(f"{where}: no {wanted} run; compared with {schema.engine_label(base_run)} "
