@@ -146,3 +146,11 @@ def test_compare_command(tmp_path):
     assert "decode speedup" in table.stdout
     md = runner.invoke(cli, args + ["--format", "md", "--engine", "pi2"])
     assert md.stdout.count("pi2:powerinfer2") == 1 and "llama.cpp |" not in md.stdout
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 101])
+def test_median_shortcut_equals_numpy_median_of_the_same_resamples(n):
+    values = np.random.default_rng(n).standard_normal(n)
+    fast = C._batched_stat(values, np.median, np.random.default_rng(5), 40)
+    picks = np.random.default_rng(5).integers(0, n, size=(40, n), dtype=np.int32)
+    assert np.allclose(fast, np.median(np.sort(values)[picks], axis=1))
