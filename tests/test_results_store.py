@@ -200,3 +200,11 @@ def test_turn_extras_are_kept_and_unstorable_values_refused(tmp_path):
     with pytest.raises(S.ResultSchemaError, match="not storable as JSON"):
         store.save_run(bad, tmp_path)
     assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_an_unusable_index_is_one_clear_error(tmp_path):
+    _save(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(Pi2Error, match="cannot use the results index"):
+        store.list_runs(tmp_path, index=blocker / "pi2.sqlite")  # its parent is a file

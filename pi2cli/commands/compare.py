@@ -79,7 +79,10 @@ def command(runs, baseline, fmt, resamples, seed, model, engine, workload, since
     """
     selected = select_runs(runs, results_dir, index_path, model=model, engine=engine, workload=workload,
                            since=since)  # fmt: skip
-    result = compare.compare_runs(selected, baseline=baseline, resamples=resamples, seed=seed)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"bootstrapping {len(selected)} run(s), {resamples} resamples"):
+        result = compare.compare_runs(selected, baseline=baseline, resamples=resamples, seed=seed)
     if fmt == "table":
         from pi2cli.commands.results import console
 

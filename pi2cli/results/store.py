@@ -8,6 +8,7 @@ explicit `index_path` says otherwise.
 import json
 import os
 import secrets
+import sqlite3
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,9 +37,14 @@ def index_path(results_dir: str | os.PathLike | None = None, index: str | os.Pat
 def open_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None,
                *, sync: bool = True) -> Index:  # fmt: skip
     """The index for a results directory, brought in line with its JSON files (rebuilt if missing)."""
-    idx = Index(index_path(results_dir, index), runs_dir(results_dir))
-    if sync:
-        idx.sync()
+    path = index_path(results_dir, index)
+    try:
+        idx = Index(path, runs_dir(results_dir))
+        if sync:
+            idx.sync()
+    except (sqlite3.Error, OSError) as err:
+        raise Pi2Error(f"cannot use the results index {path}: {err} (set --index or $PI2_RESULTS_INDEX "
+                       f"to a writable place)") from None  # fmt: skip
     return idx
 
 
