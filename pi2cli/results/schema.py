@@ -1,0 +1,615 @@
+"""The result schema: one JSON object per run, versioned, with builders, a validator and summaries.
+
+A run is a plain dict (it is written as JSON as is). Build it with the functions here so field names
+cannot be misspelt, then `pi2cli.results.store.save_run` validates, summarises, writes and indexes it:
+
+    run = new_run(engine=engine_info("pi2", policy="powerinfer2"), model=model_info("smollm2", ...),
+                  workload=workload_info("dialogue"), target=target_info("local", "local"),
+                  memory=memory_info(budget_bytes=2 << 30, enforced=True, how="cgroup memory.max"),
+                  settings=settings_info(n_gen=64, threads=4, repetitions=3))
+    add_turn(run, n_prompt=57, n_gen=64, ttft_ns=..., samples_ns=[...])   # once per prompt and repetition
+    save_run(run)
+
+Times are integer nanoseconds and rates tokens per second, named as llama-bench names them where they
+mean the same: n_prompt, n_gen, avg_ts, stddev_ts, samples_ns (here: every time between tokens of a
+turn). docs/RESULTS.md describes every field.
+"""
+
+import datetime as dt
+import math
+import re
+import secrets
+import subprocess
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import REPO_ROOT
+
+SCHEMA_VERSION = 1
+
+# Run and turn outcomes. Anything but "ok" carries a one-line `error`.
+STATUS_OK = "ok"
+RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout")
+
+# The pi2-engine policies of the ablation ladder, in ladder order (each adds one technique).
+ABLATION_POLICIES = ("dense", "bundle", "cache", "powerinfer2")
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ResultSchemaError(Pi2Error):
+    """A result that does not follow the schema; the message names the field."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Builders for the metadata blocks. Keyword-only, so a misspelt field is a TypeError at the call site.
+
+
+def engine_info(
+    name: str,
+    *,
+    version: str | None = None,
+    commit: str | None = None,
+    build_flags: str | None = None,
+    build_type: str | None = None,
+    policy: str | None = None,
+    binary_sha256: str | None = None,
+) -> dict:
+    """The engine that ran: `name` is the driver ("pi2", "llama.cpp", "llmflash", "mlc-llm");
+    `policy` the pi2-engine policy (dense / bundle / cache / powerinfer2 / llmflash) when it has one."""
+    return {
+        "name": name,
+        "version": version,
+        "commit": commit,
+        "build_flags": build_flags,
+        "build_type": build_type,
+        "policy": policy,
+        "binary_sha256": binary_sha256,
+    }
+
+
+def model_info(
+    name: str,
+    *,
+    path: str | None = None,
+    sha256: str | None = None,
+    quant: str | None = None,
+    synthetic: bool = False,
+    size_bytes: int | None = None,
+    n_params: int | None = None,
+    arch: str | None = None,
+) -> dict:
+    """The model: `synthetic` is True for generated weights (reports label them so everywhere)."""
+    return {
+        "name": name,
+        "path": None if path is None else str(path),
+        "sha256": sha256,
+        "quant": quant,
+        "synthetic": bool(synthetic),
+        "size_bytes": size_bytes,
+        "n_params": n_params,
+        "arch": arch,
+    }
+
+
+def workload_info(
+    name: str,
+    *,
+    n_prompts: int | None = None,
+    sha256: str | None = None,
+    source: str | None = None,
+) -> dict:
+    """The workload set (dialogue, code, math, roleplay, or a custom name) the prompts came from."""
+    return {"name": name, "n_prompts": n_prompts, "sha256": sha256, "source": source}
+
+
+def target_info(name: str, kind: str, **facts: Any) -> dict:
+    """The device: `kind` is local / adb / qemu-arm64; `facts` are whatever the target reports
+    (soc, cpu, cores, ram_bytes, storage, android, kernel, serial, temperature_c, ...)."""
+    return {"name": name, "kind": kind, **facts}
+
+
+def memory_info(budget_bytes: int | None = None, *, enforced: bool = False, how: str | None = None) -> dict:
+    """The memory budget (None: unlimited) and whether and how it was enforced (e.g. "cgroup memory.max")."""
+    return {"budget_bytes": budget_bytes, "enforced": bool(enforced), "how": how}
+
+
+def settings_info(
+    *,
+    n_gen: int | None = None,
+    threads: int | None = None,
+    repetitions: int = 1,
+    warmup: int = 0,
+    temperature: float = 0.0,
+    seed: int = 0,
+    **extra: Any,
+) -> dict:
+    """How the bench ran: generated length, threads, repetitions, warm-up turns, sampling."""
+    return {
+        "n_gen": n_gen,
+        "threads": threads,
+        "repetitions": repetitions,
+        "warmup": warmup,
+        "temperature": temperature,
+        "seed": seed,
+        **extra,
+    }
+
+
+def pi2_commit() -> dict:
+    """The pi2 checkout this runs from: {"commit": sha or None, "dirty": bool or None}."""
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+        return {"commit": sha, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def make_run_id(engine: str, model: str, workload: str, created_at: str | None = None) -> str:
+    """A sortable, unique, file-name-safe id: 20261121T231800Z-pi2-smollm2-dialogue-a3f9c1."""
+    when = parse_time(created_at) if created_at else dt.datetime.now(dt.UTC)
+    parts = [when.strftime("%Y%m%dT%H%M%SZ")]
+    for part in (engine, model, workload):
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", part).strip("-.")[:32]
+        if slug:
+            parts.append(slug)
+    return "-".join(parts + [secrets.token_hex(3)])
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO-8601 time (a trailing Z allowed; no zone means UTC) as an aware datetime."""
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run itself.
+
+
+def new_run(
+    *,
+    engine: dict,
+    model: dict,
+    workload: dict,
+    target: dict,
+    memory: dict | None = None,
+    plan: dict | None = None,
+    settings: dict | None = None,
+    measurement: str = "",
+    run_id: str | None = None,
+    created_at: str | None = None,
+    tags: Sequence[str] = (),
+) -> dict:
+    """A new run with no turns yet. `measurement` says how TTFT/TBT were taken (the report prints it)."""
+    created_at = created_at or utc_now()
+    run = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id or make_run_id(engine["name"], model["name"], workload["name"], created_at),
+        "created_at": created_at,
+        "status": STATUS_OK,
+        "error": None,
+        "pi2": pi2_commit(),
+        "engine": engine,
+        "model": model,
+        "workload": workload,
+        "target": target,
+        "memory": memory or memory_info(),
+        "plan": plan,
+        "settings": settings or settings_info(),
+        "measurement": measurement,
+        "tags": list(tags),
+        "turns": [],
+        "memory_samples": [],
+        "counters": {},
+        "summary": None,
+    }
+    return run
+
+
+def add_turn(
+    run: dict,
+    *,
+    n_prompt: int,
+    n_gen: int,
+    ttft_ns: int | None,
+    samples_ns: Iterable[int] = (),
+    prefill_ts: float | None = None,
+    decode_ts: float | None = None,
+    prompt_id: str | None = None,
+    rep: int = 0,
+    warmup: bool = False,
+    bytes_read: int | None = None,
+    cache_hits: int | None = None,
+    cache_misses: int | None = None,
+    io_ns: int | None = None,
+    compute_ns: int | None = None,
+    peak_rss_bytes: int | None = None,
+    status: str = STATUS_OK,
+    error: str | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """Record one turn (one prompt, one repetition) and return it.
+
+    ttft_ns: prompt start to the first generated token. samples_ns: every time between consecutive
+    generated tokens (n_gen - 1 of them when all were timed). prefill_ts defaults to n_prompt / TTFT and
+    decode_ts to len(samples_ns) / sum(samples_ns), so every engine is measured alike; pass them only
+    for an engine that reports rates and no per-token times. Warm-up turns are kept but not summarised.
+    `extra` holds anything else worth keeping (generated text, token ids, engine-specific figures).
+    """
+    samples = [int(round(s)) for s in samples_ns]
+    if prefill_ts is None and ttft_ns and n_prompt:
+        prefill_ts = n_prompt / (ttft_ns / 1e9)
+    if decode_ts is None and samples and sum(samples) > 0:
+        decode_ts = len(samples) / (sum(samples) / 1e9)
+    turn = {
+        "index": len(run["turns"]),
+        "prompt_id": prompt_id,
+        "rep": rep,
+        "warmup": bool(warmup),
+        "status": status,
+        "error": " ".join(str(error).split()) if error else None,
+        "n_prompt": int(n_prompt),
+        "n_gen": int(n_gen),
+        "ttft_ns": None if ttft_ns is None else int(round(ttft_ns)),
+        "prefill_ts": None if prefill_ts is None else float(prefill_ts),
+        "decode_ts": None if decode_ts is None else float(decode_ts),
+        "samples_ns": samples,
+        "bytes_read": bytes_read,
+        "cache_hits": cache_hits,
+        "cache_misses": cache_misses,
+        "io_ns": io_ns,
+        "compute_ns": compute_ns,
+        "peak_rss_bytes": peak_rss_bytes,
+        "extra": dict(extra or {}),
+    }
+    run["turns"].append(turn)
+    return turn
+
+
+def add_turn_from_generate(run: dict, result, **kwargs: Any) -> dict:
+    """Record a turn from a `pi2cli.engines.base.GenerateResult` (token timestamps -> TBT samples).
+
+    The engine's own decode rate is ignored when token timestamps exist, so all engines are measured
+    from the same per-token times."""
+    times = list(result.token_times_s)
+    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
+    return add_turn(
+        run,
+        n_prompt=result.n_prompt,
+        n_gen=len(result.token_ids),
+        ttft_ns=round(result.ttft_s * 1e9),
+        samples_ns=samples,
+        prefill_ts=result.prefill_tps or None,
+        decode_ts=None if samples else (result.decode_tps or None),
+        peak_rss_bytes=result.peak_rss_bytes or None,
+        **kwargs,
+    )
+
+
+def add_memory_sample(run: dict, t_s: float, rss_bytes: int, pss_bytes: int | None = None) -> None:
+    """One memory reading of the engine process, `t_s` seconds after the run started."""
+    run["memory_samples"].append({"t_s": float(t_s), "rss_bytes": int(rss_bytes),
+                                  "pss_bytes": None if pss_bytes is None else int(pss_bytes)})  # fmt: skip
+
+
+def set_counters(
+    run: dict,
+    *,
+    peak_rss_bytes: int | None = None,
+    peak_pss_bytes: int | None = None,
+    bytes_read: int | None = None,
+    cache_hits: int | None = None,
+    cache_misses: int | None = None,
+    io_ns: int | None = None,
+    compute_ns: int | None = None,
+    **extra: int | float | str | None,
+) -> None:
+    """Run-level figures the engine reports once (its per-run event); they win over sums of turns."""
+    values = {"peak_rss_bytes": peak_rss_bytes, "peak_pss_bytes": peak_pss_bytes, "bytes_read": bytes_read,
+              "cache_hits": cache_hits, "cache_misses": cache_misses, "io_ns": io_ns,
+              "compute_ns": compute_ns, **extra}  # fmt: skip
+    run["counters"].update({k: v for k, v in values.items() if v is not None})
+
+
+def mark_failed(run: dict, status: str, error: str) -> None:
+    """The run did not finish: status is aborted / device_vanished / failed / timeout; error one line.
+    Turns recorded so far stay; save_run still writes the run so the failure is on record."""
+    if status not in RUN_STATUSES or status == STATUS_OK:
+        raise ValueError(f"failure status must be one of {RUN_STATUSES[1:]}, not {status!r}")
+    run["status"] = status
+    run["error"] = " ".join(str(error).split()) or status
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summaries.
+
+
+def measured_turns(run: dict) -> list[dict]:
+    """The turns summaries and comparisons use: finished, not warm-up."""
+    return [t for t in run["turns"] if t["status"] == STATUS_OK and not t["warmup"]]
+
+
+def tbt_samples_ns(run: dict) -> np.ndarray:
+    """Every time between tokens of the measured turns, pooled, in nanoseconds."""
+    parts = [t["samples_ns"] for t in measured_turns(run) if t["samples_ns"]]
+    return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+
+
+def ttft_samples_ns(run: dict) -> np.ndarray:
+    values = [t["ttft_ns"] for t in measured_turns(run) if t["ttft_ns"] is not None]
+    return np.asarray(values, dtype=np.float64)
+
+
+def _sum_opt(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def summarize(run: dict) -> dict:
+    """Compute run["summary"] from the turns, memory samples and counters; returns it.
+
+    avg_ts / stddev_ts: mean and sample standard deviation of the per-turn decode tok/s (as llama-bench
+    does over repetitions). pooled_ts: all decode tokens over all decode time. TBT percentiles pool every
+    measured token; I/O share = io_ns / (io_ns + compute_ns).
+    """
+    turns = measured_turns(run)
+    decode = np.asarray([t["decode_ts"] for t in turns if t["decode_ts"] is not None], dtype=np.float64)
+    prefill = np.asarray([t["prefill_ts"] for t in turns if t["prefill_ts"] is not None], dtype=np.float64)
+    tbt = tbt_samples_ns(run)
+    ttft = ttft_samples_ns(run)
+    counters = run.get("counters") or {}
+
+    def pct(values: np.ndarray, q: float) -> int | None:
+        return int(round(float(np.percentile(values, q)))) if values.size else None
+
+    def counter(name: str) -> int | None:
+        if counters.get(name) is not None:
+            return counters[name]
+        return _sum_opt(t.get(name) for t in turns)
+
+    rss_values = [counters.get("peak_rss_bytes")] + [t.get("peak_rss_bytes") for t in run["turns"]]
+    rss_values += [m["rss_bytes"] for m in run["memory_samples"]]
+    pss_values = [counters.get("peak_pss_bytes")] + [m["pss_bytes"] for m in run["memory_samples"]]
+    hits, misses = counter("cache_hits"), counter("cache_misses")
+    io_ns, compute_ns = counter("io_ns"), counter("compute_ns")
+    busy = (io_ns or 0) + (compute_ns or 0)
+
+    summary = {
+        "status": run["status"],
+        "n_turns": len(turns),
+        "n_failed_turns": sum(1 for t in run["turns"] if t["status"] != STATUS_OK),
+        "n_prompt_total": sum(t["n_prompt"] for t in turns),
+        "n_gen_total": sum(t["n_gen"] for t in turns),
+        "avg_ts": float(decode.mean()) if decode.size else None,
+        "stddev_ts": float(decode.std(ddof=1)) if decode.size > 1 else (0.0 if decode.size else None),
+        "pooled_ts": float(tbt.size / (tbt.sum() / 1e9)) if tbt.size and tbt.sum() > 0 else None,
+        "prefill_avg_ts": float(prefill.mean()) if prefill.size else None,
+        "ttft_avg_ns": int(round(float(ttft.mean()))) if ttft.size else None,
+        "ttft_p50_ns": pct(ttft, 50),
+        "tbt_count": int(tbt.size),
+        "tbt_mean_ns": int(round(float(tbt.mean()))) if tbt.size else None,
+        "tbt_p50_ns": pct(tbt, 50),
+        "tbt_p90_ns": pct(tbt, 90),
+        "tbt_p99_ns": pct(tbt, 99),
+        "peak_rss_bytes": max((v for v in rss_values if v is not None), default=None),
+        "peak_pss_bytes": max((v for v in pss_values if v is not None), default=None),
+        "bytes_read": counter("bytes_read"),
+        "cache_hit_rate": hits / (hits + misses)
+        if hits is not None and misses is not None and hits + misses
+        else None,
+        "io_share": io_ns / busy if io_ns is not None and compute_ns is not None and busy else None,
+        "compute_share": compute_ns / busy if io_ns is not None and compute_ns is not None and busy else None,
+    }
+    run["summary"] = summary
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation: a declarative description of every field, checked with messages that name the field.
+
+_INT = "int"
+_NUM = "number"
+_STR = "str"
+_BOOL = "bool"
+_DICT = "dict"
+_LIST = "list"
+
+# field -> (kind, nullable)
+_RUN_FIELDS = {
+    "schema_version": (_INT, False),
+    "run_id": (_STR, False),
+    "created_at": (_STR, False),
+    "status": (_STR, False),
+    "error": (_STR, True),
+    "pi2": (_DICT, False),
+    "engine": (_DICT, False),
+    "model": (_DICT, False),
+    "workload": (_DICT, False),
+    "target": (_DICT, False),
+    "memory": (_DICT, False),
+    "plan": (_DICT, True),
+    "settings": (_DICT, False),
+    "measurement": (_STR, False),
+    "tags": (_LIST, False),
+    "turns": (_LIST, False),
+    "memory_samples": (_LIST, False),
+    "counters": (_DICT, False),
+    "summary": (_DICT, True),
+}
+_ENGINE_FIELDS = {"name": (_STR, False), "version": (_STR, True), "commit": (_STR, True),
+                  "build_flags": (_STR, True), "build_type": (_STR, True), "policy": (_STR, True),
+                  "binary_sha256": (_STR, True)}  # fmt: skip
+_MODEL_FIELDS = {"name": (_STR, False), "path": (_STR, True), "sha256": (_STR, True), "quant": (_STR, True),
+                 "synthetic": (_BOOL, False), "size_bytes": (_INT, True), "n_params": (_INT, True),
+                 "arch": (_STR, True)}  # fmt: skip
+_WORKLOAD_FIELDS = {"name": (_STR, False), "n_prompts": (_INT, True), "sha256": (_STR, True),
+                    "source": (_STR, True)}  # fmt: skip
+_TARGET_FIELDS = {"name": (_STR, False), "kind": (_STR, False)}
+_MEMORY_FIELDS = {"budget_bytes": (_INT, True), "enforced": (_BOOL, False), "how": (_STR, True)}
+_PI2_FIELDS = {"commit": (_STR, True), "dirty": (_BOOL, True)}
+_TURN_FIELDS = {
+    "index": (_INT, False),
+    "prompt_id": (_STR, True),
+    "rep": (_INT, False),
+    "warmup": (_BOOL, False),
+    "status": (_STR, False),
+    "error": (_STR, True),
+    "n_prompt": (_INT, False),
+    "n_gen": (_INT, False),
+    "ttft_ns": (_INT, True),
+    "prefill_ts": (_NUM, True),
+    "decode_ts": (_NUM, True),
+    "samples_ns": (_LIST, False),
+    "bytes_read": (_INT, True),
+    "cache_hits": (_INT, True),
+    "cache_misses": (_INT, True),
+    "io_ns": (_INT, True),
+    "compute_ns": (_INT, True),
+    "peak_rss_bytes": (_INT, True),
+    "extra": (_DICT, False),
+}
+_MEMORY_SAMPLE_FIELDS = {"t_s": (_NUM, False), "rss_bytes": (_INT, False), "pss_bytes": (_INT, True)}
+_NON_NEGATIVE = {"n_prompt", "n_gen", "ttft_ns", "prefill_ts", "decode_ts", "bytes_read", "cache_hits",
+                 "cache_misses", "io_ns", "compute_ns", "peak_rss_bytes", "rss_bytes", "pss_bytes",
+                 "budget_bytes", "size_bytes", "n_params", "t_s", "rep", "index"}  # fmt: skip
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _NUM:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    if kind == _DICT:
+        return isinstance(value, dict)
+    return isinstance(value, list)
+
+
+_KIND_WORDS = {_INT: "an integer", _NUM: "a finite number", _STR: "a string", _BOOL: "true or false",
+               _DICT: "an object", _LIST: "a list"}  # fmt: skip
+
+
+def _check_fields(obj: Any, spec: dict, where: str, *, open_ended: bool = False) -> None:
+    if not isinstance(obj, dict):
+        raise ResultSchemaError(f"{where}: must be an object")
+    for name, (kind, nullable) in spec.items():
+        if name not in obj:
+            raise ResultSchemaError(f"{where}.{name}: missing")
+        value = obj[name]
+        if value is None:
+            if not nullable:
+                raise ResultSchemaError(f"{where}.{name}: must not be null")
+            continue
+        if not _kind_ok(value, kind):
+            raise ResultSchemaError(f"{where}.{name}: must be {_KIND_WORDS[kind]}, not {value!r:.60}")
+        if name in _NON_NEGATIVE and value < 0:
+            raise ResultSchemaError(f"{where}.{name}: must not be negative, not {value!r}")
+    if not open_ended:
+        extra = sorted(set(obj) - set(spec))
+        if extra:
+            raise ResultSchemaError(f"{where}: unknown field {extra[0]!r}")
+
+
+def _check_status(obj: dict, where: str) -> None:
+    if obj["status"] not in RUN_STATUSES:
+        raise ResultSchemaError(
+            f"{where}.status: must be one of {', '.join(RUN_STATUSES)}, not {obj['status']!r}"
+        )
+    if obj["status"] != STATUS_OK and not obj["error"]:
+        raise ResultSchemaError(f"{where}.error: a {obj['status']} record needs a one-line error")
+    if obj["error"] is not None and "\n" in obj["error"]:
+        raise ResultSchemaError(f"{where}.error: must be one line")
+
+
+def validate(run: Any) -> None:
+    """Raise ResultSchemaError naming the first field that breaks the schema; return None if it holds."""
+    if not isinstance(run, dict):
+        raise ResultSchemaError("run: must be a JSON object")
+    version = run.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise ResultSchemaError(
+            f"run.schema_version: {version} is newer than this pi2 reads ({SCHEMA_VERSION}); update pi2"
+        )
+    _check_fields(run, _RUN_FIELDS, "run")
+    if version != SCHEMA_VERSION:
+        raise ResultSchemaError(f"run.schema_version: must be {SCHEMA_VERSION}, not {version!r}")
+    if not _RUN_ID_RE.match(run["run_id"]):
+        raise ResultSchemaError(f"run.run_id: {run['run_id']!r} must be letters, digits, '.', '_' or '-'")
+    try:
+        parse_time(run["created_at"])
+    except ValueError:
+        raise ResultSchemaError(f"run.created_at: {run['created_at']!r} is not an ISO-8601 time") from None
+    _check_status(run, "run")
+    _check_fields(run["pi2"], _PI2_FIELDS, "run.pi2")
+    _check_fields(run["engine"], _ENGINE_FIELDS, "run.engine")
+    _check_fields(run["model"], _MODEL_FIELDS, "run.model")
+    _check_fields(run["workload"], _WORKLOAD_FIELDS, "run.workload")
+    _check_fields(run["target"], _TARGET_FIELDS, "run.target", open_ended=True)
+    _check_fields(run["memory"], _MEMORY_FIELDS, "run.memory")
+    if run["memory"]["enforced"] and run["memory"]["budget_bytes"] is None:
+        raise ResultSchemaError("run.memory.enforced: true needs a budget_bytes")
+    if not all(isinstance(tag, str) for tag in run["tags"]):
+        raise ResultSchemaError("run.tags: must be a list of strings")
+    for key, value in run["counters"].items():
+        if value is not None and not isinstance(value, int | float | str):
+            raise ResultSchemaError(f"run.counters.{key}: must be a number or a string")
+    for i, turn in enumerate(run["turns"]):
+        where = f"run.turns[{i}]"
+        _check_fields(turn, _TURN_FIELDS, where)
+        _check_status(turn, where)
+        for j, sample in enumerate(turn["samples_ns"]):
+            if not _kind_ok(sample, _INT) or sample < 0:
+                raise ResultSchemaError(
+                    f"{where}.samples_ns[{j}]: must be a non-negative integer, not {sample!r:.40}"
+                )
+        if len(turn["samples_ns"]) > max(turn["n_gen"] - 1, 0):
+            raise ResultSchemaError(
+                f"{where}.samples_ns: {len(turn['samples_ns'])} times between tokens for n_gen={turn['n_gen']} "
+                f"(at most n_gen - 1)"
+            )
+        if turn["status"] == STATUS_OK and not turn["warmup"] and turn["ttft_ns"] is None and turn["n_gen"]:
+            raise ResultSchemaError(f"{where}.ttft_ns: a finished turn that generated tokens needs its TTFT")
+    for i, sample in enumerate(run["memory_samples"]):
+        _check_fields(sample, _MEMORY_SAMPLE_FIELDS, f"run.memory_samples[{i}]")
+    if run["status"] == STATUS_OK and not measured_turns(run):
+        raise ResultSchemaError("run.turns: an ok run needs at least one finished, measured turn")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Labels that every table and plot uses, so a run is named the same way everywhere.
+
+
+def engine_label(run: dict) -> str:
+    """ "pi2:dense" for a pi2-engine policy, else the engine name ("llama.cpp")."""
+    name, policy = run["engine"]["name"], run["engine"].get("policy")
+    return f"{name}:{policy}" if policy and policy != name else name
+
+
+def model_label(run: dict) -> str:
+    """The model name, with " [synthetic]" for generated weights: synthetic models are always labelled."""
+    name = run["model"]["name"]
+    return f"{name} [synthetic]" if run["model"]["synthetic"] else name
+
+
+def budget_label(budget_bytes: int | None) -> str:
+    if budget_bytes is None:
+        return "unlimited"
+    return f"{budget_bytes / 2**30:.3g} GiB"
+
+
+def group_key(run: dict) -> tuple[str, str, int | None]:
+    """What a comparison holds fixed: (model label, workload, memory budget)."""
+    return (model_label(run), run["workload"]["name"], run["memory"]["budget_bytes"])

@@ -1,0 +1,187 @@
+"""Where runs live: results/runs/<run_id>.json (one file per run) plus the SQLite index.
+
+The results directory is `--results-dir`, else $PI2_RESULTS, else results/ in the repository
+(pi2cli.paths.results_dir). The index is <results dir>/pi2.sqlite unless $PI2_RESULTS_INDEX or an
+explicit `index_path` says otherwise.
+"""
+
+import json
+import os
+import secrets
+import sqlite3
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import results_dir as default_results_dir
+from pi2cli.results import schema
+from pi2cli.results.index import Index, read_run_file
+
+INDEX_NAME = "pi2.sqlite"
+
+
+def resolve_results_dir(results_dir: str | os.PathLike | None = None) -> Path:
+    return default_results_dir(results_dir)
+
+
+def runs_dir(results_dir: str | os.PathLike | None = None) -> Path:
+    return resolve_results_dir(results_dir) / "runs"
+
+
+def index_path(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None) -> Path:
+    override = index or os.environ.get("PI2_RESULTS_INDEX")
+    return Path(override) if override else resolve_results_dir(results_dir) / INDEX_NAME
+
+
+def open_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None,
+               *, sync: bool = True) -> Index:  # fmt: skip
+    """The index for a results directory, brought in line with its JSON files (rebuilt if missing)."""
+    path = index_path(results_dir, index)
+    try:
+        idx = Index(path, runs_dir(results_dir))
+        if sync:
+            idx.sync()
+    except (sqlite3.Error, OSError) as err:
+        raise Pi2Error(f"cannot use the results index {path}: {err} (set --index or $PI2_RESULTS_INDEX "
+                       f"to a writable place)") from None  # fmt: skip
+    return idx
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write next to `path` under a temporary name, fsync, then rename over it: readers see the old
+    file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_run(
+    run: dict,
+    results_dir: str | os.PathLike | None = None,
+    *,
+    index: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Summarise and validate `run`, write results/runs/<run_id>.json atomically, index it; returns the path.
+
+    Failed runs (see schema.mark_failed) are saved too, so a failure is on record. An existing run id
+    is an error unless overwrite=True."""
+    schema.summarize(run)
+    schema.validate(run)
+    path = runs_dir(results_dir) / f"{run['run_id']}.json"
+    if path.exists() and not overwrite:
+        raise Pi2Error(f"run {run['run_id']} already exists at {path}")
+    try:
+        text = json.dumps(run, indent=1, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise schema.ResultSchemaError(f"run {run['run_id']}: not storable as JSON ({err})") from None
+    atomic_write_text(path, text)
+    with open_index(results_dir, index, sync=False) as idx:
+        idx.upsert(run, path)
+    return path
+
+
+def rebuild_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None
+                  ) -> tuple[int, list[str]]:  # fmt: skip
+    """Throw the index away and rebuild it from runs/*.json: (runs indexed, warnings for bad files)."""
+    path = index_path(results_dir, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Build the new one beside the old and rename it in, so readers never meet a half-built index.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with Index(tmp, runs_dir(results_dir)) as idx:
+            warnings = idx.sync()
+            count = idx.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count, warnings
+
+
+def list_runs(
+    results_dir: str | os.PathLike | None = None,
+    *,
+    index: str | os.PathLike | None = None,
+    model: str | None = None,
+    engine: str | None = None,
+    workload: str | None = None,
+    since: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[dict]:
+    """Index rows (flat dicts: run_id, created_at, engine, engine_label, model, workload, budget_bytes,
+    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes."""
+    if since:
+        try:
+            schema.parse_time(since)
+        except ValueError:
+            raise Pi2Error(
+                f"--since {since!r}: not a date or time (use e.g. 2026-11-21 or 2026-11-21T08:00)"
+            ) from None
+    if not runs_dir(results_dir).is_dir() and not index_path(results_dir, index).exists():
+        return []  # nothing recorded here: do not create an index for a directory that has no runs
+    with open_index(results_dir, index) as idx:
+        return idx.query(
+            model=model, engine=engine, workload=workload, since=since, status=status, limit=limit
+        )
+
+
+def load_run(ref: str | os.PathLike, results_dir: str | os.PathLike | None = None,
+             *, index: str | os.PathLike | None = None) -> dict:  # fmt: skip
+    """One run by id, unique id prefix, or path to a run JSON file; validated and summarised."""
+    as_path = Path(ref)
+    if str(ref).endswith(".json") and as_path.is_file():
+        return read_run_file(as_path)
+    with open_index(results_dir, index) as idx:
+        rows = idx.find(str(ref))
+    if not rows:
+        raise Pi2Error(f"no run {str(ref)!r} in {runs_dir(results_dir)} (see `pi2 results list`)")
+    if len(rows) > 1:
+        names = ", ".join(r["run_id"] for r in rows[:4])
+        raise Pi2Error(
+            f"run {str(ref)!r} is ambiguous: {len(rows)} runs match ({names}{', ...' if len(rows) > 4 else ''})"
+        )
+    return read_run_file(runs_dir(results_dir) / rows[0]["path"])
+
+
+def load_runs(
+    refs: Sequence[str | os.PathLike] = (),
+    results_dir: str | os.PathLike | None = None,
+    *,
+    index: str | os.PathLike | None = None,
+    **filters,
+) -> list[dict]:
+    """Runs by reference (see load_run), or, with no refs, every indexed run matching `filters`
+    (list_runs' keywords), newest first."""
+    if refs:
+        return [load_run(ref, results_dir, index=index) for ref in refs]
+    rows = list_runs(results_dir, index=index, **filters)
+    base = runs_dir(results_dir)
+    return [read_run_file(base / row["path"]) for row in rows]
+
+
+def latest_per_group(runs: Sequence[dict]) -> list[dict]:
+    """The newest finished run of each (engine label, model, workload, budget): what `pi2 compare`
+    and `pi2 report` use when no runs are named."""
+    latest: dict[tuple, dict] = {}
+    for run in runs:
+        if run["status"] != schema.STATUS_OK:
+            continue
+        key = (schema.engine_label(run), *schema.group_key(run))
+        if key not in latest or _when(run) > _when(latest[key]):
+            latest[key] = run
+    return sorted(latest.values(), key=lambda r: (schema.group_key(r)[:2], str(schema.group_key(r)[2]),
+                                                  schema.engine_label(r)))  # fmt: skip
+
+
+def _when(run: dict) -> tuple:
+    return (schema.parse_time(run["created_at"]), run["run_id"])

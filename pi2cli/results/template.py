@@ -1,0 +1,86 @@
+"""The jinja2 template of the HTML report (kept in Python so it ships with the package as is).
+
+The page loads nothing from outside: styles are inline and plots are data: URIs. A small script records
+on <body> how many images decoded and any script error, so a headless browser can check the page.
+"""
+
+HTML_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>
+ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
+        padding: 0 1em; color: #222; }
+ h1 { margin-bottom: 0.2em; }
+ .meta { color: #666; }
+ .synthetic { background: #fff3cd; border: 1px solid #e0c060; padding: 0.5em 1em; border-radius: 4px; }
+ table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
+ th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+ th { background: #f2f2f2; }
+ tr:nth-child(even) td { background: #fafafa; }
+ figure { margin: 1.5em 0; }
+ figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+ figcaption { color: #555; font-size: 0.9em; }
+ .notes li { color: #8a5a00; }
+ .scroll { overflow-x: auto; }
+</style>
+</head>
+<body>
+<h1>{{ title }}</h1>
+<p class="meta">Generated {{ generated }} from {{ n_runs }} run(s).</p>
+{% if synthetic %}
+<p class="synthetic"><strong>Synthetic models are marked [synthetic]:</strong> their weights are generated,
+so their speed says nothing about output quality.</p>
+{% endif %}
+
+<h2>Runs</h2>
+<div class="scroll"><table id="runs">
+<thead><tr>{% for h in run_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in run_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table></div>
+
+{% if compare_rows %}
+<h2>Comparison</h2>
+<div class="scroll"><table id="comparison">
+<thead><tr>{% for h in compare_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in compare_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table></div>
+<p>{{ compare_note }}</p>
+{% endif %}
+{% if notes %}<ul class="notes">{% for note in notes %}<li>{{ note }}</li>{% endfor %}</ul>{% endif %}
+
+{% for plot in plots %}
+<h2>{{ plot.title }}</h2>
+<figure id="plot-{{ plot.name }}">
+<img src="{{ plot.data_uri }}" alt="{{ plot.title }}">
+<figcaption>{{ plot.caption }}</figcaption>
+</figure>
+{% endfor %}
+
+<h2>How it was measured</h2>
+<ul>{% for engine, how in measurements %}<li><strong>{{ engine }}</strong>: {{ how }}</li>{% endfor %}</ul>
+<h2>Engines</h2>
+<ul>{% for line in engines %}<li>{{ line }}</li>{% endfor %}</ul>
+
+<script>
+(function () {
+  var errors = [];
+  window.addEventListener("error", function (e) { errors.push(String(e.message || e)); });
+  window.addEventListener("load", function () {
+    var images = Array.prototype.slice.call(document.images);
+    var loaded = images.filter(function (img) { return img.complete && img.naturalWidth > 0; }).length;
+    document.body.setAttribute("data-images-total", String(images.length));
+    document.body.setAttribute("data-images-loaded", String(loaded));
+    document.body.setAttribute("data-images-broken", String(images.length - loaded));
+    document.body.setAttribute("data-script-errors", String(errors.length));
+    document.body.setAttribute("data-render-check", "done");
+  });
+})();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,125 @@
+"""The result schema: builders, validation (good and bad runs) and summaries."""
+
+import copy
+import json
+
+import pytest
+from results_fakes import fake_run
+
+from pi2cli.engines.base import GenerateResult
+from pi2cli.results import schema as S
+
+
+def test_a_built_run_validates_and_survives_json():
+    run = fake_run(memory_samples=True)
+    S.summarize(run)
+    S.validate(run)
+    again = json.loads(json.dumps(run))
+    S.validate(again)
+    assert again["schema_version"] == S.SCHEMA_VERSION
+    assert again["pi2"]["commit"]  # this checkout is a git repository
+
+
+def _bad(mutate):
+    run = fake_run(turns=2)
+    S.summarize(run)
+    mutate(run)
+    return run
+
+
+BAD = {
+    "missing engine": (lambda r: r.pop("engine"), "run.engine: missing"),
+    "engine name wrong type": (lambda r: r["engine"].update(name=3), "run.engine.name: must be a string"),
+    "unknown model field": (lambda r: r["model"].update(colour="red"), "run.model: unknown field 'colour'"),
+    "synthetic not bool": (lambda r: r["model"].update(synthetic="no"), "run.model.synthetic"),
+    "negative TBT": (lambda r: r["turns"][1]["samples_ns"].__setitem__(3, -5), "run.turns[1].samples_ns[3]"),
+    "float TBT": (lambda r: r["turns"][0]["samples_ns"].__setitem__(0, 1.5), "run.turns[0].samples_ns[0]"),
+    "too many TBTs": (lambda r: r["turns"][0].update(n_gen=5), "run.turns[0].samples_ns: 32 times"),
+    "bad status": (lambda r: r.update(status="exploded"), "run.status: must be one of"),
+    "failure without error": (lambda r: r.update(status="aborted"), "run.error: a aborted record needs"),
+    "multi-line error": (lambda r: r.update(status="failed", error="a\nb"), "run.error: must be one line"),
+    "newer schema": (lambda r: r.update(schema_version=99), "newer than this pi2 reads"),
+    "older schema": (lambda r: r.update(schema_version=0), "run.schema_version: must be 1"),
+    "bad run id": (lambda r: r.update(run_id="../etc/passwd"), "run.run_id"),
+    "bad time": (lambda r: r.update(created_at="yesterday"), "run.created_at"),
+    "enforced without budget": (lambda r: r["memory"].update(enforced=True, budget_bytes=None), "enforced"),
+    "ok run without turns": (lambda r: r.update(turns=[]), "run.turns: an ok run needs"),
+    "turn without ttft": (lambda r: r["turns"][0].update(ttft_ns=None), "run.turns[0].ttft_ns"),
+    "NaN rate": (lambda r: r["turns"][0].update(decode_ts=float("nan")), "run.turns[0].decode_ts"),
+    "memory sample": (lambda r: r["memory_samples"].append({"t_s": 1.0}), "run.memory_samples[0].rss_bytes"),
+    "not an object": (lambda r: r.update(target=[1]), "run.target: must be an object"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_runs_are_refused_naming_the_field(case):
+    mutate, message = BAD[case]
+    with pytest.raises(S.ResultSchemaError) as err:
+        S.validate(_bad(mutate))
+    assert message in err.value.format_message()
+    assert "\n" not in err.value.format_message()
+
+
+def test_a_failed_run_without_turns_is_valid():
+    run = fake_run(turns=1)
+    run["turns"] = []
+    S.mark_failed(run, "device_vanished", "adb: device 1a2b\n disconnected")
+    S.summarize(run)
+    S.validate(run)
+    assert run["error"] == "adb: device 1a2b disconnected"
+    assert run["summary"]["n_turns"] == 0 and run["summary"]["avg_ts"] is None
+    with pytest.raises(ValueError):
+        S.mark_failed(run, "ok", "x")
+
+
+def test_summary_figures():
+    run = S.new_run(engine=S.engine_info("pi2"), model=S.model_info("m"), workload=S.workload_info("w"),
+                    target=S.target_info("t", "local"))  # fmt: skip
+    S.add_turn(run, n_prompt=10, n_gen=5, ttft_ns=1_000_000_000, samples_ns=[10e6, 10e6, 10e6, 10e6],
+               cache_hits=30, cache_misses=10, io_ns=1, compute_ns=3)  # fmt: skip
+    S.add_turn(run, n_prompt=10, n_gen=5, ttft_ns=3_000_000_000, samples_ns=[20e6, 20e6, 20e6, 20e6],
+               cache_hits=10, cache_misses=10, io_ns=1, compute_ns=3)  # fmt: skip
+    S.add_turn(run, n_prompt=99, n_gen=5, ttft_ns=9, samples_ns=[1, 1, 1, 1], warmup=True)
+    S.add_turn(run, n_prompt=99, n_gen=0, ttft_ns=None, status="aborted", error="killed")
+    S.add_memory_sample(run, 0.0, 100, 80)
+    S.add_memory_sample(run, 1.0, 300, 90)
+    s = S.summarize(run)
+    S.validate(run)
+    assert run["turns"][0]["decode_ts"] == pytest.approx(100.0)
+    assert run["turns"][0]["prefill_ts"] == pytest.approx(10.0)
+    assert s["n_turns"] == 2 and s["n_failed_turns"] == 1
+    assert s["avg_ts"] == pytest.approx(75.0)
+    assert s["stddev_ts"] == pytest.approx(35.355, rel=1e-3)
+    assert s["pooled_ts"] == pytest.approx(8 / 0.12)
+    assert s["tbt_count"] == 8 and s["tbt_p50_ns"] == 15_000_000 and s["tbt_p99_ns"] == 20_000_000
+    assert s["ttft_avg_ns"] == 2_000_000_000
+    assert s["cache_hit_rate"] == pytest.approx(40 / 60)
+    assert s["io_share"] == pytest.approx(0.25) and s["compute_share"] == pytest.approx(0.75)
+    assert s["peak_rss_bytes"] == 300 and s["peak_pss_bytes"] == 90
+    S.set_counters(run, cache_hits=1, cache_misses=1, peak_rss_bytes=1000)
+    s = S.summarize(run)
+    assert s["cache_hit_rate"] == 0.5 and s["peak_rss_bytes"] == 1000
+
+
+def test_turn_from_generate_result_uses_token_times():
+    run = fake_run(turns=1)
+    result = GenerateResult(engine="llama.cpp", text="x", token_ids=[1, 2, 3, 4], n_prompt=7, ttft_s=0.25,
+                            prefill_tps=28.0, decode_tps=999.0, peak_rss_bytes=5 << 20,
+                            token_times_s=[1.0, 1.1, 1.3, 1.4])  # fmt: skip
+    turn = S.add_turn_from_generate(run, result, prompt_id="q1")
+    assert turn["samples_ns"] == [100_000_000, 200_000_000, 100_000_000]
+    assert turn["ttft_ns"] == 250_000_000 and turn["n_gen"] == 4
+    assert turn["decode_ts"] == pytest.approx(3 / 0.4)  # from the timestamps, not the engine's own 999
+    S.validate(run)
+
+
+def test_run_ids_are_file_safe_and_labels_mark_synthetic():
+    run_id = S.make_run_id("llama.cpp", "Mixtral 47B/Q4 (syn)", "role play", "2026-11-21T23:18:00Z")
+    assert run_id.startswith("20261121T231800Z-llama.cpp-Mixtral-47B-Q4-syn-role-play-")
+    assert S._RUN_ID_RE.match(run_id)
+    run = fake_run(synthetic=True, model="syn", engine="pi2", policy="dense")
+    assert S.model_label(run) == "syn [synthetic]"
+    assert S.engine_label(run) == "pi2:dense"
+    plain = copy.deepcopy(run)
+    plain["engine"]["policy"] = None
+    assert S.engine_label(plain) == "pi2"
