@@ -15,7 +15,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 
 # Tools the build needs and the Debian packages that provide them.
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
-             aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user
+             aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium
 
 .PHONY: setup test test-python test-native lint engine demo clean os-packages
 
