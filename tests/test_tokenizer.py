@@ -1,0 +1,322 @@
+"""The native tokenizers against llama.cpp's: SmolLM2's byte-level BPE (the real GGUF) and a
+SentencePiece BPE model trained here (no Llama vocabulary is available offline), both through the
+vocab blob the .pi2 file stores and the pi2-tokenize tool."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import gguf
+import pytest
+
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import host_build_dir
+from pi2cli.tokenizer_blob import vocab_blob_from_fields, vocab_blob_from_gguf
+
+TEXTS = [
+    "Hello world",
+    "Hello, world! How are you today?",
+    " leading space",
+    "trailing space ",
+    "multiple   spaces    between words",
+    "line one\nline two\n\nline four\n",
+    "\n\n\n",
+    "   ",
+    "def f(x):\n    return x * 2\n\n\tif x:\n\t\tpass\n",
+    "for (int i = 0; i < n; i++) { sum += a[i]; }",
+    "12345",
+    "3.14159 and 2,718 and 1e-10 and 007",
+    "Version 2024-11-21: 100% of 1,000,000 users",
+    "don't won't I'm you're we've they'll she'd IT'S DON'T",
+    "naïve café résumé Übermaß",
+    "東京は日本の首都です。",
+    "Привет, мир! Γειά σου κόσμε",
+    "emoji 🙂🎉👍🏽 and flags 🇫🇷",
+    "mixed\ttabs\tand  spaces \t\n end",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>",
+    "text with <|endoftext|> in the middle",
+    "almost special <|im_start| and <im_end>",
+    "https://example.com/path?query=1&x=y#frag",
+    "email@example.org, @mention #hashtag $100 ^caret ~tilde |pipe",
+    "   indented\n        deeper\n",
+    "ALLCAPS lowercase MiXeD CamelCaseWord snake_case_name",
+    "a",
+    "٣٤٥ Arabic-Indic digits and ½ ⅓ fractions",
+    "quotes \"double\" 'single' `back` «guillemets» „low“",
+    "zero\u200bwidth\u00a0nbsp\u3000ideographic space",
+]
+
+
+def tool(name: str) -> Path:
+    path = host_build_dir() / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: build the native code first (make engine)")
+    return path
+
+
+def pi2_tokenize(blob_path: Path, data: bytes, *args: str) -> list[int]:
+    done = subprocess.run(
+        [tool("pi2-tokenize"), "--vocab", blob_path, *args], input=data, capture_output=True, check=True
+    )
+    return [int(x) for x in done.stdout.split()]
+
+
+def pi2_decode(blob_path: Path, ids: list[int]) -> bytes:
+    done = subprocess.run(
+        [tool("pi2-tokenize"), "--vocab", blob_path, "--decode"],
+        input=" ".join(map(str, ids)).encode(),
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def llama_tokenize(bindir: Path, gguf_path: Path, data: bytes, tmp_path: Path, *args: str) -> list[int]:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(data)
+    done = subprocess.run(
+        [
+            bindir / "llama-tokenize",
+            "-m",
+            gguf_path,
+            "-f",
+            prompt,
+            "--no-escape",
+            "--ids",
+            "--log-disable",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lists = re.findall(r"^\[[0-9, ]*\]$", done.stdout, flags=re.M)
+    assert lists, f"no id list in llama-tokenize output: {done.stdout[-300:]!r}"
+    return [int(x) for x in lists[-1].strip("[]").split(",") if x.strip()]
+
+
+# ---------- byte-level BPE: SmolLM2 ----------
+
+
+@pytest.fixture(scope="module")
+def smollm2_blob(smollm2_gguf, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vocab") / "smollm2.vocab"
+    path.write_bytes(vocab_blob_from_gguf(gguf.GGUFReader(smollm2_gguf)))
+    return path
+
+
+def _split_at(ids: list[int], sep: int) -> list[list[int]]:
+    parts = [[]]
+    for i in ids:
+        if i == sep:
+            parts.append([])
+        else:
+            parts[-1].append(i)
+    return parts
+
+
+@pytest.mark.slow
+def test_smollm2_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, tmp_path):
+    texts = [t.encode() for t in TEXTS] + [b"bad utf-8 \xff\xfe and a cut \xe6\x9d"]
+    # One llama-tokenize run for all strings (loading the vocabulary dominates): joined by the
+    # control token <|endoftext|> (id 0), which both tokenizers split on before anything else, so
+    # each string is tokenized on its own exactly as if it came alone.
+    joined = b"<|endoftext|>".join(texts)
+    ours = pi2_tokenize(smollm2_blob, joined)
+    ref = llama_tokenize(llamacpp_bindir, smollm2_gguf, joined, tmp_path)
+    ours_parts, ref_parts = _split_at(ours, 0), _split_at(ref, 0)
+    assert len(ref_parts) >= len(texts)
+    bad = [(i, o, r) for i, (o, r) in enumerate(zip(ours_parts, ref_parts, strict=False)) if o != r]
+    assert not bad, "\n".join(f"part {i}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
+    assert ours == ref
+    # and a few alone, with nothing before them
+    for data in texts[:3] + texts[8:10]:
+        assert pi2_tokenize(smollm2_blob, data) == llama_tokenize(
+            llamacpp_bindir, smollm2_gguf, data, tmp_path
+        )
+
+
+@pytest.mark.slow
+def test_smollm2_plain_special_text_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, tmp_path):
+    data = TEXTS[19].encode()
+    ours = pi2_tokenize(smollm2_blob, data, "--no-special")
+    assert ours == llama_tokenize(llamacpp_bindir, smollm2_gguf, data, tmp_path, "--no-parse-special")
+    assert 1 not in ours and 2 not in ours  # <|im_start|> / <|im_end|> stay text
+
+
+def test_smollm2_special_tokens_and_roundtrip(smollm2_blob):
+    ids = pi2_tokenize(smollm2_blob, b"<|im_start|>user\nhi<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2  # the control tokens themselves
+    for text in TEXTS:
+        data = text.encode()
+        assert pi2_decode(smollm2_blob, pi2_tokenize(smollm2_blob, data, "--no-special")) == data
+    # control tokens decode to nothing
+    assert pi2_decode(smollm2_blob, [1, 2, 0]) == b""
+
+
+# ---------- SentencePiece BPE: a model trained here ----------
+
+
+def _spm_corpus() -> str:
+    """Varied text that ships with Python itself, plus lines that teach multi-byte characters."""
+    import email
+    import json
+    import this  # noqa: F401  (prints the Zen once; its text is the rot13 in this.s)
+
+    parts = [this.s.translate(str.maketrans(this.d)), json.__doc__ or "", email.__doc__ or ""]
+    for mod in ("argparse", "subprocess", "collections", "pathlib", "textwrap", "unittest"):
+        parts.append(Path(__import__(mod).__file__).read_text(encoding="utf-8"))
+    parts += ["naïve café résumé déjà vu", "東京 大阪 京都", "Привет мир"] * 5
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def spm_model(tmp_path_factory):
+    spm = pytest.importorskip("sentencepiece")
+    root = tmp_path_factory.mktemp("spm")
+    corpus = root / "corpus.txt"
+    corpus.write_text(_spm_corpus(), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(root / "m"),
+        model_type="bpe",
+        vocab_size=1200,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        character_coverage=0.9995,
+        num_threads=1,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(root / "m.model"))
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        if sp.is_unknown(i):
+            types.append(2)
+        elif sp.is_control(i):
+            types.append(3)
+        elif sp.is_byte(i):
+            types.append(6)
+        elif sp.is_unused(i):
+            types.append(5)
+        else:
+            types.append(1)
+    gguf_path = root / "spm-vocab.gguf"
+    writer = gguf.GGUFWriter(str(gguf_path), "llama")
+    # the hyperparameters llama.cpp reads even for a vocabulary-only load
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(sp.bos_id())
+    writer.add_eos_token_id(sp.eos_id())
+    writer.add_unk_token_id(sp.unk_id())
+    writer.add_add_bos_token(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    blob = root / "spm.vocab"
+    blob.write_bytes(vocab_blob_from_gguf(gguf.GGUFReader(gguf_path)))
+    return sp, gguf_path, blob
+
+
+@pytest.mark.slow
+def test_spm_matches_llamacpp(spm_model, llamacpp_bindir, tmp_path):
+    _, gguf_path, blob = spm_model
+    mismatches = []
+    for text in TEXTS:
+        data = text.encode()
+        for args, ref_args in (((), ()), (("--no-bos",), ("--no-bos",))):
+            ours = pi2_tokenize(blob, data, *args)
+            ref = llama_tokenize(llamacpp_bindir, gguf_path, data, tmp_path, *ref_args)
+            if ours != ref:
+                mismatches.append((data, args, ours, ref))
+    assert not mismatches, "\n".join(f"{d!r} {a}:\n  pi2   {o}\n  llama {r}" for d, a, o, r in mismatches)
+
+
+def test_spm_matches_sentencepiece(spm_model):
+    sp, _, blob = spm_model
+    for text in TEXTS:
+        if "<" in text:  # sentencepiece itself has no notion of parsing control-token texts
+            continue
+        ours = pi2_tokenize(blob, text.encode(), "--no-bos")
+        assert ours == sp.encode(text), text
+        assert ours[0] != sp.bos_id()
+        assert pi2_tokenize(blob, text.encode())[0] == sp.bos_id()
+
+
+def test_spm_roundtrip_and_byte_fallback(spm_model):
+    sp, _, blob = spm_model
+    for text in TEXTS:
+        ids = pi2_tokenize(blob, text.encode(), "--no-bos", "--no-special")
+        # SPM decoding keeps the leading space the tokenizer added
+        assert pi2_decode(blob, ids) == b" " + text.encode()
+    # characters the tiny vocabulary lacks come out as <0xNN> byte tokens
+    ids = pi2_tokenize(blob, "🙂".encode(), "--no-bos")
+    assert [sp.id_to_piece(i) for i in ids[-4:]] == ["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]
+
+
+# ---------- the blob writer and the tool's errors ----------
+
+
+def test_blob_writer_rejects_unsupported_vocabularies():
+    with pytest.raises(Pi2Error, match="not supported"):
+        vocab_blob_from_fields(model="bert", tokens=["a"])
+    with pytest.raises(Pi2Error, match="pre-tokenizer"):
+        vocab_blob_from_fields(model="gpt2", tokens=["a", "b"], merges=["a b"], pre="no-such-pre")
+    with pytest.raises(Pi2Error, match="merges"):
+        vocab_blob_from_fields(model="gpt2", tokens=["a"], pre="gpt2")
+    with pytest.raises(Pi2Error, match="no tokens"):
+        vocab_blob_from_fields(model="llama", tokens=[])
+
+
+def test_blob_writer_needs_a_tokenizer(tmp_path):
+    path = tmp_path / "novocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(Pi2Error, match="no tokenizer"):
+        vocab_blob_from_gguf(gguf.GGUFReader(path))
+
+
+def test_blob_defaults_follow_llamacpp():
+    blob = vocab_blob_from_fields(model="llama", tokens=["<unk>", "<s>", "</s>", "a"])
+    # SPM: bos 1, eos 2, unk 0, add_bos and add_space_prefix on
+    assert blob[8:48] == (
+        b"\x01\0\0\0"
+        + b"\x01\0\0\0"
+        + b"\x03\0\0\0"
+        + b"\x04\0\0\0"
+        + b"\0\0\0\0"
+        + b"\x01\0\0\0"
+        + b"\x02\0\0\0"
+        + b"\0\0\0\0"
+        + b"\xff\xff\xff\xff"
+        + b"\0\0\0\0"
+    )
+
+
+def test_pi2_tokenize_rejects_a_bad_blob(tmp_path, smollm2_blob):
+    good = smollm2_blob.read_bytes()
+    for name, data in (("truncated", good[:1000]), ("magic", b"XX" + good[2:]), ("empty", b"")):
+        path = tmp_path / f"{name}.vocab"
+        path.write_bytes(data)
+        done = subprocess.run(
+            [tool("pi2-tokenize"), "--vocab", path], input="hi", capture_output=True, text=True
+        )
+        assert done.returncode == 1, name
+        assert done.stdout == ""
+        assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
