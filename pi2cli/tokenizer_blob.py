@@ -25,12 +25,11 @@ FLAG_HAS_SCORES = 4
 FLAG_HAS_TYPES = 8
 
 # GGUF tokenizer.ggml.pre values the native byte-level BPE tokenizer implements (keep in sync with
-# pre_type_from_name in native/src/tokenizer.c). Grouped by the pre-tokenizer regex llama.cpp uses.
+# pi2_pre_type_from_name in native/src/pretok.c). Grouped by the pre-tokenizer regex llama.cpp uses.
 BPE_PRE_TOKENIZERS = {
     "default": ("default",),
     "gpt2": (
         "gpt-2",
-        "gpt2",
         "phi-2",
         "mpt",
         "olmo",

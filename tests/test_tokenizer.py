@@ -11,7 +11,7 @@ import pytest
 
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
-from pi2cli.tokenizer_blob import vocab_blob_from_fields, vocab_blob_from_gguf
+from pi2cli.tokenizer_blob import SUPPORTED_BPE_PRE, vocab_blob_from_fields, vocab_blob_from_gguf
 
 TEXTS = [
     "Hello world",
@@ -45,6 +45,12 @@ TEXTS = [
     "٣٤٥ Arabic-Indic digits and ½ ⅓ fractions",
     "quotes \"double\" 'single' `back` «guillemets» „low“",
     "zero\u200bwidth\u00a0nbsp\u3000ideographic space",
+    "e\u0301 combining accents a\u0308",
+    "windows\r\nline endings\r\n\r\n",
+    "1234567890 and 12 and 1234",
+    "a  \n  b \t\n\n c",
+    "€100 … ‘quoted’ — dash",
+    "I'M SHE'LL WE'D You'Re",
 ]
 
 
@@ -89,8 +95,8 @@ def llama_tokenize(bindir: Path, gguf_path: Path, data: bytes, tmp_path: Path, *
         ],
         capture_output=True,
         text=True,
-        check=True,
     )
+    assert done.returncode == 0, f"llama-tokenize failed: {done.stderr[-500:]}"
     lists = re.findall(r"^\[[0-9, ]*\]$", done.stdout, flags=re.M)
     assert lists, f"no id list in llama-tokenize output: {done.stdout[-300:]!r}"
     return [int(x) for x in lists[-1].strip("[]").split(",") if x.strip()]
@@ -100,10 +106,47 @@ def llama_tokenize(bindir: Path, gguf_path: Path, data: bytes, tmp_path: Path, *
 
 
 @pytest.fixture(scope="module")
-def smollm2_blob(smollm2_gguf, tmp_path_factory) -> Path:
+def smollm2_reader(smollm2_gguf):
+    return gguf.GGUFReader(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def smollm2_blob(smollm2_reader, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("vocab") / "smollm2.vocab"
-    path.write_bytes(vocab_blob_from_gguf(gguf.GGUFReader(smollm2_gguf)))
+    path.write_bytes(vocab_blob_from_gguf(smollm2_reader))
     return path
+
+
+def write_vocab_gguf(
+    path: Path, *, model: str, tokens, types, scores=None, merges=None, pre=None, ids=(1, 2, 0), add_bos=None
+):
+    """A vocabulary-only GGUF that llama-tokenize loads (it reads a few hyperparameters even then)."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model(model)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    if scores is not None:
+        writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    if merges is not None:
+        writer.add_token_merges(merges)
+    writer.add_bos_token_id(ids[0])
+    writer.add_eos_token_id(ids[1])
+    if ids[2] is not None:
+        writer.add_unk_token_id(ids[2])
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def _split_at(ids: list[int], sep: int) -> list[list[int]]:
@@ -153,6 +196,48 @@ def test_smollm2_special_tokens_and_roundtrip(smollm2_blob):
         assert pi2_decode(smollm2_blob, pi2_tokenize(smollm2_blob, data, "--no-special")) == data
     # control tokens decode to nothing
     assert pi2_decode(smollm2_blob, [1, 2, 0]) == b""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pre", ["default", "gpt-2", "llama3", "qwen2", "dbrx"])
+def test_other_pre_tokenizers_match_llamacpp(pre, smollm2_reader, llamacpp_bindir, tmp_path):
+    """SmolLM2's vocabulary and merges under the other pre-tokenizers pi2 implements: each one splits
+    digits, contractions, punctuation and whitespace differently, so a wrong rule shows up here."""
+    fields = smollm2_reader.fields
+    tokens = [bytes(fields["tokenizer.ggml.tokens"].parts[i]) for i in fields["tokenizer.ggml.tokens"].data]
+    merges = [bytes(fields["tokenizer.ggml.merges"].parts[i]) for i in fields["tokenizer.ggml.merges"].data]
+    types = [
+        int(fields["tokenizer.ggml.token_type"].parts[i][0]) for i in fields["tokenizer.ggml.token_type"].data
+    ]
+    gguf_path = tmp_path / f"{pre}.gguf"
+    # add_bos left unsaid: llama3 turns it on by default, the others off (BOS = 1 here)
+    write_vocab_gguf(
+        gguf_path,
+        model="gpt2",
+        tokens=[t.decode() for t in tokens],
+        types=types,
+        merges=[m.decode() for m in merges],
+        pre=pre,
+        ids=(1, 2, None),
+    )
+    blob = tmp_path / f"{pre}.vocab"
+    blob.write_bytes(
+        vocab_blob_from_fields(
+            model="gpt2", tokens=tokens, token_types=types, merges=merges, pre=pre, bos_id=1, eos_id=2
+        )
+    )
+    texts = [t.encode() for t in TEXTS]
+    joined = b"<|endoftext|>".join(texts)
+    ours = pi2_tokenize(blob, joined)
+    ref = llama_tokenize(llamacpp_bindir, gguf_path, joined, tmp_path)
+    assert (ref[0] == 1) == (pre == "llama3")
+    bad = [
+        (i, o, r)
+        for i, (o, r) in enumerate(zip(_split_at(ours, 0), _split_at(ref, 0), strict=False))
+        if o != r
+    ]
+    assert not bad, "\n".join(f"{texts[i]!r}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
+    assert ours == ref
 
 
 # ---------- SentencePiece BPE: a model trained here ----------
@@ -206,26 +291,15 @@ def spm_model(tmp_path_factory):
         else:
             types.append(1)
     gguf_path = root / "spm-vocab.gguf"
-    writer = gguf.GGUFWriter(str(gguf_path), "llama")
-    # the hyperparameters llama.cpp reads even for a vocabulary-only load
-    writer.add_context_length(512)
-    writer.add_embedding_length(64)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(4)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(sp.bos_id())
-    writer.add_eos_token_id(sp.eos_id())
-    writer.add_unk_token_id(sp.unk_id())
-    writer.add_add_bos_token(True)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_vocab_gguf(
+        gguf_path,
+        model="llama",
+        tokens=tokens,
+        types=types,
+        scores=scores,
+        ids=(sp.bos_id(), sp.eos_id(), sp.unk_id()),
+        add_bos=True,
+    )
     blob = root / "spm.vocab"
     blob.write_bytes(vocab_blob_from_gguf(gguf.GGUFReader(gguf_path)))
     return sp, gguf_path, blob
@@ -276,7 +350,7 @@ def test_blob_writer_rejects_unsupported_vocabularies():
     with pytest.raises(Pi2Error, match="pre-tokenizer"):
         vocab_blob_from_fields(model="gpt2", tokens=["a", "b"], merges=["a b"], pre="no-such-pre")
     with pytest.raises(Pi2Error, match="merges"):
-        vocab_blob_from_fields(model="gpt2", tokens=["a"], pre="gpt2")
+        vocab_blob_from_fields(model="gpt2", tokens=["a"], pre="gpt-2")
     with pytest.raises(Pi2Error, match="no tokens"):
         vocab_blob_from_fields(model="llama", tokens=[])
 
@@ -320,3 +394,13 @@ def test_pi2_tokenize_rejects_a_bad_blob(tmp_path, smollm2_blob):
         assert done.returncode == 1, name
         assert done.stdout == ""
         assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
+
+
+def test_every_supported_pre_tokenizer_is_native(tmp_path):
+    """The Python writer's list of pre-tokenizer names and the native one stay in sync."""
+    for pre in sorted(SUPPORTED_BPE_PRE):
+        blob = tmp_path / "tiny.vocab"
+        blob.write_bytes(
+            vocab_blob_from_fields(model="gpt2", tokens=["a", "b", "ab", "Ġ"], merges=["a b"], pre=pre)
+        )
+        assert pi2_tokenize(blob, b"ab", "--no-bos") == [2], pre
