@@ -2,6 +2,7 @@
 SentencePiece BPE model trained here (no Llama vocabulary is available offline), both through the
 vocab blob the .pi2 file stores and the pi2-tokenize tool."""
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -11,7 +12,12 @@ import pytest
 
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
-from pi2cli.tokenizer_blob import SUPPORTED_BPE_PRE, vocab_blob_from_fields, vocab_blob_from_gguf
+from pi2cli.tokenizer_blob import (
+    SUPPORTED_BPE_PRE,
+    vocab_blob_from_fields,
+    vocab_blob_from_gguf,
+    vocab_blob_from_hf_dir,
+)
 
 TEXTS = [
     "Hello world",
@@ -246,10 +252,8 @@ def test_other_pre_tokenizers_match_llamacpp(pre, smollm2_reader, llamacpp_bindi
 def _spm_corpus() -> str:
     """Varied text that ships with Python itself, plus lines that teach multi-byte characters."""
     import email
-    import json
-    import this  # noqa: F401  (prints the Zen once; its text is the rot13 in this.s)
 
-    parts = [this.s.translate(str.maketrans(this.d)), json.__doc__ or "", email.__doc__ or ""]
+    parts = [json.__doc__ or "", email.__doc__ or ""]
     for mod in ("argparse", "subprocess", "collections", "pathlib", "textwrap", "unittest"):
         parts.append(Path(__import__(mod).__file__).read_text(encoding="utf-8"))
     parts += ["naïve café résumé déjà vu", "東京 大阪 京都", "Привет мир"] * 5
@@ -404,3 +408,93 @@ def test_every_supported_pre_tokenizer_is_native(tmp_path):
             vocab_blob_from_fields(model="gpt2", tokens=["a", "b", "ab", "Ġ"], merges=["a b"], pre=pre)
         )
         assert pi2_tokenize(blob, b"ab", "--no-bos") == [2], pre
+
+
+# ---------- Hugging Face model directories ----------
+
+
+def test_hf_dir_sentencepiece_matches_the_gguf_path(spm_model, tmp_path):
+    """tokenizer.model read by pi2's own protobuf reader gives the same blob as the GGUF route."""
+    sp, _, blob = spm_model
+    model_dir = tmp_path / "hf"
+    model_dir.mkdir()
+    (model_dir / "tokenizer.model").write_bytes((blob.parent / "m.model").read_bytes())
+    assert vocab_blob_from_hf_dir(model_dir) == blob.read_bytes()
+    # an added special token past the SentencePiece pieces, as chat models ship them
+    n = sp.get_piece_size()
+    (model_dir / "config.json").write_text(json.dumps({"vocab_size": n + 2}))
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps({"added_tokens_decoder": {str(n): {"content": "<|im_start|>", "special": True}}})
+    )
+    hf_blob = tmp_path / "hf.vocab"
+    hf_blob.write_bytes(vocab_blob_from_hf_dir(model_dir))
+    ids = pi2_tokenize(hf_blob, b"<|im_start|>hello", "--no-bos")
+    assert ids == [n, *sp.encode("hello")]  # the text after a special token gets the space prefix
+    assert pi2_decode(hf_blob, [n + 1]) == b""  # the [PAD] filler is unused: decodes to nothing
+
+
+def test_hf_dir_rejects_unigram_and_unknown_layouts(tmp_path):
+    with pytest.raises(Pi2Error, match="neither"):
+        vocab_blob_from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}}))
+    with pytest.raises(Pi2Error, match="byte-level BPE"):
+        vocab_blob_from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "pre_tokenizer": {"type": "Whitespace"},
+            }
+        )
+    )
+    with pytest.raises(Pi2Error, match="pre-tokenizer"):
+        vocab_blob_from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x03\x0a\x01a\x12\x02\x18\x01")  # one piece, unigram
+    with pytest.raises(Pi2Error, match="unigram"):
+        vocab_blob_from_hf_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf_dir(smollm2_reader, tmp_path_factory) -> Path:
+    """SmolLM2's vocabulary as a Hugging Face tokenizer.json, built with the tokenizers library."""
+    tk = pytest.importorskip("tokenizers")
+    fields = smollm2_reader.fields
+    tokens = [
+        bytes(fields["tokenizer.ggml.tokens"].parts[i]).decode() for i in fields["tokenizer.ggml.tokens"].data
+    ]
+    merges = [
+        bytes(fields["tokenizer.ggml.merges"].parts[i]).decode() for i in fields["tokenizer.ggml.merges"].data
+    ]
+    tokenizer = tk.Tokenizer(
+        tk.models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ", 1)) for m in merges]
+        )
+    )
+    tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence(
+        [
+            tk.pre_tokenizers.Digits(individual_digits=True),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tokenizer.decoder = tk.decoders.ByteLevel()
+    tokenizer.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in tokens[:17]])
+    model_dir = tmp_path_factory.mktemp("smollm2-hf")
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False})
+    )
+    return model_dir
+
+
+def test_hf_dir_byte_level_bpe_matches_gguf_and_hf(smollm2_hf_dir, smollm2_blob, tmp_path):
+    import tokenizers
+
+    blob = tmp_path / "hf.vocab"
+    blob.write_bytes(vocab_blob_from_hf_dir(smollm2_hf_dir))
+    texts = [t.encode() for t in TEXTS]
+    joined = b"<|endoftext|>".join(texts)
+    assert pi2_tokenize(blob, joined) == pi2_tokenize(smollm2_blob, joined)
+    hf = tokenizers.Tokenizer.from_file(str(smollm2_hf_dir / "tokenizer.json"))
+    for text in TEXTS:
+        if "<|" not in text:
+            assert pi2_tokenize(blob, text.encode()) == hf.encode(text).ids, text
