@@ -266,6 +266,7 @@ pi2_tokenizer *pi2_tokenizer_create(const pi2_vocab_desc *d) {
     tok->eos_id = d->eos_id;
     tok->unk_id = d->unk_id;
     tok->pad_id = d->pad_id;
+    tok->add_bos = d->add_bos;
     tok->add_space_prefix = d->add_space_prefix;
 
     size_t pool = 0;
@@ -422,7 +423,7 @@ int pi2_tokenize(const pi2_tokenizer *tok, const char *text, size_t len, int add
     pi2_tok_out o = {out, (size_t)max_out, 0};
     fragment_list frags = {0};
     if (partition(tok, text, len, parse_special, &frags) != 0) return -1;
-    if (add_bos && tok->bos_id >= 0) pi2_tok_emit(&o, tok->bos_id);
+    if (add_bos && tok->add_bos && tok->bos_id >= 0) pi2_tok_emit(&o, tok->bos_id);
     int rc = 0;
     int prev_special = 1; /* SPM: the text after BOS / a special token gets the leading space */
     for (size_t f = 0; f < frags.n && rc == 0; f++) {
