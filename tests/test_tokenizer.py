@@ -60,6 +60,19 @@ TEXTS = [
 ]
 
 
+def big_text() -> bytes:
+    """~300 KB of real text that every Python ships: code, docs, indentation, odd characters."""
+    mods = ("argparse", "difflib", "email.message", "html.parser", "json.decoder", "textwrap", "unicodedata")
+    parts = []
+    for name in mods:
+        mod = __import__(name, fromlist=["_"])
+        path = getattr(mod, "__file__", None)
+        if path and path.endswith(".py"):
+            parts.append(Path(path).read_bytes())
+        parts.append((mod.__doc__ or "").encode())
+    return b"\n".join(parts) + "".join(TEXTS).encode()
+
+
 def tool(name: str) -> Path:
     path = host_build_dir() / name
     if not path.exists():
@@ -179,6 +192,11 @@ def test_smollm2_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, t
     bad = [(i, o, r) for i, (o, r) in enumerate(zip(ours_parts, ref_parts, strict=False)) if o != r]
     assert not bad, "\n".join(f"part {i}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
     assert ours == ref
+    # a long text in one piece (no special-token parsing: the sources contain "<|...|>"-free text anyway)
+    data = big_text()
+    ours = pi2_tokenize(smollm2_blob, data, "--no-special")
+    assert len(ours) > 50_000
+    assert ours == llama_tokenize(llamacpp_bindir, smollm2_gguf, data, tmp_path, "--no-parse-special")
     # and a few alone, with nothing before them
     for data in texts[:3] + texts[8:10]:
         assert pi2_tokenize(smollm2_blob, data) == llama_tokenize(
@@ -320,6 +338,9 @@ def test_spm_matches_llamacpp(spm_model, llamacpp_bindir, tmp_path):
             ref = llama_tokenize(llamacpp_bindir, gguf_path, data, tmp_path, *ref_args)
             if ours != ref:
                 mismatches.append((data, args, ours, ref))
+    data = big_text()
+    if pi2_tokenize(blob, data) != llama_tokenize(llamacpp_bindir, gguf_path, data, tmp_path):
+        mismatches.append((b"<big text>", (), [], []))
     assert not mismatches, "\n".join(f"{d!r} {a}:\n  pi2   {o}\n  llama {r}" for d, a, o, r in mismatches)
 
 

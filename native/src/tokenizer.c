@@ -441,6 +441,10 @@ int pi2_tokenize(const pi2_tokenizer *tok, const char *text, size_t len, int add
     }
     free(frags.v);
     if (rc != 0) return -1;
+    if (o.n > (size_t)INT32_MAX) {
+        pi2_set_error("tokenize: text too long (%zu tokens)", o.n);
+        return -1;
+    }
     if (o.n > (size_t)max_out) return -(int)o.n;
     return (int)o.n;
 }
