@@ -227,8 +227,8 @@ def test_smollm2_plain_special_text_matches_llamacpp(smollm2_blob, smollm2_gguf,
 def test_smollm2_special_tokens_and_roundtrip(smollm2_blob):
     ids = pi2_tokenize(smollm2_blob, b"<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2  # the control tokens themselves
-    for text in TEXTS:
-        data = text.encode()
+    # every text, and all of them at once (with the control-token texts kept as text)
+    for data in [t.encode() for t in TEXTS[:8]] + [b"\n--\n".join(t.encode() for t in TEXTS), big_text()]:
         assert pi2_decode(smollm2_blob, pi2_tokenize(smollm2_blob, data, "--no-special")) == data
     # control tokens decode to nothing
     assert pi2_decode(smollm2_blob, [1, 2, 0]) == b""
@@ -390,10 +390,10 @@ def test_spm_matches_sentencepiece(spm_model):
 
 def test_spm_roundtrip_and_byte_fallback(spm_model):
     sp, _, blob = spm_model
-    for text in TEXTS:
-        ids = pi2_tokenize(blob, text.encode(), "--no-bos", "--no-special")
+    for data in [t.encode() for t in TEXTS[:8]] + [b"\n--\n".join(t.encode() for t in TEXTS), big_text()]:
+        ids = pi2_tokenize(blob, data, "--no-bos", "--no-special")
         # SPM decoding keeps the leading space the tokenizer added
-        assert pi2_decode(blob, ids) == b" " + text.encode()
+        assert pi2_decode(blob, ids) == b" " + data
     # characters the tiny vocabulary lacks come out as <0xNN> byte tokens
     ids = pi2_tokenize(blob, "🙂".encode(), "--no-bos")
     assert [sp.id_to_piece(i) for i in ids[-4:]] == ["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]

@@ -5,7 +5,12 @@
  *   2. SPM: spaces -> U+2581, optional leading space, then greedy bigram merges by token score, with
  *      <0xNN> byte tokens for anything the vocabulary lacks;
  *   3. byte-level BPE: a pre-tokenizer (pretok.c) splits the text into words, each word's bytes are
- *      mapped to GPT-2's printable code points, then merges apply by rank. */
+ *      mapped to GPT-2's printable code points, then merges apply by rank.
+ * Deliberate differences, none of which changes the ids for a well-formed vocabulary: a missing SPM
+ * byte token gives unk (llama.cpp throws); equal-length special tokens are tried in id order
+ * (llama.cpp's order is unspecified); the per-model LSTRIP/RSTRIP token attributes llama.cpp sets by
+ * model name (phi-3, jina) are not applied; a non-byte-level character in a BPE token decodes to
+ * itself; the Unicode category tables may be newer than llama.cpp's (unicode_tables.c). */
 #include "tokenizer.h"
 
 #include <stdlib.h>
