@@ -3,6 +3,7 @@ SentencePiece BPE model trained here (no Llama vocabulary is available offline),
 vocab blob the .pi2 file stores and the pi2-tokenize tool."""
 
 import json
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -58,6 +59,56 @@ TEXTS = [
     "€100 … ‘quoted’ — dash",
     "I'M SHE'LL WE'D You'Re",
 ]
+
+
+_POOL = (
+    list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789" * 3)
+    + [" "] * 20
+    + list("\n\n\r\t'''\".,;:!?-_()[]{}<>/\\|@#$%^&*+=~`")
+    + list("éèüßñçøÅ東京日本語中文한국어ПриветΓειά")
+    + [
+        "\u0301",
+        "\u0308",
+        "\u00a0",
+        "\u3000",
+        "\u2028",
+        "\u0085",
+        "🙂",
+        "🎉",
+        "👍🏽",
+        "½",
+        "²",
+        "٣",
+        "…",
+        "—",
+    ]
+    + [
+        "€",
+        "«",
+        "»",
+        "\u200b",
+        "\ufeff",
+        "'s",
+        "'t",
+        "'re",
+        "'ve",
+        "'m",
+        "'ll",
+        "'d",
+        "'S",
+        "'LL",
+        "  ",
+        "   \n",
+        "\r\n",
+    ]
+)
+
+
+def random_texts(seed: int, n: int = 300) -> list[str]:
+    """Seeded random mixes of what pre-tokenizers treat differently: letters, digits, punctuation,
+    every kind of whitespace, contractions, marks, CJK, emoji."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(_POOL) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
 def big_text() -> bytes:
@@ -192,7 +243,7 @@ def _split_at(ids: list[int], sep: int) -> list[list[int]]:
 
 @pytest.mark.slow
 def test_smollm2_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, tmp_path):
-    texts = [t.encode() for t in TEXTS] + [b"bad utf-8 \xff\xfe and a cut \xe6\x9d"]
+    texts = [t.encode() for t in TEXTS + random_texts(1)] + [b"bad utf-8 \xff\xfe and a cut \xe6\x9d"]
     # One llama-tokenize run for all strings (loading the vocabulary dominates): joined by the
     # control token <|endoftext|> (id 0), which both tokenizers split on before anything else, so
     # each string is tokenized on its own exactly as if it came alone.
@@ -262,7 +313,7 @@ def test_other_pre_tokenizers_match_llamacpp(pre, smollm2_reader, llamacpp_bindi
             model="gpt2", tokens=tokens, token_types=types, merges=merges, pre=pre, bos_id=1, eos_id=2
         )
     )
-    texts = [t.encode() for t in TEXTS]
+    texts = [t.encode() for t in TEXTS + random_texts(2)]
     joined = b"<|endoftext|>".join(texts)
     ours = pi2_tokenize(blob, joined)
     ref = llama_tokenize(llamacpp_bindir, gguf_path, joined, tmp_path)
@@ -359,7 +410,7 @@ def test_spm_matches_llamacpp(spm_model, space_prefix, llamacpp_bindir, tmp_path
         blob.write_bytes(vocab_blob_from_gguf(gguf.GGUFReader(gguf_path)))
     # joined by the control token </s> (id 2): both tokenizers split there first and treat the text
     # after a control token like the start of the text (space prefix and all)
-    texts = [t.encode() for t in TEXTS]
+    texts = [t.encode() for t in TEXTS + random_texts(3)]
     joined = b"</s>".join(texts)
     for args in ((), ("--no-bos",)):
         ours = pi2_tokenize(blob, joined, *args)
@@ -379,7 +430,7 @@ def test_spm_matches_llamacpp(spm_model, space_prefix, llamacpp_bindir, tmp_path
 
 def test_spm_matches_sentencepiece(spm_model):
     sp, _, blob = spm_model
-    for text in TEXTS:
+    for text in TEXTS + random_texts(4, 40):
         if "<" in text:  # sentencepiece itself has no notion of parsing control-token texts
             continue
         ours = pi2_tokenize(blob, text.encode(), "--no-bos")
