@@ -24,7 +24,7 @@
 #endif
 #endif
 
-#define PI2_HAVE_SIMD_FILES 0 /* flipped on when the SIMD files land */
+#define PI2_HAVE_SIMD_FILES 1
 #define N_LEVELS (PI2_KERNELS_I8MM + 1)
 
 static pi2_kernel_table tables[N_LEVELS];
