@@ -254,21 +254,14 @@ static void act_f16(const float *x, void *out, int64_t n) {
 enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
 #define MICRO 4
 
-struct tile_scales {
-    float *d;   /* [token][block]: activation scale */
-    float *c;   /* [token][block]: Q4_0: 8 * d * sum(qs) (the -8 offset); Q4_1: s */
-};
-
+/* Per tile, block scales are laid out [group of MICRO tokens][block][token in group], so one 128-bit
+ * load gives a block's values for the whole micro-tile. */
 static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
                                                                  const uint8_t *const *acts, size_t ablock,
-                                                                 const float *const *da, const float *const *ca,
-                                                                 float *out) {
+                                                                 const float *da, const float *ca, float *out) {
     __m256 acc[MICRO];
-    float corr[MICRO];
-    for (int t = 0; t < nt; t++) {
-        acc[t] = _mm256_setzero_ps();
-        corr[t] = 0.0f;
-    }
+    __m128 corr = _mm_setzero_ps();
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq;
         float dw, cw = 0.0f;
@@ -287,16 +280,28 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
             wq = _mm256_loadu_si256((const __m256i *)w->qs);
             dw = h2f(w->d);
         }
+        float scale[MICRO];
+        _mm_storeu_ps(scale, _mm_mul_ps(_mm_set1_ps(dw), _mm_loadu_ps(da + b * MICRO)));
+        if (kind != KIND_Q8_0) corr = _mm_fmadd_ps(_mm_set1_ps(cw), _mm_loadu_ps(ca + b * MICRO), corr);
         const __m256i wabs = kind == KIND_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
         for (int t = 0; t < nt; t++) {
-            /* qs sits at a fixed offset inside each activation block */
             __m256i aq = _mm256_loadu_si256((const __m256i *)(acts[t] + b * ablock));
             if (kind == KIND_Q8_0) aq = _mm256_sign_epi8(aq, wq);
-            acc[t] = _mm256_fmadd_ps(dot_u8s8(wabs, aq), _mm256_set1_ps(dw * da[t][b]), acc[t]);
-            if (kind != KIND_Q8_0) corr[t] += cw * ca[t][b];
+            acc[t] = _mm256_fmadd_ps(dot_u8s8(wabs, aq), _mm256_broadcast_ss(&scale[t]), acc[t]);
         }
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) + corr[t];
+    float c[MICRO];
+    _mm_storeu_ps(c, corr);
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) + c[t];
+}
+
+static inline int block_sum_s8(const int8_t *qs) {
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
 }
 
 static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
@@ -307,30 +312,24 @@ static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, 
     /* tile: activations of up to ~256 KiB, a multiple of MICRO tokens */
     int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;
     tile = tile < MICRO ? MICRO : tile > 64 ? 64 : tile / MICRO * MICRO;
-    float *scratch = malloc(sizeof(float) * 2 * (size_t)(tile * nb + 1));
-    if (!scratch) abort();
-    struct tile_scales sc = {scratch, scratch + tile * nb};
+    float *sd = calloc((size_t)(tile * nb) * 2 + 1, sizeof(float));
+    if (!sd) abort();
+    float *sc = sd + tile * nb;
     const uint8_t *ab = acts;
     for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
         const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
         for (int64_t t = 0; t < tn; t++) {
             const uint8_t *a = ab + (size_t)(t0 + t) * act_bytes;
+            float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *cg = sc + (t / MICRO) * nb * MICRO + t % MICRO;
             for (int64_t b = 0; b < nb; b++) {
                 if (kind == KIND_Q4_1) {
                     const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
-                    sc.d[t * nb + b] = h2f(q->d);
-                    sc.c[t * nb + b] = h2f(q->s);
+                    dg[b * MICRO] = h2f(q->d);
+                    cg[b * MICRO] = h2f(q->s);
                 } else {
                     const pi2_block_q8_0 *q = (const pi2_block_q8_0 *)a + b;
-                    sc.d[t * nb + b] = h2f(q->d);
-                    if (kind == KIND_Q4_0) {
-                        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)q->qs));
-                        __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-                        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-                        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-                        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                        sc.c[t * nb + b] = 8.0f * h2f(q->d) * (float)_mm_cvtsi128_si32(s4);
-                    }
+                    dg[b * MICRO] = h2f(q->d);
+                    if (kind == KIND_Q4_0) cg[b * MICRO] = 8.0f * h2f(q->d) * (float)block_sum_s8(q->qs);
                 }
             }
         }
@@ -339,13 +338,9 @@ static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, 
             for (int64_t t = 0; t < tn; t += MICRO) {
                 const int nt = tn - t < MICRO ? (int)(tn - t) : MICRO;
                 const uint8_t *ap[MICRO];
-                const float *dp[MICRO], *cp[MICRO];
                 float out[MICRO];
-                for (int k = 0; k < nt; k++) {
-                    ap[k] = ab + (size_t)(t0 + t + k) * act_bytes + qs_off;
-                    dp[k] = sc.d + (t + k) * nb;
-                    cp[k] = sc.c + (t + k) * nb;
-                }
+                for (int k = 0; k < nt; k++) ap[k] = ab + (size_t)(t0 + t + k) * act_bytes + qs_off;
+                const float *dp = sd + (t / MICRO) * nb * MICRO, *cp = sc + (t / MICRO) * nb * MICRO;
                 switch (kind * 8 + nt) { /* constant kind and nt let the compiler keep acc[] in registers */
 #define CASE(K, NT) \
     case K * 8 + NT: gemm_row_micro(K, NT, wrow, nb, ap, ablock, dp, cp, out); break;
@@ -358,7 +353,7 @@ static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, 
             }
         }
     }
-    free(scratch);
+    free(sd);
 }
 
 static void gemm_q4_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
