@@ -1,8 +1,9 @@
 #!/bin/sh
-# Cross-builds the native code for arm64 and runs its unit tests under qemu-aarch64 twice: on qemu's
-# default CPU ("max": NEON, dotprod, i8mm, so every kernel level is compared with the scalar one) and
-# as a Cortex-A53 (ARMv8.0: no dotprod/i8mm), which checks that dispatch falls back instead of dying
-# with SIGILL. Usage: native/tests/run-arm64.sh [build-dir]   (default build/arm64)
+# Cross-builds the native code for arm64 and runs its unit tests under qemu-aarch64 on three CPUs:
+# qemu's default "max" (NEON, dotprod, i8mm: every kernel level is compared with the scalar one),
+# Cortex-A76 (dotprod, no i8mm) and Cortex-A53 (ARMv8.0 NEON only). Each run also checks that dispatch
+# picked that CPU's best level, so a binary falls back on older cores instead of dying with SIGILL.
+# Usage: native/tests/run-arm64.sh [build-dir]   (default build/arm64)
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-build/arm64}
@@ -22,4 +23,5 @@ run_on() {
     grep -q "kernel levels: best $2" "$log" || { echo "run-arm64.sh: expected best level $2 on $1" >&2; exit 1; }
 }
 run_on max i8mm
+run_on cortex-a76 dotprod
 run_on cortex-a53 neon
