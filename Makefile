@@ -1,6 +1,6 @@
 # pi2: one entry point for setting up, building, testing and demoing.
 #   make setup   virtualenv + editable install + OS packages + native build
-#   make test    pytest and the native unit tests (sets up first when needed)
+#   make test    native unit tests (host + arm64 under qemu) and pytest (sets up first when needed)
 #   make lint    ruff
 #   make engine  build native/ for this host
 #   make demo    the main job end to end on this machine
@@ -17,7 +17,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
              aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium
 
-.PHONY: setup test test-python test-native lint engine demo clean os-packages
+.PHONY: setup test test-python test-native test-arm64 lint engine demo clean os-packages
 
 setup: os-packages $(VENV)/.installed engine
 
@@ -41,10 +41,14 @@ engine:
 	cmake -S native -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: setup test-native test-python
+test: setup test-native test-arm64 test-python
 
 test-native: engine
 	ctest --test-dir $(BUILD) --output-on-failure
+
+# arm64 cross build, unit tests under qemu-aarch64 on three CPUs (i8mm, dotprod, plain NEON fallback)
+test-arm64:
+	PI2_JOBS=$(JOBS) sh native/tests/run-arm64.sh build/arm64
 
 test-python: $(VENV)/.installed
 	$(PY) -m pytest -q
