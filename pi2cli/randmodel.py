@@ -45,8 +45,12 @@ def write_random_model(
             w.add_tensor("output.weight", mat(n_vocab, n_embd), wtype)
         for layer in range(n_layer):
             p = f"blk.{layer}."
-            w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32), "F32")
-            w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32), "F32")
+            w.add_tensor(
+                p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32), "F32"
+            )
+            w.add_tensor(
+                p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32), "F32"
+            )
             w.add_tensor(p + "attn_q.weight", mat(q_dim, n_embd), wtype)
             w.add_tensor(p + "attn_k.weight", mat(kv_dim, n_embd), wtype)
             w.add_tensor(p + "attn_v.weight", mat(kv_dim, n_embd), wtype)
@@ -56,5 +60,7 @@ def write_random_model(
                 w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd), "F32")
             for e in experts:
                 order = rng.permutation(n_ff) if permute else None
-                w.add_ffn(layer, mat(n_ff, n_embd), mat(n_ff, n_embd), mat(n_embd, n_ff), expert=e, order=order)
+                w.add_ffn(
+                    layer, mat(n_ff, n_embd), mat(n_ff, n_embd), mat(n_embd, n_ff), expert=e, order=order
+                )
     return Path(path)

@@ -104,7 +104,9 @@ class Reference:
             # block's minimum times the activation block's F16 sum s.
             scaled, mins = self._q4_1_parts(w)
             xr = round_activation(x, wtype).astype(np.float64)
-            return (xr @ scaled.T.astype(np.float64) + _q8_1_sums(x).astype(np.float64) @ mins.T).astype(np.float32)
+            return (xr @ scaled.T.astype(np.float64) + _q8_1_sums(x).astype(np.float64) @ mins.T).astype(
+                np.float32
+            )
         if self.emulate:
             x = round_activation(x, wtype)
         return (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
@@ -177,10 +179,7 @@ class Reference:
                 out[:, head, :] = (s @ vh.astype(np.float64)).astype(np.float32)
             x = x + self._mm(out.reshape(n, nh * hd), *self._mat(p + "attn_output.weight"))
             xn = self._rmsnorm(x, self.f.tensor(p + "ffn_norm.weight"))
-            if h.arch == "moe":
-                x = x + self._moe(xn, layer)
-            else:
-                x = x + self._ffn_block(xn, layer, None)
+            x = x + (self._moe(xn, layer) if h.arch == "moe" else self._ffn_block(xn, layer, None))
         xn = self._rmsnorm(x, self.f.tensor("output_norm.weight"))
         out_w = "token_embd.weight" if h.tied_embeddings else "output.weight"
         return self._mm(xn, *self._mat(out_w))
