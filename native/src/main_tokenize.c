@@ -131,7 +131,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     pi2_tokenizer *tok = pi2_tokenizer_create(&desc);
-    int vocab_add_bos = desc.add_bos;
     pi2_vocab_desc_release(&desc);
     free(blob);
     if (!tok) {
@@ -152,7 +151,7 @@ int main(int argc, char **argv) {
     } else {
         int cap = (int)(len + 16 < 1u << 30 ? len + 16 : 1u << 30);
         int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
-        int n = ids ? pi2_tokenize(tok, text, len, add_bos && vocab_add_bos, parse_special, ids, cap) : -1;
+        int n = ids ? pi2_tokenize(tok, text, len, add_bos, parse_special, ids, cap) : -1;
         if (n < 0) {
             fprintf(stderr, "pi2-tokenize: error: %s\n", ids ? pi2_last_error() : "out of memory");
             rc = 1;

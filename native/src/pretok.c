@@ -253,7 +253,7 @@ int pi2_pre_type_from_name(const char *name) {
         int type;
     } table[] = {
         {"", PI2_PRE_DEFAULT},         {"default", PI2_PRE_DEFAULT},
-        {"gpt-2", PI2_PRE_GPT2},       {"gpt2", PI2_PRE_GPT2},           {"phi-2", PI2_PRE_GPT2},
+        {"gpt-2", PI2_PRE_GPT2},       {"phi-2", PI2_PRE_GPT2},
         {"mpt", PI2_PRE_GPT2},         {"olmo", PI2_PRE_GPT2},           {"jais", PI2_PRE_GPT2},
         {"jina-es", PI2_PRE_GPT2},     {"jina-de", PI2_PRE_GPT2},        {"jina-v2-es", PI2_PRE_GPT2},
         {"jina-v2-de", PI2_PRE_GPT2},  {"exaone4", PI2_PRE_GPT2},        {"smollm", PI2_PRE_SMOLLM},

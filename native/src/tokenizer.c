@@ -5,7 +5,12 @@
  *   2. SPM: spaces -> U+2581, optional leading space, then greedy bigram merges by token score, with
  *      <0xNN> byte tokens for anything the vocabulary lacks;
  *   3. byte-level BPE: a pre-tokenizer (pretok.c) splits the text into words, each word's bytes are
- *      mapped to GPT-2's printable code points, then merges apply by rank. */
+ *      mapped to GPT-2's printable code points, then merges apply by rank.
+ * Deliberate differences, none of which changes the ids for a well-formed vocabulary: a missing SPM
+ * byte token gives unk (llama.cpp throws); equal-length special tokens are tried in id order
+ * (llama.cpp's order is unspecified); the per-model LSTRIP/RSTRIP token attributes llama.cpp sets by
+ * model name (phi-3, jina) are not applied; a non-byte-level character in a BPE token decodes to
+ * itself; the Unicode category tables may be newer than llama.cpp's (unicode_tables.c). */
 #include "tokenizer.h"
 
 #include <stdlib.h>
@@ -266,6 +271,7 @@ pi2_tokenizer *pi2_tokenizer_create(const pi2_vocab_desc *d) {
     tok->eos_id = d->eos_id;
     tok->unk_id = d->unk_id;
     tok->pad_id = d->pad_id;
+    tok->add_bos = d->add_bos;
     tok->add_space_prefix = d->add_space_prefix;
 
     size_t pool = 0;
@@ -422,7 +428,7 @@ int pi2_tokenize(const pi2_tokenizer *tok, const char *text, size_t len, int add
     pi2_tok_out o = {out, (size_t)max_out, 0};
     fragment_list frags = {0};
     if (partition(tok, text, len, parse_special, &frags) != 0) return -1;
-    if (add_bos && tok->bos_id >= 0) pi2_tok_emit(&o, tok->bos_id);
+    if (add_bos && tok->add_bos && tok->bos_id >= 0) pi2_tok_emit(&o, tok->bos_id);
     int rc = 0;
     int prev_special = 1; /* SPM: the text after BOS / a special token gets the leading space */
     for (size_t f = 0; f < frags.n && rc == 0; f++) {
@@ -440,6 +446,10 @@ int pi2_tokenize(const pi2_tokenizer *tok, const char *text, size_t len, int add
     }
     free(frags.v);
     if (rc != 0) return -1;
+    if (o.n > (size_t)INT32_MAX) {
+        pi2_set_error("tokenize: text too long (%zu tokens)", o.n);
+        return -1;
+    }
     if (o.n > (size_t)max_out) return -(int)o.n;
     return (int)o.n;
 }

@@ -14,7 +14,8 @@ typedef enum { PI2_TOK_SPM = 1, PI2_TOK_BPE = 2 } pi2_tok_kind;
 enum { PI2_TOKTYPE_NORMAL = 1, PI2_TOKTYPE_UNKNOWN = 2, PI2_TOKTYPE_CONTROL = 3,
        PI2_TOKTYPE_USER_DEFINED = 4, PI2_TOKTYPE_UNUSED = 5, PI2_TOKTYPE_BYTE = 6 };
 
-/* A view of the vocabulary; pi2_tokenizer_create copies what it needs. */
+/* A view of the vocabulary; pi2_tokenizer_create copies what it needs (the view and the memory it
+ * points into may go away right after). */
 typedef struct {
     pi2_tok_kind kind;
     int32_t n_vocab;
@@ -37,9 +38,11 @@ typedef struct pi2_tokenizer pi2_tokenizer;
 pi2_tokenizer *pi2_tokenizer_create(const pi2_vocab_desc *desc);
 void pi2_tokenizer_free(pi2_tokenizer *tok);
 
-/* Encode text. add_bos: prepend BOS when the vocab has one. parse_special: text spans equal to
- * control/user-defined tokens (e.g. "<|im_start|>") become those tokens, as llama.cpp does with
- * parse_special. Returns the number of ids, or -(needed) when max_out is too small. */
+/* Encode text. add_bos: prepend BOS if the vocabulary asks for it (desc.add_bos, from GGUF
+ * add_bos_token) and has one, like llama.cpp's add_special (SmolLM2, for one, wants no BOS); 0 never
+ * adds it. parse_special: text spans equal to control/user-defined tokens (e.g. "<|im_start|>")
+ * become those tokens, as llama.cpp does with parse_special. Returns the number of ids, or -(needed)
+ * when max_out is too small (-1 with pi2_set_error only when out of memory). */
 int pi2_tokenize(const pi2_tokenizer *tok, const char *text, size_t len, int add_bos, int parse_special,
                  int32_t *out, int max_out);
 

@@ -33,7 +33,7 @@ struct pi2_tokenizer {
     uint32_t merge_mask;
     int pre_type, ignore_merges;
     int32_t bos_id, eos_id, unk_id, pad_id;
-    int add_space_prefix;
+    int add_bos, add_space_prefix;
     int32_t byte_token[256];       /* SPM: <0xNN> token per byte (unk / -1 when missing) */
     char byte_utf8[256][4];        /* BPE: GPT-2 printable code point per byte, as UTF-8 */
     uint8_t byte_utf8_len[256];
