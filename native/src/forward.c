@@ -2,6 +2,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,6 +223,13 @@ static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* F16 -> F32 by table: the attention accumulator converts back after every step. */
+static float f16_table[1 << 16];
+static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
+static void build_f16_table(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = pi2_f16_to_f32((pi2_f16)i);
+}
+
 typedef struct {
     pi2_ctx *c;
     int layer, tokens;
@@ -245,8 +253,12 @@ static void att_worker(void *p, int ith, int nth) {
          * token-identical: q rounded to F16, scores against the F16 cache, online softmax, and the
          * V accumulator kept in F16 (rounded after every fused multiply-add, as ggml_vec_mad_f16). */
         pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
-        pi2_f16 *acc = (pi2_f16 *)qh + hd; /* the second half of this thread's F16 scratch */
-        memset(acc, 0, (size_t)hd * sizeof(pi2_f16));
+        /* The accumulator lives in F16 (acc16); acc32 always holds its exact F32 value, so each
+         * step is one vectorized axpy plus a round trip through F16 (kernels do both with SIMD). */
+        pi2_f16 *acc16 = (pi2_f16 *)qh + hd;
+        float *acc32 = c->att + t * c->q_dim + hh * hd;
+        memset(acc16, 0, (size_t)hd * sizeof(pi2_f16));
+        memset(acc32, 0, (size_t)hd * sizeof(float));
         float S = 0.0f, M = -INFINITY;
         for (int s = 0; s <= pos; s++) {
             const float sc = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
@@ -256,17 +268,21 @@ static void att_worker(void *p, int ith, int nth) {
                 const float Mold = M;
                 M = sc;
                 ms = expf(Mold - M);
-                for (int64_t d = 0; d < hd; d++) acc[d] = pi2_f32_to_f16(pi2_f16_to_f32(acc[d]) * ms);
+                if (s > 0) {
+                    for (int64_t d = 0; d < hd; d++) acc32[d] *= ms;
+                    pi2_prepare_act(PI2_F16, acc32, acc16, hd);
+                    for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
+                }
             } else {
                 vs = expf(sc - M);
             }
-            for (int64_t d = 0; d < hd; d++)
-                acc[d] = pi2_f32_to_f16(fmaf(pi2_f16_to_f32(vrow[d]), vs, pi2_f16_to_f32(acc[d])));
+            pi2_axpy(PI2_F16, hd, vs, vrow, acc32);
+            pi2_prepare_act(PI2_F16, acc32, acc16, hd);
+            for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
             S = S * ms + vs;
         }
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-        float *out = c->att + t * c->q_dim + hh * hd;
-        for (int64_t d = 0; d < hd; d++) out[d] = pi2_f16_to_f32(acc[d]) * inv;
+        for (int64_t d = 0; d < hd; d++) acc32[d] *= inv;
     }
 }
 
@@ -293,6 +309,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
             vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
         }
     }
+    pthread_once(&f16_table_once, build_f16_table);
     att_job j = {c, layer, tokens};
     run(c, att_worker, &j);
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
