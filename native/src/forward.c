@@ -8,10 +8,6 @@
 
 #include "common.h"
 
-/* Prefill copies bundle rows in tiles of this many into a contiguous buffer so the GEMM kernel can
- * reuse each loaded activation across rows, as it does for dense matrices. */
-#define ROW_TILE 32
-
 struct pi2_ctx {
     const pi2_model *m;
     pi2_pool *pool;
@@ -28,7 +24,6 @@ struct pi2_ctx {
     uint8_t *qf16;                         /* [nth][head_dim] f16 */
     float *acc;                            /* axpy path: [nth][n_batch][n_embd] */
     uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
-    uint8_t *rowbuf;                       /* [nth][ROW_TILE][bundle part]: bundle rows made contiguous */
     float *logits;                         /* [n_vocab] */
 };
 
@@ -84,7 +79,6 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *po
     c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, &ok);
     if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok);
     c->act = xcalloc(B, act_row, &ok);
-    c->rowbuf = xcalloc((size_t)c->nth * ROW_TILE, h->part_bytes, &ok);
     c->logits = xcalloc(h->n_vocab, sizeof(float), &ok);
     if (!ok) {
         pi2_ctx_free(c);
@@ -98,7 +92,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->g, c->u, c->h,
                     c->ffn_in, c->ffn_out, c->router, c->expert_w, c->expert_sel, c->expert_tokens,
-                    c->scores, c->qf16, c->acc, c->act, c->logits, c->rowbuf};
+                    c->scores, c->qf16, c->acc, c->act, c->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c);
 }
@@ -156,7 +150,6 @@ typedef struct {
     int64_t tokens;
     float *y;
     int64_t ldy;
-    uint8_t *rowbuf; /* [nth][ROW_TILE * row_bytes] */
 } mm_job;
 
 static void mm_worker(void *p, int ith, int nth) {
@@ -171,31 +164,23 @@ static void mm_worker(void *p, int ith, int nth) {
         else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
         return;
     }
-    /* Rows inside bundles. Decode: a dot per row straight from the bundle (memory-bound; a copy
-     * would only add traffic). Prefill: gather a tile of rows, then one GEMM over all tokens. */
-    if (j->tokens == 1) {
-        for (int64_t r = r0; r < r1; r++) j->y[r] = pi2_vec_dot(w->type, w->cols, w->data + (size_t)r * w->stride, j->acts);
-        return;
-    }
-    uint8_t *buf = j->rowbuf + (size_t)ith * ROW_TILE * w->row_bytes;
-    for (int64_t r = r0; r < r1; r += ROW_TILE) {
-        const int64_t nr = r1 - r < ROW_TILE ? r1 - r : ROW_TILE;
-        for (int64_t i = 0; i < nr; i++) memcpy(buf + i * w->row_bytes, w->data + (size_t)(r + i) * w->stride, w->row_bytes);
-        pi2_gemm(w->type, buf, nr, w->cols, j->acts, j->tokens, j->y + r, j->ldy);
-    }
+    /* Rows inside bundles (stride = bundle_stride): the kernels' strided variants. */
+    const uint8_t *base = w->data + (size_t)r0 * w->stride;
+    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->y + r0);
+    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
 }
 
 /* Y[t][0..rows) = W x[t] for t < tokens; x rows have stride ldx floats, Y rows ldy. */
 static void matmul(pi2_ctx *c, const pi2_mat *w, const float *x, int64_t ldx, int64_t tokens, float *y,
                    int64_t ldy) {
     prepare(c, w->type, x, w->cols, ldx, tokens);
-    mm_job j = {w, c->act, tokens, y, ldy, c->rowbuf};
+    mm_job j = {w, c->act, tokens, y, ldy};
     run(c, mm_worker, &j);
 }
 
 /* Same, reusing activations already prepared for a weight of the same activation type. */
 static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float *y, int64_t ldy) {
-    mm_job j = {w, c->act, tokens, y, ldy, c->rowbuf};
+    mm_job j = {w, c->act, tokens, y, ldy};
     run(c, mm_worker, &j);
 }
 
