@@ -243,6 +243,7 @@ def _run_logged(cmd: list[str], log, on_line: Callable[[str], None] | None = Non
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
+            log.flush()  # so `tail -f build.log` shows where a long build is
             if on_line:
                 on_line(line)
         return proc.wait()
@@ -252,13 +253,14 @@ def _run_logged(cmd: list[str], log, on_line: Callable[[str], None] | None = Non
         raise
 
 
-def _log_tail(log_path: Path, n: int = 12) -> str:
+def _log_tail(log_path: Path) -> str:
+    """The last error lines of a build log (or its last lines), for a one-line failure message."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
     errors = [ln for ln in lines if "error" in ln.lower()]
-    return " | ".join((errors or lines)[-3:])[-400:] if n else ""
+    return " | ".join((errors or lines)[-3:])[-400:]
 
 
 def ensure_built(target: str = "host", jobs: int | None = None, show_progress: bool = True) -> Path:
@@ -303,7 +305,9 @@ def _build(source: Path, build_dir: Path, target: str, args: list[str], jobs: in
     with open(log_path, "w") as log, progress:
         task = progress.add_task("configure", total=None)
         if _run_logged(configure, log) != 0:
-            raise Pi2Error(f"llama.cpp configure failed for {target}: {_log_tail(log_path)} (log: {log_path})")
+            raise Pi2Error(
+                f"llama.cpp configure failed for {target}: {_log_tail(log_path)} (log: {log_path})"
+            )
 
         def on_line(line: str) -> None:
             if got := parse_progress(line):

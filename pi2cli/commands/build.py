@@ -24,7 +24,11 @@ TARGETS = ("host", "linux-arm64", "android-arm64")
     "android-arm64: the Android NDK in $ANDROID_NDK_HOME.",
 )
 @click.option(
-    "--jobs", "-j", type=click.IntRange(1), default=None, help="Parallel compile jobs [default: cores, max 8]."
+    "--jobs",
+    "-j",
+    type=click.IntRange(1),
+    default=None,
+    help="Parallel compile jobs [default: cores, max 8].",
 )
 def command(engine: str, target: str, jobs: int | None) -> None:
     """Build pi2-engine or llama.cpp for this host, android-arm64 or linux-arm64.

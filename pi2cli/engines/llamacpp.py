@@ -162,7 +162,7 @@ class LlamaServer:
         self.stop()
 
     def start(self) -> None:
-        self._log = tempfile.TemporaryFile(mode="w+b")
+        self._log = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (lives until stop() closes it)
         cmd = [str(self.binary), *self.args]
         popen = self.budget.popen if self.budget is not None else subprocess.Popen
         started = time.monotonic()
@@ -226,7 +226,9 @@ class LlamaServer:
         finally:
             conn.close()
         if resp.status != 200:
-            raise Pi2Error(f"llama-server {path} answered {resp.status}: {data.decode(errors='replace')[:300]}")
+            raise Pi2Error(
+                f"llama-server {path} answered {resp.status}: {data.decode(errors='replace')[:300]}"
+            )
         return json.loads(data)
 
     def apply_template(self, messages: list[dict]) -> str:
@@ -309,7 +311,9 @@ def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float
     timings = final.get("timings") or {}
     n_cached = int(timings.get("cache_n", 0))
     n_processed = int(timings.get("prompt_n", 0))
-    host_decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    host_decode = (
+        (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    )
     return TurnMetrics(
         text=text,
         token_ids=token_ids,
@@ -376,14 +380,17 @@ class LlamaCppEngine:
         model = Path(request.model)
         if not model.is_file():
             raise Pi2Error(f"model file not found: {model}")
-        with Budget(self.budget_bytes, evict=[model] if self.budget_bytes else []) as budget:
-            with self._server(model, request.threads, budget) as server:
-                turn = server.complete(
-                    request.prompt, request.n_predict, temperature=request.temperature, seed=request.seed
-                )
-                peak = server.current_peak_rss()
-                load_s = server.load_s
-                args = server.args
+        evict = [model] if self.budget_bytes else []
+        with (
+            Budget(self.budget_bytes, evict=evict) as budget,
+            self._server(model, request.threads, budget) as server,
+        ):
+            turn = server.complete(
+                request.prompt, request.n_predict, temperature=request.temperature, seed=request.seed
+            )
+            peak = server.current_peak_rss()
+            load_s = server.load_s
+            args = server.args
         return GenerateResult(
             engine=self.name,
             text=turn.text,
@@ -439,27 +446,27 @@ class LlamaCppEngine:
             raise Pi2Error(f"model file not found: {model}")
         results: list[TurnMetrics] = []
         prompts: list[str] = []
-        with Budget(self.budget_bytes, evict=[model] if self.budget_bytes else []) as budget:
-            with self._server(model, threads, budget) as server:
-                messages = [{"role": "system", "content": system}] if system else []
-                raw = f"{system}\n\n" if system else ""
-                for user in turns:
-                    if chat_template:
-                        messages.append({"role": "user", "content": user})
-                        prompt = server.apply_template(messages)
-                    else:
-                        raw += user
-                        prompt = raw
-                    turn = server.complete(
-                        prompt, max_new_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
-                    )
-                    results.append(turn)
-                    prompts.append(prompt)
-                    messages.append({"role": "assistant", "content": turn.text})
-                    raw += turn.text
-                peak = server.current_peak_rss()
-                load_s = server.load_s
-                args = server.args
+        evict = [model] if self.budget_bytes else []
+        with Budget(self.budget_bytes, evict=evict) as budget, self._server(model, threads, budget) as server:
+            messages = [{"role": "system", "content": system}] if system else []
+            raw = f"{system}\n\n" if system else ""
+            for user in turns:
+                if chat_template:
+                    messages.append({"role": "user", "content": user})
+                    prompt = server.apply_template(messages)
+                else:
+                    raw += user
+                    prompt = raw
+                turn = server.complete(
+                    prompt, max_new_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
+                )
+                results.append(turn)
+                prompts.append(prompt)
+                messages.append({"role": "assistant", "content": turn.text})
+                raw += turn.text
+            peak = server.current_peak_rss()
+            load_s = server.load_s
+            args = server.args
         return ConversationResult(
             engine=self.name,
             model=str(model),

@@ -198,7 +198,9 @@ class MlcEngine:
             )
             resp = conn.getresponse()
             if resp.status != 200:
-                raise Pi2Error(f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}")
+                raise Pi2Error(
+                    f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}"
+                )
             while line := resp.readline():
                 line = line.strip()
                 if not line.startswith(b"data:"):
