@@ -86,6 +86,9 @@ def test_unpack_takes_only_the_vendored_tree(tmp_path):
     with tarfile.open(sdist, "w:gz") as tar:
         for name, data in [(lb.VENDORED_PREFIX + "CMakeLists.txt", b"project(x)\n"),
                            (lb.VENDORED_PREFIX + "src/a.c", b"int a;\n"),
+                           (lb.VENDORED_PREFIX + ".git", b"gitdir: ../../.git/modules/vendor/llama.cpp\n"),
+                           (lb.GIT_MODULE_PREFIX + "HEAD", b"0c1e57098bba43ac29e6e3b677cdceebdd22334f\n"),
+                           (lb.GIT_MODULE_PREFIX + "config", b"[core]\n\tworktree = ../../../../vendor/llama.cpp\n"),
                            (f"llama_cpp_python-{lb.SDIST_VERSION}/setup.py", b"")]:  # fmt: skip
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -94,6 +97,10 @@ def test_unpack_takes_only_the_vendored_tree(tmp_path):
     assert (root / "CMakeLists.txt").read_text() == "project(x)\n"
     assert (root / "src" / "a.c").exists()
     assert not (root / "setup.py").exists()
+    # the submodule's git dir sits next to the tree, linked by absolute paths both ways
+    git_dir = root.parent / (root.name + ".git")
+    assert (root / ".git").read_text() == f"gitdir: {git_dir}\n"
+    assert f"worktree = {root}" in (git_dir / "config").read_text()
     assert lb.unpack_source(sdist, tmp_path) == root  # second call reuses it
 
 

@@ -39,6 +39,9 @@ SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LLAMACPP_COMMIT = "0c1e570"  # the llama.cpp commit that sdist vendors
 VENDORED_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+# The sdist also ships the submodule's git metadata; with it llama.cpp's build info (llama-bench's
+# build_commit) names the real commit instead of "unknown".
+GIT_MODULE_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/.git/modules/vendor/llama.cpp/"
 
 TARGETS = ("host", "linux-arm64", "android-arm64")
 TOOLS = (
@@ -96,30 +99,64 @@ def _check_sha(path: Path) -> None:
         )
 
 
+def _extract_prefix(tar: tarfile.TarFile, prefix: str, dest: Path) -> int:
+    count = 0
+    for member in tar.getmembers():
+        if not member.name.startswith(prefix):
+            continue
+        member.name = member.name[len(prefix) :]
+        if member.name:
+            tar.extract(member, dest, filter="data")
+            count += 1
+    return count
+
+
 def unpack_source(sdist: Path, src_dir: Path | None = None) -> Path:
-    """Unpack only the vendored llama.cpp tree of the sdist (once); returns its root."""
+    """Unpack only the vendored llama.cpp tree of the sdist (once), with its git metadata; its root."""
     src_dir = src_dir or sdist.parent
     root = src_dir / f"llama.cpp-{LLAMACPP_COMMIT}"
     marker = root / ".pi2-unpacked"
-    if marker.exists():
-        return root
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=src_dir))
+    if not marker.exists():
+        tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=src_dir))
+        try:
+            with tarfile.open(sdist) as tar:
+                _extract_prefix(tar, VENDORED_PREFIX, tmp)
+            if not (tmp / "CMakeLists.txt").exists():
+                raise Pi2Error(f"{sdist} holds no vendored llama.cpp ({VENDORED_PREFIX})")
+            (tmp / ".pi2-unpacked").write_text(f"{SDIST_NAME} {SDIST_SHA256}\n")
+            shutil.rmtree(root, ignore_errors=True)
+            tmp.rename(root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    attach_git_metadata(sdist, root)
+    return root
+
+
+def attach_git_metadata(sdist: Path, root: Path) -> bool:
+    """Give the unpacked tree the submodule's git dir (next to it, as ROOT.git) so `git rev-parse`
+    inside it answers the pinned commit. The sdist's gitlink and core.worktree are relative to the
+    sdist layout, so both are rewritten as absolute paths. False when the sdist has no git metadata."""
+    git_dir = root.parent / (root.name + ".git")
+    gitlink = root / ".git"
+    wanted = f"gitdir: {git_dir}\n"
+    if (git_dir / "HEAD").exists() and gitlink.is_file() and gitlink.read_text() == wanted:
+        return True
+    tmp = Path(tempfile.mkdtemp(prefix=".git-", dir=root.parent))
     try:
         with tarfile.open(sdist) as tar:
-            for member in tar.getmembers():
-                if not member.name.startswith(VENDORED_PREFIX):
-                    continue
-                member.name = member.name[len(VENDORED_PREFIX) :]
-                if member.name:
-                    tar.extract(member, tmp, filter="data")
-        if not (tmp / "CMakeLists.txt").exists():
-            raise Pi2Error(f"{sdist} holds no vendored llama.cpp ({VENDORED_PREFIX})")
-        (tmp / ".pi2-unpacked").write_text(f"{SDIST_NAME} {SDIST_SHA256}\n")
-        shutil.rmtree(root, ignore_errors=True)
-        tmp.rename(root)
+            if _extract_prefix(tar, GIT_MODULE_PREFIX, tmp) == 0 or not (tmp / "HEAD").exists():
+                return False
+        config = tmp / "config"
+        if config.exists():
+            lines = config.read_text().splitlines()
+            lines = [f"\tworktree = {root}" if ln.strip().startswith("worktree =") else ln for ln in lines]
+            config.write_text("\n".join(lines) + "\n")
+        shutil.rmtree(git_dir, ignore_errors=True)
+        tmp.rename(git_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    gitlink.write_text(wanted)
+    return True
 
 
 # ------------------------------------------------------------------------------------------ flags, key
