@@ -348,7 +348,10 @@ class Budget:
             if "preexec_fn" in kwargs:
                 raise ValueError("Budget.popen sets preexec_fn itself")
             kwargs["preexec_fn"] = _join_cgroup(self.cgroup.procs_file())
-        return subprocess.Popen(cmd, **kwargs)
+        try:
+            return subprocess.Popen(cmd, **kwargs)
+        except subprocess.SubprocessError as err:  # the child could not join the cgroup
+            raise Pi2Error(f"cannot start {cmd[0]} inside cgroup {self.cgroup.path}: {err}") from err
 
     def record(self) -> dict:
         if self.cgroup is not None:

@@ -101,3 +101,15 @@ def test_cgroup_caps_an_mmapped_file_and_reads_go_to_storage(big_file, tmp_path)
     assert capped_read >= 500 * MiB
     assert record["major_faults"] is None or record["major_faults"] > 0
     assert not os.path.exists(record["cgroup"])  # removed afterwards
+
+
+def test_cgroup_is_removed_when_the_run_is_interrupted(tmp_path):
+    import subprocess
+
+    support = budget.detect_cgroup()
+    if not support.usable:
+        pytest.skip(f"memory cgroups not writable here: {support.reason}")
+    mine = f"pi2-budget-{os.getpid()}-"
+    with pytest.raises(subprocess.TimeoutExpired):
+        budget.run_budgeted([sys.executable, "-c", "import time; time.sleep(30)"], 64 * MiB, timeout=0.5)
+    assert not [p for p in os.listdir(support.parent) if p.startswith(mine)]
