@@ -17,9 +17,13 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
              aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium
 
-.PHONY: setup test test-python test-native test-arm64 lint engine demo clean os-packages
+.PHONY: setup test test-python test-native test-arm64 lint engine llamacpp demo clean os-packages
 
-setup: os-packages $(VENV)/.installed engine
+setup: os-packages $(VENV)/.installed engine llamacpp
+
+# The llama.cpp baseline from its pinned source, cached in ~/.cache/pi2 (minutes the first time).
+llamacpp: $(VENV)/.installed
+	$(PI2) build --engine llama.cpp -j $(JOBS)
 
 os-packages:
 	@missing=""; for pair in $(APT_TOOLS); do tool=$${pair%%:*}; pkg=$${pair##*:}; \
