@@ -13,6 +13,7 @@ the header is written, then tensors are written in that order as the generator p
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -161,8 +162,6 @@ class GgufTwinWriter:
         return self.path
 
     def abort(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the file is being thrown away anyway
             self.writer.close()
-        except Exception:  # noqa: BLE001 - the file is being thrown away anyway
-            pass
         self.tmp.unlink(missing_ok=True)
