@@ -146,13 +146,14 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
       pi2 models synth --like turbosparse-mixtral-47b --layers 4 --hidden 1024 --ffn 3584 --out moe/
       pi2 models synth --like turbosparse-mistral-7b --out full7b/     # full size, ~4.5 GB .pi2
     """
-    from pi2cli.models.synth import SynthConfig, synthesize
+    from pi2cli.models.synth import SynthConfig, check_config, synthesize
 
     if out_dir.exists() and not out_dir.is_dir():
         raise Pi2Error(f"--out {out_dir} exists and is not a directory")
     cfg = SynthConfig(like=like, n_layer=layers, hidden=hidden, ffn=ffn, quant=quant, seed=seed,
                       sparsity=sparsity, predictor_rank=predictor_rank, calib_seqs=calib_seqs,
                       eval_seqs=eval_seqs, dense_down=dense_down, tokenizer_gguf=tokenizer_gguf)  # fmt: skip
+    check_config(cfg)
     summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress))
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -120,6 +120,15 @@ def synth_spec(cfg: SynthConfig, vocab: int) -> ModelSpec:
     return spec
 
 
+def check_config(cfg: SynthConfig) -> ModelSpec:
+    """Fail fast (before any work or output) on options that cannot make a model."""
+    if cfg.quant not in ("q4_0", "q4_1", "q8_0", "f16"):
+        raise Pi2Error(f"--quant {cfg.quant}: choose q4_0, q4_1, q8_0 or f16")
+    if cfg.sparsity is not None and not 0.0 < cfg.sparsity < 1.0:
+        raise Pi2Error(f"--sparsity must be between 0 and 1, got {cfg.sparsity}")
+    return synth_spec(cfg, get_model(cfg.like).vocab)
+
+
 def _rng(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *key])))
 
@@ -439,7 +448,8 @@ def synthesize(
             "different nonlinearity.",
         )  # fmt: skip
         if writer is not None:
-            writer.metadata.update(summary)
+            # the file stays a pure function of its inputs: no timings in it
+            writer.metadata.update({k: v for k, v in summary.items() if k != "seconds"})
             writer.close()
         twin.close()
     except BaseException:
