@@ -1,0 +1,181 @@
+/* Byte-level BPE (GPT-2 style: SmolLM2, Llama 3, Qwen2 vocabularies), as llama.cpp's
+ * llm_tokenizer_bpe does it: pre-tokenize into words, map each word's UTF-8 bytes to GPT-2's printable
+ * code points, then repeatedly merge the adjacent pair with the lowest merge rank (ties: leftmost). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "pretok.h"
+#include "tokenizer_internal.h"
+#include "unicode.h"
+
+typedef struct {
+    int prev, next;
+    const char *text;
+    size_t n;
+} symbol;
+
+typedef struct {
+    int left, right;
+    int32_t rank;
+    size_t left_n, right_n; /* sizes when queued: a changed size means the pair is stale */
+} bigram;
+
+typedef struct {
+    bigram *v;
+    size_t n, cap;
+} bigram_heap;
+
+static int bigram_before(const bigram *a, const bigram *b) {
+    if (a->rank != b->rank) return a->rank < b->rank;
+    return a->left < b->left;
+}
+
+static int heap_push(bigram_heap *h, bigram b) {
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        bigram *v = realloc(h->v, cap * sizeof(*v));
+        if (!v) return -1;
+        h->v = v;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!bigram_before(&b, &h->v[parent])) break;
+        h->v[i] = h->v[parent];
+        i = parent;
+    }
+    h->v[i] = b;
+    return 0;
+}
+
+static bigram heap_pop(bigram_heap *h) {
+    bigram top = h->v[0];
+    bigram last = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c])) c++;
+        if (!bigram_before(&h->v[c], &last)) break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n > 0) h->v[i] = last;
+    return top;
+}
+
+static int add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, bigram_heap *h) {
+    if (left < 0 || right < 0) return 0;
+    int32_t rank = pi2_tok_merge_rank(tok, syms[left].text, syms[left].n, syms[right].text, syms[right].n);
+    if (rank < 0) return 0;
+    return heap_push(h, (bigram){left, right, rank, syms[left].n, syms[right].n});
+}
+
+typedef struct {
+    symbol *syms;
+    size_t cap;
+    bigram_heap heap;
+} bpe_scratch;
+
+/* Merge one byte-encoded word and emit its tokens. */
+static int encode_word(const pi2_tokenizer *tok, const char *w, size_t wn, bpe_scratch *sc, pi2_tok_out *o) {
+    if (tok->ignore_merges) {
+        int32_t id = pi2_tok_find(tok, w, wn);
+        if (id >= 0) {
+            pi2_tok_emit(o, id);
+            return 0;
+        }
+    }
+    if (wn > sc->cap) {
+        symbol *s = realloc(sc->syms, wn * sizeof(*s));
+        if (!s) return -1;
+        sc->syms = s;
+        sc->cap = wn;
+    }
+    symbol *syms = sc->syms;
+    int n = 0;
+    for (size_t off = 0; off < wn;) {
+        size_t cl = pi2_utf8_len((uint8_t)w[off]);
+        if (cl > wn - off) cl = wn - off;
+        syms[n] = (symbol){n - 1, off + cl == wn ? -1 : n + 1, w + off, cl};
+        off += cl;
+        n++;
+    }
+    sc->heap.n = 0;
+    for (int i = 1; i < n; i++)
+        if (add_bigram(tok, syms, i - 1, i, &sc->heap) != 0) return -1;
+    while (sc->heap.n > 0) {
+        bigram b = heap_pop(&sc->heap);
+        symbol *l = &syms[b.left], *r = &syms[b.right];
+        if (l->n == 0 || r->n == 0 || l->n != b.left_n || r->n != b.right_n) continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) syms[r->next].prev = b.left;
+        if (add_bigram(tok, syms, l->prev, b.left, &sc->heap) != 0) return -1;
+        if (add_bigram(tok, syms, b.left, l->next, &sc->heap) != 0) return -1;
+    }
+    for (int i = 0; i != -1 && n > 0; i = syms[i].next) {
+        if (syms[i].n == 0) continue;
+        int32_t id = pi2_tok_find(tok, syms[i].text, syms[i].n);
+        if (id >= 0) {
+            pi2_tok_emit(o, id);
+            continue;
+        }
+        /* not in the vocabulary: each byte that is a token on its own (llama.cpp drops the rest) */
+        for (size_t j = 0; j < syms[i].n; j++) {
+            int32_t b = pi2_tok_find(tok, syms[i].text + j, 1);
+            if (b >= 0) pi2_tok_emit(o, b);
+        }
+    }
+    return 0;
+}
+
+int pi2_bpe_encode(const pi2_tokenizer *tok, const char *text, size_t len, pi2_tok_out *o) {
+    if (len == 0) return 0;
+    uint32_t *cps = malloc(len * sizeof(*cps));
+    size_t *lens = NULL;
+    char *word = NULL;
+    bpe_scratch sc = {0};
+    int rc = -1;
+    if (!cps) goto done;
+    size_t n = 0;
+    for (size_t pos = 0; pos < len;) cps[n++] = pi2_utf8_decode(text, len, &pos);
+    long n_words = pi2_pretokenize(tok->pre_type, cps, n, &lens);
+    if (n_words < 0) goto done;
+    /* a code point is at most 4 UTF-8 bytes, each byte at most 2 bytes once GPT-2 encoded */
+    size_t word_cap = 0;
+    size_t start = 0;
+    for (long w = 0; w < n_words; w++) {
+        size_t need = lens[w] * 8;
+        if (need > word_cap) {
+            char *nw = realloc(word, need);
+            if (!nw) goto done;
+            word = nw;
+            word_cap = need;
+        }
+        size_t wn = 0;
+        for (size_t i = start; i < start + lens[w]; i++) {
+            char utf8[4];
+            int k = pi2_utf8_encode(cps[i], utf8);
+            for (int j = 0; j < k; j++) {
+                uint8_t b = (uint8_t)utf8[j];
+                memcpy(word + wn, tok->byte_utf8[b], tok->byte_utf8_len[b]);
+                wn += tok->byte_utf8_len[b];
+            }
+        }
+        start += lens[w];
+        if (encode_word(tok, word, wn, &sc, o) != 0) goto done;
+    }
+    rc = 0;
+done:
+    if (rc != 0) pi2_set_error("tokenizer: out of memory");
+    free(cps);
+    free(lens);
+    free(word);
+    free(sc.syms);
+    free(sc.heap.v);
+    return rc;
+}

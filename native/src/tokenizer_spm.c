@@ -1,0 +1,148 @@
+/* SentencePiece-style BPE (Llama / Mistral vocabularies), as llama.cpp's llm_tokenizer_spm does it:
+ * split the text into UTF-8 characters, then repeatedly merge the adjacent pair whose concatenation
+ * is the vocabulary token with the highest score (ties: leftmost first). Characters that never
+ * became a token are emitted as byte tokens <0xNN>. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "tokenizer_internal.h"
+#include "unicode.h"
+
+typedef struct {
+    int prev, next;
+    const char *text;
+    size_t n; /* 0 once merged into its left neighbour */
+} symbol;
+
+typedef struct {
+    int left, right;
+    float score;
+    size_t size;
+} bigram;
+
+typedef struct {
+    bigram *v;
+    size_t n, cap;
+} bigram_heap;
+
+/* a before b: higher score, then the leftmost pair */
+static int bigram_before(const bigram *a, const bigram *b) {
+    if (a->score != b->score) return a->score > b->score;
+    return a->left < b->left;
+}
+
+static int heap_push(bigram_heap *h, bigram b) {
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        bigram *v = realloc(h->v, cap * sizeof(*v));
+        if (!v) return -1;
+        h->v = v;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!bigram_before(&b, &h->v[parent])) break;
+        h->v[i] = h->v[parent];
+        i = parent;
+    }
+    h->v[i] = b;
+    return 0;
+}
+
+static bigram heap_pop(bigram_heap *h) {
+    bigram top = h->v[0];
+    bigram last = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c])) c++;
+        if (!bigram_before(&h->v[c], &last)) break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n > 0) h->v[i] = last;
+    return top;
+}
+
+static int try_add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, bigram_heap *h) {
+    if (left < 0 || right < 0) return 0;
+    size_t size = syms[left].n + syms[right].n; /* neighbours are contiguous in the text */
+    int32_t id = pi2_tok_find(tok, syms[left].text, size);
+    if (id < 0) return 0;
+    return heap_push(h, (bigram){left, right, tok->scores[id], size});
+}
+
+static void emit_symbol(const pi2_tokenizer *tok, const symbol *s, pi2_tok_out *o) {
+    int32_t id = pi2_tok_find(tok, s->text, s->n);
+    if (id >= 0) {
+        pi2_tok_emit(o, id);
+        return;
+    }
+    for (size_t j = 0; j < s->n; j++) {
+        int32_t b = tok->byte_token[(uint8_t)s->text[j]];
+        if (b >= 0) pi2_tok_emit(o, b);
+    }
+}
+
+int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int space_prefix, pi2_tok_out *o) {
+    /* escape: optional leading space, then every ' ' -> U+2581 "▁" (3 bytes) */
+    size_t n_spaces = (size_t)space_prefix;
+    for (size_t i = 0; i < len; i++) n_spaces += text[i] == ' ';
+    size_t elen = len + (size_t)space_prefix + 2 * n_spaces;
+    if (elen == 0) return 0;
+    char *esc = malloc(elen);
+    symbol *syms = malloc(elen * sizeof(*syms));
+    bigram_heap heap = {0};
+    if (!esc || !syms) goto oom;
+    size_t k = 0;
+    if (space_prefix) {
+        memcpy(esc, "\xe2\x96\x81", 3);
+        k = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            memcpy(esc + k, "\xe2\x96\x81", 3);
+            k += 3;
+        } else {
+            esc[k++] = text[i];
+        }
+    }
+
+    int n = 0;
+    for (size_t off = 0; off < elen;) {
+        size_t cl = pi2_utf8_len((uint8_t)esc[off]);
+        if (cl > elen - off) cl = elen - off;
+        syms[n] = (symbol){n - 1, off + cl == elen ? -1 : n + 1, esc + off, cl};
+        off += cl;
+        n++;
+    }
+    for (int i = 1; i < n; i++)
+        if (try_add_bigram(tok, syms, i - 1, i, &heap) != 0) goto oom;
+
+    while (heap.n > 0) {
+        bigram b = heap_pop(&heap);
+        symbol *l = &syms[b.left], *r = &syms[b.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) syms[r->next].prev = b.left;
+        if (try_add_bigram(tok, syms, l->prev, b.left, &heap) != 0) goto oom;
+        if (try_add_bigram(tok, syms, b.left, l->next, &heap) != 0) goto oom;
+    }
+    for (int i = 0; i != -1; i = syms[i].next) emit_symbol(tok, &syms[i], o);
+
+    free(esc);
+    free(syms);
+    free(heap.v);
+    return 0;
+oom:
+    free(esc);
+    free(syms);
+    free(heap.v);
+    pi2_set_error("tokenizer: out of memory");
+    return -1;
+}
