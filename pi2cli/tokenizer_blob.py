@@ -28,9 +28,32 @@ FLAG_HAS_TYPES = 8
 # pre_type_from_name in native/src/tokenizer.c). Grouped by the pre-tokenizer regex llama.cpp uses.
 BPE_PRE_TOKENIZERS = {
     "default": ("default",),
-    "gpt2": ("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "exaone4"),
+    "gpt2": (
+        "gpt-2",
+        "gpt2",
+        "phi-2",
+        "mpt",
+        "olmo",
+        "jais",
+        "jina-es",
+        "jina-de",
+        "jina-v2-es",
+        "jina-v2-de",
+        "exaone4",
+    ),
     "smollm": ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
-    "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "dbrx", "smaug-bpe"),
+    "llama3": (
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "dbrx",
+        "smaug-bpe",
+    ),
     "qwen2": ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"),
 }
 SUPPORTED_BPE_PRE = {name for names in BPE_PRE_TOKENIZERS.values() for name in names}

@@ -375,12 +375,32 @@ def _twin_kv(spec: ModelSpec, cfg: SynthConfig, tok_fields) -> list:
     return kv + list(tok_fields)
 
 
-def _tokenizer_blob(path: Path) -> tuple[bytes, str]:
+def _tokenizer_blob(fields: list) -> tuple[bytes, str]:
+    """The .pi2 vocab blob (pi2cli.tokenizer_blob) from the cached GGUF tokenizer fields."""
     try:
-        from pi2cli.tokenizer_blob import vocab_blob_from_gguf  # lands with the tokenizer work
+        from pi2cli.tokenizer_blob import vocab_blob_from_fields
     except ImportError:
         return b"", "none: pi2cli.tokenizer_blob was not available when this file was made"
-    return vocab_blob_from_gguf(gguf.GGUFReader(path)), "copied from the tokenizer GGUF"
+    kv = {k: v for k, v, _, _ in fields}
+
+    def opt(key, cast):
+        return None if kv.get(key) is None else cast(kv[key])
+
+    blob = vocab_blob_from_fields(
+        model=kv.get("tokenizer.ggml.model", ""),
+        tokens=kv["tokenizer.ggml.tokens"],
+        scores=kv.get("tokenizer.ggml.scores"),
+        token_types=kv.get("tokenizer.ggml.token_type"),
+        merges=kv.get("tokenizer.ggml.merges") or [],
+        pre=kv.get("tokenizer.ggml.pre") or "",
+        bos_id=opt("tokenizer.ggml.bos_token_id", int),
+        eos_id=opt("tokenizer.ggml.eos_token_id", int),
+        unk_id=opt("tokenizer.ggml.unknown_token_id", int),
+        pad_id=opt("tokenizer.ggml.padding_token_id", int),
+        add_bos=opt("tokenizer.ggml.add_bos_token", bool),
+        add_space_prefix=opt("tokenizer.ggml.add_space_prefix", bool),
+    )
+    return blob, "copied from the tokenizer GGUF"
 
 
 def synthesize(
@@ -412,7 +432,7 @@ def synthesize(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pi2_path, gguf_path = out_dir / "model.pi2", out_dir / "model.gguf"
-    tok_blob, tok_note = _tokenizer_blob(cfg.tokenizer_gguf)
+    tok_blob, tok_note = _tokenizer_blob(tok_fields)
     started = time.monotonic()
 
     twin = gguf_twin.GgufTwinWriter(gguf_path, _twin_kv(spec, cfg, tok_fields))
