@@ -8,9 +8,9 @@ What is built (deterministic from the seed; every tensor has its own random stre
   j^-1.2 (~55%) and isotropic noise (~10%). Attention and FFN outputs write into span(B) plus 10%
   isotropic, scaled so each adds ~0.15 of the residual's RMS, so the stream keeps its structure.
 * Per-neuron activation frequency. Each FFN (each expert) draws target frequencies p_i from a
-  lognormal with sigma 1.68 scaled to the target density d = 1 - sparsity (clipped to [0, 0.8], mean
-  renormalised). For a lognormal the top 20% of neurons then carry ~80% of all activations (the
-  hot set). Per-layer densities jitter +-10% around d.
+  lognormal with sigma 2.1 scaled to the target density d = 1 - sparsity (capped at 0.8, mean
+  renormalised). With the cap, the top 20% of neurons then carry ~80% of all activations (the hot
+  set). Per-layer densities jitter +-10% around d.
 * Gate rows by construction. There are no FFN biases in llama models, so the bias is carried by the
   mean direction: gate_i = r_i + t_i * u_hat, where r_i is a random direction and u_hat the measured
   mean direction of this layer's FFN input (x . u_hat = c_x > 0). gate_i . x > 0  <=>  t_i > -r_i.x / c_x,
@@ -138,7 +138,7 @@ _EMBED, _OUTPUT, _BASIS, _TOKENS, _LAYER = 1, 2, 3, 4, 100
 
 
 def frequency_targets(rng: np.random.Generator, n: int, density: float) -> np.ndarray:
-    """Per-neuron activation probabilities: lognormal(sigma 1.68) with mean `density`, <= 0.8."""
+    """Per-neuron activation probabilities: lognormal(sigma 2.1) with mean `density`, each <= 0.8."""
     raw = rng.lognormal(0.0, LOGNORMAL_SIGMA, n)
     p = raw * (density / raw.mean())
     for _ in range(20):
