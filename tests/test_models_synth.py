@@ -203,3 +203,41 @@ def test_gguf_twin_writer_refuses_out_of_order_tensors(tmp_path):
         w.write("b", np.zeros(32, np.float32))
     w.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_reference_forward_agrees_with_the_synth_measurements(tiny_dense, tmp_path):
+    """A full forward through both layers, from the .pi2 alone, on fresh token sequences."""
+    from pi2cli.models import profile
+
+    out, summary = tiny_dense
+    rng = np.random.default_rng(7)
+    seqs = [list(rng.integers(0, 49152, size=n)) for n in (64, 40, 25)]
+    arrays = profile.profile_tokens(out / "model.pi2", seqs)
+    rows = profile.summarize(arrays)
+    assert [r["block"] for r in rows] == ["0", "1"] and rows[0]["tokens"] == 129
+    for row, layer in zip(rows, summary["layers"], strict=True):
+        assert abs(row["sparsity"] - layer["sparsity"]) < 0.05
+        assert row["hot_coverage"] > 0.6
+    assert arrays["coact/1"].shape == (256, 256)
+    assert np.all(
+        np.diag(arrays["coact/1"]) >= arrays["coact/1"].max(axis=0)
+    )  # a neuron co-fires with itself most
+    saved = profile.save_profile(tmp_path / "p.npz", arrays, {"tokens": 129})
+    loaded, meta = profile.load_profile(saved)
+    assert meta == {"tokens": 129} and np.array_equal(loaded["freq/0"], arrays["freq/0"])
+    assert [p.name for p in tmp_path.iterdir()] == ["p.npz"]
+
+
+def test_profile_command_bad_input(tiny_dense, tmp_path):
+    out, _ = tiny_dense
+    bad = tmp_path / "w.jsonl"
+    bad.write_text('{"id": 1}\n')
+    runner = CliRunner()
+    result = runner.invoke(cli, ["models", "profile", "-m", str(out / "model.pi2"), "-w", str(bad)])
+    assert result.exit_code == 1 and "w.jsonl:1: not a JSON object with 'turns'" in result.stderr
+    good = tmp_path / "g.jsonl"
+    good.write_text(json.dumps({"id": "a", "system": None, "turns": ["Hello there"]}) + "\n")
+    result = runner.invoke(cli, ["models", "profile", "-m", str(out / "model.pi2"), "-w", str(good),
+                                 "--tokenizer-bin", str(tmp_path / "missing-pi2-tokenize")])  # fmt: skip
+    assert result.exit_code == 1 and "build the engine first" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

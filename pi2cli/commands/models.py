@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pi2cli.errors import NOT_BUILT_EXIT, Pi2Error
+from pi2cli.errors import Pi2Error
 from pi2cli.models import info
 from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, all_models, get_model
 
@@ -162,19 +162,44 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
         click.echo(f"wrote {out_dir / 'model.pi2'} and {out_dir / 'model.gguf'} in {summary['seconds']} s")
 
 
-@command.command(name="profile", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def profile_cmd(ctx: click.Context) -> None:
-    """(not built yet) Calibrate per-neuron activation frequencies over a workload.
+@command.command(name="profile")
+@click.option("--model", "-m", "model_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The .pi2 model.")  # fmt: skip
+@click.option("--workload", "-w", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Workload JSONL (workloads/*.jsonl): the first turn of each conversation is profiled.")  # fmt: skip
+@click.option("--limit", type=click.IntRange(1), default=32, show_default=True, help="Conversations to use.")
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="Truncate each prompt to this many tokens.")  # fmt: skip
+@click.option("--tokenizer-bin", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="pi2-tokenize binary [default: the host build's].")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Profile .npz [default: MODEL with .profile.npz].")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the per-block summary as JSON.")
+def profile_cmd(model_path, workload, limit, max_tokens, tokenizer_bin, out, as_json) -> None:
+    """Measure per-neuron activation frequencies (and co-activation of hot neurons) over a workload.
 
-    Needs the numpy reference forward (pi2cli/reference.py) or activation reports from pi2-engine.
-    Synthetic models already carry measured frequencies (hot-first neuron order) in their files.
+    Runs the numpy reference forward over the model's own tensors (pi2-engine does not report
+    activations yet), so keep models small or --limit low: it costs about 2 x params FLOPs per token.
+    The .npz feeds the converter's hot-first neuron order and the planner's hot-set sizes.
     """
-    click.echo(
-        "pi2 models profile: not built yet (needs the reference forward or engine activation reports)",
-        err=True,
-    )
-    ctx.exit(NOT_BUILT_EXIT)
+    from pi2cli.models import profile as prof
+
+    texts = prof.workload_texts(workload, limit)
+    seqs = [s[:max_tokens] for s in prof.tokenize(model_path, texts, tokenizer_bin)]
+    arrays = info.run_with_progress(lambda progress: prof.profile_tokens(model_path, seqs, progress))
+    meta = {"model": model_path.name, "workload": str(workload), "prompts": len(seqs),
+            "tokens": int(sum(len(s) for s in seqs)), "how": "numpy reference forward over the .pi2 tensors"}  # fmt: skip
+    out = out or model_path.with_suffix(".profile.npz")
+    prof.save_profile(out, arrays, meta)
+    rows = prof.summarize(arrays)
+    if as_json:
+        click.echo(json.dumps({"profile": str(out), **meta, "blocks": rows}, indent=2))
+        return
+    from tabulate import tabulate
+
+    click.echo(tabulate([[r["block"], r["tokens"], f"{100 * r['sparsity']:.1f}%", f"{100 * r['hot_coverage']:.1f}%"]
+                         for r in rows], headers=["block", "tokens", "sparsity", "hot 20% cover"]))  # fmt: skip
+    click.echo(f"wrote {out} ({meta['tokens']} tokens from {meta['prompts']} prompts)")
 
 
 __all__ = ["command", "QUANT_BYTES_PER_ELEMENT"]
