@@ -154,7 +154,7 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
                       sparsity=sparsity, predictor_rank=predictor_rank, calib_seqs=calib_seqs,
                       eval_seqs=eval_seqs, dense_down=dense_down, tokenizer_gguf=tokenizer_gguf)  # fmt: skip
     check_config(cfg)
-    summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress))
+    summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress), "synth")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -186,7 +186,9 @@ def profile_cmd(model_path, workload, limit, max_tokens, tokenizer_bin, out, as_
 
     texts = prof.workload_texts(workload, limit)
     seqs = [s[:max_tokens] for s in prof.tokenize(model_path, texts, tokenizer_bin)]
-    arrays = info.run_with_progress(lambda progress: prof.profile_tokens(model_path, seqs, progress))
+    arrays = info.run_with_progress(
+        lambda progress: prof.profile_tokens(model_path, seqs, progress), "profile"
+    )
     meta = {"model": model_path.name, "workload": str(workload), "prompts": len(seqs),
             "tokens": int(sum(len(s) for s in seqs)), "how": "numpy reference forward over the .pi2 tensors"}  # fmt: skip
     out = out or model_path.with_suffix(".profile.npz")
@@ -200,6 +202,39 @@ def profile_cmd(model_path, workload, limit, max_tokens, tokenizer_bin, out, as_
     click.echo(tabulate([[r["block"], r["tokens"], f"{100 * r['sparsity']:.1f}%", f"{100 * r['hot_coverage']:.1f}%"]
                          for r in rows], headers=["block", "tokens", "sparsity", "hot 20% cover"]))  # fmt: skip
     click.echo(f"wrote {out} ({meta['tokens']} tokens from {meta['prompts']} prompts)")
+
+
+@command.command(name="convert-hf")
+@click.argument("src", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--tokenizer-gguf", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A GGUF with the same vocabulary (e.g. the model's PowerInfer GGUF): its tokenizer is reused.")  # fmt: skip
+@click.option(
+    "--quant", type=click.Choice(["q4_0", "q4_1", "q8_0", "f16"]), default="q4_0", show_default=True
+)
+@click.option("--activation", type=click.Choice(["silu", "relu", "drelu"]), default=None,
+              help="FFN activation [default: from config.json's model_type / hidden_act].")  # fmt: skip
+@click.option("--profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Activation profile (.npz from `pi2 models profile`): bundles hottest first.")  # fmt: skip
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory: writes model.pi2 and model.gguf.")  # fmt: skip
+def convert_hf_cmd(src, tokenizer_gguf, quant, activation, profile, out_dir) -> None:
+    """Convert a Hugging Face safetensors checkpoint (Llama/Mistral/Mixtral families, incl. ReLU-Llama,
+    ProSparse, Bamboo, TurboSparse) to .pi2 plus a GGUF twin from the same quantized weights.
+
+    bf16/f16/f32 tensors are streamed one at a time; Q/K rows are permuted to GGUF's RoPE order; every
+    tensor's presence, shape and byte range is checked before anything is written. Checkpoint-shipped
+    predictors are not converted.
+    """
+    from pi2cli.models.convert_safetensors import convert
+
+    result = info.run_with_progress(
+        lambda progress: convert(
+            src, out_dir, tokenizer_gguf, quant, activation=activation, profile=profile, progress=progress
+        )  # fmt: skip
+    )
+    click.echo(
+        f"wrote {result['pi2']} and {result['gguf']} ({result['arch']}, {result['activation']}, {result['layers']} layers)"
+    )
 
 
 __all__ = ["command", "QUANT_BYTES_PER_ELEMENT"]

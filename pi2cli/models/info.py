@@ -154,17 +154,25 @@ def format_file_info(data: dict) -> str:
     return "\n".join(lines)
 
 
-def run_with_progress(work: Callable[[Callable[[str, int, int], None]], dict]) -> dict:
-    """Run `work(progress)` under a rich progress bar on stderr."""
+def run_with_progress(work: Callable[[Callable[[str, int, int], None]], dict], label: str = "pi2") -> dict:
+    """Run `work(progress)` under a rich progress bar on stderr. The bar appears at the first progress
+    report, so input errors found before any work print as one clean line."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as bar:  # fmt: skip
-        task = bar.add_task("synth", total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))  # fmt: skip
+    task = None
 
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=f"synth: {what}", completed=done, total=total)
+    def progress(what: str, done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(label, total=total)
+        bar.update(task, description=f"{label}: {what}", completed=done, total=total)
 
+    try:
         return work(progress)
+    finally:
+        if task is not None:
+            bar.stop()
