@@ -83,15 +83,9 @@ def round_up(x: int, a: int) -> int:
 
 
 def default_bundle_align(part_bytes: int) -> int:
-    """4 KiB unless a whole bundle is far smaller: then the smallest power of two >= 512 that holds
-    it, so tiny test models do not grow 4x. O_DIRECT needs 512-byte alignment at least."""
-    bundle = 3 * part_bytes
-    if bundle >= PAGE // 2:
-        return PAGE
-    align = 512
-    while align < bundle:
-        align *= 2
-    return align
+    """4 KiB (the page and phone-storage block) once a bundle is 2 KiB or more; 512 bytes (the
+    smallest O_DIRECT unit) for smaller bundles, so tiny test models do not double in size."""
+    return PAGE if 3 * part_bytes >= PAGE // 2 else 512
 
 
 @dataclass
