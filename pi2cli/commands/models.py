@@ -136,7 +136,8 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
     profile (a ~20% hot set carries ~80% of activations) around the model's published sparsity, gate
     biases are carried by the residual stream's mean direction and calibrated on the model's own hidden
     states, and each layer (expert) gets a low-rank fc1/fc2 predictor. The statistics are then
-    measured on held-out sequences and stored in both files' metadata. Writes OUT/model.pi2 and its
+    measured on held-out sequences and stored in the .pi2's metadata (the GGUF, written
+    header first, carries the synthetic labels only). Writes OUT/model.pi2 and its
     twin OUT/model.gguf (same quantized weights, arch llama: llama.cpp runs it with SwiGLU, as the
     dense baseline). Streams layer by layer.
 
