@@ -174,14 +174,22 @@ def convert_gguf(
                 _add_experts(w, h, layer, get(f"{p}ffn_gate_exps.weight"), get(f"{p}ffn_up_exps.weight"),
                              get(f"{p}ffn_down_exps.weight"))  # fmt: skip
             else:
-                gate, up, down = get(f"{p}ffn_gate.weight"), get(f"{p}ffn_up.weight"), get(f"{p}ffn_down.weight")
+                gate, up, down = (
+                    get(f"{p}ffn_gate.weight"),
+                    get(f"{p}ffn_up.weight"),
+                    get(f"{p}ffn_down.weight"),
+                )
                 for t in (gate, up):
                     if _type_name(t) != h.neuron_type:
-                        raise Pi2Error(f"{t.name} is {_type_name(t)}, blk.0.ffn_gate is {h.neuron_type}: mixed FFN types")
+                        raise Pi2Error(
+                            f"{t.name} is {_type_name(t)}, blk.0.ffn_gate is {h.neuron_type}: mixed FFN types"
+                        )
                 down_type = _type_name(down)
                 down_raw = _raw_rows(down)
                 down_f = decode_rows(down_raw, down_type, h.n_ff)  # (n_embd, n_ff)
-                w.add_ffn(layer, _raw_rows(gate), _raw_rows(up), down_f, down_raw=down_raw, down_raw_type=down_type)
+                w.add_ffn(
+                    layer, _raw_rows(gate), _raw_rows(up), down_f, down_raw=down_raw, down_raw_type=down_type
+                )
             if progress:
                 progress(layer + 2, n_steps)
     if gguf_twin:

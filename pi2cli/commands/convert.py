@@ -12,7 +12,9 @@ from pi2cli.errors import Pi2Error
 
 @click.command(name="convert")
 @click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The .pi2 to write.")
+@click.option(
+    "--out", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The .pi2 to write."
+)
 @click.option(
     "--gguf-twin",
     type=click.Path(dir_okay=False, path_type=Path),
