@@ -241,3 +241,14 @@ def test_profile_command_bad_input(tiny_dense, tmp_path):
                                  "--tokenizer-bin", str(tmp_path / "missing-pi2-tokenize")])  # fmt: skip
     assert result.exit_code == 1 and "build the engine first" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_pi2_engine_verifies_and_generates_from_the_synthetic_model(tiny_dense):
+    from engine_helpers import run_engine
+
+    out, _ = tiny_dense
+    info = run_engine("info", "-m", out / "model.pi2", "--verify")
+    assert "neuron region ok" in info.stdout + info.stderr and "drelu" in info.stdout + info.stderr
+    done = run_engine("generate", "-m", out / "model.pi2", "-p", "Hello world", "-n", "6", "--threads", "1",
+                      "--ignore-eos")  # fmt: skip
+    assert "6 generated tokens" in done.stderr
