@@ -242,17 +242,21 @@ def build_ffn_block(
     calib_freq = active.mean(axis=0)
     order = np.argsort(-calib_freq, kind="stable").astype(np.int32)
 
-    # predictor: low-rank projection of the gate pre-activation, in units of its residual std
+    # predictor: low-rank projection of the gate pre-activation, in units of its residual std. V_r came
+    # from the first PREDICTOR_FIT of the calibration rows; the residual std and the threshold are set
+    # on the rest, which V_r never saw (setting them on the fit rows overstates recall on new tokens)
+    n_fit = predictor_fit_rows(n_calib)
+    x_thr, g_thr, active_thr = x_calib[n_fit:], g_all[n_fit:n_calib], active[n_fit:]
     gp = gate @ v_r.T  # (n_ff, r)
-    g_hat = (x_calib @ v_r.T) @ gp.T
-    err = np.maximum((g_all[:n_calib] - g_hat).std(axis=0), 1e-3).astype(np.float32)
+    g_hat = (x_thr @ v_r.T) @ gp.T
+    err = np.maximum((g_thr - g_hat).std(axis=0), 1e-3).astype(np.float32)
     del g_hat, g_all
     fc1 = np.concatenate([v_r, -v_r]).astype(np.float16).astype(np.float32)
     fc2 = (
         np.concatenate([gp / err[:, None], -gp / err[:, None]], axis=1).astype(np.float16).astype(np.float32)
     )
-    score = np.maximum(x_calib @ fc1.T, 0) @ fc2.T
-    active_scores = score[active]
+    score = np.maximum(x_thr @ fc1.T, 0) @ fc2.T
+    active_scores = score[active_thr]
     s_thr = float(np.quantile(active_scores, 1.0 - TARGET_RECALL)) if active_scores.size else 0.0
     threshold = float(1.0 / (1.0 + math.exp(-s_thr)))
     empty = np.zeros(0, np.float32)
@@ -268,6 +272,14 @@ def top_right_singular_vectors(x: np.ndarray, r: int) -> np.ndarray:
     idx = np.argsort(w)[::-1][:r]
     vecs = (v[:, idx].T @ x.astype(np.float64)) / np.sqrt(np.maximum(w[idx], 1e-12))[:, None]
     return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+PREDICTOR_FIT = 2 / 3
+
+
+def predictor_fit_rows(n_calib: int) -> int:
+    """Calibration rows the predictor's subspace is fitted on; the rest set its threshold."""
+    return max(1, int(n_calib * PREDICTOR_FIT))
 
 
 def predict_active(fc1: np.ndarray, fc2: np.ndarray, threshold: float, x: np.ndarray) -> np.ndarray:
@@ -426,8 +438,11 @@ def synthesize(
     h, f, quant = spec.hidden, spec.ffn, cfg.quant
     rank = cfg.predictor_rank or max(16, h // 16)
     n_calib, n_eval = cfg.calib_seqs * cfg.seq_len, cfg.eval_seqs * cfg.seq_len
-    if rank > min(h, n_calib):
-        raise Pi2Error(f"predictor rank {rank} must be <= hidden {h} and calibration tokens {n_calib}")
+    if rank > min(h, predictor_fit_rows(n_calib)):
+        raise Pi2Error(
+            f"predictor rank {rank} must be <= hidden {h} and 2/3 of the calibration tokens "
+            f"({predictor_fit_rows(n_calib)}): lower --predictor-rank or raise --calib-seqs"
+        )
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -555,7 +570,7 @@ def _generate(cfg, spec, sparsity, rank, n_calib, n_eval, sinks: Sinks, step) ->
         # FFN
         sinks.resident(p + "ffn_norm.weight", raw_ones, (h,), "f32")
         xf = rms_norm(x, spec.norm_eps)
-        v_r = top_right_singular_vectors(xf[calib], rank)
+        v_r = top_right_singular_vectors(xf[: predictor_fit_rows(n_calib)], rank)
         density = float(np.clip((1 - sparsity) * (1 + 0.1 * lrng.uniform(-1, 1)), 1e-4, 0.79))
         n_blocks = spec.n_expert if spec.is_moe else 1
         if spec.is_moe:
