@@ -252,3 +252,21 @@ def test_pi2_engine_verifies_and_generates_from_the_synthetic_model(tiny_dense):
     done = run_engine("generate", "-m", out / "model.pi2", "-p", "Hello world", "-n", "6", "--threads", "1",
                       "--ignore-eos")  # fmt: skip
     assert "6 generated tokens" in done.stderr
+
+
+def test_twin_converted_by_the_gguf_converter_has_the_same_weights(tiny_dense, tmp_path):
+    """The engine's GGUF -> .pi2 converter, run on the twin, yields synth's .pi2 weights (up to order)."""
+    from pi2cli.convert import convert_gguf
+
+    out, _ = tiny_dense
+    convert_gguf(out / "model.gguf", tmp_path / "via.pi2", ffn_act="drelu")
+    a, b = Pi2File(out / "model.pi2"), Pi2File(tmp_path / "via.pi2")
+    assert a.tokenizer_blob == b.tokenizer_blob
+    for name in ("token_embd.weight", "output.weight", "blk.1.attn_q.weight", "blk.1.ffn_down.weight"):
+        assert np.array_equal(a.raw(name), b.raw(name)), name
+    for layer in range(2):
+        fa, fb = a.ffn(layer), b.ffn(layer)
+        for part in ("gate", "up"):
+            xa, xb = np.empty_like(fa[part]), np.empty_like(fb[part])
+            xa[fa["order"].astype(int)], xb[fb["order"].astype(int)] = fa[part], fb[part]
+            assert np.array_equal(xa, xb), (layer, part)
