@@ -1,0 +1,206 @@
+"""`pi2 models profile`: per-neuron activation frequencies of a .pi2 model over workload prompts.
+
+Until pi2-engine reports activations, this runs a numpy reference forward over the model's own
+tensors (dequantized from the .pi2, layer by layer over all prompts at once) and counts, per layer and
+per expert, how often each neuron is active (its FFN activation is non-zero), plus co-activation
+counts among the hottest neurons. The result is an .npz the converter (neuron order) and the planner
+(hot-set sizes) read:
+
+    freq/L or freq/L.E     float32 (n_ff,)  activation frequency per ORIGINAL neuron (0..n_ff-1)
+    tokens/L or tokens/L.E int64 ()         tokens that reached this FFN block (MoE: routed tokens)
+    coact/L[.E], coact_idx/L[.E]            int32 (K, K) co-activation counts among the K hottest
+                                            neurons, and their original ids
+    meta                                    JSON: model, workload, prompts, tokens, how measured
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pi2cli.errors import Pi2Error
+from pi2cli.models.numpy_llama import ffn_activation, rms_norm, rope_normal
+
+COACT_TOP = 256
+
+
+def _open(path: Path):
+    from pi2cli.pi2file import Pi2File, Pi2FormatError
+
+    try:
+        return Pi2File(path, verify=False)
+    except (Pi2FormatError, OSError) as exc:
+        raise Pi2Error(str(exc)) from None
+
+
+def workload_texts(path: Path, limit: int | None = None) -> list[str]:
+    """The first user turn (with its system prompt) of each conversation in a workload JSONL."""
+    texts = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise Pi2Error(f"workload {path}: {exc.strerror}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            turns = item["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise Pi2Error(f"workload {path}:{i}: not a JSON object with 'turns'") from None
+        text = (item.get("system") or "") + ("\n" if item.get("system") else "") + str(turns[0])
+        texts.append(text)
+        if limit and len(texts) >= limit:
+            break
+    if not texts:
+        raise Pi2Error(f"workload {path} has no prompts")
+    return texts
+
+
+def tokenize(model_path: Path, texts: Sequence[str], tokenizer_bin: Path | None = None) -> list[list[int]]:
+    """Token ids of each text with the model's own vocabulary, via the native pi2-tokenize."""
+    from pi2cli.paths import host_build_dir
+
+    binary = Path(tokenizer_bin) if tokenizer_bin else host_build_dir() / "pi2-tokenize"
+    if not binary.exists():
+        raise Pi2Error(f"{binary} not found: build the engine first (make engine)")
+    f = _open(model_path)
+    if not f.tokenizer_blob:
+        raise Pi2Error(f"{model_path} has no tokenizer section; pass token ids instead")
+    with tempfile.NamedTemporaryFile(suffix=".vocab") as vocab:
+        vocab.write(f.tokenizer_blob)
+        vocab.flush()
+        out = []
+        for text in texts:
+            done = subprocess.run(
+                [str(binary), "--vocab", vocab.name], input=text.encode(), capture_output=True
+            )
+            if done.returncode != 0:
+                raise Pi2Error(f"pi2-tokenize failed: {done.stderr.decode(errors='replace').strip()[:200]}")
+            out.append([int(t) for t in done.stdout.split()])
+    return out
+
+
+def _attention_ragged(xn, wq, wk, wv, n_head, n_kv, lengths, theta):
+    n = xn.shape[0]
+    hd = wq.shape[0] // n_head
+    q = (xn @ wq.T).reshape(n, n_head, hd)
+    k = (xn @ wk.T).reshape(n, n_kv, hd)
+    v = (xn @ wv.T).reshape(n, n_kv, hd)
+    pos = np.concatenate([np.arange(t) for t in lengths])
+    q, k = rope_normal(q, pos, theta), rope_normal(k, pos, theta)
+    group = n_head // n_kv
+    out = np.empty((n, n_head, hd), dtype=np.float32)
+    start = 0
+    for t in lengths:
+        rows = slice(start, start + t)
+        qs = q[rows].transpose(1, 0, 2)
+        ks = np.repeat(k[rows].transpose(1, 0, 2), group, axis=0)
+        vs = np.repeat(v[rows].transpose(1, 0, 2), group, axis=0)
+        s = qs @ ks.transpose(0, 2, 1) / np.sqrt(hd) + np.triu(np.full((t, t), -np.inf, np.float32), 1)
+        s -= s.max(axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        out[rows] = (p @ vs).transpose(1, 0, 2)
+        start += t
+    return out.reshape(n, n_head * hd)
+
+
+def profile_tokens(
+    model_path: Path,
+    sequences: Sequence[Sequence[int]],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run the reference forward over `sequences` and count activations per neuron (original ids)."""
+    f = _open(model_path)
+    h = f.header
+    seqs = [list(s) for s in sequences if len(s)]
+    if not seqs:
+        raise Pi2Error("no tokens to profile")
+    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
+    if ids.min() < 0 or ids.max() >= h.n_vocab:
+        raise Pi2Error(f"token id {int(ids.max())} is outside the vocabulary ({h.n_vocab})")
+    lengths = [len(s) for s in seqs]
+    embd = f.raw("token_embd.weight")
+    from pi2cli.pi2file import decode_rows
+
+    x = decode_rows(embd[ids], f.tensors["token_embd.weight"].type, h.n_embd)
+    result: dict[str, np.ndarray] = {}
+    moe = h.arch == "moe"
+    for layer in range(h.n_layer):
+        p = f"blk.{layer}."
+        xn = rms_norm(x, h.rms_eps) * f.tensor(p + "attn_norm.weight")
+        att = _attention_ragged(xn, f.tensor(p + "attn_q.weight"), f.tensor(p + "attn_k.weight"),
+                                f.tensor(p + "attn_v.weight"), h.n_head, h.n_head_kv, lengths, h.rope_theta)  # fmt: skip
+        x = x + att @ f.tensor(p + "attn_output.weight").T
+        xf = rms_norm(x, h.rms_eps) * f.tensor(p + "ffn_norm.weight")
+        out = np.zeros_like(x)
+        if moe:
+            logits = xf @ f.tensor(p + "ffn_gate_inp.weight").T
+            top = np.argsort(-logits, axis=1)[:, : h.n_expert_used]
+            sel = np.take_along_axis(logits, top, axis=1)
+            w = np.exp(sel - sel.max(axis=1, keepdims=True))
+            w /= w.sum(axis=1, keepdims=True)
+        for e in range(h.n_expert if moe else 1):
+            sfx = f".{e}" if moe else ""
+            weight = np.where(top == e, w, 0.0).sum(axis=1) if moe else np.ones(len(x))
+            rows = np.flatnonzero(weight > 0)
+            ffn = f.ffn(layer, e if moe else None)  # bundle order
+            order = ffn["order"].astype(np.int64)
+            act = ffn_activation(xf[rows] @ ffn["gate"].T, xf[rows] @ ffn["up"].T, h.ffn_act)
+            out[rows] += (act * weight[rows, None].astype(np.float32)) @ ffn["down_cols"]
+            active = act != 0
+            freq = np.zeros(h.n_ff, dtype=np.float32)
+            freq[order] = active.mean(axis=0) if len(rows) else 0.0
+            result[f"freq/{layer}{sfx}"] = freq
+            result[f"tokens/{layer}{sfx}"] = np.asarray(len(rows), dtype=np.int64)
+            hot_bundles = np.argsort(-active.sum(axis=0), kind="stable")[: min(COACT_TOP, h.n_ff)]
+            a = active[:, hot_bundles].astype(np.float32)
+            result[f"coact/{layer}{sfx}"] = (a.T @ a).astype(np.int32)
+            result[f"coact_idx/{layer}{sfx}"] = order[hot_bundles].astype(np.int32)
+        x = x + out
+        if progress:
+            progress(f"layer {layer + 1}/{h.n_layer}", layer + 1, h.n_layer)
+    return result
+
+
+def save_profile(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}.npz")
+    try:
+        np.savez_compressed(tmp, meta=np.asarray(json.dumps(meta)), **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_profile(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    try:
+        with np.load(path) as data:
+            arrays = {k: data[k] for k in data.files if k != "meta"}
+            meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
+    except (OSError, ValueError) as exc:
+        raise Pi2Error(f"{path}: not a pi2 activation profile ({exc})") from None
+    return arrays, meta
+
+
+def summarize(arrays: dict[str, np.ndarray], hot_fraction: float = 0.2) -> list[dict]:
+    """Per block: mean sparsity and the share of activations the hottest `hot_fraction` carry."""
+    rows = []
+    for key in sorted(
+        (k for k in arrays if k.startswith("freq/")), key=lambda k: [int(p) for p in k[5:].split(".")]
+    ):
+        freq = arrays[key]
+        s = np.sort(freq)[::-1]
+        total = float(s.sum())
+        hot = float(s[: max(1, int(round(hot_fraction * len(s))))].sum() / total) if total else float("nan")
+        rows.append({"block": key[5:], "tokens": int(arrays["tokens/" + key[5:]]),
+                     "sparsity": float(1 - freq.mean()), "hot_coverage": hot})  # fmt: skip
+    return rows

@@ -1,0 +1,187 @@
+"""`pi2 models convert-hf`: tiny Hugging Face-style checkpoints made here, converted and checked."""
+
+import json
+import subprocess
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from safetensors.numpy import save_file
+
+from pi2cli.cli import cli
+from pi2cli.errors import Pi2Error
+from pi2cli.models import gguf_twin
+from pi2cli.models.convert_safetensors import convert, permute_qk
+from pi2cli.models.numpy_llama import rope_normal
+from pi2cli.pi2file import Pi2File
+
+H, F, NH, NKV, L, V = 64, 96, 2, 1, 2, 49152
+
+
+def _bf16_file(path, tensors: dict[str, np.ndarray]) -> None:
+    """A safetensors file with bf16 tensors (numpy has no bf16: written by hand, truncating)."""
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        raw = (np.ascontiguousarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def make_checkpoint(root, model_type="bamboo", moe=False, drop=None):
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": model_type, "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L,
+           "num_attention_heads": NH, "num_key_value_heads": NKV, "vocab_size": V, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "hidden_act": "relu", "max_position_embeddings": 512}  # fmt: skip
+    if moe:
+        cfg.update(num_local_experts=4, num_experts_per_tok=2)
+    (root / "config.json").write_text(json.dumps(cfg))
+    hd = H // NH
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32) * 0.05
+
+    t = {
+        "model.embed_tokens.weight": w(V, H),
+        "model.norm.weight": np.ones(H, np.float32),
+        "lm_head.weight": w(V, H),
+    }
+    layers = {}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        layers.update({p + "input_layernorm.weight": np.ones(H, np.float32),
+                       p + "post_attention_layernorm.weight": np.ones(H, np.float32),
+                       p + "self_attn.q_proj.weight": w(NH * hd, H), p + "self_attn.k_proj.weight": w(NKV * hd, H),
+                       p + "self_attn.v_proj.weight": w(NKV * hd, H), p + "self_attn.o_proj.weight": w(H, NH * hd)})  # fmt: skip
+        if moe:
+            layers[p + "block_sparse_moe.gate.weight"] = w(4, H)
+            for e in range(4):
+                q = p + f"block_sparse_moe.experts.{e}."
+                layers.update({q + "w1.weight": w(F, H), q + "w3.weight": w(F, H), q + "w2.weight": w(H, F)})
+        else:
+            layers.update({p + "mlp.gate_proj.weight": w(F, H), p + "mlp.up_proj.weight": w(F, H),
+                           p + "mlp.down_proj.weight": w(H, F)})  # fmt: skip
+    for name in drop or ():
+        layers.pop(name, None)
+        t.pop(name, None)
+    save_file(t, str(root / "model-00001-of-00002.safetensors"))  # f32
+    _bf16_file(root / "model-00002-of-00002.safetensors", layers)  # bf16
+    return {**t, **layers}
+
+
+def _gguf(reader, name):
+    return next(x for x in reader.tensors if x.name == name)
+
+
+def test_dense_drelu_checkpoint_converts_losslessly_to_both_files(tmp_path, smollm2_gguf):
+    src = make_checkpoint(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
+    f = Pi2File(tmp_path / "out" / "model.pi2", verify=True)
+    assert f.header.ffn_act == "drelu" and f.header.n_layer == L and f.header.n_head_kv == NKV
+    assert len(f.tokenizer_blob) > 0
+    r = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    assert r.fields["pi2.ffn_activation"].contents() == "drelu"
+    # q rows are permuted to GGUF order; values survive q8_0 within its rounding
+    q = gguf_twin.decode(np.asarray(_gguf(r, "blk.1.attn_q.weight").data), "q8_0", H)
+    hf_q = (src["model.layers.1.self_attn.q_proj.weight"].view(np.uint32) >> 16 << 16).view(np.float32)
+    assert np.allclose(q, permute_qk(hf_q, NH), atol=0.01)
+    assert np.array_equal(f.tensor("blk.1.attn_q.weight"), q)
+    part = f.header.part_bytes
+    bundles = f.raw("blk.0.ffn_bundles")
+    assert np.array_equal(
+        bundles[:, :part], np.asarray(_gguf(r, "blk.0.ffn_gate.weight").data).reshape(F, -1)
+    )
+
+
+def test_qk_permutation_turns_hf_rope_into_adjacent_pair_rope():
+    rng = np.random.default_rng(1)
+    hd, n = 16, 3
+    wq, wk = rng.standard_normal((n * hd, 32)), rng.standard_normal((n * hd, 32))
+    x1, x2 = rng.standard_normal(32), rng.standard_normal(32)
+
+    def rope_hf(v, pos):  # Hugging Face rotate_half on (heads, hd)
+        inv = 10000.0 ** (-np.arange(0, hd, 2) / hd)
+        ang = np.concatenate([pos * inv, pos * inv])
+        rot = np.concatenate([-v[..., hd // 2 :], v[..., : hd // 2]], axis=-1)
+        return v * np.cos(ang) + rot * np.sin(ang)
+
+    hf = (rope_hf((wq @ x1).reshape(n, hd), 5) * rope_hf((wk @ x2).reshape(n, hd), 2)).sum(-1)
+    qg = rope_normal((permute_qk(wq, n) @ x1).reshape(1, n, hd).astype(np.float32), np.array([5]), 10000.0)
+    kg = rope_normal((permute_qk(wk, n) @ x2).reshape(1, n, hd).astype(np.float32), np.array([2]), 10000.0)
+    assert np.allclose(hf, (qg * kg).sum(-1)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_moe_checkpoint_and_profile_order(tmp_path, smollm2_gguf):
+    from pi2cli.models.profile import save_profile
+
+    make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True)
+    freqs = {f"freq/{layer}.{e}": np.random.default_rng(e).random(F).astype(np.float32)
+             for layer in range(L) for e in range(4)}  # fmt: skip
+    save_profile(tmp_path / "p.npz", freqs, {})
+    convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q4_0", profile=tmp_path / "p.npz")
+    f = Pi2File(tmp_path / "out" / "model.pi2", verify=True)
+    assert f.header.arch == "moe" and f.header.n_expert == 4
+    order = f.tensor("blk.1.ffn_order.2").astype(int)
+    assert np.array_equal(order, np.argsort(-freqs["freq/1.2"], kind="stable"))
+    r = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    assert list(_gguf(r, "blk.0.ffn_down_exps.weight").shape) == [F, H, 4]
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda root: make_checkpoint(root, drop=["model.layers.1.mlp.up_proj.weight"]),
+         "missing tensor model.layers.1.mlp.up_proj.weight"),
+        (lambda root: make_checkpoint(root, model_type="gpt_neox"), "unknown architecture model_type='gpt_neox'"),
+        (lambda root: (make_checkpoint(root), _truncate(root / "model-00002-of-00002.safetensors")),
+         "truncated: tensor"),
+        (lambda root: (make_checkpoint(root), _patch_config(root, intermediate_size=128)),
+         "has shape (96, 64), the config implies (128, 64)"),
+    ],
+)  # fmt: skip
+def test_bad_checkpoints_fail_in_one_line_with_no_output(tmp_path, smollm2_gguf, mutate, needle):
+    mutate(tmp_path / "hf")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["models", "convert-hf", str(tmp_path / "hf"), "--tokenizer-gguf",
+                                      str(smollm2_gguf), "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+
+
+def _patch_config(root, **kw):
+    cfg = json.loads((root / "config.json").read_text())
+    cfg.update(kw)
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+def test_vocab_mismatch_is_refused(tmp_path, smollm2_gguf):
+    make_checkpoint(tmp_path / "hf")
+    _patch_config(tmp_path / "hf", vocab_size=32000)
+    with pytest.raises(Pi2Error, match="49152 tokens, the checkpoint's vocab_size is 32000"):
+        convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf)
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_converted_twin(tmp_path, smollm2_gguf, llamacpp_bindir):
+    make_checkpoint(tmp_path / "hf", model_type="llama")
+    convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q4_0")
+    done = subprocess.run(
+        [str(llamacpp_bindir / "llama-completion"), "-m", str(tmp_path / "out" / "model.gguf"), "-p", "Hi",
+         "-n", "3", "--temp", "0", "-t", "1", "-no-cnv", "--no-warmup"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
