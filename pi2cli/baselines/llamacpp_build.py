@@ -20,16 +20,15 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from pi2cli.cmake_run import default_jobs, log_tail, parse_progress, run_logged
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import cache_dir
 
@@ -253,53 +252,6 @@ def is_complete(build_dir: Path) -> bool:
     return (build_dir / COMPLETE_MARKER).exists() and all((bin_dir / t).exists() for t in TOOLS)
 
 
-# ---------------------------------------------------------------------------------------------- build
-def default_jobs() -> int:
-    # The tools compile a few huge C++ files; more jobs than cores only thrashes memory.
-    return max(1, min(os.cpu_count() or 2, 8))
-
-
-NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
-MAKE_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
-
-
-def parse_progress(line: str) -> tuple[int, int] | None:
-    """(done, total) from one line of ninja ('[12/200] ...') or make ('[ 45%] ...') output."""
-    if m := NINJA_PROGRESS.match(line):
-        return int(m.group(1)), int(m.group(2))
-    if m := MAKE_PROGRESS.match(line):
-        return int(m.group(1)), 100
-    return None
-
-
-def _run_logged(cmd: list[str], log, on_line: Callable[[str], None] | None = None) -> int:
-    log.write(f"$ {' '.join(cmd)}\n")
-    log.flush()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()  # so `tail -f build.log` shows where a long build is
-            if on_line:
-                on_line(line)
-        return proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-
-
-def _log_tail(log_path: Path) -> str:
-    """The last error lines of a build log (or its last lines), for a one-line failure message."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    return " | ".join((errors or lines)[-3:])[-400:]
-
-
 def ensure_built(target: str = "host", jobs: int | None = None, show_progress: bool = True) -> Path:
     """The bin dir holding llama.cpp's tools for `target`, building them first when not cached.
 
@@ -341,17 +293,15 @@ def _build(source: Path, build_dir: Path, target: str, args: list[str], jobs: in
     )
     with open(log_path, "w") as log, progress:
         task = progress.add_task("configure", total=None)
-        if _run_logged(configure, log) != 0:
-            raise Pi2Error(
-                f"llama.cpp configure failed for {target}: {_log_tail(log_path)} (log: {log_path})"
-            )
+        if run_logged(configure, log) != 0:
+            raise Pi2Error(f"llama.cpp configure failed for {target}: {log_tail(log_path)} (log: {log_path})")
 
         def on_line(line: str) -> None:
             if got := parse_progress(line):
                 progress.update(task, completed=got[0], total=got[1])
 
-        if _run_logged(build, log, on_line) != 0:
-            raise Pi2Error(f"llama.cpp build failed for {target}: {_log_tail(log_path)} (log: {log_path})")
+        if run_logged(build, log, on_line) != 0:
+            raise Pi2Error(f"llama.cpp build failed for {target}: {log_tail(log_path)} (log: {log_path})")
     missing = [t for t in TOOLS if not (build_dir / "bin" / t).exists()]
     if missing:
         raise Pi2Error(f"llama.cpp build for {target} produced no {', '.join(missing)} (log: {log_path})")
