@@ -15,7 +15,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 
 # Tools the build needs and the Debian packages that provide them.
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
-             aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium
+             aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium git:git
 
 .PHONY: setup test test-python test-native test-arm64 lint engine llamacpp demo clean os-packages
 
@@ -61,8 +61,17 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pi2cli tests benchmarks workloads
 	$(VENV)/bin/ruff format --check pi2cli tests benchmarks workloads
 
+# The main job end to end on this machine: a small synthetic sparse model (TurboSparse-Mistral shapes
+# scaled down, dReLU, measured sparsity), pi2 vs llama.cpp on the same weights and prompts, the
+# comparison table and a report. Everything lands in build/demo (results kept out of results/).
+DEMO := build/demo
 demo: setup
-	$(PI2) --help
+	$(PI2) models synth --like turbosparse-mistral-7b --layers 4 --hidden 1024 --ffn 4096 --out $(DEMO)/model
+	$(PI2) bench --model $(DEMO)/model/model.pi2 --engine pi2 --engine llama.cpp --workload multi-turn \
+	    --limit 2 --n-gen 32 --threads $(JOBS) --results-dir $(DEMO)/results
+	$(PI2) compare --results-dir $(DEMO)/results --baseline llama.cpp
+	$(PI2) report --results-dir $(DEMO)/results --out $(DEMO)/report
+	@echo "report: $(DEMO)/report/index.html ($(DEMO)/report/report.md)"
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
