@@ -1,5 +1,61 @@
-"""`pi2 build`: not built yet."""
+"""`pi2 build`: build an engine for a target; prints the directory holding the binaries last."""
 
-from pi2cli.errors import not_built
+import click
 
-command = not_built("build", "issue 7")
+from pi2cli.errors import NOT_BUILT_EXIT
+
+TARGETS = ("host", "linux-arm64", "android-arm64")
+
+
+@click.command(name="build")
+@click.option(
+    "--engine",
+    type=click.Choice(["pi2", "llama.cpp"]),
+    default="pi2",
+    show_default=True,
+    help="pi2: the native engine in native/. llama.cpp: the baseline, from the pinned source.",
+)
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default="host",
+    show_default=True,
+    help="host: this machine. linux-arm64: static binaries from the aarch64 cross compiler. "
+    "android-arm64: the Android NDK in $ANDROID_NDK_HOME.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1),
+    default=None,
+    help="Parallel compile jobs [default: cores, max 8].",
+)
+def command(engine: str, target: str, jobs: int | None) -> None:
+    """Build pi2-engine or llama.cpp for this host, android-arm64 or linux-arm64.
+
+    llama.cpp is built from the llama-cpp-python 0.3.36 sdist (llama.cpp commit 0c1e570, sha256
+    checked) into ~/.cache/pi2/llama.cpp/TARGET-KEY, KEY hashing the source and every CMake flag: an
+    unchanged build is reused at once. Only the tools pi2 uses are built (llama-server, llama-bench,
+    llama-completion, llama-cli, llama-tokenize, llama-simple). The last line printed is the directory
+    holding the binaries, so scripts can do BIN=$(pi2 build --engine llama.cpp | tail -1).
+
+    \b
+    Examples:
+      pi2 build --engine llama.cpp
+      pi2 build --engine llama.cpp --target linux-arm64
+      ANDROID_NDK_HOME=~/android-ndk-r27 pi2 build --engine llama.cpp --target android-arm64
+    """
+    if engine == "pi2":
+        click.echo("pi2 build --engine pi2: not built yet (the pi2-engine build lands later)", err=True)
+        raise SystemExit(NOT_BUILT_EXIT)
+    from pi2cli.baselines.llamacpp_build import build_record, ensure_built
+
+    bin_dir = ensure_built(target, jobs=jobs)
+    record = build_record(bin_dir)
+    if record:
+        click.echo(
+            f"llama.cpp {record.get('llama_cpp_commit')} for {target}: built in "
+            f"{record.get('build_seconds')} s, cached",
+            err=True,
+        )
+    click.echo(str(bin_dir))

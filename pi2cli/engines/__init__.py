@@ -12,6 +12,7 @@ from pi2cli.errors import Pi2Error
 DRIVERS: dict[str, str] = {
     "pi2": "pi2cli.engines.pi2:Pi2Engine",
     "llama.cpp": "pi2cli.engines.llamacpp:LlamaCppEngine",
+    "mlc-llm": "pi2cli.engines.mlc:MlcEngine",
 }
 
 

@@ -1,0 +1,545 @@
+"""The llama.cpp baseline driver: llama-server on a loopback port, driven through its streaming API.
+
+How it measures (also stored in every result's `how`):
+  * The server (llama.cpp's own `llama-server`, built by pi2cli.baselines.llamacpp_build) loads the GGUF
+    once with `--load-mode mmap --no-repack`: weights stay file-backed, so a memory budget (cgroup, see
+    pi2cli.budget) really makes it page from storage. CPU repacking would copy the weights into
+    anonymous memory and defeat that; pass repack=True to measure llama.cpp at its fastest instead.
+  * One request = POST /completion with stream=true, return_tokens=true, cache_prompt=true. The host
+    stamps every streamed token with time.monotonic() as it arrives: TTFT = first token - request sent,
+    TBT = differences of consecutive arrivals. Prefill and decode tok/s are the server's own `timings`
+    (prompt_per_second, predicted_per_second), which exclude HTTP; the host-side decode rate is kept
+    next to them in `extra` for comparison.
+  * Peak memory = the server process's VmHWM (/proc/PID/status: peak resident set, including the
+    mmapped weights that were resident); with a budget also the cgroup's peak (page cache included).
+  * Multi-turn conversations keep the KV cache: one server slot, and each turn's prompt is the whole
+    conversation so far rendered with the model's chat template (the server's /apply-template). The
+    server reuses the longest common prefix of what it already has in the KV cache (cache_prompt), so a
+    turn only prefills what is new; `timings.cache_n` says how many prompt tokens came from the cache.
+"""
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pi2cli.budget import Budget
+from pi2cli.engines.base import GenerateRequest, GenerateResult
+from pi2cli.errors import Pi2Error
+
+HOW = (
+    "llama-server (llama.cpp {commit}) on 127.0.0.1, streaming /completion: TTFT and per-token times "
+    "stamped on the host as tokens arrive; prefill/decode tok/s from the server's timings; peak RSS = "
+    "server VmHWM; load mode {load_mode}, repack {repack}"
+)
+
+
+def default_bin_dir(target: str = "host") -> Path:
+    """$PI2_LLAMACPP_BIN_DIR, else the cached build (built now if missing)."""
+    override = os.environ.get("PI2_LLAMACPP_BIN_DIR")
+    if override:
+        return Path(override)
+    from pi2cli.baselines.llamacpp_build import ensure_built
+
+    return ensure_built(target)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vm_hwm_bytes(pid: int) -> int:
+    """Peak resident set size of a live process (VmHWM), 0 when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+@dataclass
+class TurnMetrics:
+    """One request's output and timings. Times in seconds; token_times_s relative to the request."""
+
+    text: str
+    token_ids: list[int]
+    n_prompt: int  # prompt tokens in total (cached + processed)
+    n_prompt_cached: int  # prompt tokens reused from the KV cache (server timings.cache_n)
+    n_prompt_processed: int  # prompt tokens actually prefilled (timings.prompt_n)
+    ttft_s: float
+    token_times_s: list[float]
+    prefill_tps: float
+    decode_tps: float
+    host_decode_tps: float
+    stop_type: str
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def tbt_s(self) -> list[float]:
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["tbt_s"] = self.tbt_s
+        return out
+
+
+@dataclass
+class ConversationResult:
+    """What run_conversation returns: per-turn metrics plus what holds for the whole session."""
+
+    engine: str
+    model: str
+    turns: list[TurnMetrics]
+    prompts: list[str]  # the full rendered prompt each turn sent (conversation so far)
+    peak_rss_bytes: int
+    load_s: float  # server start until it answered /health (model load + warm-up)
+    how: str
+    budget: dict = field(default_factory=dict)
+    server_args: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["turns"] = [t.to_json() for t in self.turns]
+        return out
+
+
+class LlamaServer:
+    """A llama-server process on a free loopback port; a context manager that always stops it."""
+
+    def __init__(
+        self,
+        bin_dir: Path,
+        model: Path,
+        *,
+        threads: int | None = None,
+        ctx_size: int = 4096,
+        load_mode: str = "mmap",
+        repack: bool = False,
+        budget: Budget | None = None,
+        extra_args: list[str] | None = None,
+        start_timeout_s: float = 180.0,
+    ):
+        self.binary = Path(bin_dir) / "llama-server"
+        if not self.binary.exists():
+            raise Pi2Error(f"llama-server not found in {bin_dir} (run `pi2 build --engine llama.cpp`)")
+        self.model = Path(model)
+        if not self.model.is_file():
+            raise Pi2Error(f"model file not found: {model}")
+        self.port = _free_port()
+        self.args = [
+            "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
+            "-c", str(ctx_size), "-np", "1", "--cache-ram", "0", "--no-webui",
+            "-lm", load_mode, "--repack" if repack else "--no-repack",
+        ]  # fmt: skip
+        if threads:
+            self.args += ["-t", str(threads)]
+        self.args += extra_args or []
+        self.budget = budget
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.load_s = 0.0
+        self.peak_rss_bytes = 0
+        self._log = None
+
+    # --------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "LlamaServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._log = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (lives until stop() closes it)
+        cmd = [str(self.binary), *self.args]
+        popen = self.budget.popen if self.budget is not None else subprocess.Popen
+        started = time.monotonic()
+        self.proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.load_s = time.monotonic() - started
+
+    def _wait_healthy(self, started: float) -> None:
+        while time.monotonic() - started < self.start_timeout_s:
+            if self.proc.poll() is not None:
+                raise Pi2Error(
+                    f"llama-server exited with code {self.proc.returncode} while loading: {self.log_tail()}"
+                )
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            time.sleep(0.05)
+        raise Pi2Error(f"llama-server did not become ready within {self.start_timeout_s:.0f} s")
+
+    def log_tail(self, n: int = 3) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        lines = self._log.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(lines[-n:])[-400:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes, vm_hwm_bytes(self.proc.pid))
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def current_peak_rss(self) -> int:
+        if self.proc is not None and self.proc.poll() is None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes, vm_hwm_bytes(self.proc.pid))
+        return self.peak_rss_bytes
+
+    # ------------------------------------------------------------------------------- requests
+    def post_json(self, path: str, body: dict, timeout: float = 600) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as err:
+            raise Pi2Error(f"llama-server {path} failed: {err} ({self.log_tail()})") from err
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise Pi2Error(
+                f"llama-server {path} answered {resp.status}: {data.decode(errors='replace')[:300]}"
+            )
+        return json.loads(data)
+
+    def apply_template(self, messages: list[dict]) -> str:
+        return self.post_json("/apply-template", {"messages": messages})["prompt"]
+
+    def complete(
+        self,
+        prompt: str,
+        n_predict: int,
+        *,
+        temperature: float = 0.0,
+        seed: int = 0,
+        ignore_eos: bool = False,
+        timeout: float = 3600,
+    ) -> TurnMetrics:
+        """One streamed /completion; every token stamped on arrival."""
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "temperature": temperature,
+            "seed": seed,
+            "ignore_eos": ignore_eos,
+            "stream": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+            "id_slot": 0,
+        }
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        token_ids: list[int] = []
+        times: list[float] = []
+        pieces: list[str] = []
+        final: dict | None = None
+        try:
+            sent = time.monotonic()
+            conn.request(
+                "POST", "/completion", body=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise Pi2Error(
+                    f"llama-server /completion answered {resp.status}: {resp.read().decode(errors='replace')[:300]}"
+                )
+            for event in iter_sse(resp):
+                now = time.monotonic() - sent
+                if "error" in event:
+                    raise Pi2Error(f"llama-server error: {json.dumps(event['error'])[:300]}")
+                for tok in event.get("tokens") or []:
+                    token_ids.append(int(tok))
+                    times.append(now)
+                pieces.append(event.get("content", ""))
+                if event.get("stop"):
+                    final = event
+                    break
+        except (OSError, http.client.HTTPException) as err:
+            raise Pi2Error(f"llama-server /completion failed: {err} ({self.log_tail()})") from err
+        finally:
+            conn.close()
+        if final is None:
+            raise Pi2Error(f"llama-server stream ended without a final event ({self.log_tail()})")
+        return turn_metrics(final, "".join(pieces), token_ids, times)
+
+
+def iter_sse(resp):
+    """JSON payloads of a server-sent-events stream (`data: {...}` lines)."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float]) -> TurnMetrics:
+    """Combine the final stream event (server timings) with the host's arrival times."""
+    timings = final.get("timings") or {}
+    n_cached = int(timings.get("cache_n", 0))
+    n_processed = int(timings.get("prompt_n", 0))
+    host_decode = (
+        (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    )
+    return TurnMetrics(
+        text=text,
+        token_ids=token_ids,
+        n_prompt=int(final.get("tokens_evaluated") or n_cached + n_processed),
+        n_prompt_cached=n_cached,
+        n_prompt_processed=n_processed,
+        ttft_s=times[0] if times else 0.0,
+        token_times_s=times,
+        prefill_tps=float(timings.get("prompt_per_second") or 0.0),
+        decode_tps=float(timings.get("predicted_per_second") or 0.0),
+        host_decode_tps=host_decode,
+        stop_type=str(final.get("stop_type", "")),
+        timings=timings,
+    )
+
+
+class LlamaCppEngine:
+    """llama.cpp behind the EngineDriver interface (see the module doc for how it measures).
+
+    Options beyond GenerateRequest are constructor arguments so `pi2 generate` works with defaults:
+    bin_dir (default $PI2_LLAMACPP_BIN_DIR or the cached build), ctx_size, load_mode ("mmap", "none",
+    "mlock", ...), repack (False keeps weights file-backed), budget_bytes (a memory cgroup limit, page
+    cache counted; the model is evicted from the page cache first), extra_server_args.
+    """
+
+    name = "llama.cpp"
+
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        *,
+        ctx_size: int = 4096,
+        load_mode: str = "mmap",
+        repack: bool = False,
+        budget_bytes: int | None = None,
+        extra_server_args: list[str] | None = None,
+    ):
+        self._bin_dir = Path(bin_dir) if bin_dir else None
+        self.ctx_size = ctx_size
+        self.load_mode = load_mode
+        self.repack = repack
+        self.budget_bytes = budget_bytes
+        self.extra_server_args = extra_server_args or []
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            self._bin_dir = default_bin_dir()
+        return self._bin_dir
+
+    def _how(self) -> str:
+        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT
+
+        return HOW.format(commit=LLAMACPP_COMMIT, load_mode=self.load_mode, repack=self.repack)
+
+    def _server(self, model: Path, threads: int | None, budget: Budget | None) -> LlamaServer:
+        return LlamaServer(
+            self.bin_dir, model, threads=threads, ctx_size=self.ctx_size, load_mode=self.load_mode,
+            repack=self.repack, budget=budget, extra_args=self.extra_server_args,
+        )  # fmt: skip
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        """One prompt, used as is (no chat template), on a fresh server."""
+        model = Path(request.model)
+        if not model.is_file():
+            raise Pi2Error(f"model file not found: {model}")
+        evict = [model] if self.budget_bytes else []
+        with (
+            Budget(self.budget_bytes, evict=evict) as budget,
+            self._server(model, request.threads, budget) as server,
+        ):
+            turn = server.complete(
+                request.prompt, request.n_predict, temperature=request.temperature, seed=request.seed
+            )
+            peak = server.current_peak_rss()
+            load_s = server.load_s
+            args = server.args
+        return GenerateResult(
+            engine=self.name,
+            text=turn.text,
+            token_ids=turn.token_ids,
+            n_prompt=turn.n_prompt,
+            ttft_s=turn.ttft_s,
+            prefill_tps=turn.prefill_tps,
+            decode_tps=turn.decode_tps,
+            peak_rss_bytes=peak,
+            token_times_s=turn.token_times_s,
+            how=self._how(),
+            extra={
+                "host_decode_tps": turn.host_decode_tps,
+                "timings": turn.timings,
+                "stop_type": turn.stop_type,
+                "load_s": load_s,
+                "budget": budget.record(),
+                "server_args": args,
+            },
+        )
+
+    def run_conversation(
+        self,
+        model: Path,
+        turns: list[str],
+        max_new_tokens: int,
+        system: str | None = None,
+        *,
+        threads: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        ignore_eos: bool = True,
+        chat_template: bool = True,
+    ) -> ConversationResult:
+        """Run a multi-turn conversation on one server, keeping the KV cache across turns.
+
+        model: the GGUF. turns: the user messages, in order. max_new_tokens: tokens generated per turn
+        (exactly that many with ignore_eos=True, the default, so every engine generates the same
+        length; False stops at end-of-turn). system: an optional system message.
+        chat_template=True renders [system, user1, assistant1, ..., userK] with the model's own chat
+        template for turn K; False concatenates raw text (previous prompt + answer + new turn).
+
+        Returns a ConversationResult: for each turn a TurnMetrics (text, token ids, TTFT, per-token
+        arrival times and TBT, prefill/decode tok/s, n_prompt / n_prompt_cached / n_prompt_processed:
+        turn 2 onwards shows the reuse of the previous turns' KV cache in n_prompt_cached), plus the
+        server's peak RSS over the whole conversation, its load time, and the budget record when the
+        engine has budget_bytes (model evicted from the page cache before the server starts).
+        """
+        model = Path(model)
+        if not turns:
+            raise Pi2Error("a conversation needs at least one turn")
+        if not model.is_file():
+            raise Pi2Error(f"model file not found: {model}")
+        results: list[TurnMetrics] = []
+        prompts: list[str] = []
+        evict = [model] if self.budget_bytes else []
+        with Budget(self.budget_bytes, evict=evict) as budget, self._server(model, threads, budget) as server:
+            messages = [{"role": "system", "content": system}] if system else []
+            raw = f"{system}\n\n" if system else ""
+            for user in turns:
+                if chat_template:
+                    messages.append({"role": "user", "content": user})
+                    prompt = server.apply_template(messages)
+                else:
+                    raw += user
+                    prompt = raw
+                turn = server.complete(
+                    prompt, max_new_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
+                )
+                results.append(turn)
+                prompts.append(prompt)
+                messages.append({"role": "assistant", "content": turn.text})
+                raw += turn.text
+            peak = server.current_peak_rss()
+            load_s = server.load_s
+            args = server.args
+        return ConversationResult(
+            engine=self.name,
+            model=str(model),
+            turns=results,
+            prompts=prompts,
+            peak_rss_bytes=peak,
+            load_s=load_s,
+            how=self._how() + "; multi-turn: one slot, cache_prompt (KV prefix reuse)",
+            budget=budget.record(),
+            server_args=args,
+        )
+
+
+# ------------------------------------------------------------------------------ llama-bench mode
+def run_llama_bench(
+    model: Path,
+    *,
+    bin_dir: Path | None = None,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    threads: int | None = None,
+    repetitions: int = 3,
+    load_mode: str = "mmap",
+    repack: bool = False,
+    budget_bytes: int | None = None,
+    extra_args: list[str] | None = None,
+    timeout_s: float | None = None,
+) -> dict:
+    """llama.cpp's own benchmark (`llama-bench -o json`): prefill (pp) and decode (tg) throughput.
+
+    Returns {"records": [...], "budget": {...}, "cmd": [...], "how": "..."}; records are llama-bench's
+    JSON objects unchanged (n_prompt, n_gen, avg_ts, stddev_ts, samples_ts, load_mode, repack, ...),
+    one per test: the pp test has n_gen 0 and the tg test n_prompt 0. With budget_bytes the model is
+    evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
+    """
+    from pi2cli.budget import run_budgeted
+
+    model = Path(model)
+    if not model.is_file():
+        raise Pi2Error(f"model file not found: {model}")
+    binary = Path(bin_dir or default_bin_dir()) / "llama-bench"
+    if not binary.exists():
+        raise Pi2Error(f"llama-bench not found in {binary.parent} (run `pi2 build --engine llama.cpp`)")
+    cmd = [
+        str(binary), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions),
+        "-lm", load_mode, "--repack", "1" if repack else "0", "-o", "json",
+    ]  # fmt: skip
+    if threads:
+        cmd += ["-t", str(threads)]
+    cmd += extra_args or []
+    run = run_budgeted(cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s)
+    if run.returncode != 0:
+        tail = " | ".join(run.stderr.strip().splitlines()[-3:])[-400:]
+        killed = " (killed: over the memory budget?)" if run.returncode in (-9, 137) else ""
+        raise Pi2Error(f"llama-bench failed with code {run.returncode}{killed}: {tail}")
+    records = parse_llama_bench_json(run.stdout)
+    return {
+        "records": records,
+        "budget": run.budget,
+        "cmd": cmd,
+        "how": "llama-bench -o json (llama.cpp's own pp/tg timing, averaged over repetitions)",
+    }
+
+
+def parse_llama_bench_json(text: str) -> list[dict]:
+    """llama-bench's `-o json` output (a JSON array) as a list of dicts, fields kept as they are."""
+    start = text.find("[")
+    if start < 0:
+        raise Pi2Error("llama-bench printed no JSON array")
+    try:
+        records = json.loads(text[start:])
+    except ValueError as err:
+        raise Pi2Error(f"llama-bench JSON could not be parsed: {err}") from err
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise Pi2Error("llama-bench JSON is not a list of objects")
+    return records

@@ -1,0 +1,278 @@
+"""The MLC-LLM baseline driver, against a runner the user provides (see docs/MLC.md).
+
+MLC-LLM compiles each model into a device-specific library with TVM; pi2 cannot build that for you.
+So the driver talks to a runner you set up, named by $PI2_MLC_RUNNER (or MlcEngine(runner=...)):
+
+  * a URL, e.g. http://127.0.0.1:8000: a running `mlc_llm serve MODEL --model-lib LIB` (on this
+    machine, or a phone's port forwarded with `adb forward tcp:8000 tcp:8000`). The driver streams
+    POST /v1/chat/completions with stream_options.include_usage, stamps every streamed chunk on the
+    host, and reads MLC's own figures from the final chunk's usage.extra: prefill_tokens_per_s,
+    decode_tokens_per_s, ttft_s, inter_token_latency_s (and prompt/completion token counts).
+  * a command, e.g. "adb shell /data/local/tmp/mlc-run" or "python my_mlc_runner.py": run once per
+    request with the request as one JSON object on stdin ({"model", "messages", "max_tokens",
+    "temperature", "seed"}). It prints the generated text, then its stats in one of the formats
+    MLC's tools print: a JSON object with a "usage" key (the OpenAI usage object with "extra"), a
+    bare usage.extra object, or MLC chat's stats line "prefill: X tok/s, decode: Y tok/s".
+
+The figures are MLC's own (the runner measures them); the result's `how` says which format they came
+from and, in URL mode, that TTFT and per-token times were also stamped on the host.
+"""
+
+import http.client
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pi2cli.engines.base import GenerateRequest, GenerateResult
+from pi2cli.errors import Pi2Error
+
+RUNNER_ENV = "PI2_MLC_RUNNER"
+STATS_LINE = re.compile(
+    r"prefill:\s*(?P<prefill>[0-9.]+)\s*tok/s,\s*decode:\s*(?P<decode>[0-9.]+)\s*tok/s", re.IGNORECASE
+)
+EXTRA_KEYS = ("prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s", "inter_token_latency_s")
+
+
+@dataclass
+class MlcStats:
+    """MLC's figures for one request, however the runner reported them."""
+
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    ttft_s: float | None = None
+    inter_token_latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    source: str = ""  # "usage.extra" or "stats line"
+    raw: dict = field(default_factory=dict)
+
+
+def stats_from_usage(usage: dict) -> MlcStats:
+    """From an OpenAI usage object with MLC's `extra` (or a bare extra object)."""
+    extra = usage.get("extra") if isinstance(usage.get("extra"), dict) else usage
+    if not any(k in extra for k in EXTRA_KEYS):
+        raise Pi2Error(f"MLC usage has none of {', '.join(EXTRA_KEYS)}: {json.dumps(usage)[:200]}")
+
+    def num(key):
+        value = extra.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    def count(key):
+        value = usage.get(key, extra.get(key))
+        return int(value) if isinstance(value, int | float) else None
+
+    return MlcStats(
+        prefill_tps=num("prefill_tokens_per_s") or 0.0,
+        decode_tps=num("decode_tokens_per_s") or 0.0,
+        ttft_s=num("ttft_s"),
+        inter_token_latency_s=num("inter_token_latency_s"),
+        prompt_tokens=count("prompt_tokens"),
+        completion_tokens=count("completion_tokens"),
+        source="usage.extra",
+        raw=usage,
+    )
+
+
+def parse_runner_output(stdout: str) -> tuple[str, MlcStats]:
+    """Split a command runner's stdout into (generated text, stats).
+
+    Stats are the last line that is a JSON object with a usage (or usage.extra) in it, or the last
+    "prefill: X tok/s, decode: Y tok/s" line; those lines are not part of the text.
+    """
+    text_lines: list[str] = []
+    stats: MlcStats | None = None
+    for line in stdout.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("{") and stripped.endswith("}"):
+            try:
+                obj = json.loads(stripped)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
+                if isinstance(usage.get("extra"), dict) or any(k in usage for k in EXTRA_KEYS):
+                    stats = stats_from_usage(usage)
+                    continue
+        if m := STATS_LINE.search(stripped):
+            stats = MlcStats(
+                prefill_tps=float(m.group("prefill")),
+                decode_tps=float(m.group("decode")),
+                source="stats line",
+                raw={"line": stripped},
+            )
+            continue
+        text_lines.append(line)
+    if stats is None:
+        raise Pi2Error(
+            "the MLC runner printed no stats: expected a usage JSON line or "
+            "'prefill: X tok/s, decode: Y tok/s' (see docs/MLC.md)"
+        )
+    return "\n".join(text_lines).strip("\n"), stats
+
+
+@dataclass
+class StreamOutcome:
+    text: str
+    chunk_times_s: list[float]  # host arrival time of every chunk carrying text, from request sent
+    stats: MlcStats
+    finish_reason: str
+
+
+def parse_chat_stream(events: list[tuple[float, dict]]) -> StreamOutcome:
+    """Fold (arrival time, chunk) pairs of a streamed /v1/chat/completions into text, times, stats."""
+    pieces: list[str] = []
+    times: list[float] = []
+    usage: dict | None = None
+    finish = ""
+    for at, chunk in events:
+        if "error" in chunk:
+            raise Pi2Error(f"MLC server error: {json.dumps(chunk['error'])[:300]}")
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                pieces.append(content)
+                times.append(at)
+            finish = choice.get("finish_reason") or finish
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+    if usage is None:
+        raise Pi2Error(
+            "the MLC server sent no usage: it must support stream_options.include_usage (mlc_llm serve)"
+        )
+    return StreamOutcome("".join(pieces), times, stats_from_usage(usage), finish)
+
+
+def resolve_runner(runner: str | None = None) -> str:
+    value = runner or os.environ.get(RUNNER_ENV, "")
+    if not value.strip():
+        raise Pi2Error(
+            f"MLC-LLM needs a runner and none is configured: set {RUNNER_ENV} to the URL of a running "
+            "`mlc_llm serve MODEL --model-lib LIB` (e.g. http://127.0.0.1:8000) or to a command that "
+            "takes a JSON request on stdin and prints text plus MLC stats (see docs/MLC.md)"
+        )
+    return value.strip()
+
+
+class MlcEngine:
+    """MLC-LLM behind the EngineDriver interface. `model` is passed to the runner as is (the model
+    id `mlc_llm serve` was started with, or whatever your command runner understands)."""
+
+    name = "mlc-llm"
+
+    def __init__(self, runner: str | None = None, timeout_s: float = 3600):
+        self._runner = runner
+        self.timeout_s = timeout_s
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        runner = resolve_runner(self._runner)
+        body = {
+            "model": str(request.model),
+            "messages": [{"role": "user", "content": request.prompt}],
+            "max_tokens": request.n_predict,
+            "temperature": request.temperature,
+            "seed": request.seed,
+        }
+        if runner.startswith(("http://", "https://")):
+            return self._generate_http(runner, body)
+        return self._generate_command(runner, body)
+
+    def _generate_http(self, url: str, body: dict) -> GenerateResult:
+        parsed = urlparse(url)
+        conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(parsed.hostname, parsed.port, timeout=self.timeout_s)
+        payload = dict(body, stream=True, stream_options={"include_usage": True})
+        events: list[tuple[float, dict]] = []
+        try:
+            sent = time.monotonic()
+            conn.request(
+                "POST",
+                parsed.path.rstrip("/") + "/v1/chat/completions",
+                body=json.dumps(payload),
+                headers={"Content-Type": "application/json"},
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise Pi2Error(
+                    f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}"
+                )
+            while line := resp.readline():
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                events.append((time.monotonic() - sent, json.loads(data)))
+        except (OSError, http.client.HTTPException) as err:
+            raise Pi2Error(f"cannot reach the MLC server at {url}: {err}") from err
+        finally:
+            conn.close()
+        out = parse_chat_stream(events)
+        ttft = out.chunk_times_s[0] if out.chunk_times_s else (out.stats.ttft_s or 0.0)
+        return GenerateResult(
+            engine=self.name,
+            text=out.text,
+            token_ids=[],  # the OpenAI stream carries text, not token ids
+            n_prompt=out.stats.prompt_tokens or 0,
+            ttft_s=ttft,
+            prefill_tps=out.stats.prefill_tps,
+            decode_tps=out.stats.decode_tps,
+            peak_rss_bytes=0,  # the server is not our child; measure it on its device
+            token_times_s=out.chunk_times_s,
+            how=(
+                "mlc_llm serve, streamed /v1/chat/completions: TTFT and chunk times stamped on the host; "
+                "prefill/decode tok/s from MLC's usage.extra; peak RSS not measured (external server)"
+            ),
+            extra={
+                "runner": url,
+                "mlc_ttft_s": out.stats.ttft_s,
+                "mlc_inter_token_latency_s": out.stats.inter_token_latency_s,
+                "completion_tokens": out.stats.completion_tokens,
+                "finish_reason": out.finish_reason,
+                "usage": out.stats.raw,
+            },
+        )
+
+    def _generate_command(self, runner: str, body: dict) -> GenerateResult:
+        cmd = shlex.split(runner)
+        if not cmd or (os.sep in cmd[0] and not Path(cmd[0]).exists()):
+            raise Pi2Error(f"the MLC runner command does not exist: {cmd[0] if cmd else runner!r}")
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                cmd, input=json.dumps(body), capture_output=True, text=True, timeout=self.timeout_s
+            )
+        except FileNotFoundError as err:
+            raise Pi2Error(f"the MLC runner command was not found: {cmd[0]}") from err
+        except subprocess.TimeoutExpired as err:
+            raise Pi2Error(f"the MLC runner took longer than {self.timeout_s:.0f} s") from err
+        wall = time.monotonic() - started
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])[-300:]
+            raise Pi2Error(f"the MLC runner failed with code {done.returncode}: {tail}")
+        text, stats = parse_runner_output(done.stdout)
+        return GenerateResult(
+            engine=self.name,
+            text=text,
+            token_ids=[],
+            n_prompt=stats.prompt_tokens or 0,
+            ttft_s=stats.ttft_s or 0.0,
+            prefill_tps=stats.prefill_tps,
+            decode_tps=stats.decode_tps,
+            peak_rss_bytes=0,
+            token_times_s=[],
+            how=f"MLC runner command; figures from its {stats.source} (MLC's own timing); no per-token times",
+            extra={
+                "runner": runner,
+                "wall_s": wall,
+                "mlc_inter_token_latency_s": stats.inter_token_latency_s,
+                "completion_tokens": stats.completion_tokens,
+                "stats": stats.raw,
+            },
+        )
