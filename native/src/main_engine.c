@@ -1,15 +1,374 @@
-/* pi2-engine: the command-line front of the engine. Subcommands arrive with the engine issues. */
+/* pi2-engine: the command-line front of the engine.
+ *   generate  prompt -> text on stdout (streamed), JSONL events for the host
+ *   eval      token ids -> raw float32 logits (tests compare them with the numpy reference)
+ *   info      header summary of a .pi2 file (--json, --verify) */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
+#include "events.h"
+#include "forward.h"
+#include "kernels.h"
+#include "model.h"
+#include "sampler.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+#include "vocab_blob.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: pi2-engine COMMAND [OPTIONS]\n"
             "commands:\n"
-            "  generate   generate text from a .pi2 model (not built yet)\n"
+            "  generate -m MODEL.pi2 -p TEXT [-n N] [--temperature T] [--top-p P] [--seed S]\n"
+            "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
+            "           [--ignore-eos] [--no-verify-neurons]\n"
+            "           generate text; only the generated text goes to stdout, as tokens come\n"
+            "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
+            "           write float32 logits of the last (or --all) positions, row-major\n"
+            "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
             "  --version  print the engine version\n");
+}
+
+typedef struct {
+    const char *model, *prompt, *events, *tokens, *logits_out, *affinity;
+    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, all_logits, json, verify;
+    float temperature, top_p;
+    uint64_t seed;
+} options;
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || x < lo || x > hi) {
+        pi2_set_error("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *v, float *out) {
+    char *end = NULL;
+    errno = 0;
+    float x = v ? strtof(v, &end) : 0;
+    if (!v || errno || *end || !(x == x)) {
+        pi2_set_error("%s needs a number, got '%s'", flag, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 64;
+    o->top_p = 1.0f;
+    o->verify_neurons = 1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKES_VALUE                                                   \
+    do {                                                              \
+        if (!v) {                                                     \
+            pi2_set_error("option %s needs a value", a);              \
+            return -1;                                                \
+        }                                                             \
+        i++;                                                          \
+    } while (0)
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { TAKES_VALUE; o->model = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { TAKES_VALUE; o->prompt = v; }
+        else if (!strcmp(a, "--events")) { TAKES_VALUE; o->events = v; }
+        else if (!strcmp(a, "--tokens")) { TAKES_VALUE; o->tokens = v; }
+        else if (!strcmp(a, "--logits-out")) { TAKES_VALUE; o->logits_out = v; }
+        else if (!strcmp(a, "--affinity")) { TAKES_VALUE; o->affinity = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { TAKES_VALUE; if (parse_int(a, v, 0, 1 << 20, &o->n_predict)) return -1; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { TAKES_VALUE; if (parse_int(a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--ctx")) { TAKES_VALUE; if (parse_int(a, v, 1, 1 << 22, &o->n_ctx)) return -1; }
+        else if (!strcmp(a, "--batch")) { TAKES_VALUE; if (parse_int(a, v, 1, 1 << 16, &o->n_batch)) return -1; }
+        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { TAKES_VALUE; if (parse_float(a, v, &o->temperature)) return -1; }
+        else if (!strcmp(a, "--top-p")) { TAKES_VALUE; if (parse_float(a, v, &o->top_p)) return -1; }
+        else if (!strcmp(a, "--seed")) {
+            TAKES_VALUE;
+            char *end = NULL;
+            errno = 0;
+            o->seed = strtoull(v, &end, 10);
+            if (errno || *end || !*v) { pi2_set_error("--seed needs a non-negative integer, got '%s'", v); return -1; }
+        }
+        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
+        else if (!strcmp(a, "--no-verify-neurons")) o->verify_neurons = 0;
+        else if (!strcmp(a, "--all")) o->all_logits = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--verify")) o->verify = 1;
+        else { pi2_set_error("unknown option '%s' (see pi2-engine --help)", a); return -1; }
+#undef TAKES_VALUE
+    }
+    if (!o->model) { pi2_set_error("missing -m MODEL.pi2"); return -1; }
+    if (o->temperature < 0) { pi2_set_error("--temperature must be >= 0"); return -1; }
+    if (!(o->top_p > 0 && o->top_p <= 1)) { pi2_set_error("--top-p must be in (0, 1]"); return -1; }
+    return 0;
+}
+
+/* "0,1,4" -> cpus; returns the count or -1. */
+static int parse_list(const char *flag, const char *text, int32_t *out, int max) {
+    int n = 0;
+    const char *s = text;
+    while (*s) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',') || n >= max) {
+            pi2_set_error("%s: bad list '%s' (expected e.g. 0,1,2)", flag, text);
+            return -1;
+        }
+        out[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    if (!n) { pi2_set_error("%s: empty list", flag); return -1; }
+    return n;
+}
+
+static pi2_pool *make_pool(const options *o, int *n_threads) {
+    int cpus[1024];
+    int n_aff = 0;
+    if (o->affinity) {
+        int32_t tmp[1024];
+        n_aff = parse_list("--affinity", o->affinity, tmp, 1024);
+        if (n_aff < 0) return NULL;
+        for (int i = 0; i < n_aff; i++) cpus[i] = tmp[i];
+    }
+    int n = o->threads ? o->threads : (n_aff ? n_aff : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (n < 1) n = 1;
+    if (n_aff && n_aff != n) {
+        pi2_set_error("--affinity lists %d cpus for %d threads (give one per thread)", n_aff, n);
+        return NULL;
+    }
+    *n_threads = n;
+    return pi2_pool_create(n, n_aff ? cpus : NULL);
+}
+
+static int die(void) {
+    fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
+    return 1;
+}
+
+/* ---- info ------------------------------------------------------------------------------------ */
+
+static int cmd_info(const options *o) {
+    pi2_model m;
+    if (pi2_model_load(&m, o->model, o->verify) != 0) return die();
+    const pi2_header *h = &m.h;
+    char path[1100];
+    pi2_json_string(path, sizeof path, o->model);
+    if (o->json) {
+        printf("{\"path\": %s, \"format_version\": %u, \"arch\": \"%s\", \"ffn_act\": \"%s\", \"n_vocab\": %u, "
+               "\"n_embd\": %u, \"n_layer\": %u, \"n_head\": %u, \"n_head_kv\": %u, \"head_dim\": %u, "
+               "\"n_ff\": %u, \"n_expert\": %u, \"n_expert_used\": %u, \"n_ctx_train\": %u, "
+               "\"rope_theta\": %g, \"rms_eps\": %g, \"tied_embeddings\": %s, \"dense_down\": %s, "
+               "\"has_predictor\": %s, \"neuron_type\": \"%s\", \"bundle_align\": %u, \"bundle_stride\": %llu, "
+               "\"n_tensors\": %u, \"file_bytes\": %llu, \"resident_bytes\": %llu, \"neuron_bytes\": %llu, "
+               "\"tokenizer_bytes\": %llu, \"neurons_verified\": %s, \"metadata\": %.*s}\n",
+               path, h->version, pi2_arch_name(h->arch), pi2_act_name(h->ffn_act), h->n_vocab, h->n_embd,
+               h->n_layer, h->n_head, h->n_head_kv, h->head_dim, h->n_ff, h->n_expert, h->n_expert_used,
+               h->n_ctx_train, h->rope_theta, h->rms_eps, h->flags & PI2_FLAG_TIED ? "true" : "false",
+               h->flags & PI2_FLAG_DENSE_DOWN ? "true" : "false", h->flags & PI2_FLAG_PREDICTOR ? "true" : "false",
+               pi2_type_name((pi2_type)h->neuron_type), h->bundle_align, (unsigned long long)h->bundle_stride,
+               h->n_tensors, (unsigned long long)h->file_bytes,
+               (unsigned long long)h->sections[PI2_SEC_RESIDENT].size,
+               (unsigned long long)h->sections[PI2_SEC_NEURONS].size,
+               (unsigned long long)h->sections[PI2_SEC_TOKENIZER].size, o->verify ? "true" : "false",
+               m.file.metadata_len ? (int)m.file.metadata_len : 2, m.file.metadata_len ? m.file.metadata : "{}");
+    } else {
+        printf("%s: .pi2 format %u, %s, FFN %s\n", o->model, h->version, pi2_arch_name(h->arch), pi2_act_name(h->ffn_act));
+        printf("  vocab %u, embd %u, layers %u, heads %u (kv %u, dim %u), ffn %u", h->n_vocab, h->n_embd,
+               h->n_layer, h->n_head, h->n_head_kv, h->head_dim, h->n_ff);
+        if (h->arch == PI2_ARCH_MOE) printf(", experts %u (top %u)", h->n_expert, h->n_expert_used);
+        printf("\n  rope theta %g, rms eps %g, ctx %u, tied embeddings %s, dense down copy %s, predictors %s\n",
+               h->rope_theta, h->rms_eps, h->n_ctx_train, h->flags & PI2_FLAG_TIED ? "yes" : "no",
+               h->flags & PI2_FLAG_DENSE_DOWN ? "yes" : "no", h->flags & PI2_FLAG_PREDICTOR ? "yes" : "no");
+        printf("  neuron bundles %s, stride %llu B (align %u); resident %.1f MiB, neurons %.1f MiB, %u tensors\n",
+               pi2_type_name((pi2_type)h->neuron_type), (unsigned long long)h->bundle_stride, h->bundle_align,
+               h->sections[PI2_SEC_RESIDENT].size / 1048576.0, h->sections[PI2_SEC_NEURONS].size / 1048576.0,
+               h->n_tensors);
+        printf("  checksums: header, table, tokenizer, metadata, resident ok%s\n",
+               o->verify ? ", neuron region ok" : " (neuron region: --verify)");
+    }
+    pi2_model_free(&m);
+    return 0;
+}
+
+/* ---- eval ------------------------------------------------------------------------------------ */
+
+static int cmd_eval(const options *o) {
+    if (!o->tokens || !o->logits_out) {
+        pi2_set_error("eval needs --tokens and --logits-out");
+        return die();
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * 65536);
+    if (!ids) return die();
+    int n = parse_list("--tokens", o->tokens, ids, 65536);
+    if (n < 0) { free(ids); return die(); }
+    pi2_model m;
+    if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) { free(ids); return die(); }
+    int n_threads = 1, rc = 1;
+    pi2_pool *pool = make_pool(o, &n_threads);
+    int batch = o->n_batch ? o->n_batch : n;
+    pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
+    size_t V = m.h.n_vocab;
+    float *out = c ? malloc(sizeof(float) * V * (size_t)(o->all_logits ? n : 1)) : NULL;
+    if (!out) goto done;
+    for (int t = 0; t < n; t += batch) {
+        int nb = n - t < batch ? n - t : batch;
+        if (pi2_forward(c, ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
+    }
+    if (!o->all_logits) memcpy(out, pi2_ctx_logits(c), V * sizeof(float));
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.partial", o->logits_out);
+    FILE *f = fopen(tmp, "wb");
+    size_t rows = o->all_logits ? (size_t)n : 1;
+    if (!f || fwrite(out, sizeof(float), V * rows, f) != V * rows || fclose(f) != 0 || rename(tmp, o->logits_out) != 0) {
+        pi2_set_error("cannot write %s", o->logits_out);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (rc) die();
+    free(out);
+    pi2_ctx_free(c);
+    pi2_pool_free(pool);
+    pi2_model_free(&m);
+    free(ids);
+    return rc;
+}
+
+/* ---- generate -------------------------------------------------------------------------------- */
+
+static int cmd_generate(const options *o) {
+    if (!o->prompt) {
+        pi2_set_error("generate needs -p TEXT");
+        return die();
+    }
+    uint64_t t_load0 = pi2_now_ns();
+    pi2_model m;
+    if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) return die();
+    int rc = 1, n_threads = 1;
+    pi2_vocab_desc desc;
+    memset(&desc, 0, sizeof desc);
+    pi2_tokenizer *tok = NULL;
+    pi2_pool *pool = NULL;
+    pi2_ctx *c = NULL;
+    int32_t *ids = NULL;
+    pi2_sampler sampler = {0};
+    pi2_events ev = {0};
+    if (!m.file.tokenizer_len) {
+        pi2_set_error("%s: the model has no tokenizer section (use eval with token ids)", o->model);
+        goto done;
+    }
+    if (pi2_vocab_blob_parse(m.file.tokenizer, m.file.tokenizer_len, &desc) != 0) {
+        pi2_set_error("%s: tokenizer section: %s", o->model, pi2_last_error());
+        goto done;
+    }
+    if (!(tok = pi2_tokenizer_create(&desc))) goto done;
+    if (pi2_tokenizer_n_vocab(tok) > (int32_t)m.h.n_vocab) {
+        pi2_set_error("%s: tokenizer has %d tokens, the model %u", o->model, pi2_tokenizer_n_vocab(tok), m.h.n_vocab);
+        goto done;
+    }
+    size_t plen = strlen(o->prompt);
+    int cap = (int)plen + 8;
+    ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids) goto done;
+    /* As llama.cpp: BOS only when the vocabulary asks for it; special tokens in the text are parsed. */
+    int n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
+    if (n_prompt < 0) {
+        cap = -n_prompt;
+        int32_t *more = realloc(ids, sizeof(int32_t) * (size_t)cap);
+        if (!more) goto done;
+        ids = more;
+        n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
+    }
+    if (n_prompt <= 0) {
+        pi2_set_error("the prompt tokenizes to nothing");
+        goto done;
+    }
+    int n_ctx = o->n_ctx ? o->n_ctx : n_prompt + o->n_predict;
+    if (n_ctx < n_prompt + o->n_predict) {
+        pi2_set_error("--ctx %d is too small for %d prompt + %d generated tokens", n_ctx, n_prompt, o->n_predict);
+        goto done;
+    }
+    int batch = o->n_batch ? o->n_batch : (n_prompt < 256 ? n_prompt : 256);
+    if (!(pool = make_pool(o, &n_threads))) goto done;
+    if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
+    if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;
+    if (pi2_events_open(&ev, o->events) != 0) goto done;
+    uint64_t t0 = pi2_now_ns();
+    if (ev.f) {
+        fprintf(ev.f,
+                "{\"event\": \"start\", \"t\": %.9f, \"engine\": \"pi2-engine %s\", \"threads\": %d, "
+                "\"kernels\": \"%s\", \"n_prompt\": %d, \"load_s\": %.6f, \"prompt_ids\": [",
+                pi2_seconds(t0), PI2_VERSION, n_threads, pi2_kernel_level_name(pi2_kernels_current()), n_prompt,
+                pi2_seconds(t0 - t_load0));
+        for (int i = 0; i < n_prompt; i++) fprintf(ev.f, i ? ", %d" : "%d", ids[i]);
+        pi2_events_emit(&ev, "]}");
+    }
+    for (int t = 0; t < n_prompt; t += batch) {
+        int nb = n_prompt - t < batch ? n_prompt - t : batch;
+        if (pi2_forward(c, ids + t, nb, NULL) != 0) goto done;
+    }
+    uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
+    int n_gen = 0;
+    char piece[256];
+    for (; n_gen < o->n_predict; n_gen++) {
+        int32_t next = pi2_sample(&sampler, pi2_ctx_logits(c));
+        uint64_t now = pi2_now_ns();
+        if (!n_gen) t_first = now;
+        t_last = now;
+        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d}", pi2_seconds(now), n_gen, next);
+        if (!o->ignore_eos && pi2_token_is_eog(tok, next)) {
+            n_gen++;
+            break;
+        }
+        int np = pi2_token_to_piece(tok, next, piece, sizeof piece);
+        if (np > 0) {
+            fwrite(piece, 1, (size_t)np, stdout);
+            fflush(stdout);
+        }
+        if (n_gen + 1 < o->n_predict && pi2_forward(c, &next, 1, NULL) != 0) goto done;
+    }
+    double prefill_s = pi2_seconds(t_prefill - t0);
+    double ttft = t_first ? pi2_seconds(t_first - t0) : 0;
+    double decode_s = pi2_seconds(t_last - t_first);
+    double decode_tps = n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0;
+    double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
+    pi2_events_emit(&ev,
+                    "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
+                    "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
+                    n_prompt, n_gen, ttft, prefill_s, prefill_tps, decode_s, decode_tps);
+    pi2_events_emit(&ev,
+                    "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
+                    "\"model_bytes\": %llu, \"threads\": %d}",
+                    pi2_seconds(pi2_now_ns()), (unsigned long long)pi2_peak_rss_bytes(),
+                    (unsigned long long)pi2_io_read_bytes(), (unsigned long long)m.file.size, n_threads);
+    fflush(stdout);
+    fprintf(stderr,
+            "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "
+            "%d threads (%s), peak RSS %.0f MiB\n",
+            n_prompt, n_gen, ttft * 1e3, prefill_tps, decode_tps, n_threads,
+            pi2_kernel_level_name(pi2_kernels_current()), pi2_peak_rss_bytes() / 1048576.0);
+    rc = 0;
+done:
+    if (rc) die();
+    pi2_events_close(&ev);
+    pi2_sampler_free(&sampler);
+    pi2_ctx_free(c);
+    pi2_pool_free(pool);
+    free(ids);
+    pi2_tokenizer_free(tok);
+    pi2_vocab_desc_release(&desc);
+    pi2_model_free(&m);
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -21,11 +380,23 @@ int main(int argc, char **argv) {
         printf("pi2-engine %s\n", PI2_VERSION);
         return 0;
     }
-    if (!strcmp(argv[1], "generate")) {
-        fprintf(stderr, "pi2-engine: generate: not built yet\n");
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "generate") && strcmp(cmd, "eval") && strcmp(cmd, "info")) {
+        fprintf(stderr, "pi2-engine: unknown command '%s'\n", cmd);
+        usage(stderr);
         return 2;
     }
-    fprintf(stderr, "pi2-engine: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+    options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
+        return 2;
+    }
+    if (!strcmp(cmd, "info")) return cmd_info(&o);
+    if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+    return cmd_generate(&o);
 }

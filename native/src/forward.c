@@ -1,0 +1,438 @@
+#include "forward.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+struct pi2_ctx {
+    const pi2_model *m;
+    pi2_pool *pool;
+    int n_ctx, n_batch, n_past, nth;
+    int64_t q_dim, kv_dim, n_embd, n_ff;
+    pi2_f16 *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
+    float *x, *xn, *q, *k, *v, *att, *tmp; /* [n_batch][...] */
+    float *g, *u, *h;                      /* [n_batch][n_ff] */
+    float *ffn_in, *ffn_out;               /* moe: gathered rows [n_batch][n_embd] */
+    float *router, *expert_w;              /* [n_batch][n_expert] */
+    int32_t *expert_sel;                   /* [n_batch][n_expert_used] */
+    int32_t *expert_tokens;                /* [n_batch] */
+    float *scores;                         /* [nth][n_ctx] */
+    uint8_t *qf16;                         /* [nth][head_dim] f16 */
+    float *acc;                            /* axpy path: [nth][n_batch][n_embd] */
+    uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
+    float *logits;                         /* [n_vocab] */
+    float *logits_rows;                    /* [n_batch][n_vocab] scratch when all logits are asked */
+};
+
+static void *xcalloc(size_t n, size_t size, int *ok) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *ok = 0;
+    return p;
+}
+
+pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *pool) {
+    const pi2_header *h = &m->h;
+    if (n_ctx < 1 || n_batch < 1) {
+        pi2_set_error("context and batch sizes must be positive");
+        return NULL;
+    }
+    pi2_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->m = m;
+    c->pool = pool;
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    c->nth = pool ? pi2_pool_size(pool) : 1;
+    c->n_embd = h->n_embd;
+    c->n_ff = h->n_ff;
+    c->q_dim = (int64_t)h->n_head * h->head_dim;
+    c->kv_dim = (int64_t)h->n_head_kv * h->head_dim;
+    size_t B = (size_t)n_batch, E = (size_t)c->n_embd;
+    int64_t widest = c->n_embd > c->q_dim ? c->n_embd : c->q_dim;
+    if (c->n_ff > widest) widest = c->n_ff;
+    size_t act_row = pi2_row_size(PI2_F32, widest); /* F32 is the widest activation type */
+    int ok = 1;
+    size_t cache = (size_t)h->n_layer * (size_t)n_ctx * (size_t)c->kv_dim;
+    c->k_cache = xcalloc(cache, sizeof(pi2_f16), &ok);
+    c->v_cache = xcalloc(cache, sizeof(pi2_f16), &ok);
+    c->x = xcalloc(B * E, sizeof(float), &ok);
+    c->xn = xcalloc(B * E, sizeof(float), &ok);
+    c->tmp = xcalloc(B * E, sizeof(float), &ok);
+    c->q = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok);
+    c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok);
+    c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok);
+    c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok);
+    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
+    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
+    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
+    c->ffn_in = xcalloc(B * E, sizeof(float), &ok);
+    c->ffn_out = xcalloc(B * E, sizeof(float), &ok);
+    size_t ne = h->n_expert ? h->n_expert : 1;
+    c->router = xcalloc(B * ne, sizeof(float), &ok);
+    c->expert_w = xcalloc(B * ne, sizeof(float), &ok);
+    c->expert_sel = xcalloc(B * ne, sizeof(int32_t), &ok);
+    c->expert_tokens = xcalloc(B, sizeof(int32_t), &ok);
+    c->scores = xcalloc((size_t)c->nth * (size_t)n_ctx, sizeof(float), &ok);
+    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, &ok);
+    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok);
+    c->act = xcalloc(B, act_row, &ok);
+    c->logits = xcalloc(h->n_vocab, sizeof(float), &ok);
+    c->logits_rows = xcalloc(B * h->n_vocab, sizeof(float), &ok);
+    if (!ok) {
+        pi2_ctx_free(c);
+        pi2_set_error("out of memory for a context of %d positions and batches of %d", n_ctx, n_batch);
+        return NULL;
+    }
+    return c;
+}
+
+void pi2_ctx_free(pi2_ctx *c) {
+    if (!c) return;
+    void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->g, c->u, c->h,
+                    c->ffn_in, c->ffn_out, c->router, c->expert_w, c->expert_sel, c->expert_tokens,
+                    c->scores, c->qf16, c->acc, c->act, c->logits, c->logits_rows};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
+    free(c);
+}
+
+const float *pi2_ctx_logits(const pi2_ctx *c) { return c->logits; }
+int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
+int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }
+int pi2_ctx_n_batch(const pi2_ctx *c) { return c->n_batch; }
+void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
+
+/* ---- parallel helpers ------------------------------------------------------------------------ */
+
+static void run(pi2_ctx *c, pi2_pool_fn fn, void *job) {
+    if (c->pool) pi2_pool_run(c->pool, fn, job);
+    else fn(job, 0, 1);
+}
+
+/* Split [0, n) into nth parts whose boundaries are multiples of `align` (kernels tile rows). */
+static void split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, int64_t *e) {
+    int64_t units = (n + align - 1) / align;
+    pi2_split_range(units, ith, nth, b, e);
+    *b *= align;
+    *e *= align;
+    if (*b > n) *b = n;
+    if (*e > n) *e = n;
+}
+
+typedef struct {
+    pi2_type wt;
+    const float *x;
+    int64_t n, ldx, tokens;
+    uint8_t *out;
+    size_t out_row;
+} prep_job;
+
+static void prep_worker(void *p, int ith, int nth) {
+    prep_job *j = p;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) pi2_prepare_act(j->wt, j->x + t * j->ldx, j->out + t * j->out_row, j->n);
+}
+
+/* Convert `tokens` rows of x (n used values, row stride ldx) into the activation type that weight
+ * type wt pairs with; returns the per-token byte stride in c->act. */
+static size_t prepare(pi2_ctx *c, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens) {
+    prep_job j = {wt, x, n, ldx, tokens, c->act, pi2_row_size(pi2_act_type(wt), n)};
+    if (tokens == 1) prep_worker(&j, 0, 1);
+    else run(c, prep_worker, &j);
+    return j.out_row;
+}
+
+typedef struct {
+    const pi2_mat *w;
+    const uint8_t *acts;
+    int64_t tokens;
+    float *y;
+    int64_t ldy;
+} mm_job;
+
+static void mm_worker(void *p, int ith, int nth) {
+    mm_job *j = p;
+    const pi2_mat *w = j->w;
+    int64_t r0, r1;
+    split_aligned(w->rows, 16, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (w->stride == w->row_bytes) {
+        const uint8_t *base = w->data + (size_t)r0 * w->stride;
+        if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
+        else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+        return;
+    }
+    /* Rows inside bundles: one row at a time (each still read once per batch of tokens). */
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->stride;
+        if (j->tokens == 1) j->y[r] = pi2_vec_dot(w->type, w->cols, row, j->acts);
+        else pi2_gemm(w->type, row, 1, w->cols, j->acts, j->tokens, j->y + r, j->ldy);
+    }
+}
+
+/* Y[t][0..rows) = W x[t] for t < tokens; x rows have stride ldx floats, Y rows ldy. */
+static void matmul(pi2_ctx *c, const pi2_mat *w, const float *x, int64_t ldx, int64_t tokens, float *y,
+                   int64_t ldy) {
+    prepare(c, w->type, x, w->cols, ldx, tokens);
+    mm_job j = {w, c->act, tokens, y, ldy};
+    run(c, mm_worker, &j);
+}
+
+/* Same, reusing activations already prepared for a weight of the same activation type. */
+static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float *y, int64_t ldy) {
+    mm_job j = {w, c->act, tokens, y, ldy};
+    run(c, mm_worker, &j);
+}
+
+/* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does. */
+static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
+    float theta = (float)pos;
+    for (int64_t i = 0; i < head_dim; i += 2) {
+        const float cs = cosf(theta), sn = sinf(theta);
+        const float x0 = x[i], x1 = x[i + 1];
+        x[i] = x0 * cs - x1 * sn;
+        x[i + 1] = x0 * sn + x1 * cs;
+        theta *= theta_scale;
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+
+typedef struct {
+    pi2_ctx *c;
+    int layer, tokens;
+} att_job;
+
+static void att_worker(void *p, int ith, int nth) {
+    att_job *j = p;
+    pi2_ctx *c = j->c;
+    const pi2_header *h = &c->m->h;
+    const int64_t hd = h->head_dim, n_head = h->n_head, group = h->n_head / h->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const pi2_f16 *K = c->k_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
+    const pi2_f16 *V = c->v_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
+    float *scores = c->scores + (size_t)ith * c->n_ctx;
+    uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16) * 2;
+    int64_t b, e;
+    pi2_split_range((int64_t)j->tokens * n_head, ith, nth, &b, &e);
+    for (int64_t idx = b; idx < e; idx++) {
+        const int64_t t = idx / n_head, hh = idx % n_head, kvh = hh / group;
+        const int pos = c->n_past + (int)t;
+        /* q rounds to F16 to meet the F16 cache, as llama.cpp's K*Q does. */
+        pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
+        float mx = -FLT_MAX;
+        for (int s = 0; s <= pos; s++) {
+            float d = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
+            scores[s] = d;
+            if (d > mx) mx = d;
+        }
+        double sum = 0.0;
+        for (int s = 0; s <= pos; s++) {
+            float ev = expf(scores[s] - mx);
+            scores[s] = ev;
+            sum += ev;
+        }
+        const float inv = (float)(1.0 / sum);
+        float *out = c->att + t * c->q_dim + hh * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int s = 0; s <= pos; s++) pi2_axpy(PI2_F16, hd, scores[s] * inv, V + (size_t)s * c->kv_dim + kvh * hd, out);
+    }
+}
+
+static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
+    const pi2_header *h = &c->m->h;
+    const int64_t E = c->n_embd;
+    for (int t = 0; t < tokens; t++) rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
+    prepare(c, L->wq.type, c->xn, E, E, tokens);
+    matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
+    if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
+    matmul_prepared(c, &L->wk, tokens, c->k, c->kv_dim);
+    if (pi2_act_type(L->wv.type) != pi2_act_type(L->wk.type)) prepare(c, L->wv.type, c->xn, E, E, tokens);
+    matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
+
+    const float theta_scale = powf(h->rope_theta, -2.0f / (float)h->head_dim);
+    for (int t = 0; t < tokens; t++) {
+        const int pos = c->n_past + t;
+        for (uint32_t hh = 0; hh < h->n_head; hh++) rope(c->q + t * c->q_dim + hh * h->head_dim, h->head_dim, pos, theta_scale);
+        for (uint32_t hh = 0; hh < h->n_head_kv; hh++) rope(c->k + t * c->kv_dim + hh * h->head_dim, h->head_dim, pos, theta_scale);
+        pi2_f16 *kc = c->k_cache + ((size_t)layer * c->n_ctx + pos) * c->kv_dim;
+        pi2_f16 *vc = c->v_cache + ((size_t)layer * c->n_ctx + pos) * c->kv_dim;
+        for (int64_t i = 0; i < c->kv_dim; i++) {
+            kc[i] = pi2_f32_to_f16(c->k[t * c->kv_dim + i]);
+            vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
+        }
+    }
+    att_job j = {c, layer, tokens};
+    run(c, att_worker, &j);
+    matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
+    for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
+}
+
+/* ---- FFN --------------------------------------------------------------------------------------- */
+
+typedef struct {
+    pi2_ctx *c;
+    const pi2_ffn_block *b;
+    int tokens;
+} axpy_job;
+
+/* y[t] += sum_k h[t][k] * down_col[k]: each thread takes a range of neurons into its own
+ * accumulator; zero activations (ReLU models) cost nothing. */
+static void axpy_worker(void *p, int ith, int nth) {
+    axpy_job *j = p;
+    pi2_ctx *c = j->c;
+    const int64_t E = c->n_embd, F = c->n_ff;
+    float *acc = c->acc + (size_t)ith * c->n_batch * E;
+    memset(acc, 0, (size_t)j->tokens * E * sizeof(float));
+    int64_t b, e;
+    pi2_split_range(F, ith, nth, &b, &e);
+    const pi2_mat *d = &j->b->down_cols;
+    for (int64_t k = b; k < e; k++) {
+        const uint8_t *col = d->data + (size_t)k * d->stride;
+        for (int t = 0; t < j->tokens; t++) {
+            float a = c->h[t * F + k];
+            if (a != 0.0f) pi2_axpy(d->type, E, a, col, acc + t * E);
+        }
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* out[t] = FFN_b(in[t]) for t < tokens (in: normalized inputs, n_embd each). */
+static void ffn_block(pi2_ctx *c, const pi2_ffn_block *b, const float *in, int tokens, float *out) {
+    const int64_t E = c->n_embd, F = c->n_ff;
+    const uint32_t act = c->m->h.ffn_act;
+    prepare(c, b->gate.type, in, E, E, tokens);
+    matmul_prepared(c, &b->gate, tokens, c->g, F);
+    matmul_prepared(c, &b->up, tokens, c->u, F);
+    for (int64_t i = 0; i < tokens * F; i++) {
+        float g = c->g[i], u = c->u[i], v;
+        if (act == PI2_ACT_SWIGLU) v = silu(g) * u;
+        else if (act == PI2_ACT_RELU) v = (g > 0.0f ? g : 0.0f) * u;
+        else v = (g > 0.0f ? g : 0.0f) * (u > 0.0f ? u : 0.0f);
+        c->g[i] = v;
+    }
+    if (b->down.data) {
+        /* Bundle order -> original neuron order, which the dense down copy's columns use. */
+        for (int t = 0; t < tokens; t++)
+            for (int64_t k = 0; k < F; k++) c->h[t * F + b->order[k]] = c->g[t * F + k];
+        matmul(c, &b->down, c->h, F, tokens, out, E);
+        return;
+    }
+    memcpy(c->h, c->g, (size_t)tokens * F * sizeof(float));
+    axpy_job j = {c, b, tokens};
+    run(c, axpy_worker, &j);
+    memset(out, 0, (size_t)tokens * E * sizeof(float));
+    for (int th = 0; th < c->nth; th++) {
+        const float *acc = c->acc + (size_t)th * c->n_batch * E;
+        for (int64_t i = 0; i < tokens * E; i++) out[i] += acc[i];
+    }
+}
+
+/* Mixtral-style routing: softmax over the router logits, top-k experts, weights renormalized. */
+static void moe(pi2_ctx *c, const pi2_layer *L, int tokens) {
+    const pi2_header *h = &c->m->h;
+    const int64_t E = c->n_embd, NE = h->n_expert, K = h->n_expert_used;
+    matmul(c, &L->router, c->xn, E, tokens, c->router, NE);
+    for (int t = 0; t < tokens; t++) {
+        float *r = c->router + t * NE, mx = -FLT_MAX;
+        for (int64_t e = 0; e < NE; e++) mx = r[e] > mx ? r[e] : mx;
+        double sum = 0;
+        for (int64_t e = 0; e < NE; e++) sum += (r[e] = expf(r[e] - mx));
+        for (int64_t e = 0; e < NE; e++) r[e] = (float)(r[e] / sum);
+        int32_t *sel = c->expert_sel + t * K;
+        float wsum = 0;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < NE; e++) {
+                int taken = 0;
+                for (int64_t q = 0; q < k; q++) taken |= sel[q] == e;
+                if (!taken && (best < 0 || r[e] > r[best])) best = e;
+            }
+            sel[k] = (int32_t)best;
+            wsum += r[best];
+        }
+        for (int64_t k = 0; k < K; k++) c->expert_w[t * K + k] = r[sel[k]] / wsum;
+    }
+    memset(c->tmp, 0, (size_t)tokens * E * sizeof(float));
+    for (int64_t e = 0; e < NE; e++) {
+        int n = 0;
+        for (int t = 0; t < tokens; t++)
+            for (int64_t k = 0; k < K; k++)
+                if (c->expert_sel[t * K + k] == e) {
+                    c->expert_tokens[n] = t;
+                    memcpy(c->ffn_in + (size_t)n * E, c->xn + (size_t)t * E, (size_t)E * sizeof(float));
+                    n++;
+                }
+        if (!n) continue;
+        ffn_block(c, &L->ffn[e], c->ffn_in, n, c->ffn_out);
+        for (int i = 0; i < n; i++) {
+            int t = c->expert_tokens[i];
+            float w = 0;
+            for (int64_t k = 0; k < K; k++)
+                if (c->expert_sel[t * K + k] == e) w = c->expert_w[t * K + k];
+            for (int64_t d = 0; d < E; d++) c->tmp[(size_t)t * E + d] += w * c->ffn_out[(size_t)i * E + d];
+        }
+    }
+}
+
+static void ffn(pi2_ctx *c, const pi2_layer *L, int tokens) {
+    const int64_t E = c->n_embd;
+    for (int t = 0; t < tokens; t++) rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, c->m->h.rms_eps);
+    if (c->m->h.arch == PI2_ARCH_MOE) moe(c, L, tokens);
+    else ffn_block(c, &L->ffn[0], c->xn, tokens, c->tmp);
+    for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
+}
+
+/* ---- the whole pass ---------------------------------------------------------------------------- */
+
+int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
+    const pi2_model *m = c->m;
+    const int64_t E = c->n_embd, V = m->h.n_vocab;
+    if (n < 1 || n > c->n_batch) {
+        pi2_set_error("batch of %d tokens (1..%d allowed)", n, c->n_batch);
+        return -1;
+    }
+    if (c->n_past + n > c->n_ctx) {
+        pi2_set_error("context full: %d positions, %d more asked (raise --ctx)", c->n_ctx, n);
+        return -1;
+    }
+    for (int t = 0; t < n; t++) {
+        if (tokens[t] < 0 || (int64_t)tokens[t] >= V) {
+            pi2_set_error("token id %d out of range [0, %lld)", tokens[t], (long long)V);
+            return -1;
+        }
+        const pi2_mat *emb = &m->tok_embd;
+        pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
+    }
+    for (uint32_t l = 0; l < m->h.n_layer; l++) {
+        attention(c, &m->layers[l], (int)l, n);
+        ffn(c, &m->layers[l], n);
+    }
+    /* Only the rows whose logits are wanted go through the output matrix. */
+    int first = logits_all ? 0 : n - 1, rows = n - first;
+    for (int t = first; t < n; t++) rmsnorm(c->xn + (t - first) * E, c->x + t * E, m->output_norm, E, m->h.rms_eps);
+    float *dst = logits_all ? logits_all : c->logits;
+    if (rows == 1) {
+        matmul(c, &m->output, c->xn, E, 1, dst, V);
+    } else {
+        /* In chunks of n_batch rows (the logits scratch holds that many). */
+        matmul(c, &m->output, c->xn, E, rows, dst, V);
+    }
+    if (logits_all) memcpy(c->logits, logits_all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+    c->n_past += n;
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* The forward pass of llama-family and Mixtral-style models over a batch of tokens: RMSNorm,
+ * attention with RoPE and a KV cache (F16, as llama.cpp keeps it), the FFN (SwiGLU, ReLU or dReLU;
+ * gate/up rows read straight from the neuron bundles, down from the dense copy or via axpy over the
+ * bundles' down columns), MoE routing, and the output logits. Matrix work runs on a thread pool. */
+#ifndef PI2_FORWARD_H
+#define PI2_FORWARD_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "threadpool.h"
+
+typedef struct pi2_ctx pi2_ctx;
+
+/* n_ctx: KV cache positions; n_batch: most tokens per pi2_forward call. NULL + error on failure. */
+pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *pool);
+void pi2_ctx_free(pi2_ctx *c);
+
+/* Run tokens[0..n) (n <= n_batch) at the next positions. Afterwards pi2_ctx_logits() holds the
+ * last token's logits; when logits_all is given it receives n x n_vocab logits (one row per token).
+ * -1 with an error when a token id is out of range or the context is full. */
+int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all);
+
+const float *pi2_ctx_logits(const pi2_ctx *c);
+int pi2_ctx_n_past(const pi2_ctx *c);
+int pi2_ctx_n_ctx(const pi2_ctx *c);
+int pi2_ctx_n_batch(const pi2_ctx *c);
+/* Forget the cache (a new conversation). */
+void pi2_ctx_reset(pi2_ctx *c);
+
+#endif

@@ -1,0 +1,411 @@
+/* The arm64 kernels, compiled once per level: kernels_neon.c (ARMv8.0 NEON), kernels_dotprod.c
+ * (+dotprod: vdotq_s32) and kernels_i8mm.c (+i8mm, which adds its own gemm). The only difference
+ * between the first two is dot16(): SDOT where the compiler may use it, otherwise widening multiplies.
+ * Each including file defines its own pi2_kernels_fill_* that calls arm_fill(). Everything here is
+ * static, so the three copies never collide. */
+#ifndef PI2_KERNELS_ARM_COMMON_H
+#define PI2_KERNELS_ARM_COMMON_H
+
+#include <arm_neon.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_impl.h"
+
+static inline float h2f(pi2_f16 h) {
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+/* acc + the four 4-byte-group dot products of a and b (16 int8 each) */
+static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    /* |a*b| <= 128*128, so pairs fit in int16 only as long as one side is <= 127: our activations are */
+    int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    int16x8_t p1 = vmull_high_s8(a, b);
+    return vaddq_s32(acc, vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)));
+#endif
+}
+
+/* one block's integer dot product as 4 lanes (sum them for the total) */
+static inline int32x4_t block_dot(int8x16_t w0, int8x16_t w1, const int8_t *a) {
+    return dot16(dot16(vdupq_n_s32(0), w0, vld1q_s8(a)), w1, vld1q_s8(a + 16));
+}
+
+static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
+    uint8x16_t v = vld1q_u8(qs);
+    *lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+    *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+}
+
+static float dot_q4_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_0 *w = row;
+    const pi2_block_q8_0 *a = act;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = vdupq_n_f32(0);
+    const int8x16_t eight = vdupq_n_s8(8);
+    const int64_t nb = n / PI2_QK;
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        int8x16_t l0, h0, l1, h1;
+        unpack_q4(w[i].qs, &l0, &h0);
+        unpack_q4(w[i + 1].qs, &l1, &h1);
+        int32x4_t p0 = block_dot(vsubq_s8(l0, eight), vsubq_s8(h0, eight), a[i].qs);
+        int32x4_t p1 = block_dot(vsubq_s8(l1, eight), vsubq_s8(h1, eight), a[i + 1].qs);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
+        acc1 = vmlaq_n_f32(acc1, vcvtq_f32_s32(p1), h2f(w[i + 1].d) * h2f(a[i + 1].d));
+    }
+    for (; i < nb; i++) {
+        int8x16_t l0, h0;
+        unpack_q4(w[i].qs, &l0, &h0);
+        int32x4_t p0 = block_dot(vsubq_s8(l0, eight), vsubq_s8(h0, eight), a[i].qs);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
+    }
+    return vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+static float dot_q4_1(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_1 *w = row;
+    const pi2_block_q8_1 *a = act;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = vdupq_n_f32(0);
+    float ms = 0.0f;
+    const int64_t nb = n / PI2_QK;
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        int8x16_t l0, h0, l1, h1;
+        unpack_q4(w[i].qs, &l0, &h0);
+        unpack_q4(w[i + 1].qs, &l1, &h1);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(block_dot(l0, h0, a[i].qs)), h2f(w[i].d) * h2f(a[i].d));
+        acc1 = vmlaq_n_f32(acc1, vcvtq_f32_s32(block_dot(l1, h1, a[i + 1].qs)), h2f(w[i + 1].d) * h2f(a[i + 1].d));
+        ms += h2f(w[i].m) * h2f(a[i].s) + h2f(w[i + 1].m) * h2f(a[i + 1].s);
+    }
+    for (; i < nb; i++) {
+        int8x16_t l0, h0;
+        unpack_q4(w[i].qs, &l0, &h0);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(block_dot(l0, h0, a[i].qs)), h2f(w[i].d) * h2f(a[i].d));
+        ms += h2f(w[i].m) * h2f(a[i].s);
+    }
+    return vaddvq_f32(vaddq_f32(acc0, acc1)) + ms;
+}
+
+static float dot_q8_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q8_0 *w = row, *a = act;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = vdupq_n_f32(0);
+    const int64_t nb = n / PI2_QK;
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        int32x4_t p0 = block_dot(vld1q_s8(w[i].qs), vld1q_s8(w[i].qs + 16), a[i].qs);
+        int32x4_t p1 = block_dot(vld1q_s8(w[i + 1].qs), vld1q_s8(w[i + 1].qs + 16), a[i + 1].qs);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
+        acc1 = vmlaq_n_f32(acc1, vcvtq_f32_s32(p1), h2f(w[i + 1].d) * h2f(a[i + 1].d));
+    }
+    for (; i < nb; i++) {
+        int32x4_t p0 = block_dot(vld1q_s8(w[i].qs), vld1q_s8(w[i].qs + 16), a[i].qs);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
+    }
+    return vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+static float dot_f32(int64_t n, const void *row, const void *act) {
+    const float *w = row, *a = act;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) acc[k] = vfmaq_f32(acc[k], vld1q_f32(w + i + 4 * k), vld1q_f32(a + i + 4 * k));
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], vld1q_f32(w + i), vld1q_f32(a + i));
+    float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) s += w[i] * a[i];
+    return s;
+}
+
+static inline float32x4_t load_h4(const pi2_f16 *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+static float dot_f16(int64_t n, const void *row, const void *act) {
+    const pi2_f16 *w = row, *a = act;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) acc[k] = vfmaq_f32(acc[k], load_h4(w + i + 4 * k), load_h4(a + i + 4 * k));
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], load_h4(w + i), load_h4(a + i));
+    float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) s += h2f(w[i]) * h2f(a[i]);
+    return s;
+}
+
+/* ---- axpy ---- */
+
+static inline void axpy_s8x16(int8x16_t q, float s, float m, float *y) {
+    int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_high_s8(q);
+    const float32x4_t vs = vdupq_n_f32(s), vm = vdupq_n_f32(m);
+    float32x4_t f[4] = {vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_high_s16(lo)),
+                        vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_high_s16(hi))};
+    for (int k = 0; k < 4; k++) vst1q_f32(y + 4 * k, vaddq_f32(vld1q_f32(y + 4 * k), vfmaq_f32(vm, f[k], vs)));
+}
+
+static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_0 *w = row;
+    const int8x16_t eight = vdupq_n_s8(8);
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        int8x16_t lo, hi;
+        unpack_q4(w[i].qs, &lo, &hi);
+        const float s = a * h2f(w[i].d);
+        axpy_s8x16(vsubq_s8(lo, eight), s, 0.0f, y);
+        axpy_s8x16(vsubq_s8(hi, eight), s, 0.0f, y + 16);
+    }
+}
+
+static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_1 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        int8x16_t lo, hi;
+        unpack_q4(w[i].qs, &lo, &hi);
+        const float s = a * h2f(w[i].d), m = a * h2f(w[i].m);
+        axpy_s8x16(lo, s, m, y);
+        axpy_s8x16(hi, s, m, y + 16);
+    }
+}
+
+static void axpy_q8_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q8_0 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        const float s = a * h2f(w[i].d);
+        axpy_s8x16(vld1q_s8(w[i].qs), s, 0.0f, y);
+        axpy_s8x16(vld1q_s8(w[i].qs + 16), s, 0.0f, y + 16);
+    }
+}
+
+static void axpy_f32(int64_t n, float a, const void *row, float *y) {
+    const float *w = row;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(vld1q_f32(w + i), a)));
+    for (; i < n; i++) y[i] += a * w[i];
+}
+
+static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+    const pi2_f16 *w = row;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(load_h4(w + i), a)));
+    for (; i < n; i++) y[i] += a * h2f(w[i]);
+}
+
+/* ---- activation quantizers: llama.cpp's arm quantize_row_q8_0/q8_1 semantics (id = 1/d, vcvtn) ---- */
+
+static inline float block_amax(const float *x, float32x4_t v[8]) {
+    float32x4_t m = vdupq_n_f32(0);
+    for (int k = 0; k < 8; k++) {
+        v[k] = vld1q_f32(x + 4 * k);
+        m = vmaxq_f32(m, vabsq_f32(v[k]));
+    }
+    return vmaxvq_f32(m);
+}
+
+static inline int quantize_block(const float32x4_t v[8], float id, int8_t *out) {
+    int32x4_t q[8], sum = vdupq_n_s32(0);
+    for (int k = 0; k < 8; k++) {
+        q[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));
+        sum = vaddq_s32(sum, q[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        int16x8_t a = vcombine_s16(vqmovn_s32(q[4 * k]), vqmovn_s32(q[4 * k + 1]));
+        int16x8_t b = vcombine_s16(vqmovn_s32(q[4 * k + 2]), vqmovn_s32(q[4 * k + 3]));
+        vst1q_s8(out + 16 * k, vcombine_s8(vqmovn_s16(a), vqmovn_s16(b)));
+    }
+    return vaddvq_s32(sum);
+}
+
+static void act_q8_0(const float *x, void *out, int64_t n) {
+    pi2_block_q8_0 *y = out;
+    float32x4_t v[8];
+    for (int64_t i = 0; i < n / PI2_QK; i++, x += PI2_QK) {
+        const float d = block_amax(x, v) / 127.0f;
+        y[i].d = pi2_f32_to_f16(d);
+        quantize_block(v, d != 0.0f ? 1.0f / d : 0.0f, y[i].qs);
+    }
+}
+
+static void act_q8_1(const float *x, void *out, int64_t n) {
+    pi2_block_q8_1 *y = out;
+    float32x4_t v[8];
+    for (int64_t i = 0; i < n / PI2_QK; i++, x += PI2_QK) {
+        const float d = block_amax(x, v) / 127.0f;
+        y[i].d = pi2_f32_to_f16(d);
+        int sum = quantize_block(v, d != 0.0f ? 1.0f / d : 0.0f, y[i].qs);
+        y[i].s = pi2_f32_to_f16(d * (float)sum);
+    }
+}
+
+static void act_f16(const float *x, void *out, int64_t n) {
+    pi2_f16 *h = out;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) h[i] = pi2_f32_to_f16(x[i]);
+}
+
+/* ---- gemm: token tiles that stay in cache; each unpacked weight block meets 4 tokens ---- */
+
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+#define MICRO 4
+
+static inline __attribute__((always_inline)) void load_wblock(int kind, const void *wrow, int64_t b, int8x16_t *w0,
+                                                               int8x16_t *w1, float *dw, float *mw) {
+    if (kind == KIND_Q4_0) {
+        const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)wrow + b;
+        unpack_q4(w->qs, w0, w1);
+        *w0 = vsubq_s8(*w0, vdupq_n_s8(8));
+        *w1 = vsubq_s8(*w1, vdupq_n_s8(8));
+        *dw = h2f(w->d);
+        *mw = 0.0f;
+    } else if (kind == KIND_Q4_1) {
+        const pi2_block_q4_1 *w = (const pi2_block_q4_1 *)wrow + b;
+        unpack_q4(w->qs, w0, w1);
+        *dw = h2f(w->d);
+        *mw = h2f(w->m);
+    } else {
+        const pi2_block_q8_0 *w = (const pi2_block_q8_0 *)wrow + b;
+        *w0 = vld1q_s8(w->qs);
+        *w1 = vld1q_s8(w->qs + 16);
+        *dw = h2f(w->d);
+        *mw = 0.0f;
+    }
+}
+
+/* da/sa: [block][MICRO] activation scales (and Q8_1 sums) of this micro-tile */
+static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
+                                                                 const int8_t *const *acts, size_t ablock,
+                                                                 const float *da, const float *sa, float *out) {
+    float32x4_t acc[MICRO];
+    float32x4_t corr = vdupq_n_f32(0);
+    for (int t = 0; t < MICRO; t++) acc[t] = vdupq_n_f32(0);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t w0, w1;
+        float dw, mw;
+        load_wblock(kind, wrow, b, &w0, &w1, &dw, &mw);
+        const float32x4_t scale = vmulq_n_f32(vld1q_f32(da + b * MICRO), dw);
+        if (kind == KIND_Q4_1) corr = vfmaq_n_f32(corr, vld1q_f32(sa + b * MICRO), mw);
+        /* the lane index must be a literal */
+#define MICRO_STEP(T)                                                              \
+    if (T < nt) {                                                                  \
+        int32x4_t p = block_dot(w0, w1, acts[T] + b * ablock);                     \
+        acc[T] = vfmaq_laneq_f32(acc[T], vcvtq_f32_s32(p), scale, T);              \
+    }
+        MICRO_STEP(0) MICRO_STEP(1) MICRO_STEP(2) MICRO_STEP(3)
+#undef MICRO_STEP
+    }
+    float c[MICRO];
+    vst1q_f32(c, corr);
+    for (int t = 0; t < nt; t++) out[t] = vaddvq_f32(acc[t]) + c[t];
+}
+
+/* Gathers a tile's per-block activation scales into [group][block][MICRO] order. */
+static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
+                             float *sd, float *ss) {
+    for (int64_t t = 0; t < tn; t++) {
+        const uint8_t *a = acts + (size_t)(t0 + t) * act_bytes;
+        float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *sg = ss + (t / MICRO) * nb * MICRO + t % MICRO;
+        for (int64_t b = 0; b < nb; b++) {
+            if (kind == KIND_Q4_1) {
+                const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
+                dg[b * MICRO] = h2f(q->d);
+                sg[b * MICRO] = h2f(q->s);
+            } else {
+                dg[b * MICRO] = h2f(((const pi2_block_q8_0 *)a + b)->d);
+            }
+        }
+    }
+}
+
+static int64_t tile_tokens(size_t act_bytes) {
+    int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;
+    return tile < MICRO ? MICRO : tile > 64 ? 64 : tile / MICRO * MICRO;
+}
+
+static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
+                       size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    const size_t ablock = kind == KIND_Q4_1 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
+    const size_t qs_off = kind == KIND_Q4_1 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
+    const int64_t tile = tile_tokens(act_bytes);
+    float *sd = calloc((size_t)(tile * nb) * 2 + MICRO, sizeof(float));
+    if (!sd) abort();
+    float *ss = sd + tile * nb;
+    const uint8_t *ab = acts;
+    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
+        const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
+        fill_tile_scales(kind, ab, act_bytes, t0, tn, nb, sd, ss);
+        for (int64_t r = 0; r < rows; r++) {
+            const void *wrow = (const uint8_t *)w + (size_t)r * row_bytes;
+            for (int64_t t = 0; t < tn; t += MICRO) {
+                const int nt = tn - t < MICRO ? (int)(tn - t) : MICRO;
+                const int8_t *ap[MICRO];
+                float out[MICRO];
+                for (int k = 0; k < nt; k++) ap[k] = (const int8_t *)(ab + (size_t)(t0 + t + k) * act_bytes + qs_off);
+                const float *dp = sd + (t / MICRO) * nb * MICRO, *sp = ss + (t / MICRO) * nb * MICRO;
+                switch (kind * 8 + nt) {
+#define CASE(K, NT) \
+    case K * 8 + NT: gemm_row_micro(K, NT, wrow, nb, ap, ablock, dp, sp, out); break;
+                    CASE(KIND_Q4_0, 1) CASE(KIND_Q4_0, 2) CASE(KIND_Q4_0, 3) CASE(KIND_Q4_0, 4)
+                    CASE(KIND_Q4_1, 1) CASE(KIND_Q4_1, 2) CASE(KIND_Q4_1, 3) CASE(KIND_Q4_1, 4)
+                    CASE(KIND_Q8_0, 1) CASE(KIND_Q8_0, 2) CASE(KIND_Q8_0, 3) CASE(KIND_Q8_0, 4)
+#undef CASE
+                }
+                for (int k = 0; k < nt; k++) y[(t0 + t + k) * ldy + r] = out[k];
+            }
+        }
+    }
+    free(sd);
+}
+
+static void gemm_q4_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q4_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q4_1(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q4_1, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q8_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q8_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_f32(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                     float *y, int64_t ldy) {
+    pi2_gemm_via_dot(dot_f32, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_f16(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                     float *y, int64_t ldy) {
+    pi2_gemm_via_dot(dot_f16, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+
+#define ARM_ROWS(T)                                                                                         \
+    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,            \
+                         const void *act, float *y) {                                                       \
+        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                            \
+    }
+ARM_ROWS(f32)
+ARM_ROWS(f16)
+ARM_ROWS(q4_0)
+ARM_ROWS(q4_1)
+ARM_ROWS(q8_0)
+
+static void arm_fill(pi2_kernel_table *t) {
+#define SET(ID, T)          \
+    t->dot[ID] = dot_##T;   \
+    t->rows[ID] = rows_##T; \
+    t->axpy[ID] = axpy_##T; \
+    t->gemm[ID] = gemm_##T;
+    SET(PI2_F32, f32)
+    SET(PI2_F16, f16)
+    SET(PI2_Q4_0, q4_0)
+    SET(PI2_Q4_1, q4_1)
+    SET(PI2_Q8_0, q8_0)
+#undef SET
+    t->act_q8_0 = act_q8_0;
+    t->act_q8_1 = act_q8_1;
+    t->act_f16 = act_f16;
+}
+
+#endif

@@ -1,0 +1,180 @@
+/* Run-time choice of the kernel level and the public kernel entry points (kernels.h).
+ *
+ * The level is picked once from the CPU's features (cpuid on x86, getauxval on arm64), so one binary
+ * uses dotprod/i8mm where the core has them and never executes an instruction the core lacks. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_impl.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#endif
+
+#define PI2_HAVE_SIMD_FILES 1
+#define N_LEVELS (PI2_KERNELS_I8MM + 1)
+
+static pi2_kernel_table tables[N_LEVELS];
+static int supported[N_LEVELS];
+static pi2_kernel_level best_level = PI2_KERNELS_SCALAR;
+static _Atomic(const pi2_kernel_table *) current_table;
+static _Atomic int current_level;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void detect_and_fill(void) {
+    supported[PI2_KERNELS_SCALAR] = 1;
+    pi2_kernels_fill_scalar(&tables[PI2_KERNELS_SCALAR]);
+#if (defined(__x86_64__) || defined(__i386__)) && PI2_HAVE_SIMD_FILES
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        /* F16C has no __builtin_cpu_supports name in gcc 12; every AVX2 CPU has it (Haswell+, Zen). */
+        supported[PI2_KERNELS_AVX2] = 1;
+        tables[PI2_KERNELS_AVX2] = tables[PI2_KERNELS_SCALAR];
+        pi2_kernels_fill_avx2(&tables[PI2_KERNELS_AVX2]);
+        best_level = PI2_KERNELS_AVX2;
+    }
+    /* AVX-512: not implemented; decode is memory-bound and AVX2 already saturates bandwidth. */
+#elif defined(__aarch64__) && PI2_HAVE_SIMD_FILES
+    unsigned long hw = 0, hw2 = 0;
+#if defined(__linux__)
+    hw = getauxval(AT_HWCAP);
+    hw2 = getauxval(AT_HWCAP2);
+#endif
+    if (hw & HWCAP_ASIMD) {
+        supported[PI2_KERNELS_NEON] = 1;
+        tables[PI2_KERNELS_NEON] = tables[PI2_KERNELS_SCALAR];
+        pi2_kernels_fill_neon(&tables[PI2_KERNELS_NEON]);
+        best_level = PI2_KERNELS_NEON;
+        if (hw & HWCAP_ASIMDDP) {
+            supported[PI2_KERNELS_DOTPROD] = 1;
+            tables[PI2_KERNELS_DOTPROD] = tables[PI2_KERNELS_NEON];
+            pi2_kernels_fill_dotprod(&tables[PI2_KERNELS_DOTPROD]);
+            best_level = PI2_KERNELS_DOTPROD;
+            if (hw2 & HWCAP2_I8MM) {
+                supported[PI2_KERNELS_I8MM] = 1;
+                tables[PI2_KERNELS_I8MM] = tables[PI2_KERNELS_DOTPROD];
+                pi2_kernels_fill_i8mm(&tables[PI2_KERNELS_I8MM]);
+                best_level = PI2_KERNELS_I8MM;
+            }
+        }
+    }
+#endif
+    const char *env = getenv("PI2_KERNELS"); /* e.g. PI2_KERNELS=scalar to rule out a SIMD bug */
+    pi2_kernel_level use = best_level;
+    if (env && *env) {
+        for (int l = 0; l < N_LEVELS; l++)
+            if (strcmp(env, pi2_kernel_level_name((pi2_kernel_level)l)) == 0 && supported[l]) use = l;
+    }
+    atomic_store(&current_level, (int)use);
+    atomic_store(&current_table, &tables[use]);
+}
+
+void pi2_kernels_init(void) { pthread_once(&init_once, detect_and_fill); }
+
+pi2_kernel_level pi2_kernels_best(void) {
+    pi2_kernels_init();
+    return best_level;
+}
+
+int pi2_kernels_force(pi2_kernel_level level) {
+    pi2_kernels_init();
+    if ((int)level < 0 || (int)level >= N_LEVELS || !supported[level]) return -1;
+    atomic_store(&current_level, (int)level);
+    atomic_store(&current_table, &tables[level]);
+    return 0;
+}
+
+pi2_kernel_level pi2_kernels_current(void) {
+    pi2_kernels_init();
+    return (pi2_kernel_level)atomic_load(&current_level);
+}
+
+const char *pi2_kernel_level_name(pi2_kernel_level level) {
+    switch (level) {
+    case PI2_KERNELS_SCALAR: return "scalar";
+    case PI2_KERNELS_AVX2: return "avx2";
+    case PI2_KERNELS_AVX512: return "avx512";
+    case PI2_KERNELS_NEON: return "neon";
+    case PI2_KERNELS_DOTPROD: return "dotprod";
+    case PI2_KERNELS_I8MM: return "i8mm";
+    }
+    return "unknown";
+}
+
+const pi2_kernel_table *pi2_kernels_table(void) {
+    const pi2_kernel_table *t = atomic_load_explicit(&current_table, memory_order_acquire);
+    if (__builtin_expect(t == NULL, 0)) {
+        pi2_kernels_init();
+        t = atomic_load(&current_table);
+    }
+    return t;
+}
+
+/* ---- public entry points: validate cheaply (a bad call is a programming error: abort with a line),
+ * then dispatch. */
+
+static void die(const char *what, pi2_type t, int64_t n) {
+    fprintf(stderr, "pi2: %s: invalid call (type %d %s, n=%lld)\n", what, (int)t, pi2_type_name(t),
+            (long long)n);
+    abort();
+}
+
+static inline void check_weight(const char *what, pi2_type wt, int64_t n) {
+    if (!pi2_type_valid_weight((int)wt) || n < 0 || ((wt != PI2_F32 && wt != PI2_F16) && n % PI2_QK))
+        die(what, wt, n);
+}
+
+void pi2_prepare_act(pi2_type wt, const float *x, void *buf, int64_t n) {
+    check_weight("prepare_act", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    switch (pi2_act_type(wt)) {
+    case PI2_Q8_0: t->act_q8_0(x, buf, n); return;
+    case PI2_Q8_1: t->act_q8_1(x, buf, n); return;
+    case PI2_F16: t->act_f16(x, buf, n); return;
+    default: memcpy(buf, x, (size_t)n * sizeof(float)); return;
+    }
+}
+
+float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act) {
+    check_weight("vec_dot", wt, n);
+    return pi2_kernels_table()->dot[wt](n, row, act);
+}
+
+void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
+    check_weight("gemv", wt, n);
+    if (rows < 0) die("gemv", wt, n);
+    pi2_kernels_table()->rows[wt](w, pi2_row_size(wt, n), NULL, rows, n, act, y);
+}
+
+void pi2_gather_gemv(pi2_type wt, const void *w, int64_t n, const int32_t *idx, int64_t count,
+                     const void *act, float *y) {
+    check_weight("gather_gemv", wt, n);
+    if (count < 0 || (count > 0 && !idx)) die("gather_gemv", wt, n);
+    pi2_kernels_table()->rows[wt](w, pi2_row_size(wt, n), idx, count, n, act, y);
+}
+
+void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
+    check_weight("axpy", wt, n);
+    pi2_kernels_table()->axpy[wt](n, a, row, y);
+}
+
+void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens,
+              float *y, int64_t ldy) {
+    check_weight("gemm", wt, n);
+    if (rows < 0 || tokens < 0 || (tokens > 1 && ldy < rows)) die("gemm", wt, n);
+    pi2_kernels_table()->gemm[wt](w, pi2_row_size(wt, n), rows, n, acts, pi2_row_size(pi2_act_type(wt), n),
+                                  tokens, y, ldy);
+}

@@ -1,0 +1,60 @@
+/* Internal to the kernels: the table of per-type functions that each SIMD level fills in, and the
+ * scalar pieces every level may fall back on. Not part of the engine's contract (kernels.h is). */
+#ifndef PI2_KERNELS_IMPL_H
+#define PI2_KERNELS_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define PI2_N_TYPES 10 /* type ids index the tables: 0..9 */
+
+typedef float (*pi2_dot_fn)(int64_t n, const void *row, const void *act);
+/* idx == NULL: rows 0..count-1 of w; otherwise rows idx[0..count). */
+typedef void (*pi2_rows_fn)(const void *w, size_t row_bytes, const int32_t *idx, int64_t count, int64_t n,
+                            const void *act, float *y);
+typedef void (*pi2_axpy_fn)(int64_t n, float a, const void *row, float *y);
+typedef void (*pi2_gemm_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
+                            size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
+typedef void (*pi2_convert_fn)(const float *x, void *out, int64_t n);
+
+typedef struct {
+    pi2_dot_fn dot[PI2_N_TYPES];
+    pi2_rows_fn rows[PI2_N_TYPES];
+    pi2_axpy_fn axpy[PI2_N_TYPES];
+    pi2_gemm_fn gemm[PI2_N_TYPES];
+    pi2_convert_fn act_q8_0, act_q8_1, act_f16; /* activation quantizers (llama.cpp's run-time rounding) */
+} pi2_kernel_table;
+
+/* Each level starts from the level below it and overrides what it does better. */
+void pi2_kernels_fill_scalar(pi2_kernel_table *t);
+#if defined(__x86_64__) || defined(__i386__)
+void pi2_kernels_fill_avx2(pi2_kernel_table *t);
+#endif
+#if defined(__aarch64__)
+void pi2_kernels_fill_neon(pi2_kernel_table *t);
+void pi2_kernels_fill_dotprod(pi2_kernel_table *t);
+void pi2_kernels_fill_i8mm(pi2_kernel_table *t);
+#endif
+
+/* The table of the level in use (chosen on first use). */
+const pi2_kernel_table *pi2_kernels_table(void);
+
+/* Scalar activation quantizers with the rounding llama.cpp uses at run time on this architecture
+ * (see quant.c); every SIMD level must produce the same bytes. */
+void pi2_act_quantize_q8_0_scalar(const float *x, void *out, int64_t n);
+void pi2_act_quantize_q8_1_scalar(const float *x, void *out, int64_t n);
+void pi2_act_convert_f16_scalar(const float *x, void *out, int64_t n);
+
+/* Generic drivers built from a dot function: used by levels that only speed up the dot. */
+void pi2_rows_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, const int32_t *idx, int64_t count,
+                      int64_t n, const void *act, float *y);
+void pi2_gemm_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, int64_t rows, int64_t n,
+                      const void *acts, size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
+
+/* Tokens per gemm tile: a tile's activations (tokens x act row) stay in L1/L2 while each weight row
+ * is streamed from memory once per tile. */
+#define PI2_GEMM_TILE_TOKENS 16
+
+#endif

@@ -1,0 +1,159 @@
+/* Scalar reference kernels: the semantics every SIMD level is tested against, and the path used on
+ * cores without SIMD support. Integer dot products per block, then one float multiply-add with the
+ * block scales, exactly as ggml's generic vec_dot_* do. */
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_impl.h"
+
+static float dot_f32(int64_t n, const void *row, const void *act) {
+    const float *w = row, *a = act;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(w[i] * a[i]);
+    return (float)sum;
+}
+
+static float dot_f16(int64_t n, const void *row, const void *act) {
+    const pi2_f16 *w = row, *a = act;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(pi2_f16_to_f32(w[i]) * pi2_f16_to_f32(a[i]));
+    return (float)sum;
+}
+
+static float dot_q4_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_0 *w = row;
+    const pi2_block_q8_0 *a = act;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI2_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            isum += ((w[i].qs[j] & 0xf) - 8) * a[i].qs[j];
+            isum += ((w[i].qs[j] >> 4) - 8) * a[i].qs[j + PI2_QK / 2];
+        }
+        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
+    }
+    return sum;
+}
+
+static float dot_q4_1(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_1 *w = row;
+    const pi2_block_q8_1 *a = act;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI2_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            isum += (w[i].qs[j] & 0xf) * a[i].qs[j];
+            isum += (w[i].qs[j] >> 4) * a[i].qs[j + PI2_QK / 2];
+        }
+        /* sum_j (d_w q_j + m)(d_a a_j) = d_w d_a sum q_j a_j + m * (d_a sum a_j), and s = d_a sum a_j */
+        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d)) +
+               pi2_f16_to_f32(w[i].m) * pi2_f16_to_f32(a[i].s);
+    }
+    return sum;
+}
+
+static float dot_q8_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q8_0 *w = row, *a = act;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI2_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < PI2_QK; j++) isum += w[i].qs[j] * a[i].qs[j];
+        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
+    }
+    return sum;
+}
+
+static void axpy_f32(int64_t n, float a, const void *row, float *y) {
+    const float *w = row;
+    for (int64_t i = 0; i < n; i++) y[i] += a * w[i];
+}
+
+static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+    const pi2_f16 *w = row;
+    for (int64_t i = 0; i < n; i++) y[i] += a * pi2_f16_to_f32(w[i]);
+}
+
+static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_0 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        const float s = a * pi2_f16_to_f32(w[i].d);
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            y[j] += s * (float)((w[i].qs[j] & 0xf) - 8);
+            y[j + PI2_QK / 2] += s * (float)((w[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_1 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        const float s = a * pi2_f16_to_f32(w[i].d), m = a * pi2_f16_to_f32(w[i].m);
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            y[j] += s * (float)(w[i].qs[j] & 0xf) + m;
+            y[j + PI2_QK / 2] += s * (float)(w[i].qs[j] >> 4) + m;
+        }
+    }
+}
+
+static void axpy_q8_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q8_0 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        const float s = a * pi2_f16_to_f32(w[i].d);
+        for (int j = 0; j < PI2_QK; j++) y[j] += s * (float)w[i].qs[j];
+    }
+}
+
+void pi2_rows_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, const int32_t *idx, int64_t count,
+                      int64_t n, const void *act, float *y) {
+    const char *base = w;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t r = idx ? idx[i] : i;
+        y[i] = dot(n, base + (size_t)r * row_bytes, act);
+    }
+}
+
+void pi2_gemm_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, int64_t rows, int64_t n,
+                      const void *acts, size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
+    const char *wb = w, *ab = acts;
+    for (int64_t t0 = 0; t0 < tokens; t0 += PI2_GEMM_TILE_TOKENS) {
+        int64_t t1 = t0 + PI2_GEMM_TILE_TOKENS < tokens ? t0 + PI2_GEMM_TILE_TOKENS : tokens;
+        for (int64_t r = 0; r < rows; r++) {
+            const char *wr = wb + (size_t)r * row_bytes;
+            for (int64_t t = t0; t < t1; t++) y[t * ldy + r] = dot(n, wr, ab + (size_t)t * act_bytes);
+        }
+    }
+}
+
+#define SCALAR_DRIVERS(T)                                                                               \
+    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,       \
+                         const void *act, float *y) {                                                  \
+        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                       \
+    }                                                                                                  \
+    static void gemm_##T(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, \
+                         int64_t tokens, float *y, int64_t ldy) {                                      \
+        pi2_gemm_via_dot(dot_##T, w, rb, rows, n, acts, ab, tokens, y, ldy);                           \
+    }
+
+SCALAR_DRIVERS(f32)
+SCALAR_DRIVERS(f16)
+SCALAR_DRIVERS(q4_0)
+SCALAR_DRIVERS(q4_1)
+SCALAR_DRIVERS(q8_0)
+
+void pi2_kernels_fill_scalar(pi2_kernel_table *t) {
+    memset(t, 0, sizeof *t);
+#define SET(ID, T)           \
+    t->dot[ID] = dot_##T;    \
+    t->rows[ID] = rows_##T;  \
+    t->axpy[ID] = axpy_##T;  \
+    t->gemm[ID] = gemm_##T;
+    SET(PI2_F32, f32)
+    SET(PI2_F16, f16)
+    SET(PI2_Q4_0, q4_0)
+    SET(PI2_Q4_1, q4_1)
+    SET(PI2_Q8_0, q8_0)
+#undef SET
+    t->act_q8_0 = pi2_act_quantize_q8_0_scalar;
+    t->act_q8_1 = pi2_act_quantize_q8_1_scalar;
+    t->act_f16 = pi2_act_convert_f16_scalar;
+}

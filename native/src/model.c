@@ -1,0 +1,141 @@
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#define FAIL(...)                                           \
+    do {                                                    \
+        char msg_[400];                                     \
+        snprintf(msg_, sizeof msg_, __VA_ARGS__);           \
+        pi2_set_error("%s: %s", m->file.path, msg_);        \
+        return -1;                                          \
+    } while (0)
+
+/* A dense 2-D weight [cols, rows] (ggml order) of any weight type; checks the shape. */
+static int bind_mat(pi2_model *m, pi2_mat *out, const char *name, int64_t cols, int64_t rows) {
+    const pi2_tensor *t = pi2_file_find(&m->file, name);
+    if (!t) FAIL("tensor '%s' is missing", name);
+    if (t->region != PI2_SEC_RESIDENT || !pi2_type_valid_weight(t->type))
+        FAIL("tensor '%s' must be a resident weight (F32/F16/Q4_0/Q4_1/Q8_0)", name);
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        FAIL("tensor '%s' is [%lld, %lld], expected [%lld, %lld]", name, (long long)t->ne[0], (long long)t->ne[1],
+             (long long)cols, (long long)rows);
+    out->data = t->data;
+    out->type = (pi2_type)t->type;
+    out->rows = rows;
+    out->cols = cols;
+    out->row_bytes = out->stride = pi2_row_size(out->type, cols);
+    return 0;
+}
+
+static int bind_vec_f32(pi2_model *m, const float **out, const char *name, int64_t n) {
+    const pi2_tensor *t = pi2_file_find(&m->file, name);
+    if (!t) FAIL("tensor '%s' is missing", name);
+    if (t->type != PI2_F32 || t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1 || t->region != PI2_SEC_RESIDENT)
+        FAIL("tensor '%s' must be F32 [%lld]", name, (long long)n);
+    *out = (const float *)t->data;
+    return 0;
+}
+
+static int bind_ffn(pi2_model *m, pi2_ffn_block *b, int layer, int expert) {
+    const pi2_header *h = &m->h;
+    char suffix[16] = "", name[96];
+    if (h->arch == PI2_ARCH_MOE) snprintf(suffix, sizeof suffix, ".%d", expert);
+
+    snprintf(name, sizeof name, "blk.%d.ffn_bundles%s", layer, suffix);
+    const pi2_tensor *t = pi2_file_find(&m->file, name);
+    if (!t) FAIL("tensor '%s' is missing", name);
+    uint64_t want_off = ((uint64_t)layer * m->n_ffn_blocks + expert) * h->ffn_block_bytes;
+    if (t->region != PI2_SEC_NEURONS || t->ne[1] != h->n_ff || t->offset != want_off)
+        FAIL("bundles '%s' must be [n_embd, n_ff] at neuron-region offset %llu", name, (unsigned long long)want_off);
+    pi2_mat rows = {.data = t->data, .type = (pi2_type)h->neuron_type, .rows = h->n_ff, .cols = h->n_embd,
+                    .row_bytes = h->part_bytes, .stride = h->bundle_stride};
+    b->gate = rows;
+    b->up = rows;
+    b->up.data += h->part_bytes;
+    b->down_cols = rows;
+    b->down_cols.data += 2 * h->part_bytes;
+
+    snprintf(name, sizeof name, "blk.%d.ffn_order%s", layer, suffix);
+    t = pi2_file_find(&m->file, name);
+    if (!t) FAIL("tensor '%s' is missing", name);
+    if (t->type != PI2_TYPE_I32 || t->ne[0] != h->n_ff || t->n_dims != 1) FAIL("'%s' must be I32 [n_ff]", name);
+    b->order = (const int32_t *)t->data;
+    /* A permutation, or the scatter in the dense path would write out of bounds. */
+    uint8_t *seen = calloc(h->n_ff, 1);
+    if (!seen) FAIL("out of memory");
+    for (uint32_t k = 0; k < h->n_ff; k++) {
+        int32_t o = b->order[k];
+        if (o < 0 || (uint32_t)o >= h->n_ff || seen[o]) {
+            free(seen);
+            FAIL("'%s' is not a permutation of 0..n_ff-1", name);
+        }
+        seen[o] = 1;
+    }
+    free(seen);
+
+    memset(&b->down, 0, sizeof b->down);
+    if (h->flags & PI2_FLAG_DENSE_DOWN) {
+        snprintf(name, sizeof name, "blk.%d.ffn_down.weight%s", layer, suffix);
+        if (bind_mat(m, &b->down, name, h->n_ff, h->n_embd) != 0) return -1;
+    }
+    return 0;
+}
+
+int pi2_model_load(pi2_model *m, const char *path, int verify_neurons) {
+    memset(m, 0, sizeof *m);
+    if (pi2_file_open(&m->file, path, verify_neurons) != 0) return -1;
+    m->h = m->file.h;
+    const pi2_header *h = &m->h;
+    m->n_ffn_blocks = h->arch == PI2_ARCH_MOE ? (int)h->n_expert : 1;
+    int64_t q_dim = (int64_t)h->n_head * h->head_dim, kv_dim = (int64_t)h->n_head_kv * h->head_dim;
+    char name[96];
+    if (bind_mat(m, &m->tok_embd, "token_embd.weight", h->n_embd, h->n_vocab) != 0) goto fail;
+    if (bind_vec_f32(m, &m->output_norm, "output_norm.weight", h->n_embd) != 0) goto fail;
+    if (h->flags & PI2_FLAG_TIED) {
+        if (pi2_file_find(&m->file, "output.weight")) {
+            pi2_set_error("%s: tied embeddings but an output.weight is present", path);
+            goto fail;
+        }
+        m->output = m->tok_embd;
+    } else if (bind_mat(m, &m->output, "output.weight", h->n_embd, h->n_vocab) != 0) {
+        goto fail;
+    }
+    m->layers = calloc(h->n_layer, sizeof *m->layers);
+    if (!m->layers) goto oom;
+    for (uint32_t l = 0; l < h->n_layer; l++) {
+        pi2_layer *L = &m->layers[l];
+#define NAME(fmt) (snprintf(name, sizeof name, fmt, l), name)
+        if (bind_vec_f32(m, &L->attn_norm, NAME("blk.%u.attn_norm.weight"), h->n_embd) != 0) goto fail;
+        if (bind_vec_f32(m, &L->ffn_norm, NAME("blk.%u.ffn_norm.weight"), h->n_embd) != 0) goto fail;
+        if (bind_mat(m, &L->wq, NAME("blk.%u.attn_q.weight"), h->n_embd, q_dim) != 0) goto fail;
+        if (bind_mat(m, &L->wk, NAME("blk.%u.attn_k.weight"), h->n_embd, kv_dim) != 0) goto fail;
+        if (bind_mat(m, &L->wv, NAME("blk.%u.attn_v.weight"), h->n_embd, kv_dim) != 0) goto fail;
+        if (bind_mat(m, &L->wo, NAME("blk.%u.attn_output.weight"), q_dim, h->n_embd) != 0) goto fail;
+        if (h->arch == PI2_ARCH_MOE &&
+            bind_mat(m, &L->router, NAME("blk.%u.ffn_gate_inp.weight"), h->n_embd, h->n_expert) != 0)
+            goto fail;
+#undef NAME
+        L->ffn = calloc((size_t)m->n_ffn_blocks, sizeof *L->ffn);
+        if (!L->ffn) goto oom;
+        for (int e = 0; e < m->n_ffn_blocks; e++)
+            if (bind_ffn(m, &L->ffn[e], (int)l, e) != 0) goto fail;
+    }
+    return 0;
+oom:
+    pi2_set_error("%s: out of memory", path);
+fail:
+    pi2_model_free(m);
+    return -1;
+}
+
+void pi2_model_free(pi2_model *m) {
+    if (m->layers)
+        for (uint32_t l = 0; l < m->h.n_layer; l++) free(m->layers[l].ffn);
+    free(m->layers);
+    m->layers = NULL;
+    pi2_file_close(&m->file);
+}

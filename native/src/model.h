@@ -1,0 +1,46 @@
+/* A loaded model: the validated file plus typed views of every weight the forward pass uses.
+ * pi2_model_load checks that each tensor the architecture needs is present with the right shape. */
+#ifndef PI2_MODEL_H
+#define PI2_MODEL_H
+
+#include <stdint.h>
+
+#include "kernels.h"
+#include "pi2file.h"
+
+/* A weight matrix: `rows` rows of `cols` elements of `type`, row r at data + r * stride. Dense
+ * tensors have stride = row_bytes; gate/up rows inside bundles have stride = bundle_stride. */
+typedef struct {
+    const uint8_t *data;
+    pi2_type type;
+    int64_t rows, cols;
+    size_t row_bytes, stride;
+} pi2_mat;
+
+typedef struct {
+    pi2_mat gate, up;      /* rows in bundle order (views into the neuron region) */
+    pi2_mat down_cols;     /* bundle down parts: row k = column order[k] of down, for axpy */
+    pi2_mat down;          /* dense down copy [n_embd rows x n_ff cols], original order; data NULL if absent */
+    const int32_t *order;  /* bundle k = original neuron order[k] */
+} pi2_ffn_block;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    pi2_mat wq, wk, wv, wo;
+    pi2_mat router;        /* moe: n_expert rows */
+    pi2_ffn_block *ffn;    /* 1 (dense) or n_expert blocks */
+} pi2_layer;
+
+typedef struct {
+    pi2_file file;
+    pi2_header h;          /* copy of file.h for brevity */
+    int n_ffn_blocks;
+    pi2_mat tok_embd, output;
+    const float *output_norm;
+    pi2_layer *layers;
+} pi2_model;
+
+int pi2_model_load(pi2_model *m, const char *path, int verify_neurons);
+void pi2_model_free(pi2_model *m);
+
+#endif

@@ -1,0 +1,192 @@
+/* Persistent pthread pool: a generation counter announces each job; workers spin on it for a short
+ * while, then sleep on a condition variable. The caller runs part 0 itself, then waits (spin, then
+ * sleep) for the remaining-workers count to reach zero. */
+#include "threadpool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+/* How long a thread spins for the next event before sleeping. Long enough to bridge the gap between
+ * consecutive kernels in a token, short enough not to burn a core while the engine waits on I/O. */
+#define SPIN_NS 100000ull
+
+struct worker {
+    pi2_pool *pool;
+    pthread_t thread;
+    int ith;
+    int cpu;
+};
+
+struct pi2_pool {
+    int n;
+    struct worker *workers; /* n - 1 workers; index i has ith = i + 1 */
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    _Atomic unsigned generation; /* bumped once per job */
+    _Atomic int remaining;       /* workers still inside the current job */
+    _Atomic int stop;
+    pi2_pool_fn fn;
+    void *ctx;
+};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void pin_self(int cpu, int ith) {
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (cpu >= CPU_SETSIZE) {
+        fprintf(stderr, "pi2: warning: thread %d: cpu %d out of range, not pinned\n", ith, cpu);
+        return;
+    }
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        fprintf(stderr, "pi2: warning: thread %d: cannot pin to cpu %d (%s), left unpinned\n", ith, cpu,
+                strerror(errno));
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    pi2_pool *p = w->pool;
+    pin_self(w->cpu, w->ith);
+    unsigned seen = 0; /* generation at creation; a job may be posted before this thread runs */
+    for (;;) {
+        /* spin for a new generation, then sleep */
+        uint64_t t0 = 0;
+        for (int i = 0;; i++) {
+            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen) break;
+            if (atomic_load(&p->stop)) return NULL;
+            if ((i & 63) == 63) {
+                uint64_t now = pi2_now_ns();
+                sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
+                if (!t0) t0 = now;
+                else if (now - t0 > SPIN_NS) {
+                    pthread_mutex_lock(&p->mu);
+                    while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+                        pthread_cond_wait(&p->work_cv, &p->mu);
+                    pthread_mutex_unlock(&p->mu);
+                    break;
+                }
+            }
+            cpu_relax();
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        p->fn(p->ctx, w->ith, p->n);
+        if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
+    if (n_threads < 1 || n_threads > 1024) {
+        pi2_set_error("thread count %d out of range 1..1024", n_threads);
+        return NULL;
+    }
+    pi2_pool *p = calloc(1, sizeof *p);
+    if (!p) {
+        pi2_set_error("out of memory creating a thread pool");
+        return NULL;
+    }
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    if (cpu_affinity) pin_self(cpu_affinity[0], 0);
+    p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+    if (!p->workers) {
+        free(p);
+        pi2_set_error("out of memory creating a thread pool");
+        return NULL;
+    }
+    for (int i = 0; i < n_threads - 1; i++) {
+        struct worker *w = &p->workers[i];
+        w->pool = p;
+        w->ith = i + 1;
+        w->cpu = cpu_affinity ? cpu_affinity[i + 1] : -1;
+        int err = pthread_create(&w->thread, NULL, worker_main, w);
+        if (err) {
+            p->n = i + 1; /* free() joins the workers started so far */
+            pi2_pool_free(p);
+            pi2_set_error("cannot start thread %d of %d: %s", i + 1, n_threads, strerror(err));
+            return NULL;
+        }
+    }
+    return p;
+}
+
+int pi2_pool_size(const pi2_pool *pool) { return pool->n; }
+
+void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) {
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->remaining, p->n - 1);
+    pthread_mutex_lock(&p->mu); /* orders the bump with sleeping workers' check: no lost wake-up */
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+
+    fn(ctx, 0, p->n);
+
+    uint64_t t0 = 0;
+    for (int i = 0; atomic_load_explicit(&p->remaining, memory_order_acquire) != 0; i++) {
+        if ((i & 63) == 63) {
+            uint64_t now = pi2_now_ns();
+            sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
+            if (!t0) t0 = now;
+            else if (now - t0 > SPIN_NS) {
+                pthread_mutex_lock(&p->mu);
+                while (atomic_load(&p->remaining) != 0) pthread_cond_wait(&p->done_cv, &p->mu);
+                pthread_mutex_unlock(&p->mu);
+                break;
+            }
+        }
+        cpu_relax();
+    }
+}
+
+void pi2_pool_free(pi2_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n - 1; i++) pthread_join(p->workers[i].thread, NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p->workers);
+    free(p);
+}
+
+void pi2_split_range(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
+    if (n <= 0 || nth <= 0 || ith < 0 || ith >= nth) {
+        *begin = *end = 0;
+        return;
+    }
+    int64_t base = n / nth, extra = n % nth;
+    /* the first `extra` parts get one more element */
+    *begin = ith * base + (ith < extra ? ith : extra);
+    *end = *begin + base + (ith < extra ? 1 : 0);
+}

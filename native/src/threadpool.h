@@ -1,0 +1,33 @@
+/* A persistent pool of worker threads for the kernels: decode runs hundreds of parallel matrix
+ * operations per token, so a job must start and finish in microseconds. Workers spin briefly after a
+ * job (the next one usually follows at once), then sleep on a condition variable.
+ *
+ * One thread at a time may call pi2_pool_run on a pool (the engine's main thread). */
+#ifndef PI2_THREADPOOL_H
+#define PI2_THREADPOOL_H
+
+#include <stdint.h>
+
+typedef struct pi2_pool pi2_pool;
+
+/* ith in [0, nth); the calling thread of pi2_pool_run is ith 0. */
+typedef void (*pi2_pool_fn)(void *ctx, int ith, int nth);
+
+/* n_threads >= 1 counts the caller. cpu_affinity, if not NULL, has n_threads entries: the CPU each
+ * thread is pinned to (entry 0 pins the calling thread), or -1 to leave that thread unpinned. A CPU
+ * the system refuses (phones forbid some cores: EINVAL) is warned about on stderr and skipped.
+ * Returns NULL and sets pi2_last_error() on failure. */
+pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity);
+
+/* Runs fn(ctx, ith, nth) on every thread, nth = pool size; returns when all have returned. */
+void pi2_pool_run(pi2_pool *pool, pi2_pool_fn fn, void *ctx);
+
+int pi2_pool_size(const pi2_pool *pool);
+
+/* Stops and joins the workers; NULL is accepted. */
+void pi2_pool_free(pi2_pool *pool);
+
+/* Splits [0, n) into nth contiguous parts as equal as possible; part ith is [*begin, *end). */
+void pi2_split_range(int64_t n, int ith, int nth, int64_t *begin, int64_t *end);
+
+#endif

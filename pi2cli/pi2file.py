@@ -1,0 +1,544 @@
+"""The .pi2 model file: a streaming writer and a validating reader (layout in docs/FORMAT.md).
+
+Writing a model:
+
+    header = Pi2Header(arch="llama", ffn_act="swiglu", n_vocab=..., n_embd=..., n_layer=...,
+                       n_head=..., n_head_kv=..., n_ff=..., neuron_type="Q4_0")
+    with Pi2Writer("model.pi2", header, tokenizer_blob=blob, metadata={"synthetic": True}) as w:
+        w.add_tensor("token_embd.weight", embeddings_f32, "Q8_0")   # floats: quantized here
+        ...all resident tensors (any order)...
+        for layer in range(n_layer):
+            w.add_ffn(layer, gate, up, down, order=hot_first)       # then the neuron region
+
+Tensors and FFN blocks may be added in any interleaving (FFN blocks in layer, expert order); the neuron
+region has a size known from the header, so it sits first and each block is written at its final
+offset as it arrives: a model larger than memory needs only one layer's FFN in RAM.
+The file appears under its final name only when `close()` (the `with` exit) has written the header
+and checksums; on an exception the partial file is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"PI2MODEL"
+FORMAT_VERSION = 1
+PAGE = 4096
+HEADER_BYTES = 4096
+ENTRY_BYTES = 128
+NAME_BYTES = 64
+MAX_DIMS = 4
+QK = 32
+
+ARCHES = {"llama": 1, "moe": 2}
+ACTS = {"swiglu": 1, "relu": 2, "drelu": 3}
+ROPE_NORMAL = 0
+
+FLAG_TIED_EMBEDDINGS = 1 << 0
+FLAG_DENSE_DOWN = 1 << 1
+FLAG_PREDICTOR = 1 << 2
+
+# Type ids are ggml's. I32 is for index tensors (neuron order) only.
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "I32": 26}
+TYPE_NAMES = {v: k for k, v in TYPES.items()}
+WEIGHT_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+# (bytes per block, elements per block)
+BLOCK = {"F32": (4, 1), "F16": (2, 1), "I32": (4, 1), "Q4_0": (18, QK), "Q4_1": (20, QK), "Q8_0": (34, QK)}
+
+# Sections in the order of the header's section table (file order: neurons, resident, table,
+# tokenizer, metadata). Tensor entries name their region by these ids.
+SEC_NEURONS, SEC_RESIDENT, SEC_TABLE, SEC_TOKENIZER, SEC_METADATA = range(5)
+SECTION_NAMES = ("neuron region", "resident region", "tensor table", "tokenizer", "metadata")
+N_SECTIONS = 5
+
+# Header: fixed fields (128 bytes), the section table, zero padding, the header CRC at 4092.
+_HEADER_FIELDS = struct.Struct("<8s14Iff4I3Q2IQ")
+_SECTION = struct.Struct("<QQII")
+_SECTIONS_AT = 128
+_HEADER_CRC_AT = HEADER_BYTES - 4
+_ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QIIQQ")
+assert _HEADER_FIELDS.size == _SECTIONS_AT and _ENTRY.size == ENTRY_BYTES
+
+
+class Pi2FormatError(ValueError):
+    """A .pi2 file (or a writer call) that breaks the format; the message is one line."""
+
+
+def row_size(type_name: str, n: int) -> int:
+    nbytes, per = BLOCK[type_name]
+    if n % per:
+        raise Pi2FormatError(f"{type_name} rows need a multiple of {per} elements, got {n}")
+    return n // per * nbytes
+
+
+def round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def default_bundle_align(part_bytes: int) -> int:
+    """4 KiB (the page and phone-storage block) once a bundle is 2 KiB or more; 512 bytes (the
+    smallest O_DIRECT unit) for smaller bundles, so tiny test models do not double in size."""
+    return PAGE if 3 * part_bytes >= PAGE // 2 else 512
+
+
+@dataclass
+class Pi2Header:
+    arch: str  # "llama" (dense) or "moe" (Mixtral-style)
+    ffn_act: str  # "swiglu", "relu" (relu(gate)*up) or "drelu" (relu(gate)*relu(up))
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int  # FFN neurons per layer (per expert)
+    neuron_type: str  # quant type of the neuron region's bundles
+    head_dim: int = 0  # 0: n_embd // n_head
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ctx_train: int = 4096
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    tied_embeddings: bool = False
+    dense_down: bool = True  # also store each FFN down matrix densely in the resident region
+    has_predictor: bool = False
+    bundle_align: int = 0  # 0: default_bundle_align()
+    rope_type: int = ROPE_NORMAL
+
+    def __post_init__(self):
+        if not self.head_dim and self.n_head:
+            self.head_dim = self.n_embd // self.n_head
+        if not self.bundle_align and self.n_embd and self.neuron_type in BLOCK:
+            self.bundle_align = default_bundle_align(self.part_bytes)
+
+    @property
+    def part_bytes(self) -> int:
+        return row_size(self.neuron_type, self.n_embd)
+
+    @property
+    def bundle_stride(self) -> int:
+        return round_up(3 * self.part_bytes, self.bundle_align)
+
+    @property
+    def ffn_block_bytes(self) -> int:
+        """Bytes of one layer's (one expert's) bundles in the neuron region, 4 KiB-rounded."""
+        return round_up(self.n_ff * self.bundle_stride, PAGE)
+
+    @property
+    def neuron_region_bytes(self) -> int:
+        return self.n_layer * self.n_ffn_blocks * self.ffn_block_bytes
+
+    def ffn_block_offset(self, layer: int, expert: int = 0) -> int:
+        """Offset of a block's first bundle from the start of the neuron region."""
+        return (layer * self.n_ffn_blocks + expert) * self.ffn_block_bytes
+
+    @property
+    def n_ffn_blocks(self) -> int:
+        """FFN blocks per layer: 1 for dense models, n_expert for MoE."""
+        return self.n_expert if self.arch == "moe" else 1
+
+    @property
+    def flags(self) -> int:
+        return (
+            (FLAG_TIED_EMBEDDINGS if self.tied_embeddings else 0)
+            | (FLAG_DENSE_DOWN if self.dense_down else 0)
+            | (FLAG_PREDICTOR if self.has_predictor else 0)
+        )
+
+    def validate(self) -> None:
+        if self.arch not in ARCHES:
+            raise Pi2FormatError(f"unknown arch '{self.arch}' (known: {', '.join(ARCHES)})")
+        if self.ffn_act not in ACTS:
+            raise Pi2FormatError(f"unknown ffn_act '{self.ffn_act}' (known: {', '.join(ACTS)})")
+        if self.neuron_type not in WEIGHT_TYPES:
+            raise Pi2FormatError(f"neuron_type must be one of {', '.join(WEIGHT_TYPES)}")
+        for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise Pi2FormatError(f"{name} must be positive")
+        if self.n_head % self.n_head_kv:
+            raise Pi2FormatError("n_head must be a multiple of n_head_kv")
+        if self.head_dim % 2:
+            raise Pi2FormatError("head_dim must be even (RoPE rotates pairs)")
+        if self.arch == "moe" and not (0 < self.n_expert_used <= self.n_expert):
+            raise Pi2FormatError("moe needs 0 < n_expert_used <= n_expert")
+        if self.arch == "llama" and (self.n_expert or self.n_expert_used):
+            raise Pi2FormatError("a dense llama model has n_expert = n_expert_used = 0")
+        a = self.bundle_align
+        if a < 512 or a > PAGE or a & (a - 1):
+            raise Pi2FormatError("bundle_align must be a power of two in [512, 4096]")
+        row_size(self.neuron_type, self.n_embd)
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    type: str
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length (contiguous)
+    region: int  # SEC_RESIDENT or SEC_NEURONS
+    offset: int  # from the start of its region
+    nbytes: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+
+
+def tensor_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
+    rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return row_size(type_name, shape[0]) * rows
+
+
+def encode_rows(values: np.ndarray, type_name: str) -> np.ndarray:
+    """Float rows (..., n) -> their bytes in `type_name` (ggml's reference quantization)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if type_name == "F32":
+        return values.view(np.uint8).reshape(*values.shape[:-1], -1)
+    if type_name == "F16":
+        return values.astype(np.float16).view(np.uint8).reshape(*values.shape[:-1], -1)
+    import gguf
+
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[type_name])
+
+
+def decode_rows(raw: np.ndarray, type_name: str, n: int) -> np.ndarray:
+    """Bytes of rows in `type_name` -> float32 rows (..., n)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if type_name == "F32":
+        return raw.view(np.float32).reshape(*raw.shape[:-1], n)
+    if type_name == "F16":
+        return raw.view(np.float16).astype(np.float32).reshape(*raw.shape[:-1], n)
+    if type_name == "I32":
+        return raw.view(np.int32).reshape(*raw.shape[:-1], n)
+    import gguf
+
+    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(*raw.shape[:-1], n)
+
+
+def _as_rows_bytes(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> bytes:
+    """Accept float values (quantized here) or raw uint8 bytes already in `type_name` blocks."""
+    expected = tensor_nbytes(type_name, shape)
+    arr = np.asarray(data)
+    if arr.dtype == np.uint8:
+        if arr.nbytes != expected:
+            raise Pi2FormatError(f"raw {type_name} data has {arr.nbytes} bytes, shape needs {expected}")
+        return np.ascontiguousarray(arr).tobytes()
+    if type_name == "I32":
+        return np.ascontiguousarray(arr, dtype="<i4").tobytes()
+    if arr.size != int(np.prod(shape)):
+        raise Pi2FormatError(f"data has {arr.size} values, shape {shape} needs {int(np.prod(shape))}")
+    return encode_rows(arr.reshape(-1, shape[0]), type_name).tobytes()
+
+
+def bundle_suffix(header: Pi2Header, expert: int | None) -> str:
+    return f".{expert}" if header.arch == "moe" else ""
+
+
+class Pi2Writer:
+    """Streams a .pi2 file. The neuron region's size follows from the header, so it comes first
+    (at 4 KiB) and each FFN block is written straight to its final offset; resident tensors append
+    after it. close() writes the tensor table, tokenizer, metadata and header, then renames."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        header: Pi2Header,
+        tokenizer_blob: bytes = b"",
+        metadata: dict | None = None,
+    ):
+        header.validate()
+        self.path = Path(path)
+        self.header = header
+        self.tokenizer_blob = bytes(tokenizer_blob)
+        self.metadata = dict(metadata or {})
+        self.entries: list[TensorEntry] = []
+        self._names: set[str] = set()
+        self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._neuron_start = HEADER_BYTES
+        self._resident_start = HEADER_BYTES + header.neuron_region_bytes
+        self._resident_pos = 0  # bytes written to the resident region
+        self._crc = {SEC_NEURONS: 0, SEC_RESIDENT: 0}
+        self._ffn_done = 0
+        self._closed = False
+
+    def __enter__(self) -> Pi2Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _pwrite(self, data: bytes, pos: int) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, pos)
+            view, pos = view[n:], pos + n
+
+    def _resident_append(self, data: bytes) -> int:
+        """Append to the resident region at a 4 KiB boundary; returns the region offset."""
+        pad = round_up(self._resident_pos, PAGE) - self._resident_pos
+        if pad:
+            self._crc[SEC_RESIDENT] = zlib.crc32(b"\0" * pad, self._crc[SEC_RESIDENT])
+            self._resident_pos += pad
+        offset = self._resident_pos
+        self._pwrite(data, self._resident_start + offset)
+        self._crc[SEC_RESIDENT] = zlib.crc32(data, self._crc[SEC_RESIDENT])
+        self._resident_pos += len(data)
+        return offset
+
+    def _add_entry(
+        self, name: str, type_name: str, shape: tuple[int, ...], region: int, offset: int, nbytes: int
+    ):
+        if not name or len(name.encode()) >= NAME_BYTES:
+            raise Pi2FormatError(f"tensor name '{name}' must be 1..{NAME_BYTES - 1} bytes")
+        if name in self._names:
+            raise Pi2FormatError(f"tensor '{name}' added twice")
+        self._names.add(name)
+        self.entries.append(TensorEntry(name, type_name, shape, region, offset, nbytes))
+
+    def add_tensor(self, name: str, data: np.ndarray, type_name: str, shape: tuple[int, ...] | None = None):
+        """A resident tensor. `data`: float values (quantized to `type_name` here) or uint8 bytes
+        already in that type's blocks (copied as is). `shape` is ggml order (row length first);
+        by default the reversed numpy shape of float data."""
+        self._check_open()
+        if type_name not in TYPES:
+            raise Pi2FormatError(f"tensor '{name}': unknown type {type_name}")
+        if shape is None:
+            arr = np.asarray(data)
+            if arr.dtype == np.uint8:
+                raise Pi2FormatError(f"tensor '{name}': raw bytes need an explicit shape")
+            shape = tuple(reversed(arr.shape))
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= MAX_DIMS or any(d <= 0 for d in shape):
+            raise Pi2FormatError(f"tensor '{name}': bad shape {shape}")
+        raw = _as_rows_bytes(data, type_name, shape)
+        if name in self._names:
+            raise Pi2FormatError(f"tensor '{name}' added twice")
+        offset = self._resident_append(raw)
+        self._add_entry(name, type_name, shape, SEC_RESIDENT, offset, len(raw))
+
+    def add_ffn(
+        self,
+        layer: int,
+        gate: np.ndarray,
+        up: np.ndarray,
+        down: np.ndarray,
+        expert: int | None = None,
+        order: np.ndarray | None = None,
+        down_raw: np.ndarray | None = None,
+        down_raw_type: str | None = None,
+    ) -> None:
+        """One layer's (one expert's) FFN as neuron bundles; blocks go in (layer, expert) order.
+
+        gate, up: (n_ff, n_embd) rows: floats, or uint8 bytes already in neuron_type blocks (copied
+          losslessly).
+        down: float (n_embd, n_ff), the usual down matrix (GGUF ggml shape [n_ff, n_embd]). Its
+          columns become the bundles' down parts, quantized to neuron_type along n_embd.
+        order: bundle k holds original neuron order[k] (hottest first); default identity. Stored as
+          the resident I32 tensor blk.L.ffn_order[.E].
+        down_raw, down_raw_type: bytes of the dense down matrix in its own type, stored as is as
+          blk.L.ffn_down.weight[.E] when the header has dense_down (lossless GGUF copy); without
+          them `down` is quantized to neuron_type for that copy.
+        """
+        self._check_open()
+        h = self.header
+        e = 0 if expert is None else int(expert)
+        if (h.arch == "moe") != (expert is not None):
+            raise Pi2FormatError("give expert= exactly when the model is moe")
+        want = divmod(self._ffn_done, h.n_ffn_blocks)
+        if (layer, e) != want or layer >= h.n_layer:
+            raise Pi2FormatError(
+                f"ffn blocks go in (layer, expert) order; expected {want}, got ({layer}, {e})"
+            )
+        suffix = bundle_suffix(h, expert)
+        n_ff, n_embd, t, part = h.n_ff, h.n_embd, h.neuron_type, h.part_bytes
+        order = np.arange(n_ff, dtype=np.int32) if order is None else np.asarray(order, dtype=np.int32)
+        if order.shape != (n_ff,) or not np.array_equal(np.sort(order), np.arange(n_ff)):
+            raise Pi2FormatError(f"layer {layer}: order must be a permutation of 0..{n_ff - 1}")
+
+        def rows_bytes(x, what) -> np.ndarray:
+            x = np.asarray(x)
+            if x.dtype == np.uint8:
+                if x.shape != (n_ff, part):
+                    raise Pi2FormatError(f"layer {layer} {what}: raw rows must be ({n_ff}, {part}) bytes")
+                return x
+            if x.shape != (n_ff, n_embd):
+                raise Pi2FormatError(f"layer {layer} {what}: expected ({n_ff}, {n_embd}), got {x.shape}")
+            return encode_rows(x, t)
+
+        down = np.asarray(down, dtype=np.float32)
+        if down.shape != (n_embd, n_ff):
+            raise Pi2FormatError(f"layer {layer} down: expected ({n_embd}, {n_ff}), got {down.shape}")
+        stride = h.bundle_stride
+        bundles = np.zeros((n_ff, stride), dtype=np.uint8)
+        bundles[:, 0:part] = rows_bytes(gate, "gate")[order]
+        bundles[:, part : 2 * part] = rows_bytes(up, "up")[order]
+        bundles[:, 2 * part : 3 * part] = encode_rows(np.ascontiguousarray(down.T)[order], t)
+        block = bundles.tobytes()
+        block += b"\0" * (h.ffn_block_bytes - len(block))
+        offset = h.ffn_block_offset(layer, e)
+        self._pwrite(block, self._neuron_start + offset)
+        self._crc[SEC_NEURONS] = zlib.crc32(block, self._crc[SEC_NEURONS])
+        self._add_entry(
+            f"blk.{layer}.ffn_bundles{suffix}", t, (n_embd, n_ff), SEC_NEURONS, offset, n_ff * stride
+        )
+        self._ffn_done += 1
+
+        self.add_tensor(f"blk.{layer}.ffn_order{suffix}", order, "I32", (n_ff,))
+        if h.dense_down:
+            name = f"blk.{layer}.ffn_down.weight{suffix}"
+            if down_raw is not None:
+                self.add_tensor(
+                    name, np.asarray(down_raw, dtype=np.uint8), down_raw_type or t, (n_ff, n_embd)
+                )
+            else:
+                self.add_tensor(name, down, t, (n_ff, n_embd))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Pi2FormatError("writer is closed")
+
+    def close(self) -> Path:
+        """Write table, tokenizer, metadata and header; rename into place. Returns the path."""
+        self._check_open()
+        h = self.header
+        if self._ffn_done != h.n_layer * h.n_ffn_blocks:
+            self.abort()
+            raise Pi2FormatError(
+                f"only {self._ffn_done} of {h.n_layer * h.n_ffn_blocks} FFN blocks were added"
+            )
+        resident_size = self._resident_pos
+        pos = self._resident_start + round_up(resident_size, PAGE)
+        sections = [(0, 0, 0)] * N_SECTIONS
+        sections[SEC_NEURONS] = (self._neuron_start, h.neuron_region_bytes, self._crc[SEC_NEURONS])
+        sections[SEC_RESIDENT] = (self._resident_start, resident_size, self._crc[SEC_RESIDENT])
+        table = b"".join(_pack_entry(e) for e in self.entries)
+        meta = json.dumps(self.metadata, sort_keys=True).encode()
+        for sec, data in ((SEC_TABLE, table), (SEC_TOKENIZER, self.tokenizer_blob), (SEC_METADATA, meta)):
+            self._pwrite(data, pos)
+            sections[sec] = (pos, len(data), zlib.crc32(data))
+            pos = round_up(pos + len(data), PAGE)
+        file_bytes = pos
+        os.ftruncate(self._fd, file_bytes)
+        header = bytearray(HEADER_BYTES)
+        _HEADER_FIELDS.pack_into(
+            header, 0, MAGIC, FORMAT_VERSION, HEADER_BYTES, ARCHES[h.arch], ACTS[h.ffn_act],
+            h.n_vocab, h.n_embd, h.n_layer, h.n_head, h.n_head_kv, h.head_dim, h.n_ff,
+            h.n_expert, h.n_expert_used, h.n_ctx_train, h.rope_theta, h.rms_eps, h.rope_type,
+            h.flags, TYPES[h.neuron_type], h.bundle_align, h.part_bytes, h.bundle_stride,
+            h.ffn_block_bytes, len(self.entries), 0, file_bytes,
+        )  # fmt: skip
+        for i, (off, size, crc) in enumerate(sections):
+            _SECTION.pack_into(header, _SECTIONS_AT + i * _SECTION.size, off, size, crc, 0)
+        struct.pack_into("<I", header, _HEADER_CRC_AT, zlib.crc32(bytes(header[:_HEADER_CRC_AT])))
+        self._pwrite(bytes(header), 0)
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._closed = True
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial file (called on exceptions inside `with`)."""
+        if not self._closed:
+            self._closed = True
+            os.close(self._fd)
+            self._tmp.unlink(missing_ok=True)
+
+
+def _pack_entry(e: TensorEntry) -> bytes:
+    ne = list(e.shape) + [1] * (MAX_DIMS - len(e.shape))
+    return _ENTRY.pack(e.name.encode(), TYPES[e.type], len(e.shape), *ne, e.region, 0, e.offset, e.nbytes)
+
+
+class Pi2File:
+    """Reads and validates a .pi2 file (numpy memmap for the data). Raises Pi2FormatError with one
+    line naming the problem; tests and the reference forward use it, the engine has its own reader."""
+
+    def __init__(self, path: str | os.PathLike, verify: bool = True):
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        if size < HEADER_BYTES:
+            raise Pi2FormatError(f"{self.path}: truncated ({size} bytes, header needs {HEADER_BYTES})")
+        self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        raw = bytes(self.data[:HEADER_BYTES])
+        f = _HEADER_FIELDS.unpack_from(raw, 0)
+        if f[0] != MAGIC:
+            raise Pi2FormatError(f"{self.path}: not a .pi2 file (bad magic)")
+        if f[1] != FORMAT_VERSION:
+            raise Pi2FormatError(f"{self.path}: format version {f[1]}, this reader knows {FORMAT_VERSION}")
+        (crc,) = struct.unpack_from("<I", raw, _HEADER_CRC_AT)
+        if zlib.crc32(raw[:_HEADER_CRC_AT]) != crc:
+            raise Pi2FormatError(f"{self.path}: header checksum mismatch")
+        arch = {v: k for k, v in ARCHES.items()}[f[3]]
+        act = {v: k for k, v in ACTS.items()}[f[4]]
+        flags = f[18]
+        self.header = Pi2Header(
+            arch=arch, ffn_act=act, n_vocab=f[5], n_embd=f[6], n_layer=f[7], n_head=f[8],
+            n_head_kv=f[9], head_dim=f[10], n_ff=f[11], n_expert=f[12], n_expert_used=f[13],
+            n_ctx_train=f[14], rope_theta=f[15], rms_eps=f[16], rope_type=f[17],
+            tied_embeddings=bool(flags & FLAG_TIED_EMBEDDINGS), dense_down=bool(flags & FLAG_DENSE_DOWN),
+            has_predictor=bool(flags & FLAG_PREDICTOR), neuron_type=TYPE_NAMES[f[19]], bundle_align=f[20],
+        )  # fmt: skip
+        if f[26] != size:
+            raise Pi2FormatError(f"{self.path}: file is {size} bytes, header says {f[26]} (truncated?)")
+        if (f[21], f[22], f[23]) != (
+            self.header.part_bytes,
+            self.header.bundle_stride,
+            self.header.ffn_block_bytes,
+        ):
+            raise Pi2FormatError(f"{self.path}: bundle geometry does not match the dimensions")
+        self.sections = [
+            _SECTION.unpack_from(raw, _SECTIONS_AT + i * _SECTION.size)[:3] for i in range(N_SECTIONS)
+        ]
+        if verify:
+            for i, (off, n, crc) in enumerate(self.sections):
+                if zlib.crc32(self.data[off : off + n]) != crc:
+                    raise Pi2FormatError(f"{self.path}: {SECTION_NAMES[i]} checksum mismatch")
+        off, n, _ = self.sections[SEC_TABLE]
+        self.tensors: dict[str, TensorEntry] = {}
+        for i in range(f[24]):
+            v = _ENTRY.unpack_from(self.data, off + i * ENTRY_BYTES)
+            name = v[0].rstrip(b"\0").decode()
+            self.tensors[name] = TensorEntry(
+                name, TYPE_NAMES[v[1]], tuple(v[3 : 3 + v[2]]), v[7], v[9], v[10]
+            )
+        off, n, _ = self.sections[SEC_METADATA]
+        self.metadata = json.loads(bytes(self.data[off : off + n]) or b"{}")
+        off, n, _ = self.sections[SEC_TOKENIZER]
+        self.tokenizer_blob = bytes(self.data[off : off + n])
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as (rows, row_bytes) uint8 (bundles: (n_ff, bundle_stride))."""
+        e = self.tensors[name]
+        base = self.sections[e.region][0] + e.offset
+        flat = self.data[base : base + e.nbytes]
+        rows = e.shape[1] if e.region == SEC_NEURONS else e.n_rows
+        return flat.reshape(rows, -1)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Float32 (or int32) values, numpy shape = reversed ggml shape."""
+        e = self.tensors[name]
+        return decode_rows(self.raw(name), e.type, e.shape[0]).reshape(tuple(reversed(e.shape)))
+
+    def ffn(self, layer: int, expert: int | None = None) -> dict[str, np.ndarray]:
+        """gate (n_ff, n_embd), up (n_ff, n_embd), down_cols (n_ff, n_embd) in bundle order, and
+        order (bundle k = original neuron order[k])."""
+        h = self.header
+        suffix = bundle_suffix(h, expert)
+        b = self.raw(f"blk.{layer}.ffn_bundles{suffix}")
+        p, t, n = h.part_bytes, h.neuron_type, h.n_embd
+        return {
+            "gate": decode_rows(b[:, 0:p], t, n),
+            "up": decode_rows(b[:, p : 2 * p], t, n),
+            "down_cols": decode_rows(b[:, 2 * p : 3 * p], t, n),
+            "order": self.tensor(f"blk.{layer}.ffn_order{suffix}"),
+        }
