@@ -207,8 +207,9 @@ def common_prefix_extends(context: str, prompt: str) -> str | None:
 class Pi2ChatSession:
     """A running `pi2-engine chat`: send full conversation prompts, get TurnMetrics back."""
 
-    def __init__(self, process, events: EventsTail, *, turn_timeout_s: float = 3600.0):
+    def __init__(self, process, events: EventsTail, *, turn_timeout_s: float = 3600.0, cleanup=None):
         self.process = process
+        self.cleanup = cleanup  # removes the events file once read (called once, at close or kill)
         self.events = events
         self.turn_timeout_s = turn_timeout_s
         self.context = ""  # the text the KV cache holds (prompts sent + answers), as the host knows it
@@ -310,6 +311,7 @@ class Pi2ChatSession:
                 self.counters = {k: event[k] for k in ("peak_rss_bytes", "bytes_read") if k in event}
             elif event.get("event") == "start":
                 self.start_event = event
+        self._cleanup()
         if code != 0:
             raise EngineExited(f"pi2-engine chat exited with code {code}: {self.process.last_error()}")
         return self.counters
@@ -317,6 +319,13 @@ class Pi2ChatSession:
     def kill(self) -> None:
         with contextlib.suppress(Exception):
             self.process.kill()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        cleanup, self.cleanup = self.cleanup, None
+        if cleanup:
+            with contextlib.suppress(Exception):
+                cleanup()
 
 
 def chat_command(binary: str, model: str, events: str, *, threads: int | None, n_ctx: int, seed: int = 0,
@@ -332,10 +341,13 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
     (a temporary directory here, the working directory on a device)."""
     if target.kind in ("local", "qemu"):
+        import shutil
         import tempfile
 
+        own_dir = events_dir is None
         events_dir = events_dir or tempfile.mkdtemp(prefix="pi2-chat-")
         events = str(Path(events_dir) / "events.jsonl")
+        cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
         argv = target.command_prefix() + chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
                                                       seed=seed)  # fmt: skip
         process = LocalChatProcess(argv, budget=budget)
@@ -343,12 +355,16 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
         target.mkdir(events_dir)
         events = f"{events_dir}/chat-{os.getpid()}-{int(time.time() * 1000)}.events.jsonl"
+
+        def cleanup():
+            target.sh(f"rm -f {shlex.quote(events)}", timeout=10)
+
         try:
             process = adb_chat_process(target, chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
                                                             seed=seed))  # fmt: skip
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
-    return Pi2ChatSession(process, EventsTail(target, events))
+    return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
 
 
 # ---------------------------------------------------------------------------------------- bench driver
