@@ -407,8 +407,11 @@ def run_one(
         return outcome
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
+    if not S.measured_turns(run):
+        first = next((t["error"] for t in run["turns"] if t["error"]), "no turn ran")
+        S.mark_failed(run, "failed", f"every turn failed: {first}")
     path = store.save_run(run, cfg.results_dir)
-    reporter.run_done(label, "ok")
+    reporter.run_done(label, run["status"])
     return RunOutcome(driver.name, workload, budget_bytes, run, path)
 
 
