@@ -15,7 +15,6 @@ bench talks to a user (rich progress in the command, silence in tests).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 import time
@@ -241,16 +240,27 @@ class RunOutcome:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256, remembered across runs by (path, size, mtime) as pi2 push does (GB models hash once)."""
+    from pi2cli.push import sha256_file
+
+    return sha256_file(Path(path))
 
 
-def quant_from_name(path: Path) -> str | None:
-    m = re.search(r"(?i)\b(q\d_[a-z0-9_]+|q\d_\d|f16|f32|bf16)\b", path.stem.replace(".", " "))
-    return m.group(1).upper() if m else None
+# llama.cpp's LLAMA_FTYPE values (GGUF general.file_type) for the quantizations pi2 runs and a few more
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
+
+
+def gguf_facts(path: Path) -> dict:
+    """quant and arch of a GGUF from its metadata (None where it does not say)."""
+    from pi2cli.gguf_meta import read_gguf_metadata
+
+    try:
+        meta = read_gguf_metadata(path, {"general.file_type", "general.architecture"})
+    except (Pi2Error, OSError, ValueError):
+        return {"quant": None, "arch": None}
+    return {"quant": FILE_TYPES.get(meta.get("general.file_type")), "arch": meta.get("general.architecture")}
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -328,7 +338,7 @@ def run_one(
     run = S.new_run(
         engine=S.engine_info(**driver.engine_info(target)),
         model=S.model_info(model.name, path=str(prepared.model_local), sha256=file_sha256(prepared.model_local),
-                           quant=quant_from_name(model.gguf), size_bytes=prepared.model_local.stat().st_size),
+                           size_bytes=prepared.model_local.stat().st_size, **gguf_facts(model.gguf)),
         workload=S.workload_info(workload, n_prompts=len(conversations), sha256=file_sha256(wl_path),
                                  source=str(wl_path.name)),
         target=S.target_info(target.name, target.kind,
