@@ -160,7 +160,6 @@ class Reference:
         x = emb[np.asarray(tokens)].astype(np.float32)
         pos = np.arange(n)
         hd, nh, nkv = h.head_dim, h.n_head, h.n_head_kv
-        mask = np.triu(np.full((n, n), -np.inf, dtype=np.float64), k=1)
         for layer in range(h.n_layer):
             p = f"blk.{layer}."
             xn = self._rmsnorm(x, self.f.tensor(p + "attn_norm.weight"))
@@ -170,19 +169,48 @@ class Reference:
             q, k = self._f16(self._rope(q, pos)), self._f16(self._rope(k, pos))
             v = self._f16(v)
             group = nh // nkv
+            kv_of_head = np.arange(nh) // group
             out = np.empty((n, nh, hd), dtype=np.float32)
-            for head in range(nh):
-                kh, vh = k[:, head // group, :], v[:, head // group, :]
-                s = (q[:, head, :].astype(np.float64) @ kh.T.astype(np.float64)) / np.sqrt(hd) + mask
-                s = np.exp(s - s.max(axis=1, keepdims=True))
-                s /= s.sum(axis=1, keepdims=True)
-                out[:, head, :] = (s @ vh.astype(np.float64)).astype(np.float32)
+            for t in range(n):
+                out[t] = self._attend(q[t], k[: t + 1, kv_of_head, :], v[: t + 1, kv_of_head, :])
             x = x + self._mm(out.reshape(n, nh * hd), *self._mat(p + "attn_output.weight"))
             xn = self._rmsnorm(x, self.f.tensor(p + "ffn_norm.weight"))
             x = x + (self._moe(xn, layer) if h.arch == "moe" else self._ffn_block(xn, layer, None))
         xn = self._rmsnorm(x, self.f.tensor("output_norm.weight"))
         out_w = "token_embd.weight" if h.tied_embeddings else "output.weight"
         return self._mm(xn, *self._mat(out_w))
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """One query position, all heads: q (heads, hd), k/v (positions, heads, hd)."""
+        hd = self.h.head_dim
+        scale = np.float32(1.0) / np.sqrt(np.float32(hd))
+        if not self.emulate:
+            s = np.einsum("hd,phd->hp", q.astype(np.float64), k.astype(np.float64)) * scale
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            return np.einsum("hp,phd->hd", s, v.astype(np.float64)).astype(np.float32)
+        # llama.cpp's CPU flash attention: online softmax, V accumulated in F16 after every step.
+        heads = q.shape[0]
+        acc = np.zeros((heads, hd), dtype=np.float16)
+        big_s = np.zeros(heads, dtype=np.float32)
+        big_m = np.full(heads, -np.inf, dtype=np.float32)
+        for p in range(k.shape[0]):
+            sc = (np.einsum("hd,hd->h", q.astype(np.float64), k[p].astype(np.float64))).astype(
+                np.float32
+            ) * scale
+            new = sc > big_m
+            with np.errstate(invalid="ignore"):
+                ms = np.where(new, np.exp(big_m - sc), np.float32(1.0)).astype(np.float32)
+                vs = np.where(new, np.float32(1.0), np.exp(sc - big_m)).astype(np.float32)
+            big_m = np.where(new, sc, big_m)
+            acc = (acc.astype(np.float32) * ms[:, None]).astype(np.float16)
+            acc = (
+                (v[p].astype(np.float64) * vs[:, None] + acc.astype(np.float64))
+                .astype(np.float32)
+                .astype(np.float16)
+            )
+            big_s = big_s * ms + vs
+        return (acc.astype(np.float32) * (np.float32(1.0) / big_s)[:, None]).astype(np.float32)
 
     def _moe(self, xn: np.ndarray, layer: int) -> np.ndarray:
         h = self.h

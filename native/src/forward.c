@@ -224,31 +224,38 @@ static void att_worker(void *p, int ith, int nth) {
     const float scale = 1.0f / sqrtf((float)hd);
     const pi2_f16 *K = c->k_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
     const pi2_f16 *V = c->v_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
-    float *scores = c->scores + (size_t)ith * c->n_ctx;
     uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16) * 2;
     int64_t b, e;
     pi2_split_range((int64_t)j->tokens * n_head, ith, nth, &b, &e);
     for (int64_t idx = b; idx < e; idx++) {
         const int64_t t = idx / n_head, hh = idx % n_head, kvh = hh / group;
         const int pos = c->n_past + (int)t;
-        /* q rounds to F16 to meet the F16 cache, as llama.cpp's K*Q does. */
+        /* llama.cpp's CPU flash attention (its default), step for step, so greedy output stays
+         * token-identical: q rounded to F16, scores against the F16 cache, online softmax, and the
+         * V accumulator kept in F16 (rounded after every fused multiply-add, as ggml_vec_mad_f16). */
         pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
-        float mx = -FLT_MAX;
+        pi2_f16 *acc = (pi2_f16 *)qh + hd; /* the second half of this thread's F16 scratch */
+        memset(acc, 0, (size_t)hd * sizeof(pi2_f16));
+        float S = 0.0f, M = -INFINITY;
         for (int s = 0; s <= pos; s++) {
-            float d = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
-            scores[s] = d;
-            if (d > mx) mx = d;
+            const float sc = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
+            const pi2_f16 *vrow = V + (size_t)s * c->kv_dim + kvh * hd;
+            float ms = 1.0f, vs = 1.0f;
+            if (sc > M) {
+                const float Mold = M;
+                M = sc;
+                ms = expf(Mold - M);
+                for (int64_t d = 0; d < hd; d++) acc[d] = pi2_f32_to_f16(pi2_f16_to_f32(acc[d]) * ms);
+            } else {
+                vs = expf(sc - M);
+            }
+            for (int64_t d = 0; d < hd; d++)
+                acc[d] = pi2_f32_to_f16(fmaf(pi2_f16_to_f32(vrow[d]), vs, pi2_f16_to_f32(acc[d])));
+            S = S * ms + vs;
         }
-        double sum = 0.0;
-        for (int s = 0; s <= pos; s++) {
-            float ev = expf(scores[s] - mx);
-            scores[s] = ev;
-            sum += ev;
-        }
-        const float inv = (float)(1.0 / sum);
+        const float inv = S == 0.0f ? 0.0f : 1.0f / S;
         float *out = c->att + t * c->q_dim + hh * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int s = 0; s <= pos; s++) pi2_axpy(PI2_F16, hd, scores[s] * inv, V + (size_t)s * c->kv_dim + kvh * hd, out);
+        for (int64_t d = 0; d < hd; d++) out[d] = pi2_f16_to_f32(acc[d]) * inv;
     }
 }
 

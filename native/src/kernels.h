@@ -68,6 +68,15 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
 void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens,
               float *y, int64_t ldy);
 
+/* Strided variants (an extension of the contract above): row r of W starts at w + r * row_stride
+ * bytes, row_stride >= pi2_row_size(wt, n). For rows that sit inside larger records, e.g. the sparse
+ * FFN's neuron bundles, so a whole range of rows goes through one call: pi2_gemm prepares per-tile
+ * activation scales on every call, so calling it once per row would redo that work for each row. */
+void pi2_gemv_strided(pi2_type wt, const void *w, size_t row_stride, int64_t rows, int64_t n, const void *act,
+                      float *y);
+void pi2_gemm_strided(pi2_type wt, const void *w, size_t row_stride, int64_t rows, int64_t n, const void *acts,
+                      int64_t tokens, float *y, int64_t ldy);
+
 /* Kernel selection. pi2_kernels_init() picks the best path the CPU supports (idempotent; called
  * lazily by the kernels). Tests force a level to compare it with PI2_KERNELS_SCALAR. */
 typedef enum {

@@ -25,7 +25,7 @@ static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(__ARM_FEATURE_DOTPROD)
     return vdotq_s32(acc, a, b);
 #else
-    /* |a*b| <= 128*128, so pairs fit in int16 only as long as one side is <= 127: our activations are */
+    /* ARMv8.0: widening multiplies (|a*b| <= 2^14 fits int16), pairs summed into int32 */
     int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
     int16x8_t p1 = vmull_high_s8(a, b);
     return vaddq_s32(acc, vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)));

@@ -64,26 +64,37 @@ static float dot_q4_0(int64_t n, const void *row, const void *act) {
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* Converts a block's adjacent fp16 pair (d, m) or (d, s) in one instruction: lanes [first, second]. */
+static inline __m128 h2f_pair(const pi2_f16 *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+
 static float dot_q4_1(int64_t n, const void *row, const void *act) {
     const pi2_block_q4_1 *w = row;
     const pi2_block_q8_1 *a = act;
     const int64_t nb = n / PI2_QK;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float ms = 0.0f;
+    __m128 ms = _mm_setzero_ps(); /* lane 1 accumulates m_w * s_a */
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
+        /* [d_w d_a, m_w s_a] for both blocks */
+        const __m128 s0 = _mm_mul_ps(h2f_pair(&w[i].d), h2f_pair(&a[i].d));
+        const __m128 s1 = _mm_mul_ps(h2f_pair(&w[i + 1].d), h2f_pair(&a[i + 1].d));
         __m256 p0 = dot_u8s8(unpack_nibbles(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
         __m256 p1 = dot_u8s8(unpack_nibbles(w[i + 1].qs), _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
-        acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), acc1);
-        ms += h2f(w[i].m) * h2f(a[i].s) + h2f(w[i + 1].m) * h2f(a[i + 1].s);
+        acc0 = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_broadcastss_ps(s1), acc1);
+        ms = _mm_add_ps(ms, _mm_add_ps(s0, s1));
     }
     for (; i < nb; i++) {
+        const __m128 s0 = _mm_mul_ps(h2f_pair(&w[i].d), h2f_pair(&a[i].d));
         __m256 p0 = dot_u8s8(unpack_nibbles(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
-        ms += h2f(w[i].m) * h2f(a[i].s);
+        acc0 = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(s0), acc0);
+        ms = _mm_add_ps(ms, s0);
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + ms;
+    return hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 1));
 }
 
 static float dot_q8_0(int64_t n, const void *row, const void *act) {

@@ -178,3 +178,18 @@ void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *a
     pi2_kernels_table()->gemm[wt](w, pi2_row_size(wt, n), rows, n, acts, pi2_row_size(pi2_act_type(wt), n),
                                   tokens, y, ldy);
 }
+
+void pi2_gemv_strided(pi2_type wt, const void *w, size_t row_stride, int64_t rows, int64_t n, const void *act,
+                      float *y) {
+    check_weight("gemv_strided", wt, n);
+    if (rows < 0 || row_stride < pi2_row_size(wt, n)) die("gemv_strided", wt, n);
+    pi2_kernels_table()->rows[wt](w, row_stride, NULL, rows, n, act, y);
+}
+
+void pi2_gemm_strided(pi2_type wt, const void *w, size_t row_stride, int64_t rows, int64_t n, const void *acts,
+                      int64_t tokens, float *y, int64_t ldy) {
+    check_weight("gemm_strided", wt, n);
+    if (rows < 0 || tokens < 0 || (tokens > 1 && ldy < rows) || row_stride < pi2_row_size(wt, n))
+        die("gemm_strided", wt, n);
+    pi2_kernels_table()->gemm[wt](w, row_stride, rows, n, acts, pi2_row_size(pi2_act_type(wt), n), tokens, y, ldy);
+}

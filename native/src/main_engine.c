@@ -23,7 +23,7 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: pi2-engine COMMAND [OPTIONS]\n"
             "commands:\n"
-            "  generate -m MODEL.pi2 -p TEXT [-n N] [--temperature T] [--top-p P] [--seed S]\n"
+            "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [-n N] [--temperature T] [--top-p P] [--seed S]\n"
             "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
             "           [--ignore-eos] [--no-verify-neurons]\n"
             "           generate text; only the generated text goes to stdout, as tokens come\n"
@@ -249,8 +249,8 @@ done:
 /* ---- generate -------------------------------------------------------------------------------- */
 
 static int cmd_generate(const options *o) {
-    if (!o->prompt) {
-        pi2_set_error("generate needs -p TEXT");
+    if (!o->prompt == !o->tokens) {
+        pi2_set_error("generate needs -p TEXT or --tokens IDS (one of them)");
         return die();
     }
     uint64_t t_load0 = pi2_now_ns();
@@ -278,12 +278,19 @@ static int cmd_generate(const options *o) {
         pi2_set_error("%s: tokenizer has %d tokens, the model %u", o->model, pi2_tokenizer_n_vocab(tok), m.h.n_vocab);
         goto done;
     }
+    int n_prompt;
+    if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */
+        ids = malloc(sizeof(int32_t) * 65536);
+        if (!ids) goto done;
+        if ((n_prompt = parse_list("--tokens", o->tokens, ids, 65536)) < 0) goto done;
+        goto tokenized;
+    }
     size_t plen = strlen(o->prompt);
     int cap = (int)plen + 8;
     ids = malloc(sizeof(int32_t) * (size_t)cap);
     if (!ids) goto done;
     /* As llama.cpp: BOS only when the vocabulary asks for it; special tokens in the text are parsed. */
-    int n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
+    n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
     if (n_prompt < 0) {
         cap = -n_prompt;
         int32_t *more = realloc(ids, sizeof(int32_t) * (size_t)cap);
@@ -291,6 +298,7 @@ static int cmd_generate(const options *o) {
         ids = more;
         n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
     }
+tokenized:
     if (n_prompt <= 0) {
         pi2_set_error("the prompt tokenizes to nothing");
         goto done;

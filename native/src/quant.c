@@ -284,12 +284,21 @@ static inline int round_even(float v) {
     return (int)r;
 }
 
+/* x * id rounded to float, then to the nearest integer with ties to even, independent of the current
+ * rounding mode (values are within +-128). The product goes through a volatile so the compiler cannot
+ * fuse it into the tie test (gcc contracts a*b-c into an FMA on arm64 by default), which would round
+ * differently from the SIMD levels' separate multiply. */
+static inline int round_even_product(float x, float id) {
+    volatile float product = x * id;
+    return round_even(product);
+}
+
 void pi2_act_quantize_q8_0_scalar(const float *x, void *out, int64_t n) {
     pi2_block_q8_0 *y = out;
     for (int64_t i = 0; i < n / PI2_QK; i++, x += PI2_QK) {
         const float amax = block_amax(x), d = amax / 127.0f, id = act_inverse_scale(amax, d);
         y[i].d = pi2_f32_to_f16(d);
-        for (int j = 0; j < PI2_QK; j++) y[i].qs[j] = (int8_t)round_even(x[j] * id);
+        for (int j = 0; j < PI2_QK; j++) y[i].qs[j] = (int8_t)round_even_product(x[j], id);
     }
 }
 
@@ -300,7 +309,7 @@ void pi2_act_quantize_q8_1_scalar(const float *x, void *out, int64_t n) {
         y[i].d = pi2_f32_to_f16(d);
         int sum = 0;
         for (int j = 0; j < PI2_QK; j++) {
-            y[i].qs[j] = (int8_t)round_even(x[j] * id);
+            y[i].qs[j] = (int8_t)round_even_product(x[j], id);
             sum += y[i].qs[j];
         }
         y[i].s = pi2_f32_to_f16(d * (float)sum);

@@ -325,12 +325,13 @@ static void test_level(pi2_kernel_level level) {
     const int64_t ns[] = {32, 64, 160, 256, 4096 + 96};
     const int64_t row_counts[] = {1, 3, 7, 17};
     const int64_t token_counts[] = {1, 2, 5, 16, 19};
-    int bad_act = 0, bad_dot = 0, bad_gemv = 0, bad_gather = 0, bad_axpy = 0, bad_gemm = 0;
+    int bad_act = 0, bad_dot = 0, bad_gemv = 0, bad_gather = 0, bad_axpy = 0, bad_gemm = 0, bad_strided = 0;
     for (int ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             int64_t rows = row_counts[(ti + k) % 4];
             int64_t tokens = token_counts[(ti * 3 + k) % 5];
             if (ns[k] == 32) rows = 17; /* n=32 with an odd row count */
+            if (ns[k] > 4096) tokens = 70; /* more tokens than one gemm tile holds at this n (<= 64) */
             struct case_data c;
             make_case(&c, weight_types[ti], ns[k], rows);
             pi2_type at = pi2_act_type(c.t);
@@ -384,6 +385,24 @@ static void test_level(pi2_kernel_level level) {
                     if (!close_to(y[t * ldy + r], ref[t * rows + r], tolerance[t * rows + r])) bad_gemm++;
                 if (y[t * ldy + rows] != -777.0f) bad_gemm++;
             }
+            /* strided rows: copy W into records of row size + 40 bytes */
+            {
+                const size_t stride = rs + 40;
+                uint8_t *ws = malloc(stride * rows);
+                memset(ws, 0xa5, stride * rows);
+                for (int64_t r = 0; r < rows; r++) memcpy(ws + r * stride, c.w + r * rs, rs);
+                pi2_gemv_strided(c.t, ws, stride, rows, c.n, acts_v, y);
+                for (int64_t r = 0; r < rows; r++)
+                    if (!close_to(y[r], ref[r], tolerance[r])) bad_strided++;
+                for (int64_t i = 0; i < ldy * tokens; i++) y[i] = -777.0f;
+                pi2_gemm_strided(c.t, ws, stride, rows, c.n, acts_v, tokens, y, ldy);
+                for (int64_t t = 0; t < tokens; t++) {
+                    for (int64_t r = 0; r < rows; r++)
+                        if (!close_to(y[t * ldy + r], ref[t * rows + r], tolerance[t * rows + r])) bad_strided++;
+                    if (y[t * ldy + rows] != -777.0f) bad_strided++;
+                }
+                free(ws);
+            }
             /* axpy on each row: compare with the scalar level */
             float *ya = malloc(sizeof(float) * c.n), *yb = malloc(sizeof(float) * c.n);
             for (int64_t r = 0; r < rows; r++) {
@@ -416,15 +435,16 @@ static void test_level(pi2_kernel_level level) {
         }
     }
     const char *name = pi2_kernel_level_name(level);
-    if (bad_act + bad_dot + bad_gemv + bad_gather + bad_axpy + bad_gemm)
-        fprintf(stderr, "%s: act %d dot %d gemv %d gather %d axpy %d gemm %d mismatches\n", name, bad_act,
-                bad_dot, bad_gemv, bad_gather, bad_axpy, bad_gemm);
+    if (bad_act + bad_dot + bad_gemv + bad_gather + bad_axpy + bad_gemm + bad_strided)
+        fprintf(stderr, "%s: act %d dot %d gemv %d gather %d axpy %d gemm %d strided %d mismatches\n", name,
+                bad_act, bad_dot, bad_gemv, bad_gather, bad_axpy, bad_gemm, bad_strided);
     CHECK(bad_act == 0);
     CHECK(bad_dot == 0);
     CHECK(bad_gemv == 0);
     CHECK(bad_gather == 0);
     CHECK(bad_axpy == 0);
     CHECK(bad_gemm == 0);
+    CHECK(bad_strided == 0);
 }
 
 /* fp16 activations: every level converts exactly like the scalar code, including edge values. */
