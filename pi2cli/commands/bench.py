@@ -141,6 +141,7 @@ def command(model, engines, workloads, limit, seed, budgets, device, repeat, thr
     if as_json:
         click.echo(json.dumps({"runs": [o.row() for o in outcomes]}, indent=1))
     else:
-        print_table(Console(), outcomes)
+        out = Console()
+        print_table(out if out.is_terminal else Console(width=200), outcomes)  # piped: wide, not squeezed
     if any(o.run["status"] != "ok" for o in outcomes):
         sys.exit(1)
