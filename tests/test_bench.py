@@ -20,6 +20,7 @@ from pi2cli.bench import (
     resolve_model,
     run_bench,
 )
+from pi2cli.budget import detect_cgroup
 from pi2cli.cli import cli
 from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
@@ -71,13 +72,18 @@ def check_row(row: dict, engine: str, workload: str, n_turns: int) -> dict:
 @needs_engine
 def test_bench_code_both_engines_locally(env, model_dir):
     out = bench_json(["-m", str(model_dir / "model.pi2"), "-e", "pi2", "-e", "llama.cpp", "-w", "code",
-                      "--limit", "1", "-n", "8", "--results-dir", str(env)])  # fmt: skip
+                      "--limit", "1", "-n", "8", "--memory-budget", "1G", "--results-dir", str(env)])  # fmt: skip
     assert [r["engine"] for r in out["runs"]] == ["pi2", "llama.cpp"]
+    cgroups = detect_cgroup()
     for row in out["runs"]:
         run = check_row(row, row["engine"], "code", 1)
         (turn,) = run["turns"]
         assert turn["prompt_id"] == "humaneval-0#0" and turn["n_gen"] == 8 and len(turn["samples_ns"]) == 7
         assert turn["extra"]["text"]  # the answer is kept
+        # the budget binds through a memory cgroup where this machine allows one, and says so either way
+        assert run["memory"]["budget_bytes"] == 1 << 30 and run["memory"]["enforced"] == cgroups.usable
+        if cgroups.usable:
+            assert run["counters"]["budget_peak_bytes"] <= 1 << 30
         # memory was sampled while the engine ran, and the engine's own peak is at least what was seen
         assert run["memory_samples"] and run["summary"]["peak_rss_bytes"] >= max(
             m["rss_bytes"] for m in run["memory_samples"]
