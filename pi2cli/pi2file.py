@@ -478,8 +478,10 @@ class Pi2File:
         (crc,) = struct.unpack_from("<I", raw, _HEADER_CRC_AT)
         if zlib.crc32(raw[:_HEADER_CRC_AT]) != crc:
             raise Pi2FormatError(f"{self.path}: header checksum mismatch")
-        arch = {v: k for k, v in ARCHES.items()}[f[3]]
-        act = {v: k for k, v in ACTS.items()}[f[4]]
+        arch = {v: k for k, v in ARCHES.items()}.get(f[3])
+        act = {v: k for k, v in ACTS.items()}.get(f[4])
+        if arch is None or act is None or f[19] not in TYPE_NAMES:
+            raise Pi2FormatError(f"{self.path}: unknown arch, activation or neuron type in the header")
         flags = f[18]
         self.header = Pi2Header(
             arch=arch, ffn_act=act, n_vocab=f[5], n_embd=f[6], n_layer=f[7], n_head=f[8],

@@ -2,6 +2,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +25,6 @@ struct pi2_ctx {
     float *acc;                            /* axpy path: [nth][n_batch][n_embd] */
     uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
     float *logits;                         /* [n_vocab] */
-    float *logits_rows;                    /* [n_batch][n_vocab] scratch when all logits are asked */
 };
 
 static void *xcalloc(size_t n, size_t size, int *ok) {
@@ -80,7 +80,6 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *po
     if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok);
     c->act = xcalloc(B, act_row, &ok);
     c->logits = xcalloc(h->n_vocab, sizeof(float), &ok);
-    c->logits_rows = xcalloc(B * h->n_vocab, sizeof(float), &ok);
     if (!ok) {
         pi2_ctx_free(c);
         pi2_set_error("out of memory for a context of %d positions and batches of %d", n_ctx, n_batch);
@@ -93,7 +92,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->g, c->u, c->h,
                     c->ffn_in, c->ffn_out, c->router, c->expert_w, c->expert_sel, c->expert_tokens,
-                    c->scores, c->qf16, c->acc, c->act, c->logits, c->logits_rows};
+                    c->scores, c->qf16, c->acc, c->act, c->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c);
 }
@@ -165,12 +164,10 @@ static void mm_worker(void *p, int ith, int nth) {
         else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
         return;
     }
-    /* Rows inside bundles: one row at a time (each still read once per batch of tokens). */
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w->data + (size_t)r * w->stride;
-        if (j->tokens == 1) j->y[r] = pi2_vec_dot(w->type, w->cols, row, j->acts);
-        else pi2_gemm(w->type, row, 1, w->cols, j->acts, j->tokens, j->y + r, j->ldy);
-    }
+    /* Rows inside bundles (stride = bundle_stride): the kernels' strided variants. */
+    const uint8_t *base = w->data + (size_t)r0 * w->stride;
+    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->y + r0);
+    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
 }
 
 /* Y[t][0..rows) = W x[t] for t < tokens; x rows have stride ldx floats, Y rows ldy. */
@@ -211,6 +208,13 @@ static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* F16 -> F32 by table: the attention accumulator converts back after every step. */
+static float f16_table[1 << 16];
+static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
+static void build_f16_table(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = pi2_f16_to_f32((pi2_f16)i);
+}
+
 typedef struct {
     pi2_ctx *c;
     int layer, tokens;
@@ -234,8 +238,12 @@ static void att_worker(void *p, int ith, int nth) {
          * token-identical: q rounded to F16, scores against the F16 cache, online softmax, and the
          * V accumulator kept in F16 (rounded after every fused multiply-add, as ggml_vec_mad_f16). */
         pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
-        pi2_f16 *acc = (pi2_f16 *)qh + hd; /* the second half of this thread's F16 scratch */
-        memset(acc, 0, (size_t)hd * sizeof(pi2_f16));
+        /* The accumulator lives in F16 (acc16); acc32 always holds its exact F32 value, so each
+         * step is one vectorized axpy plus a round trip through F16 (kernels do both with SIMD). */
+        pi2_f16 *acc16 = (pi2_f16 *)qh + hd;
+        float *acc32 = c->att + t * c->q_dim + hh * hd;
+        memset(acc16, 0, (size_t)hd * sizeof(pi2_f16));
+        memset(acc32, 0, (size_t)hd * sizeof(float));
         float S = 0.0f, M = -INFINITY;
         for (int s = 0; s <= pos; s++) {
             const float sc = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
@@ -245,17 +253,21 @@ static void att_worker(void *p, int ith, int nth) {
                 const float Mold = M;
                 M = sc;
                 ms = expf(Mold - M);
-                for (int64_t d = 0; d < hd; d++) acc[d] = pi2_f32_to_f16(pi2_f16_to_f32(acc[d]) * ms);
+                if (s > 0) {
+                    for (int64_t d = 0; d < hd; d++) acc32[d] *= ms;
+                    pi2_prepare_act(PI2_F16, acc32, acc16, hd);
+                    for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
+                }
             } else {
                 vs = expf(sc - M);
             }
-            for (int64_t d = 0; d < hd; d++)
-                acc[d] = pi2_f32_to_f16(fmaf(pi2_f16_to_f32(vrow[d]), vs, pi2_f16_to_f32(acc[d])));
+            pi2_axpy(PI2_F16, hd, vs, vrow, acc32);
+            pi2_prepare_act(PI2_F16, acc32, acc16, hd);
+            for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
             S = S * ms + vs;
         }
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-        float *out = c->att + t * c->q_dim + hh * hd;
-        for (int64_t d = 0; d < hd; d++) out[d] = pi2_f16_to_f32(acc[d]) * inv;
+        for (int64_t d = 0; d < hd; d++) acc32[d] *= inv;
     }
 }
 
@@ -282,6 +294,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
             vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
         }
     }
+    pthread_once(&f16_table_once, build_f16_table);
     att_job j = {c, layer, tokens};
     run(c, att_worker, &j);
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
