@@ -42,7 +42,11 @@ def test_engine_logits_match_reference(case, tmp_path):
     scale = np.abs(ref).max()
     prefill = engine_logits(model, TOKENS, tmp_path, "--threads", "2")
     decode = engine_logits(model, TOKENS, tmp_path, "--threads", "2", "--batch", "1")
-    for name, got in (("prefill", prefill), ("decode", decode)):
+    # Straight from the bundles (the FFN rows not packed into dense memory), both paths.
+    bundles = engine_logits(model, TOKENS, tmp_path, "--threads", "2", "--no-pack-ffn")
+    bundles1 = engine_logits(model, TOKENS, tmp_path, "--batch", "1", "--no-pack-ffn")
+    runs = (("prefill", prefill), ("decode", decode), ("bundles", bundles), ("bundles-decode", bundles1))
+    for name, got in runs:
         err = np.abs(got - ref).max()
         assert err <= REL_TOL * scale, f"{case} {name}: max diff {err:.3g} vs scale {scale:.3g}"
         assert (got.argmax(axis=1) == ref.argmax(axis=1)).all(), f"{case} {name}: greedy tokens differ"

@@ -88,3 +88,25 @@ def test_first_token_logits_match_reference(smollm2_pi2, tmp_path):
     q = np.exp(got - got.max(), dtype=np.float64)
     p, q = p / p.sum(), q / q.sum()
     assert float((p * np.log(p / q)).sum()) < 0.05
+
+
+def test_pi2_generate_json_and_seeded_sampling(smollm2_pi2):
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    def gen(*extra):
+        args = ["generate", "--model", str(smollm2_pi2), "--prompt", "The capital of France is", "-n", "16",
+                "--threads", "2", "--json", *extra]  # fmt: skip
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    greedy = gen("--temperature", "0")
+    assert greedy["text"].startswith(" Paris.")
+    assert len(greedy["token_ids"]) == 16 and greedy["n_prompt"] == 5
+    assert greedy["ttft_s"] > 0 and greedy["prefill_tps"] > 0 and greedy["decode_tps"] > 0
+    assert greedy["peak_rss_bytes"] > 50 * 2**20 and len(greedy["token_times_s"]) == 16
+    a, b = gen("--temperature", "0.9", "--seed", "1"), gen("--temperature", "0.9", "--seed", "1")
+    c = gen("--temperature", "0.9", "--seed", "2")
+    assert a["token_ids"] == b["token_ids"] != c["token_ids"]

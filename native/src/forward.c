@@ -170,6 +170,35 @@ static void mm_worker(void *p, int ith, int nth) {
     else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
 }
 
+/* Gate and up rows of the same bundles, chunk by chunk: the up pass of a chunk finds its bundles
+ * already in cache from the gate pass, instead of streaming the whole block twice with gaps. */
+typedef struct {
+    const pi2_mat *gate, *up;
+    const uint8_t *acts;
+    int64_t tokens;
+    float *g, *u;
+    int64_t ldy;
+} gateup_job;
+
+#define GATEUP_CHUNK 16
+
+static void gateup_worker(void *p, int ith, int nth) {
+    gateup_job *j = p;
+    int64_t r0, r1;
+    split_aligned(j->gate->rows, GATEUP_CHUNK, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r += GATEUP_CHUNK) {
+        const int64_t nr = r1 - r < GATEUP_CHUNK ? r1 - r : GATEUP_CHUNK;
+        const pi2_mat *ws[2] = {j->gate, j->up};
+        float *ys[2] = {j->g, j->u};
+        for (int k = 0; k < 2; k++) {
+            const pi2_mat *w = ws[k];
+            const uint8_t *base = w->data + (size_t)r * w->stride;
+            if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, nr, w->cols, j->acts, ys[k] + r);
+            else pi2_gemm_strided(w->type, base, w->stride, nr, w->cols, j->acts, j->tokens, ys[k] + r, j->ldy);
+        }
+    }
+}
+
 /* Y[t][0..rows) = W x[t] for t < tokens; x rows have stride ldx floats, Y rows ldy. */
 static void matmul(pi2_ctx *c, const pi2_mat *w, const float *x, int64_t ldx, int64_t tokens, float *y,
                    int64_t ldy) {
@@ -336,8 +365,8 @@ static void ffn_block(pi2_ctx *c, const pi2_ffn_block *b, const float *in, int t
     const int64_t E = c->n_embd, F = c->n_ff;
     const uint32_t act = c->m->h.ffn_act;
     prepare(c, b->gate.type, in, E, E, tokens);
-    matmul_prepared(c, &b->gate, tokens, c->g, F);
-    matmul_prepared(c, &b->up, tokens, c->u, F);
+    gateup_job gu = {&b->gate, &b->up, c->act, tokens, c->g, c->u, F};
+    run(c, gateup_worker, &gu);
     for (int64_t i = 0; i < tokens * F; i++) {
         float g = c->g[i], u = c->u[i], v;
         if (act == PI2_ACT_SWIGLU) v = silu(g) * u;

@@ -25,9 +25,10 @@ static void usage(FILE *out) {
             "commands:\n"
             "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [-n N] [--temperature T] [--top-p P] [--seed S]\n"
             "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
-            "           [--ignore-eos] [--no-verify-neurons]\n"
+            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn]\n"
             "           generate text; only the generated text goes to stdout, as tokens come\n"
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
+            "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
             "           write float32 logits of the last (or --all) positions, row-major\n"
             "  chat -m MODEL.pi2 [...]  multi-turn: JSON requests on stdin, KV cache kept (chat --help)\n"
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
@@ -36,7 +37,7 @@ static void usage(FILE *out) {
 
 typedef struct {
     const char *model, *prompt, *events, *tokens, *logits_out, *affinity;
-    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, all_logits, json, verify;
+    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, all_logits, json, verify, no_pack;
     float temperature, top_p;
     uint64_t seed;
 } options;
@@ -102,6 +103,7 @@ static int parse_options(int argc, char **argv, options *o) {
         }
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--no-verify-neurons")) o->verify_neurons = 0;
+        else if (!strcmp(a, "--no-pack-ffn")) o->no_pack = 1;
         else if (!strcmp(a, "--all")) o->all_logits = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--verify")) o->verify = 1;
@@ -215,6 +217,7 @@ static int cmd_eval(const options *o) {
     if (n < 0) { free(ids); return die(); }
     pi2_model m;
     if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) { free(ids); return die(); }
+    if (!o->no_pack && pi2_model_pack_ffn(&m) != 0) { pi2_model_free(&m); free(ids); return die(); }
     int n_threads = 1, rc = 1;
     pi2_pool *pool = make_pool(o, &n_threads);
     int batch = o->n_batch ? o->n_batch : n;
@@ -256,6 +259,10 @@ static int cmd_generate(const options *o) {
     uint64_t t_load0 = pi2_now_ns();
     pi2_model m;
     if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) return die();
+    if (!o->no_pack && pi2_model_pack_ffn(&m) != 0) {
+        pi2_model_free(&m);
+        return die();
+    }
     int rc = 1, n_threads = 1;
     pi2_vocab_desc desc;
     memset(&desc, 0, sizeof desc);

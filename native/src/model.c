@@ -3,6 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -132,9 +135,65 @@ fail:
     return -1;
 }
 
+/* Read a block of bundles with pread (not through the mapping, whose pages would count in RSS). */
+static const uint8_t *read_block(pi2_model *m, const pi2_ffn_block *b, uint8_t *buf, size_t bytes, int fd) {
+    if (fd < 0) return b->gate.data;
+    const size_t off = (size_t)(b->gate.data - m->file.map);
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t got = pread(fd, buf + done, bytes - done, (off_t)(off + done));
+        if (got <= 0) return b->gate.data; /* fall back to the mapping */
+        done += (size_t)got;
+    }
+    return buf;
+}
+
+int pi2_model_pack_ffn(pi2_model *m) {
+    if (m->packed) return 0;
+    const size_t part = m->h.part_bytes, n_ff = m->h.n_ff, stride = m->h.bundle_stride;
+    const size_t block_bytes = n_ff * stride;
+    uint8_t *tmp = malloc(block_bytes);
+    int fd = tmp ? open(m->file.path, O_RDONLY | O_CLOEXEC) : -1;
+    m->packed = 1; /* free() tells packed rows by their stride, so a partial pack frees cleanly */
+    for (uint32_t l = 0; l < m->h.n_layer; l++)
+        for (int e = 0; e < m->n_ffn_blocks; e++) {
+            pi2_ffn_block *b = &m->layers[l].ffn[e];
+            const uint8_t *src = read_block(m, b, tmp, block_bytes, fd);
+            pi2_mat *mats[2] = {&b->gate, &b->up};
+            for (int k = 0; k < 2; k++) {
+                uint8_t *buf = malloc(n_ff * part);
+                if (!buf) {
+                    free(tmp);
+                    if (fd >= 0) close(fd);
+                    pi2_set_error("%s: out of memory packing the FFN rows (run with --no-pack-ffn)", m->file.path);
+                    return -1;
+                }
+                for (size_t r = 0; r < n_ff; r++) memcpy(buf + r * part, src + r * stride + (size_t)k * part, part);
+                mats[k]->data = buf;
+                mats[k]->stride = part;
+            }
+        }
+    free(tmp);
+    if (fd >= 0) close(fd);
+    if (m->h.flags & PI2_FLAG_DENSE_DOWN) {
+        /* Nothing reads the bundles any more: give back any of their pages (the mapping stays valid). */
+        const pi2_section *sec = &m->h.sections[PI2_SEC_NEURONS];
+        madvise((void *)(m->file.map + sec->offset), sec->size, MADV_DONTNEED);
+    }
+    return 0;
+}
+
 void pi2_model_free(pi2_model *m) {
     if (m->layers)
-        for (uint32_t l = 0; l < m->h.n_layer; l++) free(m->layers[l].ffn);
+        for (uint32_t l = 0; l < m->h.n_layer; l++) {
+            if (m->packed && m->layers[l].ffn)
+                for (int e = 0; e < m->n_ffn_blocks; e++) {
+                    pi2_ffn_block *b = &m->layers[l].ffn[e];
+                    if (b->gate.stride == b->gate.row_bytes) free((void *)b->gate.data);
+                    if (b->up.stride == b->up.row_bytes) free((void *)b->up.data);
+                }
+            free(m->layers[l].ffn);
+        }
     free(m->layers);
     m->layers = NULL;
     pi2_file_close(&m->file);

@@ -38,9 +38,17 @@ typedef struct {
     pi2_mat tok_embd, output;
     const float *output_norm;
     pi2_layer *layers;
+    int packed;            /* gate/up data are malloc'ed copies (pi2_model_pack_ffn) */
 } pi2_model;
 
 int pi2_model_load(pi2_model *m, const char *path, int verify_neurons);
+
+/* The dense path: copy every block's gate and up rows out of the bundles into contiguous memory
+ * (bundle order kept), so decode streams only the rows it multiplies instead of whole bundles
+ * (stride gaps cost ~2x memory traffic for those rows). When the file has the dense down copy the
+ * neuron region is then dropped from this process's memory (madvise), so RSS grows by nothing.
+ * -1 with an error when memory runs out. */
+int pi2_model_pack_ffn(pi2_model *m);
 void pi2_model_free(pi2_model *m);
 
 #endif
