@@ -23,7 +23,7 @@
 
 typedef struct {
     const char *model, *events, *affinity;
-    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons;
+    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, no_pack;
     float temperature, top_p;
     uint64_t seed;
 } chat_options;
@@ -32,7 +32,7 @@ static void chat_usage(FILE *out) {
     fprintf(out,
             "usage: pi2-engine chat -m MODEL.pi2 [-n N] [--ctx N] [--batch N] [--threads T] [--affinity 0,1,..]\n"
             "                       [--events FILE] [--temperature T] [--top-p P] [--seed S] [--ignore-eos]\n"
-            "                       [--no-verify-neurons]\n"
+            "                       [--no-verify-neurons] [--no-pack-ffn]\n"
             "  Reads one JSON request per stdin line:\n"
             "    {\"prompt\": \"text appended to the context\", \"n_predict\": N, \"ignore_eos\": false, \"reset\": false}\n"
             "  and answers each with the generated text on stdout, then a line \"\\x1e{turn record}\".\n"
@@ -73,7 +73,7 @@ static int parse_chat_options(int argc, char **argv, chat_options *o) {
     o->verify_neurons = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        int flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-verify-neurons");
+        int flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-verify-neurons") || !strcmp(a, "--no-pack-ffn");
         if (!flag && i + 1 >= argc) {
             pi2_set_error("option %s needs a value", a);
             return -1;
@@ -82,6 +82,7 @@ static int parse_chat_options(int argc, char **argv, chat_options *o) {
         int rc = 0;
         if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--no-verify-neurons")) o->verify_neurons = 0;
+        else if (!strcmp(a, "--no-pack-ffn")) o->no_pack = 1;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--events")) o->events = v;
         else if (!strcmp(a, "--affinity")) o->affinity = v;
@@ -273,6 +274,8 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
 static int open_session(chat_session *s, const chat_options *o) {
     if (pi2_model_load(&s->m, o->model, o->verify_neurons) != 0) return -1;
     s->model_loaded = 1;
+    /* As generate does: the dense path computes from packed gate/up rows unless told not to. */
+    if (!o->no_pack && pi2_model_pack_ffn(&s->m) != 0) return -1;
     if (!s->m.file.tokenizer_len) {
         pi2_set_error("%s: the model has no tokenizer section", o->model);
         return -1;
