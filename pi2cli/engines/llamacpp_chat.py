@@ -41,7 +41,7 @@ class LlamaCppSession:
     def close(self) -> dict:
         peak = self.server.current_peak_rss()
         self.server.stop()
-        return {"peak_rss_bytes": max(peak, self.server.peak_rss_bytes) or None}
+        return {"peak_rss_bytes": max(peak, self.server.peak_rss_bytes) or None, "load_s": self.server.load_s}
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):

@@ -308,9 +308,11 @@ class Pi2ChatSession:
             raise Pi2Error("pi2-engine did not exit after its input ended")
         for event in self.events.read_new():
             if event.get("event") == "summary":
-                self.counters = {k: event[k] for k in ("peak_rss_bytes", "bytes_read") if k in event}
+                self.counters.update({k: event[k] for k in ("peak_rss_bytes", "bytes_read") if k in event})
             elif event.get("event") == "start":
                 self.start_event = event
+        if self.start_event.get("load_s") is not None:
+            self.counters["load_s"] = float(self.start_event["load_s"])
         self._cleanup()
         if code != 0:
             raise EngineExited(f"pi2-engine chat exited with code {code}: {self.process.last_error()}")
