@@ -269,3 +269,17 @@ def test_device_that_vanishes_mid_run_is_a_failure_record(env, model_dir, phone)
     run = store.load_run(info.value.outcome.path)
     assert run["status"] == "device_vanished" and len(run["turns"]) == 1
     assert "lost the device" in str(info.value) or "does not answer" in str(info.value)
+
+
+@needs_engine
+def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(model_dir / "model.gguf", bad / "model.gguf")
+    (bad / "model.pi2").write_bytes((model_dir / "model.pi2").read_bytes()[:100_000])  # cut short
+    result = CliRunner().invoke(cli, ["bench", "-m", str(bad / "model.pi2"), "-w", "code", "--limit", "1", "-n", "4",
+                                      "--results-dir", str(env), "--json"])  # fmt: skip
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (row,) = json.loads(result.stdout)["runs"]
+    assert row["status"] == "failed" and "pi2-engine exited" in row["error"] and "truncated" in row["error"]
+    assert store.load_run(row["result_file"])["status"] == "failed"

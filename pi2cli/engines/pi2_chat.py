@@ -76,8 +76,13 @@ class LocalChatProcess:
         try:
             self.popen.stdin.write(data)
             self.popen.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise EngineExited(f"pi2-engine stopped taking requests ({self.last_error() or exc})") from None
+        except OSError as exc:  # a broken pipe: it is gone (usually it could not load the model)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+            for t in self._threads:
+                t.join(2)
+            why = self.last_error().removeprefix("pi2-engine: error: ") or str(exc)
+            raise EngineExited(f"pi2-engine exited (code {self.popen.poll()}): {why}") from None
 
     def close_stdin(self) -> None:
         with contextlib.suppress(OSError):
