@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "common.h"
 #include "events.h"
 #include "forward.h"
@@ -29,6 +30,7 @@ static void usage(FILE *out) {
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
             "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
             "           write float32 logits of the last (or --all) positions, row-major\n"
+            "  chat -m MODEL.pi2 [...]  multi-turn: JSON requests on stdin, KV cache kept (chat --help)\n"
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
             "  --version  print the engine version\n");
 }
@@ -396,6 +398,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "chat")) return pi2_chat_main(argc, argv); /* multi-turn, KV kept: chat.c */
     if (strcmp(cmd, "generate") && strcmp(cmd, "eval") && strcmp(cmd, "info")) {
         fprintf(stderr, "pi2-engine: unknown command '%s'\n", cmd);
         usage(stderr);

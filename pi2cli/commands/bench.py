@@ -1,5 +1,147 @@
-"""`pi2 bench`: not built yet."""
+"""`pi2 bench`: the click front of pi2cli.bench (all logic lives there)."""
 
-from pi2cli.errors import not_built
+from __future__ import annotations
 
-command = not_built("bench", "issue 7")
+import json
+import sys
+
+import click
+
+from pi2cli.results.options import results_dir_option
+
+
+class RichReporter:
+    """Live progress on stderr: one bar per run, the conversation and turn it is on, the last tok/s."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[label]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[where]}"),
+            TextColumn("[cyan]{task.fields[speed]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{text}[/dim]", highlight=False)
+
+    def run_started(self, label: str, total_turns: int) -> None:
+        self.tasks[label] = self.progress.add_task("", total=total_turns, label=label, where="", speed="")
+
+    def turn_started(self, label: str, conversation: str, turn: int, n_turns: int) -> None:
+        self.progress.update(self.tasks[label], where=f"{conversation} turn {turn}/{n_turns}")
+
+    def turn_done(self, label: str, decode_tps: float | None, ttft_ms: float | None) -> None:
+        speed = f"{decode_tps:.1f} tok/s" if decode_tps else ""
+        if ttft_ms is not None:
+            speed += f", TTFT {ttft_ms:.0f} ms"
+        self.progress.update(self.tasks[label], advance=1, speed=speed)
+
+    def run_done(self, label: str, status: str) -> None:
+        self.progress.update(self.tasks[label], where="done" if status == "ok" else f"[red]{status}")
+
+
+def print_table(console, outcomes) -> None:
+    from rich.table import Table
+
+    from pi2cli.bench import TABLE_COLUMNS, table_rows
+
+    table = Table(title="pi2 bench", header_style="bold")
+    for i, col in enumerate(TABLE_COLUMNS):
+        table.add_column(col, justify="left" if i < 4 else "right")
+    for row in table_rows(outcomes):
+        table.add_row(*row)
+    console.print(table)
+    for o in outcomes:
+        console.print(f"[dim]{o.engine} / {o.workload}: {o.path}[/dim]", highlight=False)
+
+
+@click.command(name="bench")
+@click.option("--model", "-m", required=True,
+              help="DIR/model.pi2 (its GGUF twin DIR/model.gguf runs llama.cpp and gives the chat template), "
+                   "or a .gguf (converted to the .pi2 beside it when pi2 needs it).")  # fmt: skip
+@click.option("--engine", "-e", "engines", multiple=True, default=("pi2",), show_default=True,
+              help="Engine to run; repeat for several: pi2, llama.cpp (llmflash, mlc-llm: not yet).")  # fmt: skip
+@click.option("--workload", "-w", "workloads", multiple=True, default=("multi-turn",), show_default=True,
+              type=click.Choice(["multi-turn", "code", "math", "role-play"]),
+              help="Workload set; repeat for several.")  # fmt: skip
+@click.option("--limit", type=int, default=None, help="Conversations per workload (default: all).")
+@click.option("--seed", type=int, default=None,
+              help="Sample --limit conversations at random with this seed (default: the first ones).")  # fmt: skip
+@click.option("--memory-budget", "budgets", multiple=True,
+              help="Memory budget, e.g. 8G; repeat for several (one run per budget). Enforced with a "
+                   "memory cgroup on this machine; recorded as not enforced on adb devices.")  # fmt: skip
+@click.option("--device", "-d", default=None,
+              help="Target: local (default), qemu-arm64, or an adb serial / HOST:PORT (see `pi2 devices`).")  # fmt: skip
+@click.option(
+    "--repeat", type=int, default=1, show_default=True, help="Run every conversation this many times."
+)
+@click.option("--threads", "-t", type=int, default=None, help="Engine threads (default: the engine's own).")
+@click.option("--n-gen", "-n", type=int, default=None,
+              help="Tokens generated per turn (default: each turn's max_new_tokens from the workload).")  # fmt: skip
+@click.option(
+    "--ctx", type=int, default=4096, show_default=True, help="KV cache size (tokens) of every engine."
+)
+@click.option("--stop-at-eos", is_flag=True,
+              help="Let engines stop at end-of-turn (default: exactly --n-gen tokens, the same for all).")  # fmt: skip
+@click.option("--cool-below", type=float, default=None,
+              help="Before each run wait until the device is below this many °C (default 45 on phones, no "
+                   "waiting here; 0 never waits). Skipped when the target reports no temperature.")  # fmt: skip
+@click.option("--tag", "tags", multiple=True, help="Label stored with every run (e.g. nightly).")
+@results_dir_option
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
+)
+def command(model, engines, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos,
+            cool_below, tags, results_dir, as_json) -> None:  # fmt: skip
+    """Run engines x workloads on a device and record TTFT, TBT and memory.
+
+    Every (engine, workload, budget) is one run, saved as one result JSON (see `pi2 results list`).
+    Each conversation turn is prompted with the whole conversation so far, rendered with the model's
+    chat template and including the engine's own earlier answers; the engine keeps its KV cache across
+    turns. The engine process's memory is sampled while it runs. Ctrl-C stops the engine (on the
+    device too) and saves the current run as aborted.
+
+    \b
+    Examples:
+      pi2 bench -m models/smollm2/model.pi2 -e pi2 -e llama.cpp -w multi-turn --limit 2 --json
+      pi2 bench -m models/smollm2/model.pi2 -w code --limit 3 -n 64
+      pi2 bench -m models/smollm2/model.pi2 --device 127.0.0.1:5555 -w math --limit 1
+    """
+    from rich.console import Console
+
+    from pi2cli.bench import BenchConfig, Reporter, parse_size, run_bench
+
+    cfg = BenchConfig(
+        model=model, engines=list(engines), workloads=list(workloads), limit=limit, seed=seed,
+        budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
+        n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
+        tags=list(tags),
+    )  # fmt: skip
+    console = Console(stderr=True)
+    if console.is_terminal or not as_json:
+        with RichReporter(console) as reporter:
+            outcomes = run_bench(cfg, reporter)
+    else:
+        outcomes = run_bench(cfg, Reporter())
+    if as_json:
+        click.echo(json.dumps({"runs": [o.row() for o in outcomes]}, indent=1))
+    else:
+        out = Console()
+        print_table(out if out.is_terminal else Console(width=200), outcomes)  # piped: wide, not squeezed
+    if any(o.run["status"] != "ok" for o in outcomes):
+        sys.exit(1)

@@ -25,3 +25,25 @@ def get_driver(name: str) -> EngineDriver:
     except ModuleNotFoundError as err:
         raise Pi2Error(f"engine '{name}' is not built yet ({module_name} missing)", exit_code=2) from err
     return getattr(module, class_name)()
+
+
+# engine name -> module:class of its `pi2 bench` driver (pi2cli.engines.base.BenchDriver)
+BENCH_DRIVERS: dict[str, str] = {
+    "pi2": "pi2cli.engines.pi2_chat:Pi2BenchDriver",
+    "llama.cpp": "pi2cli.engines.llamacpp_chat:LlamaCppBenchDriver",
+}
+# engines `pi2 bench` knows of but cannot run yet, with the reason
+BENCH_NOT_YET: dict[str, str] = {
+    "llmflash": "pi2-engine has no --policy llmflash yet (the sparse engine's policies are still landing)",
+    "mlc-llm": "the MLC-LLM driver has no multi-turn session yet (it runs single prompts: pi2 generate)",
+}
+
+
+def get_bench_driver(name: str):
+    if name in BENCH_NOT_YET:
+        raise Pi2Error(f"engine '{name}' cannot be benched yet: {BENCH_NOT_YET[name]}", exit_code=2)
+    if name not in BENCH_DRIVERS:
+        known = ", ".join([*BENCH_DRIVERS, *BENCH_NOT_YET])
+        raise Pi2Error(f"unknown engine '{name}' (known: {known})")
+    module_name, class_name = BENCH_DRIVERS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from pi2cli.engines.base import GenerateRequest, GenerateResult
@@ -95,3 +96,78 @@ class Pi2Engine:
                 raise Pi2Error(msg.removeprefix("pi2-engine: error: "))
             events = parse_events(events_path.read_text().splitlines())
         return result_from_events(done.stdout.decode("utf-8", errors="replace"), events)
+
+    def run_conversation(
+        self,
+        model: Path,
+        turns: list[str],
+        max_new_tokens: int,
+        system: str | None = None,
+        *,
+        threads: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        ignore_eos: bool = True,
+        chat_template: bool = True,
+        n_ctx: int = 4096,
+    ):
+        """A multi-turn conversation in one `pi2-engine chat` process, keeping the KV cache across turns.
+
+        Same arguments and return type (pi2cli.engines.llamacpp.ConversationResult) as the llama.cpp
+        driver's run_conversation: turn K's prompt is [system, user1, answer1, ..., userK] rendered with
+        the chat template of the model's GGUF twin (DIR/X.gguf next to DIR/X.pi2), and only the text
+        after what the cache holds is prefilled (n_prompt_cached says how much was reused).
+        chat_template=False concatenates raw text instead. Sampling is greedy (temperature 0).
+        """
+        from pi2cli.engines.llamacpp import ConversationResult
+        from pi2cli.engines.pi2_chat import HOW, open_chat_session
+        from pi2cli.targets import get_target
+        from pi2cli.workloads import gguf_chat_template
+
+        model = Path(model)
+        if not turns:
+            raise Pi2Error("a conversation needs at least one turn")
+        if not model.is_file():
+            raise Pi2Error(f"{model}: no such model file")
+        if model.suffix != ".pi2":
+            raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
+        if temperature:
+            raise Pi2Error("pi2-engine chat sessions run greedy decoding here (temperature 0)")
+        template = None
+        if chat_template:
+            twin = model.with_suffix(".gguf")
+            if not twin.is_file():
+                raise Pi2Error(f"{model}: no GGUF twin {twin} to take the chat template from")
+            template = gguf_chat_template(twin)
+        started = time.monotonic()
+        session = open_chat_session(get_target("local"), str(engine_binary()), str(model), threads=threads,
+                                    n_ctx=n_ctx, seed=seed)  # fmt: skip
+        results, prompts = [], []
+        messages = [{"role": "system", "content": system}] if system else []
+        raw = f"{system}\n\n" if system else ""
+        try:
+            for user in turns:
+                if template is not None:
+                    messages.append({"role": "user", "content": user})
+                    prompt = template.render(messages)
+                else:
+                    raw += user
+                    prompt = raw
+                turn = session.turn(prompt, max_new_tokens, ignore_eos=ignore_eos)
+                results.append(turn)
+                prompts.append(prompt)
+                messages.append({"role": "assistant", "content": turn.text})
+                raw += turn.text
+            counters = session.close()
+        except BaseException:
+            session.kill()
+            raise
+        return ConversationResult(
+            engine=self.name,
+            model=str(model),
+            turns=results,
+            prompts=prompts,
+            peak_rss_bytes=int(counters.get("peak_rss_bytes") or 0),
+            load_s=float(session.start_event.get("load_s") or (time.monotonic() - started)),
+            how=HOW,
+        )

@@ -1,0 +1,514 @@
+"""`pi2 bench`: run engines x workloads on a target and record TTFT, TBT and memory, one result per run.
+
+One run = one engine x one workload x one memory budget. For every conversation of the workload (and
+every --repeat), each user turn's prompt is the whole conversation so far, rendered with the model's
+own chat template, including the engine's OWN earlier answers; the engine process lives for the whole
+run and keeps its KV cache across turns (pi2-engine chat; llama-server with cache_prompt). While it
+runs, a sampler thread reads the engine process's memory (VmRSS/VmHWM, PSS where smaps_rollup exists)
+through the target. Before each run the bench waits for the device to cool below --cool-below where
+it reports a temperature. Every run is saved with pi2cli.results.store.save_run, also when it fails
+(status aborted / device_vanished / failed, with the turns finished so far).
+
+The functions here are plain; pi2cli/commands/bench.py is the click front. `Reporter` is how the
+bench talks to a user (rich progress in the command, silence in tests).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pi2cli.engines.base import TurnFailed
+from pi2cli.errors import Pi2Error
+from pi2cli.results import schema as S
+from pi2cli.targets.base import TargetError
+from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, load_workload, workload_path
+
+DEFAULT_COOL_BELOW_PHONE = 45.0
+DEFAULT_CTX = 4096
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """'8G', '512M', '1.5GiB', '1073741824' -> bytes (powers of 1024)."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise Pi2Error(f"--memory-budget {text!r}: not a size (use e.g. 8G, 512M, 1.5GiB)")
+    value = float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    if value < 1 << 20:
+        raise Pi2Error(f"--memory-budget {text!r}: too small (at least 1M)")
+    return int(value)
+
+
+# ----------------------------------------------------------------------------------------------- model
+@dataclass
+class ModelFiles:
+    """The same weights in both forms: .pi2 for pi2-engine, the GGUF twin for llama.cpp."""
+
+    name: str
+    pi2: Path | None
+    gguf: Path | None
+    template: ChatTemplate
+
+    def for_engine(self, suffix: str, engine: str) -> Path:
+        path = self.pi2 if suffix == ".pi2" else self.gguf
+        if path is None:
+            have = self.pi2 or self.gguf
+            raise Pi2Error(f"{engine} runs a {suffix} model and there is none next to {have} "
+                           f"(expected {Path(have).with_suffix(suffix)}; `pi2 convert` writes both)")  # fmt: skip
+        return path
+
+
+def model_display_name(path: Path) -> str:
+    stem = path.stem
+    return path.parent.name if stem in ("model", "") and path.parent.name else stem
+
+
+def resolve_model(
+    model: str, *, convert_missing_pi2: bool = True, reporter: Reporter | None = None
+) -> ModelFiles:
+    """A .pi2 path (its GGUF twin next to it: DIR/X.pi2 + DIR/X.gguf) or a .gguf (converted to the .pi2
+    beside it when missing and wanted). The chat template comes from the GGUF."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise Pi2Error(
+            f"model {model}: no such file (registry names are not supported yet: give a .pi2 or .gguf)"
+        )
+    if path.is_dir():
+        found = sorted(path.glob("*.pi2")) or sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            raise Pi2Error(
+                f"model directory {path} must hold exactly one .pi2 (or .gguf); found {len(found)}"
+            )
+        path = found[0]
+    if path.suffix == ".pi2":
+        pi2, gguf = path, path.with_suffix(".gguf")
+        gguf = gguf if gguf.is_file() else None
+    elif path.suffix == ".gguf":
+        gguf, pi2 = path, path.with_suffix(".pi2")
+        if not pi2.is_file():
+            pi2 = None
+            if convert_missing_pi2:
+                pi2 = convert_for_pi2(gguf, reporter)
+    else:
+        raise Pi2Error(f"model {model}: expected a .pi2 or .gguf file")
+    if gguf is None:
+        raise Pi2Error(f"{pi2}: no GGUF twin {pi2.with_suffix('.gguf')} next to it (it carries the chat "
+                       f"template and is what llama.cpp runs; `pi2 convert` writes it)")  # fmt: skip
+    return ModelFiles(model_display_name(path), pi2, gguf, gguf_chat_template(gguf))
+
+
+def convert_for_pi2(gguf: Path, reporter: Reporter | None = None) -> Path:
+    from pi2cli.convert import convert_gguf
+
+    out = gguf.with_suffix(".pi2")
+    if reporter:
+        reporter.message(f"converting {gguf.name} -> {out.name} for pi2-engine")
+    convert_gguf(gguf, out)
+    return out
+
+
+# -------------------------------------------------------------------------------------------- reporting
+class Reporter:
+    """What the bench tells a user. The base class says nothing (tests, --json without a terminal)."""
+
+    def message(self, text: str) -> None: ...
+
+    def run_started(self, label: str, total_turns: int) -> None: ...
+
+    def turn_started(self, label: str, conversation: str, turn: int, n_turns: int) -> None: ...
+
+    def turn_done(self, label: str, decode_tps: float | None, ttft_ms: float | None) -> None: ...
+
+    def run_done(self, label: str, status: str) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------- sampling
+class MemorySampler:
+    """Reads the engine process's memory through the target every `interval_s` in a thread."""
+
+    def __init__(self, target, pid: int | None, interval_s: float = 0.5):
+        self.target, self.pid, self.interval_s = target, pid, interval_s
+        self.samples: list[tuple[float, int, int | None]] = []  # (t_s, rss, pss)
+        self.peak_hwm = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> MemorySampler:
+        if self.pid:
+            self._thread.start()
+        return self
+
+    def sample_once(self) -> None:
+        usage = self.target.read_memory(self.pid)
+        if usage is not None:
+            self.samples.append((round(time.monotonic() - self._t0, 3), usage.rss_bytes, usage.pss_bytes))
+            self.peak_hwm = max(self.peak_hwm, usage.hwm_bytes)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except (TargetError, OSError) as exc:
+                self.error = str(exc)
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+
+def wait_until_cool(target, below: float | None, timeout_s: float, reporter: Reporter) -> float | None:
+    """Wait until the target reports a temperature below `below` (None / 0: no waiting). Returns the
+    last temperature read (None when the target reports none)."""
+    if not below:
+        return None
+    temp = target.temperature()
+    if temp is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while temp >= below and time.monotonic() < deadline:
+        reporter.message(f"{target.name} at {temp:.1f} °C: waiting to cool below {below:.0f} °C")
+        time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+        temp = target.temperature() or temp
+    if temp >= below:
+        reporter.message(f"{target.name} still {temp:.1f} °C after {timeout_s:.0f} s: running anyway")
+    return temp
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class BenchConfig:
+    model: str
+    engines: list[str] = field(default_factory=lambda: ["pi2"])
+    workloads: list[str] = field(default_factory=lambda: ["multi-turn"])
+    limit: int | None = None
+    seed: int | None = None
+    budgets: list[int | None] = field(default_factory=lambda: [None])
+    device: str | None = None
+    repeat: int = 1
+    threads: int | None = None
+    n_gen: int | None = None  # tokens per turn; None: the workload's max_new_tokens of each turn
+    ctx: int = DEFAULT_CTX
+    ignore_eos: bool = True  # every engine generates exactly the same number of tokens
+    results_dir: str | None = None
+    cool_below: float | None = None  # None: 45 on phones, no waiting elsewhere; 0: never wait
+    cool_timeout_s: float = 600.0
+    tags: list[str] = field(default_factory=list)
+    llamacpp_bin_dir: str | None = None
+
+
+@dataclass
+class RunOutcome:
+    engine: str
+    workload: str
+    budget_bytes: int | None
+    run: dict
+    path: Path
+
+    def row(self) -> dict:
+        """What --json prints per run."""
+        s = self.run["summary"]
+
+        def ms(ns):
+            return None if ns is None else round(ns / 1e6, 3)
+
+        return {
+            "engine": self.engine,
+            "workload": self.workload,
+            "budget_bytes": self.budget_bytes,
+            "status": self.run["status"],
+            "error": self.run["error"],
+            "run_id": self.run["run_id"],
+            "result_file": str(self.path),
+            "n_turns": s["n_turns"],
+            "ttft_ms": ms(s["ttft_avg_ns"]),
+            "tbt_p50_ms": ms(s["tbt_p50_ns"]),
+            "tbt_p90_ms": ms(s["tbt_p90_ns"]),
+            "tbt_p99_ms": ms(s["tbt_p99_ns"]),
+            "decode_tps": None if s["pooled_ts"] is None else round(s["pooled_ts"], 3),
+            "peak_rss_bytes": s["peak_rss_bytes"],
+        }
+
+
+def file_sha256(path: Path) -> str:
+    """sha256, remembered across runs by (path, size, mtime) as pi2 push does (GB models hash once)."""
+    from pi2cli.push import sha256_file
+
+    return sha256_file(Path(path))
+
+
+# llama.cpp's LLAMA_FTYPE values (GGUF general.file_type) for the quantizations pi2 runs and a few more
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
+
+
+def gguf_facts(path: Path) -> dict:
+    """quant and arch of a GGUF from its metadata (None where it does not say)."""
+    from pi2cli.gguf_meta import read_gguf_metadata
+
+    try:
+        meta = read_gguf_metadata(path, {"general.file_type", "general.architecture"})
+    except (Pi2Error, OSError, ValueError):
+        return {"quant": None, "arch": None}
+    return {"quant": FILE_TYPES.get(meta.get("general.file_type")), "arch": meta.get("general.architecture")}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+@dataclass
+class Prepared:
+    """An engine ready to run on the target: where its binary and model are there."""
+
+    driver: object
+    model_local: Path
+    model_remote: str
+    binary_dir: str | None
+
+
+def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Prepared:
+    """Local targets run the build and model in place; devices get them through pi2cli.push (skipping
+    what is already there)."""
+    reason = driver.supports(target)
+    if reason:
+        raise Pi2Error(reason)
+    local_model = model.for_engine(driver.model_suffix, driver.name)
+    if target.kind in ("local", "qemu"):
+        return Prepared(driver, local_model, str(local_model), None)
+    from pi2cli.push import collect_items, push_files
+
+    workdir = target.workdir
+    binaries = driver.binaries(target)
+    items = collect_items(target, workdir, engine=binaries, models=[local_model])
+    reporter.message(f"pushing {', '.join(p.name for p in [*binaries, local_model])} to {target.name}")
+    report = push_files(target, items, workdir)
+    copied = sum(1 for f in report.files if f.action == "copied")
+    reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
+    return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
+                    f"{workdir.rstrip('/')}/bin")  # fmt: skip
+
+
+def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:
+    if budget_bytes is None:
+        return S.memory_info(None)
+    if target.kind == "adb":
+        return S.memory_info(
+            budget_bytes, enforced=False, how="not enforced on adb devices (no cgroup control)"
+        )
+    rec = budget_record or {}
+    return S.memory_info(budget_bytes, enforced=bool(rec.get("enforced")), how=rec.get("how"))
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line error) for a run that stopped."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "aborted", "interrupted (Ctrl-C); the engine process was stopped"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, TargetError) and re.search(r"lost the device|does not answer|connect", text):
+        return "device_vanished", text
+    return "failed", text
+
+
+def run_one(
+    cfg: BenchConfig,
+    target,
+    facts: dict,
+    prepared: Prepared,
+    model: ModelFiles,
+    workload: str,
+    conversations: list[Conversation],
+    budget_bytes: int | None,
+    reporter: Reporter,
+) -> RunOutcome:
+    """One engine x workload x budget: every conversation (x repeat) through one engine process."""
+    from pi2cli.budget import Budget
+    from pi2cli.results import store
+
+    driver = prepared.driver
+    label = f"{driver.name} · {workload}" + (f" · {S.budget_label(budget_bytes)}" if budget_bytes else "")
+    wl_path = workload_path(workload)
+    run = S.new_run(
+        engine=S.engine_info(**driver.engine_info(target)),
+        model=S.model_info(model.name, path=str(prepared.model_local), sha256=file_sha256(prepared.model_local),
+                           size_bytes=prepared.model_local.stat().st_size, **gguf_facts(model.gguf)),
+        workload=S.workload_info(workload, n_prompts=len(conversations), sha256=file_sha256(wl_path),
+                                 source=str(wl_path.name)),
+        target=S.target_info(target.name, target.kind,
+                             **{k: v for k, v in facts.items() if k not in ("name", "kind")}),
+        memory=memory_block(target, budget_bytes, None),
+        settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
+                                 temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
+                                 limit=cfg.limit),
+        measurement=driver.how,
+        tags=cfg.tags,
+    )  # fmt: skip
+    total_turns = cfg.repeat * sum(len(c.turns) for c in conversations)
+    reporter.run_started(label, total_turns)
+    temp = wait_until_cool(target, cfg.cool_below, cfg.cool_timeout_s, reporter)
+    if temp is not None:
+        run["target"]["temperature_c"] = temp
+    session = sampler = None
+    budget_record = None
+    # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
+    local_budget = budget_bytes if target.kind in ("local", "qemu") else None
+    try:
+        with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
+            session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
+                                       threads=cfg.threads, n_ctx=cfg.ctx,
+                                       budget=budget if local_budget else None, seed=cfg.seed or 0)  # fmt: skip
+            sampler = MemorySampler(target, session.pid).start()
+            for rep in range(cfg.repeat):
+                for conv in conversations:
+                    answers: list[str] = []
+                    for k, budget_tokens in enumerate(conv.max_new_tokens):
+                        n_predict = cfg.n_gen or budget_tokens
+                        prompt = model.template.render(conv.messages_for_turn(k, answers))
+                        reporter.turn_started(label, conv.id, k + 1, len(conv.turns))
+                        try:
+                            t = session.turn(prompt, n_predict, ignore_eos=cfg.ignore_eos)
+                        except TurnFailed as exc:
+                            # The engine is up but refused this turn: record it, go to the next conversation.
+                            S.add_turn(run, n_prompt=0, n_gen=0, ttft_ns=None, prompt_id=f"{conv.id}#{k}",
+                                       rep=rep, status="failed", error=str(exc))  # fmt: skip
+                            reporter.message(f"{label}: {conv.id} turn {k + 1} failed: {exc}")
+                            break
+                        answers.append(t.text)
+                        times = t.token_times_s
+                        samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
+                        turn = S.add_turn(
+                            run, n_prompt=t.n_prompt_processed, n_gen=len(t.token_ids) or len(times),
+                            ttft_ns=round(t.ttft_s * 1e9), samples_ns=samples, prompt_id=f"{conv.id}#{k}",
+                            rep=rep,
+                            extra={"n_prompt_total": t.n_prompt, "n_prompt_cached": t.n_prompt_cached,
+                                   "engine_prefill_tps": t.prefill_tps, "engine_decode_tps": t.decode_tps,
+                                   "stop": t.stop_type, "text": t.text},
+                        )  # fmt: skip
+                        reporter.turn_done(label, turn["decode_ts"], t.ttft_s * 1e3)
+            sampler.stop()
+            counters = session.close()
+            session = None
+            budget_record = budget.record() if local_budget else None
+        S.set_counters(run, **{k: v for k, v in counters.items() if v is not None},
+                       peak_hwm_bytes=sampler.peak_hwm or None)  # fmt: skip
+        if budget_record and budget_record.get("peak_bytes") is not None:
+            S.set_counters(run, budget_peak_bytes=budget_record["peak_bytes"])
+    except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
+        if session is not None:
+            session.kill()
+        status, error = classify_failure(exc)
+        S.mark_failed(run, status, error)
+        _finish_samples(run, sampler)
+        run["memory"] = memory_block(target, budget_bytes, budget_record)
+        path = store.save_run(run, cfg.results_dir)
+        reporter.run_done(label, status)
+        outcome = RunOutcome(driver.name, workload, budget_bytes, run, path)
+        if isinstance(exc, KeyboardInterrupt):
+            raise BenchInterrupted(outcome) from None
+        if status == "device_vanished":
+            raise DeviceVanished(outcome, error) from None
+        return outcome
+    _finish_samples(run, sampler)
+    run["memory"] = memory_block(target, budget_bytes, budget_record)
+    if not S.measured_turns(run):
+        first = next((t["error"] for t in run["turns"] if t["error"]), "no turn ran")
+        S.mark_failed(run, "failed", f"every turn failed: {first}")
+    path = store.save_run(run, cfg.results_dir)
+    reporter.run_done(label, run["status"])
+    return RunOutcome(driver.name, workload, budget_bytes, run, path)
+
+
+def _finish_samples(run: dict, sampler: MemorySampler | None) -> None:
+    if sampler is None:
+        return
+    sampler.stop()
+    for t_s, rss, pss in sampler.samples:
+        S.add_memory_sample(run, t_s, rss, pss)
+    if sampler.peak_hwm:
+        peak = run["counters"].get("peak_rss_bytes") or 0
+        S.set_counters(run, peak_rss_bytes=max(peak, sampler.peak_hwm))
+    pss = [p for _, _, p in sampler.samples if p is not None]
+    if pss:
+        S.set_counters(run, peak_pss_bytes=max(pss))
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C: the current run was saved as aborted (its outcome is attached)."""
+
+    def __init__(self, outcome: RunOutcome):
+        super().__init__("interrupted")
+        self.outcome = outcome
+
+
+class DeviceVanished(Pi2Error):
+    def __init__(self, outcome: RunOutcome, error: str):
+        super().__init__(f"{error} (the run is saved as device_vanished: {outcome.path})")
+        self.outcome = outcome
+
+
+def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
+    """Resolve everything first (so a typo fails before anything runs), then every run in turn."""
+    from pi2cli.engines import get_bench_driver
+    from pi2cli.targets import get_target
+
+    reporter = reporter or Reporter()
+    if cfg.repeat < 1:
+        raise Pi2Error(f"--repeat must be at least 1, got {cfg.repeat}")
+    if cfg.n_gen is not None and cfg.n_gen < 1:
+        raise Pi2Error(f"--n-gen must be at least 1, got {cfg.n_gen}")
+    drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
+    workloads = {name: load_workload(name, cfg.limit, cfg.seed) for name in dict.fromkeys(cfg.workloads)}
+    try:
+        target = get_target(cfg.device)
+    except TargetError as exc:
+        raise Pi2Error(str(exc)) from None
+    if cfg.llamacpp_bin_dir:
+        for d in drivers:
+            if d.name == "llama.cpp":
+                d._bin_dir = Path(cfg.llamacpp_bin_dir)
+    for d in drivers:
+        reason = d.supports(target)
+        if reason:
+            raise Pi2Error(reason)
+    if cfg.cool_below is None:
+        cfg.cool_below = DEFAULT_COOL_BELOW_PHONE if target.kind == "adb" else 0
+    model = resolve_model(cfg.model, convert_missing_pi2=any(d.model_suffix == ".pi2" for d in drivers),
+                          reporter=reporter)  # fmt: skip
+    try:
+        facts = target.facts()
+        prepared = [prepare_engine(d, target, model, reporter) for d in drivers]
+    except TargetError as exc:
+        raise Pi2Error(str(exc)) from None
+    outcomes: list[RunOutcome] = []
+    for budget in cfg.budgets:
+        for name, conversations in workloads.items():
+            for prep in prepared:
+                outcome = run_one(cfg, target, facts, prep, model, name, conversations, budget, reporter)
+                outcomes.append(outcome)
+    return outcomes
+
+
+# ----------------------------------------------------------------------------------------------- table
+TABLE_COLUMNS = ("engine", "workload", "budget", "status", "turns", "TTFT ms", "TBT p50 ms", "p90", "p99",
+                 "decode tok/s", "peak RSS MiB")  # fmt: skip
+
+
+def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
+    def f(v, fmt="{:.1f}"):
+        return "-" if v is None else fmt.format(v)
+
+    rows = []
+    for o in outcomes:
+        r = o.row()
+        rows.append([r["engine"], r["workload"], S.budget_label(o.budget_bytes), r["status"], str(r["n_turns"]),
+                     f(r["ttft_ms"]), f(r["tbt_p50_ms"], "{:.2f}"), f(r["tbt_p90_ms"], "{:.2f}"),
+                     f(r["tbt_p99_ms"], "{:.2f}"), f(r["decode_tps"], "{:.2f}"),
+                     f(None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / 2**20, "{:.0f}")])  # fmt: skip
+    return rows
