@@ -15,6 +15,7 @@ bench talks to a user (rich progress in the command, silence in tests).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -252,15 +253,29 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
 
 
-def gguf_facts(path: Path) -> dict:
-    """quant and arch of a GGUF from its metadata (None where it does not say)."""
-    from pi2cli.gguf_meta import read_gguf_metadata
+def model_facts(model: ModelFiles) -> dict:
+    """quant, arch and whether the weights are synthetic, from the files' own metadata.
 
-    try:
-        meta = read_gguf_metadata(path, {"general.file_type", "general.architecture"})
-    except (Pi2Error, OSError, ValueError):
-        return {"quant": None, "arch": None}
-    return {"quant": FILE_TYPES.get(meta.get("general.file_type")), "arch": meta.get("general.architecture")}
+    Synthetic models say so in both forms (the .pi2's metadata JSON, the twin's `pi2.synthetic` key);
+    either is enough, so a result can never present synthetic weights as a real model.
+    """
+    from pi2cli.gguf_meta import read_gguf_metadata
+    from pi2cli.pi2file import Pi2File
+
+    facts = {"quant": None, "arch": None, "synthetic": False}
+    if model.gguf is not None:
+        try:
+            keys = {"general.file_type", "general.architecture", "pi2.synthetic"}
+            meta = read_gguf_metadata(model.gguf, keys)
+        except (Pi2Error, OSError, ValueError):
+            meta = {}
+        facts["quant"] = FILE_TYPES.get(meta.get("general.file_type"))
+        facts["arch"] = meta.get("general.architecture")
+        facts["synthetic"] = bool(meta.get("pi2.synthetic"))
+    if model.pi2 is not None and model.pi2.exists():
+        with contextlib.suppress(Pi2Error, OSError, ValueError):
+            facts["synthetic"] |= bool(Pi2File(model.pi2, verify=False).metadata.get("synthetic"))
+    return facts
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -338,7 +353,7 @@ def run_one(
     run = S.new_run(
         engine=S.engine_info(**driver.engine_info(target)),
         model=S.model_info(model.name, path=str(prepared.model_local), sha256=file_sha256(prepared.model_local),
-                           size_bytes=prepared.model_local.stat().st_size, **gguf_facts(model.gguf)),
+                           size_bytes=prepared.model_local.stat().st_size, **model_facts(model)),
         workload=S.workload_info(workload, n_prompts=len(conversations), sha256=file_sha256(wl_path),
                                  source=str(wl_path.name)),
         target=S.target_info(target.name, target.kind,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -283,3 +284,22 @@ def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_p
     (row,) = json.loads(result.stdout)["runs"]
     assert row["status"] == "failed" and "pi2-engine exited" in row["error"] and "truncated" in row["error"]
     assert store.load_run(row["result_file"])["status"] == "failed"
+
+
+def test_synthetic_weights_are_recorded_as_synthetic(tmp_path, smollm2_gguf):
+    import gguf
+
+    from pi2cli.bench import ModelFiles, model_facts
+
+    twin = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(twin), "llama")
+    writer.add_bool("pi2.synthetic", True)
+    writer.add_tensor("x", np.zeros(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    synthetic = model_facts(ModelFiles(name="m", pi2=None, gguf=twin, template=None))
+    assert synthetic["synthetic"] is True and synthetic["arch"] == "llama"
+    real = model_facts(ModelFiles(name="smollm2", pi2=None, gguf=smollm2_gguf, template=None))
+    assert real == {"quant": "Q4_1", "arch": "llama", "synthetic": False}
