@@ -42,30 +42,6 @@ static void chat_usage(FILE *out) {
             DEFAULT_CTX);
 }
 
-static int opt_int(const char *flag, const char *v, long lo, long hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || !*v || x < lo || x > hi) {
-        pi2_set_error("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, v);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int opt_float(const char *flag, const char *v, float *out) {
-    char *end = NULL;
-    errno = 0;
-    float x = strtof(v, &end);
-    if (errno || *end || !*v || !(x == x)) {
-        pi2_set_error("%s needs a number, got '%s'", flag, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int parse_chat_options(int argc, char **argv, chat_options *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
@@ -86,12 +62,12 @@ static int parse_chat_options(int argc, char **argv, chat_options *o) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--events")) o->events = v;
         else if (!strcmp(a, "--affinity")) o->affinity = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = opt_int(a, v, 0, 1 << 20, &o->n_predict);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = opt_int(a, v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--ctx")) rc = opt_int(a, v, 1, 1 << 22, &o->n_ctx);
-        else if (!strcmp(a, "--batch")) rc = opt_int(a, v, 1, 1 << 16, &o->n_batch);
-        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) rc = opt_float(a, v, &o->temperature);
-        else if (!strcmp(a, "--top-p")) rc = opt_float(a, v, &o->top_p);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = pi2_parse_int_arg(a, v, 0, 1 << 20, &o->n_predict);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = pi2_parse_int_arg(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--ctx")) rc = pi2_parse_int_arg(a, v, 1, 1 << 22, &o->n_ctx);
+        else if (!strcmp(a, "--batch")) rc = pi2_parse_int_arg(a, v, 1, 1 << 16, &o->n_batch);
+        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) rc = pi2_parse_float_arg(a, v, &o->temperature);
+        else if (!strcmp(a, "--top-p")) rc = pi2_parse_float_arg(a, v, &o->top_p);
         else if (!strcmp(a, "--seed")) {
             char *end = NULL;
             errno = 0;

@@ -49,6 +49,30 @@ int pi2_parse_size(const char *text, uint64_t *out) {
     return 0;
 }
 
+int pi2_parse_int_arg(const char *flag, const char *value, long lo, long hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long x = value ? strtol(value, &end, 10) : 0;
+    if (!value || !*value || errno || *end || x < lo || x > hi) {
+        pi2_set_error("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, value ? value : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int pi2_parse_float_arg(const char *flag, const char *value, float *out) {
+    char *end = NULL;
+    errno = 0;
+    float x = value ? strtof(value, &end) : 0;
+    if (!value || !*value || errno || *end || !(x == x)) {
+        pi2_set_error("%s needs a number, got '%s'", flag, value ? value : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 uint64_t pi2_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -15,6 +15,11 @@ const char *pi2_last_error(void);
 /* Parse "4096", "512K", "2G", "1.5G" (powers of 1024; optional trailing "B"/"iB"). -1 on bad input. */
 int pi2_parse_size(const char *text, uint64_t *out);
 
+/* Command-line values: an integer in [lo, hi] / a finite float, else -1 with an error naming the flag.
+ * A NULL value (the flag was last on the line) is an error too. */
+int pi2_parse_int_arg(const char *flag, const char *value, long lo, long hi, int *out);
+int pi2_parse_float_arg(const char *flag, const char *value, float *out);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t pi2_now_ns(void);
 

@@ -42,30 +42,6 @@ typedef struct {
     uint64_t seed;
 } options;
 
-static int parse_int(const char *flag, const char *v, long lo, long hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || x < lo || x > hi) {
-        pi2_set_error("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, v ? v : "");
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int parse_float(const char *flag, const char *v, float *out) {
-    char *end = NULL;
-    errno = 0;
-    float x = v ? strtof(v, &end) : 0;
-    if (!v || errno || *end || !(x == x)) {
-        pi2_set_error("%s needs a number, got '%s'", flag, v ? v : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int parse_options(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
@@ -88,12 +64,12 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--tokens")) { TAKES_VALUE; o->tokens = v; }
         else if (!strcmp(a, "--logits-out")) { TAKES_VALUE; o->logits_out = v; }
         else if (!strcmp(a, "--affinity")) { TAKES_VALUE; o->affinity = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { TAKES_VALUE; if (parse_int(a, v, 0, 1 << 20, &o->n_predict)) return -1; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { TAKES_VALUE; if (parse_int(a, v, 1, 1024, &o->threads)) return -1; }
-        else if (!strcmp(a, "--ctx")) { TAKES_VALUE; if (parse_int(a, v, 1, 1 << 22, &o->n_ctx)) return -1; }
-        else if (!strcmp(a, "--batch")) { TAKES_VALUE; if (parse_int(a, v, 1, 1 << 16, &o->n_batch)) return -1; }
-        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { TAKES_VALUE; if (parse_float(a, v, &o->temperature)) return -1; }
-        else if (!strcmp(a, "--top-p")) { TAKES_VALUE; if (parse_float(a, v, &o->top_p)) return -1; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 0, 1 << 20, &o->n_predict)) return -1; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--ctx")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1 << 22, &o->n_ctx)) return -1; }
+        else if (!strcmp(a, "--batch")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1 << 16, &o->n_batch)) return -1; }
+        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { TAKES_VALUE; if (pi2_parse_float_arg(a, v, &o->temperature)) return -1; }
+        else if (!strcmp(a, "--top-p")) { TAKES_VALUE; if (pi2_parse_float_arg(a, v, &o->top_p)) return -1; }
         else if (!strcmp(a, "--seed")) {
             TAKES_VALUE;
             char *end = NULL;
