@@ -15,68 +15,17 @@ typedef struct {
     size_t n;
 } symbol;
 
-typedef struct {
-    int left, right;
-    int32_t rank;
-    size_t left_n, right_n; /* sizes when queued: a changed size means the pair is stale */
-} bigram;
-
-typedef struct {
-    bigram *v;
-    size_t n, cap;
-} bigram_heap;
-
-static int bigram_before(const bigram *a, const bigram *b) {
-    if (a->rank != b->rank) return a->rank < b->rank;
-    return a->left < b->left;
-}
-
-static int heap_push(bigram_heap *h, bigram b) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        bigram *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&b, &h->v[parent])) break;
-        h->v[i] = h->v[parent];
-        i = parent;
-    }
-    h->v[i] = b;
-    return 0;
-}
-
-static bigram heap_pop(bigram_heap *h) {
-    bigram top = h->v[0];
-    bigram last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!bigram_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
-}
-
-static int add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, bigram_heap *h) {
+static int add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, pi2_bigram_heap *h) {
     if (left < 0 || right < 0) return 0;
     int32_t rank = pi2_tok_merge_rank(tok, syms[left].text, syms[left].n, syms[right].text, syms[right].n);
     if (rank < 0) return 0;
-    return heap_push(h, (bigram){left, right, rank, syms[left].n, syms[right].n});
+    return pi2_bigram_push(h, (pi2_bigram){left, right, rank, syms[left].n, syms[right].n});
 }
 
 typedef struct {
     symbol *syms;
     size_t cap;
-    bigram_heap heap;
+    pi2_bigram_heap heap;
 } bpe_scratch;
 
 /* Merge one byte-encoded word and emit its tokens. */
@@ -107,7 +56,7 @@ static int encode_word(const pi2_tokenizer *tok, const char *w, size_t wn, bpe_s
     for (int i = 1; i < n; i++)
         if (add_bigram(tok, syms, i - 1, i, &sc->heap) != 0) return -1;
     while (sc->heap.n > 0) {
-        bigram b = heap_pop(&sc->heap);
+        pi2_bigram b = pi2_bigram_pop(&sc->heap);
         symbol *l = &syms[b.left], *r = &syms[b.right];
         if (l->n == 0 || r->n == 0 || l->n != b.left_n || r->n != b.right_n) continue;
         l->n += r->n;

@@ -51,6 +51,24 @@ int32_t pi2_tok_find(const pi2_tokenizer *tok, const char *text, size_t len);
 /* rank of the merge (left, right), or -1 */
 int32_t pi2_tok_merge_rank(const pi2_tokenizer *tok, const char *l, size_t ln, const char *r, size_t rn);
 
+/* Both BPE flavours merge adjacent symbols through one priority queue of candidate pairs. Lower
+ * `order` merges first (byte-level BPE: the merge rank; SPM: minus the merged token's score), ties go
+ * to the leftmost pair. left_n/right_n are the symbols' sizes when queued, so a pair whose symbols
+ * have changed since is recognised as stale when popped. */
+typedef struct {
+    int left, right;
+    double order;
+    size_t left_n, right_n;
+} pi2_bigram;
+
+typedef struct {
+    pi2_bigram *v;
+    size_t n, cap;
+} pi2_bigram_heap;
+
+int pi2_bigram_push(pi2_bigram_heap *h, pi2_bigram b); /* 0, or -1 when out of memory */
+pi2_bigram pi2_bigram_pop(pi2_bigram_heap *h);          /* h->n must be > 0 */
+
 /* Encode one raw-text fragment. 0, or -1 (pi2_set_error) when out of memory. */
 int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int space_prefix, pi2_tok_out *o);
 int pi2_bpe_encode(const pi2_tokenizer *tok, const char *text, size_t len, pi2_tok_out *o);

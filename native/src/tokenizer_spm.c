@@ -15,64 +15,13 @@ typedef struct {
     size_t n; /* 0 once merged into its left neighbour */
 } symbol;
 
-typedef struct {
-    int left, right;
-    float score;
-    size_t size;
-} bigram;
-
-typedef struct {
-    bigram *v;
-    size_t n, cap;
-} bigram_heap;
-
-/* a before b: higher score, then the leftmost pair */
-static int bigram_before(const bigram *a, const bigram *b) {
-    if (a->score != b->score) return a->score > b->score;
-    return a->left < b->left;
-}
-
-static int heap_push(bigram_heap *h, bigram b) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        bigram *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&b, &h->v[parent])) break;
-        h->v[i] = h->v[parent];
-        i = parent;
-    }
-    h->v[i] = b;
-    return 0;
-}
-
-static bigram heap_pop(bigram_heap *h) {
-    bigram top = h->v[0];
-    bigram last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!bigram_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
-}
-
-static int try_add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, bigram_heap *h) {
+static int try_add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, pi2_bigram_heap *h) {
     if (left < 0 || right < 0) return 0;
     size_t size = syms[left].n + syms[right].n; /* neighbours are contiguous in the text */
     int32_t id = pi2_tok_find(tok, syms[left].text, size);
     if (id < 0) return 0;
-    return heap_push(h, (bigram){left, right, tok->scores[id], size});
+    /* highest score first: order by its negation */
+    return pi2_bigram_push(h, (pi2_bigram){left, right, -(double)tok->scores[id], syms[left].n, syms[right].n});
 }
 
 static void emit_symbol(const pi2_tokenizer *tok, const symbol *s, pi2_tok_out *o) {
@@ -95,7 +44,7 @@ int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int s
     if (elen == 0) return 0;
     char *esc = malloc(elen);
     symbol *syms = malloc(elen * sizeof(*syms));
-    bigram_heap heap = {0};
+    pi2_bigram_heap heap = {0};
     if (!esc || !syms) goto oom;
     size_t k = 0;
     if (space_prefix) {
@@ -123,9 +72,9 @@ int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int s
         if (try_add_bigram(tok, syms, i - 1, i, &heap) != 0) goto oom;
 
     while (heap.n > 0) {
-        bigram b = heap_pop(&heap);
+        pi2_bigram b = pi2_bigram_pop(&heap);
         symbol *l = &syms[b.left], *r = &syms[b.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
+        if (l->n == 0 || r->n == 0 || l->n + r->n != b.left_n + b.right_n) continue; /* stale */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
