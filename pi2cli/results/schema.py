@@ -446,6 +446,10 @@ _RUN_FIELDS = {
     "counters": (_DICT, False),
     "summary": (_DICT, True),
 }
+# Fields a run may have (validated when present; older results simply lack them)
+_OPTIONAL_RUN_FIELDS = {
+    "llama_bench": (_LIST, False),  # llama-bench's own -o json records, unchanged (--mode llama-bench)
+}
 _ENGINE_FIELDS = {"name": (_STR, False), "version": (_STR, True), "commit": (_STR, True),
                   "build_flags": (_STR, True), "build_type": (_STR, True), "policy": (_STR, True),
                   "binary_sha256": (_STR, True)}  # fmt: skip
@@ -543,7 +547,7 @@ def validate(run: Any) -> None:
         raise ResultSchemaError(
             f"run.schema_version: {version} is newer than this pi2 reads ({SCHEMA_VERSION}); update pi2"
         )
-    _check_fields(run, _RUN_FIELDS, "run")
+    _check_fields(run, _RUN_FIELDS | {k: v for k, v in _OPTIONAL_RUN_FIELDS.items() if k in run}, "run")
     if version != SCHEMA_VERSION:
         raise ResultSchemaError(f"run.schema_version: must be {SCHEMA_VERSION}, not {version!r}")
     if not _RUN_ID_RE.match(run["run_id"]):
@@ -580,8 +584,15 @@ def validate(run: Any) -> None:
                 f"{where}.samples_ns: {len(turn['samples_ns'])} times between tokens for n_gen={turn['n_gen']} "
                 f"(at most n_gen - 1)"
             )
-        if turn["status"] == STATUS_OK and not turn["warmup"] and turn["ttft_ns"] is None and turn["n_gen"]:
+        # An engine that reports only rates (llama-bench's tg test, an MLC command runner) has no
+        # per-token times and may have no TTFT; every other finished turn needs its TTFT.
+        rate_only = turn["decode_ts"] is not None and not turn["samples_ns"]
+        if (turn["status"] == STATUS_OK and not turn["warmup"] and turn["ttft_ns"] is None and turn["n_gen"]
+                and not rate_only):  # fmt: skip
             raise ResultSchemaError(f"{where}.ttft_ns: a finished turn that generated tokens needs its TTFT")
+    for i, record in enumerate(run.get("llama_bench") or []):
+        if not isinstance(record, dict):
+            raise ResultSchemaError(f"run.llama_bench[{i}]: must be an object")
     for i, sample in enumerate(run["memory_samples"]):
         _check_fields(sample, _MEMORY_SAMPLE_FIELDS, f"run.memory_samples[{i}]")
     if run["status"] == STATUS_OK and not measured_turns(run):
