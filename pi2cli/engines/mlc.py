@@ -18,12 +18,14 @@ The figures are MLC's own (the runner measures them); the result's `how` says wh
 from and, in URL mode, that TTFT and per-token times were also stamped on the host.
 """
 
+import contextlib
 import http.client
 import json
 import os
 import re
 import shlex
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +150,39 @@ def parse_chat_stream(events: list[tuple[float, dict]]) -> StreamOutcome:
     return StreamOutcome("".join(pieces), times, stats_from_usage(usage), finish)
 
 
+def stream_chat(url: str, body: dict, timeout_s: float) -> StreamOutcome:
+    """One streamed POST /v1/chat/completions to an `mlc_llm serve` URL; every chunk stamped on arrival."""
+    parsed = urlparse(url)
+    conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(parsed.hostname, parsed.port, timeout=timeout_s)
+    payload = dict(body, stream=True, stream_options={"include_usage": True})
+    events: list[tuple[float, dict]] = []
+    try:
+        sent = time.monotonic()
+        conn.request(
+            "POST",
+            parsed.path.rstrip("/") + "/v1/chat/completions",
+            body=json.dumps(payload),
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise Pi2Error(f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}")
+        while line := resp.readline():
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            events.append((time.monotonic() - sent, json.loads(data)))
+    except (OSError, http.client.HTTPException) as err:
+        raise Pi2Error(f"cannot reach the MLC server at {url}: {err}") from err
+    finally:
+        conn.close()
+    return parse_chat_stream(events)
+
+
 def resolve_runner(runner: str | None = None) -> str:
     value = runner or os.environ.get(RUNNER_ENV, "")
     if not value.strip():
@@ -157,6 +192,67 @@ def resolve_runner(runner: str | None = None) -> str:
             "takes a JSON request on stdin and prints text plus MLC stats (see docs/MLC.md)"
         )
     return value.strip()
+
+
+@dataclass
+class RunnerRun:
+    stdout: str
+    wall_s: float
+    peak_rss_bytes: int  # the runner process's own peak (wait4 ru_maxrss); 0 when unknown
+
+
+def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) -> RunnerRun:
+    """Run a command runner once: the request as one JSON object on stdin, its stdout back.
+    popen: how to start it (pi2cli.budget.Budget.popen to run it inside a memory budget)."""
+    cmd = shlex.split(runner)
+    if not cmd or (os.sep in cmd[0] and not Path(cmd[0]).exists()):
+        raise Pi2Error(f"the MLC runner command does not exist: {cmd[0] if cmd else runner!r}")
+    started = time.monotonic()
+    try:
+        proc = (popen or subprocess.Popen)(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    except FileNotFoundError as err:
+        raise Pi2Error(f"the MLC runner command was not found: {cmd[0]}") from err
+    except PermissionError as err:
+        raise Pi2Error(f"the MLC runner command cannot be run: {cmd[0]} ({err.strerror})") from err
+    out: list[str] = []
+    err: list[str] = []
+    threads = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]  # fmt: skip
+    for t in threads:
+        t.start()
+    try:
+        with contextlib.suppress(BrokenPipeError):  # a runner may exit without reading its request
+            proc.stdin.write(json.dumps(body))
+            proc.stdin.close()
+        # wait4 (not Popen.wait) so the runner's own peak resident set comes back with its exit status
+        status, peak = _wait_with_rusage(proc, timeout_s)
+    except BaseException:  # timeout, Ctrl-C: never leave the runner behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, 9)
+        with contextlib.suppress(ChildProcessError):
+            proc.wait()
+        raise
+    for t in threads:
+        t.join(10)
+    proc.returncode = status
+    wall = time.monotonic() - started
+    if status != 0:
+        tail = " | ".join("".join(err).strip().splitlines()[-3:])[-300:]
+        raise Pi2Error(f"the MLC runner failed with code {status}: {tail}")
+    return RunnerRun("".join(out), wall, peak)
+
+
+def _wait_with_rusage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
+    """(exit code, peak RSS bytes) of a child, polling wait4 until it exits or timeout_s passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(status), int(usage.ru_maxrss) * 1024  # ru_maxrss is KiB
+        if time.monotonic() > deadline:
+            raise Pi2Error(f"the MLC runner took longer than {timeout_s:.0f} s")
+        time.sleep(0.01)
 
 
 class MlcEngine:
@@ -183,37 +279,7 @@ class MlcEngine:
         return self._generate_command(runner, body)
 
     def _generate_http(self, url: str, body: dict) -> GenerateResult:
-        parsed = urlparse(url)
-        conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
-        conn = conn_cls(parsed.hostname, parsed.port, timeout=self.timeout_s)
-        payload = dict(body, stream=True, stream_options={"include_usage": True})
-        events: list[tuple[float, dict]] = []
-        try:
-            sent = time.monotonic()
-            conn.request(
-                "POST",
-                parsed.path.rstrip("/") + "/v1/chat/completions",
-                body=json.dumps(payload),
-                headers={"Content-Type": "application/json"},
-            )
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise Pi2Error(
-                    f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}"
-                )
-            while line := resp.readline():
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                events.append((time.monotonic() - sent, json.loads(data)))
-        except (OSError, http.client.HTTPException) as err:
-            raise Pi2Error(f"cannot reach the MLC server at {url}: {err}") from err
-        finally:
-            conn.close()
-        out = parse_chat_stream(events)
+        out = stream_chat(url, body, self.timeout_s)
         ttft = out.chunk_times_s[0] if out.chunk_times_s else (out.stats.ttft_s or 0.0)
         return GenerateResult(
             engine=self.name,
@@ -240,22 +306,8 @@ class MlcEngine:
         )
 
     def _generate_command(self, runner: str, body: dict) -> GenerateResult:
-        cmd = shlex.split(runner)
-        if not cmd or (os.sep in cmd[0] and not Path(cmd[0]).exists()):
-            raise Pi2Error(f"the MLC runner command does not exist: {cmd[0] if cmd else runner!r}")
-        started = time.monotonic()
-        try:
-            done = subprocess.run(
-                cmd, input=json.dumps(body), capture_output=True, text=True, timeout=self.timeout_s
-            )
-        except FileNotFoundError as err:
-            raise Pi2Error(f"the MLC runner command was not found: {cmd[0]}") from err
-        except subprocess.TimeoutExpired as err:
-            raise Pi2Error(f"the MLC runner took longer than {self.timeout_s:.0f} s") from err
-        wall = time.monotonic() - started
-        if done.returncode != 0:
-            tail = " | ".join(done.stderr.strip().splitlines()[-3:])[-300:]
-            raise Pi2Error(f"the MLC runner failed with code {done.returncode}: {tail}")
+        done = run_command_runner(runner, body, self.timeout_s)
+        wall = done.wall_s
         text, stats = parse_runner_output(done.stdout)
         return GenerateResult(
             engine=self.name,
