@@ -12,6 +12,7 @@ from pi2cli.errors import Pi2Error
 DRIVERS: dict[str, str] = {
     "pi2": "pi2cli.engines.pi2:Pi2Engine",
     "llama.cpp": "pi2cli.engines.llamacpp:LlamaCppEngine",
+    "llmflash": "pi2cli.engines.llmflash:LlmFlashEngine",
     "mlc-llm": "pi2cli.engines.mlc:MlcEngine",
 }
 
@@ -31,12 +32,11 @@ def get_driver(name: str) -> EngineDriver:
 BENCH_DRIVERS: dict[str, str] = {
     "pi2": "pi2cli.engines.pi2_chat:Pi2BenchDriver",
     "llama.cpp": "pi2cli.engines.llamacpp_chat:LlamaCppBenchDriver",
+    "llmflash": "pi2cli.engines.llmflash:LlmFlashBenchDriver",
+    "mlc-llm": "pi2cli.engines.mlc_chat:MlcBenchDriver",
 }
 # engines `pi2 bench` knows of but cannot run yet, with the reason
-BENCH_NOT_YET: dict[str, str] = {
-    "llmflash": "pi2-engine has no --policy llmflash yet (the sparse engine's policies are still landing)",
-    "mlc-llm": "the MLC-LLM driver has no multi-turn session yet (it runs single prompts: pi2 generate)",
-}
+BENCH_NOT_YET: dict[str, str] = {}
 
 
 def get_bench_driver(name: str):

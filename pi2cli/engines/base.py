@@ -62,9 +62,10 @@ class ChatSession(Protocol):
 
     pid: int | None  # the engine process ON THE TARGET (memory sampling), None when unknown
 
-    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None):
+    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None, messages=None):
         """Generate an answer to `prompt` (the full conversation so far); returns a TurnMetrics
-        (pi2cli.engines.llamacpp). on_text(str) receives generated text as it comes, when it can."""
+        (pi2cli.engines.llamacpp). on_text(str) receives generated text as it comes, when it can.
+        messages: the same conversation as chat messages, for engines that apply their own template."""
         ...
 
     def close(self) -> dict:
@@ -84,6 +85,7 @@ class BenchDriver(Protocol):
     policy: str | None
     model_suffix: str  # ".pi2" or ".gguf": which twin of the model this engine runs
     how: str  # how TTFT/TBT are measured, stored in every result
+    extra_settings: dict  # optional: engine options stored in the result's settings (llmflash_window)
 
     def supports(self, target) -> str | None:
         """None when this engine can run on `target`, else the one-line reason it cannot."""
@@ -93,10 +95,15 @@ class BenchDriver(Protocol):
         """Local files of the engine to put on the target (empty for a local target)."""
         ...
 
+    def configure(self, target, model_local: Path) -> None:
+        """Optional: called once the model is known, before engine_info (pi2 picks its policy here)."""
+        ...
+
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0) -> ChatSession:  # fmt: skip
+                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> ChatSession:  # fmt: skip
         """Start the engine on `target` with `model` (a path there). budget: a pi2cli.budget.Budget
-        (local targets only) the process must start inside."""
+        (local targets only) the process must start inside; budget_bytes: the same budget in bytes on
+        any target, for engines that manage their own memory (pi2-engine --memory-budget)."""
         ...
 
     def engine_info(self, target) -> dict:

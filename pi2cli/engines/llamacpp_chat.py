@@ -21,7 +21,8 @@ class LlamaCppSession:
         self.seed = seed
         self.pid = server.proc.pid if server.proc else None
 
-    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None) -> TurnMetrics:
+    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None,
+             messages: list[dict] | None = None) -> TurnMetrics:  # fmt: skip
         if self.server.proc is not None and self.server.proc.poll() is not None:
             raise Pi2Error(
                 f"llama-server exited with code {self.server.proc.returncode}: {self.server.log_tail()}"
@@ -81,7 +82,8 @@ class LlamaCppBenchDriver:
         return []
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0) -> LlamaCppSession:  # fmt: skip
+                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> LlamaCppSession:  # fmt: skip
+        # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
         server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         server.start()
         return LlamaCppSession(server, seed)

@@ -201,6 +201,46 @@ class EventsTail:
         return events
 
 
+# ------------------------------------------------------------------------------------ sparse figures
+# What the sparse engine's `summary` event reports (SPARSE_SPEC / docs/ENGINE.md), kept in the result's
+# counters under the engine's own names. Dense runs of an engine without them simply lack the keys.
+SPARSE_SUMMARY_FIELDS = (
+    "policy", "predictor", "memory_budget_bytes", "io_method", "o_direct", "storage_bytes_read",
+    "storage_reads", "cache_bytes", "hot_bytes", "cold_bytes", "fixed_bytes", "hits_hot", "hits_cold",
+    "misses_hot", "misses_cold", "hit_rate", "io_wait_s", "compute_s", "io_share", "active_fraction",
+    "predictor_recall", "predictor_precision",
+)  # fmt: skip
+
+
+def summary_counters(event: dict) -> dict:
+    """The run-level counters of a `summary` event: peak RSS, bytes read, and the sparse engine's figures,
+    plus the schema's own cache_hits / cache_misses / io_ns / compute_ns so summaries compute the hit rate
+    and I/O share the same way for every engine."""
+    out = {k: event[k] for k in ("peak_rss_bytes", "bytes_read", *SPARSE_SUMMARY_FIELDS)
+           if isinstance(event.get(k), int | float | str)}  # fmt: skip
+    hits = [event.get("hits_hot"), event.get("hits_cold")]
+    misses = [event.get("misses_hot"), event.get("misses_cold")]
+    if all(isinstance(v, int) for v in hits + misses):
+        out["cache_hits"], out["cache_misses"] = sum(hits), sum(misses)
+    for src, dst in (("io_wait_s", "io_ns"), ("compute_s", "compute_ns")):
+        if isinstance(event.get(src), int | float):
+            out[dst] = round(event[src] * 1e9)
+    return out
+
+
+def turn_io_sums(tokens: list[dict]) -> dict:
+    """Storage and cache figures of one turn, summed over its token events (sparse policies only):
+    {"bytes_read", "reads", "hits", "misses", "io_ns", "compute_ns"}; {} when the events carry none."""
+    if not tokens or not any("bytes_read" in e for e in tokens):
+        return {}
+    out = {
+        key: sum(int(e.get(key) or 0) for e in tokens) for key in ("bytes_read", "reads", "hits", "misses")
+    }
+    out["io_ns"] = round(sum(float(e.get("io_wait_s") or 0) for e in tokens) * 1e9)
+    out["compute_ns"] = round(sum(float(e.get("compute_s") or 0) for e in tokens) * 1e9)
+    return out
+
+
 # -------------------------------------------------------------------------------------------- session
 def common_prefix_extends(context: str, prompt: str) -> str | None:
     """The part of `prompt` after `context` when prompt starts with it (and adds something), else None."""
@@ -245,7 +285,10 @@ class Pi2ChatSession:
                 )
             return chunk
 
-    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None) -> TurnMetrics:
+    def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None,
+             messages: list[dict] | None = None) -> TurnMetrics:  # fmt: skip
+        """One turn; `messages` (the same conversation as chat messages) is for engines that take
+        messages rather than rendered text, and unused here."""
         delta = common_prefix_extends(self.context, prompt)
         reset = delta is None
         request = {"prompt": prompt if reset else delta, "n_predict": int(n_predict),
@@ -287,6 +330,10 @@ class Pi2ChatSession:
                 self.start_event = event
         t0 = record["t0"]
         n_new, n_cached = int(record["n_prompt"]), int(record["n_cached"])
+        timings = {k: record[k] for k in ("prefill_s", "decode_s", "n_past", "peak_rss_bytes") if k in record}
+        sparse = turn_io_sums(tokens)
+        if sparse:
+            timings["sparse"] = sparse
         return TurnMetrics(
             text=text,
             token_ids=[int(e["id"]) for e in tokens],
@@ -299,9 +346,7 @@ class Pi2ChatSession:
             decode_tps=float(record["decode_tps"]),
             host_decode_tps=0.0,
             stop_type=str(record.get("stop", "")),
-            timings={
-                k: record[k] for k in ("prefill_s", "decode_s", "n_past", "peak_rss_bytes") if k in record
-            },
+            timings=timings,
         )
 
     def close(self) -> dict:
@@ -313,7 +358,7 @@ class Pi2ChatSession:
             raise Pi2Error("pi2-engine did not exit after its input ended")
         for event in self.events.read_new():
             if event.get("event") == "summary":
-                self.counters.update({k: event[k] for k in ("peak_rss_bytes", "bytes_read") if k in event})
+                self.counters.update(summary_counters(event))
             elif event.get("event") == "start":
                 self.start_event = event
         if self.start_event.get("load_s") is not None:
@@ -344,9 +389,11 @@ def chat_command(binary: str, model: str, events: str, *, threads: int | None, n
 
 
 def open_chat_session(target, binary: str, model: str, *, threads: int | None = None, n_ctx: int = 4096,
-                      budget=None, seed: int = 0, events_dir: str | None = None) -> Pi2ChatSession:  # fmt: skip
+                      budget=None, seed: int = 0, events_dir: str | None = None,
+                      extra: list[str] | None = None) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
-    (a temporary directory here, the working directory on a device)."""
+    (a temporary directory here, the working directory on a device). `extra`: more engine flags
+    (--policy, --memory-budget, ...)."""
     if target.kind in ("local", "qemu"):
         import shutil
         import tempfile
@@ -356,7 +403,7 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
         events = str(Path(events_dir) / "events.jsonl")
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
         argv = target.command_prefix() + chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                      seed=seed)  # fmt: skip
+                                                      seed=seed, extra=extra)  # fmt: skip
         process = LocalChatProcess(argv, budget=budget)
     else:
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
@@ -368,20 +415,55 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
 
         try:
             process = adb_chat_process(target, chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                            seed=seed))  # fmt: skip
+                                                            seed=seed, extra=extra))  # fmt: skip
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
 
 
 # ---------------------------------------------------------------------------------------- bench driver
+SPARSE_FLAGS = ("--policy", "--memory-budget", "--llmflash-window")
+_flag_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+
+
+def engine_flags(binary: Path) -> frozenset[str]:
+    """Which of the sparse engine's flags this pi2-engine build knows. Read from the binary's own text
+    (its usage and option strings), so it works for a build of any architecture, also one for a phone
+    that cannot run here; remembered per (path, size, mtime)."""
+    st = binary.stat()
+    key = (str(binary), st.st_size, st.st_mtime_ns)
+    if key not in _flag_cache:
+        data = binary.read_bytes()
+        _flag_cache[key] = frozenset(f for f in SPARSE_FLAGS if f.encode() + b"\0" in data
+                                     or f.encode() + b" " in data)  # fmt: skip
+    return _flag_cache[key]
+
+
+def model_has_predictor(model: Path) -> bool:
+    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor)."""
+    from pi2cli.pi2file import Pi2File
+
+    try:
+        return Pi2File(model, verify=False).header.has_predictor
+    except (OSError, ValueError) as exc:
+        raise Pi2Error(f"{model}: cannot read its header: {exc}") from None
+
+
 class Pi2BenchDriver:
-    """The pi2 engine for `pi2 bench` (BenchDriver): the .pi2 twin, pi2-engine chat on any target."""
+    """The pi2 engine for `pi2 bench` (BenchDriver): the .pi2 twin, pi2-engine chat on any target.
+
+    The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
+    otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
+    its neuron cache from it), while the host still enforces the budget with a cgroup as for every
+    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
 
     name = "pi2"
-    policy = "dense"  # what pi2-engine runs today; sparse policies arrive with the engine's --policy
+    policy = "dense"
     model_suffix = ".pi2"
     how = HOW
+
+    def __init__(self):
+        self.extra_settings: dict = {}  # stored in the result's settings block
 
     def supports(self, target) -> str | None:
         return None
@@ -397,12 +479,25 @@ class Pi2BenchDriver:
     def binaries(self, target) -> list[Path]:
         return [self.local_binary(target)]
 
+    def configure(self, target, model_local: Path) -> None:
+        """Choose the policy for this model and this engine build (before engine_info records it)."""
+        self._sparse_flags = engine_flags(self.local_binary(target))
+        sparse = "--policy" in self._sparse_flags
+        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
+
+    def engine_args(self, budget_bytes: int | None) -> list[str]:
+        """The policy and budget flags for pi2-engine (none for a build that has no --policy)."""
+        flags = getattr(self, "_sparse_flags", frozenset())
+        args = ["--policy", self.policy] if "--policy" in flags else []
+        if budget_bytes and "--memory-budget" in flags:
+            args += ["--memory-budget", str(int(budget_bytes))]
+        return args
+
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0) -> Pi2ChatSession:  # fmt: skip
+                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        return open_chat_session(
-            target, binary, model, threads=threads, n_ctx=n_ctx, budget=budget, seed=seed
-        )
+        return open_chat_session(target, binary, model, threads=threads, n_ctx=n_ctx, budget=budget, seed=seed,
+                                 extra=self.engine_args(budget_bytes))  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__

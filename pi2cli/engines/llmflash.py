@@ -1,0 +1,82 @@
+"""LLM in a Flash (Alizadeh et al., 2023) as a named baseline: pi2-engine with `--policy llmflash`.
+
+The policy reads neuron bundles predicted active (row-column bundling) and keeps the neurons used by the
+last K tokens in memory (the paper's sliding window; K = 5 by default, as in the paper), but has none of
+PowerInfer-2's segmented hot/cold cache, two-phase reads or pipelining. It runs the same .pi2 model,
+the same workloads and the same measurement as the pi2 driver (pi2-engine chat, events JSONL); only the
+policy differs, so the comparison isolates the techniques. Its results say engine "llmflash", policy
+"llmflash" and the window (settings.llmflash_window).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, model_has_predictor
+from pi2cli.errors import Pi2Error
+
+DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)
+
+
+class LlmFlashBenchDriver(Pi2BenchDriver):
+    name = "llmflash"
+    policy = "llmflash"
+
+    def __init__(self, window: int = DEFAULT_WINDOW):
+        super().__init__()
+        self.window = window
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @window.setter
+    def window(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise Pi2Error(f"--llmflash-window must be a positive number of tokens, got {value!r}")
+        self._window = value
+        self.extra_settings = {"llmflash_window": value}
+
+    def supports(self, target) -> str | None:
+        try:
+            flags = engine_flags(self.local_binary(target))
+        except Pi2Error as exc:
+            return str(exc)
+        if "--policy" not in flags or "--llmflash-window" not in flags:
+            return (f"engine 'llmflash' needs a pi2-engine with --policy llmflash and --llmflash-window "
+                    f"(the sparse engine); {self.local_binary(target)} has neither: rebuild it (make engine)")  # fmt: skip
+        return None
+
+    def configure(self, target, model_local: Path) -> None:
+        self._sparse_flags = engine_flags(self.local_binary(target))
+        if not model_has_predictor(model_local):
+            raise Pi2Error(f"engine 'llmflash' needs a model with activation predictors and {model_local} has "
+                           f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
+        self.policy = "llmflash"
+
+    def engine_args(self, budget_bytes: int | None) -> list[str]:
+        args = ["--policy", "llmflash", "--llmflash-window", str(self.window)]
+        if budget_bytes and "--memory-budget" in getattr(self, "_sparse_flags", frozenset()):
+            args += ["--memory-budget", str(int(budget_bytes))]
+        return args
+
+
+class LlmFlashEngine:
+    """`pi2 generate --engine llmflash`: one prompt through pi2-engine generate with the llmflash policy."""
+
+    name = "llmflash"
+
+    def __init__(self, window: int = DEFAULT_WINDOW):
+        self.window = window
+
+    def generate(self, request):
+        from pi2cli.engines.pi2 import Pi2Engine, engine_binary
+
+        if "--policy" not in engine_flags(engine_binary()):
+            raise Pi2Error(f"{engine_binary()} has no --policy (the sparse engine): rebuild it (make engine)")
+        result = Pi2Engine().generate(
+            request, extra=["--policy", "llmflash", "--llmflash-window", str(self.window)]
+        )
+        result.engine = self.name
+        result.extra["llmflash_window"] = self.window
+        return result
