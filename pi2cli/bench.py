@@ -195,7 +195,7 @@ class BenchConfig:
     seed: int | None = None
     budgets: list[int | None] = field(default_factory=lambda: [None])
     device: str | None = None
-    repeat: int = 1
+    repeat: int | None = 1  # None: 1, or 3 in llama-bench mode
     threads: int | None = None
     n_gen: int | None = None  # tokens per turn; None: the workload's max_new_tokens of each turn
     ctx: int = DEFAULT_CTX
@@ -205,6 +205,11 @@ class BenchConfig:
     cool_timeout_s: float = 600.0
     tags: list[str] = field(default_factory=list)
     llamacpp_bin_dir: str | None = None
+    mode: str = "chat"  # "chat": the workloads, multi-turn; "llama-bench": llama.cpp's own pp/tg benchmark
+    n_prompt: int = 512  # llama-bench mode: prompt tokens of the pp test (-p)
+    llmflash_window: int = 5  # llmflash: keep the neurons used by the last K tokens
+    mlc_runner: str | None = None  # mlc-llm: the runner (URL or command); None: $PI2_MLC_RUNNER
+    mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
 
 
 @dataclass
@@ -218,12 +223,15 @@ class RunOutcome:
     def row(self) -> dict:
         """What --json prints per run."""
         s = self.run["summary"]
+        counters = self.run["counters"]
+        decode = s["pooled_ts"] if s["pooled_ts"] is not None else s["avg_ts"]
 
         def ms(ns):
             return None if ns is None else round(ns / 1e6, 3)
 
         return {
             "engine": self.engine,
+            "policy": self.run["engine"].get("policy"),
             "workload": self.workload,
             "budget_bytes": self.budget_bytes,
             "status": self.run["status"],
@@ -235,8 +243,14 @@ class RunOutcome:
             "tbt_p50_ms": ms(s["tbt_p50_ns"]),
             "tbt_p90_ms": ms(s["tbt_p90_ns"]),
             "tbt_p99_ms": ms(s["tbt_p99_ns"]),
-            "decode_tps": None if s["pooled_ts"] is None else round(s["pooled_ts"], 3),
+            # pooled over every token's time; engines that report rates only (llama-bench, an MLC command
+            # runner): the mean of their per-turn rates
+            "decode_tps": None if decode is None else round(decode, 3),
+            "prefill_tps": None if s["prefill_avg_ts"] is None else round(s["prefill_avg_ts"], 3),
             "peak_rss_bytes": s["peak_rss_bytes"],
+            "hit_rate": counters.get("hit_rate"),
+            "io_share": counters.get("io_share"),
+            "storage_bytes_read": counters.get("storage_bytes_read"),
         }
 
 
@@ -296,6 +310,8 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
     if reason:
         raise Pi2Error(reason)
     local_model = model.for_engine(driver.model_suffix, driver.name)
+    if hasattr(driver, "configure"):
+        driver.configure(target, local_model)
     if target.kind in ("local", "qemu"):
         return Prepared(driver, local_model, str(local_model), None)
     from pi2cli.push import collect_items, push_files
@@ -361,7 +377,7 @@ def run_one(
         memory=memory_block(target, budget_bytes, None),
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
-                                 limit=cfg.limit),
+                                 limit=cfg.limit, **getattr(driver, "extra_settings", {})),
         measurement=driver.how,
         tags=cfg.tags,
     )  # fmt: skip
@@ -378,17 +394,19 @@ def run_one(
         with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
             session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
                                        threads=cfg.threads, n_ctx=cfg.ctx,
-                                       budget=budget if local_budget else None, seed=cfg.seed or 0)  # fmt: skip
+                                       budget=budget if local_budget else None, seed=cfg.seed or 0,
+                                       budget_bytes=budget_bytes)  # fmt: skip
             sampler = MemorySampler(target, session.pid).start()
             for rep in range(cfg.repeat):
                 for conv in conversations:
                     answers: list[str] = []
                     for k, budget_tokens in enumerate(conv.max_new_tokens):
                         n_predict = cfg.n_gen or budget_tokens
-                        prompt = model.template.render(conv.messages_for_turn(k, answers))
+                        messages = conv.messages_for_turn(k, answers)
+                        prompt = model.template.render(messages)
                         reporter.turn_started(label, conv.id, k + 1, len(conv.turns))
                         try:
-                            t = session.turn(prompt, n_predict, ignore_eos=cfg.ignore_eos)
+                            t = session.turn(prompt, n_predict, ignore_eos=cfg.ignore_eos, messages=messages)
                         except TurnFailed as exc:
                             # The engine is up but refused this turn: record it, go to the next conversation.
                             S.add_turn(run, n_prompt=0, n_gen=0, ttft_ns=None, prompt_id=f"{conv.id}#{k}",
@@ -396,17 +414,9 @@ def run_one(
                             reporter.message(f"{label}: {conv.id} turn {k + 1} failed: {exc}")
                             break
                         answers.append(t.text)
-                        times = t.token_times_s
-                        samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
-                        turn = S.add_turn(
-                            run, n_prompt=t.n_prompt_processed, n_gen=len(t.token_ids) or len(times),
-                            ttft_ns=round(t.ttft_s * 1e9), samples_ns=samples, prompt_id=f"{conv.id}#{k}",
-                            rep=rep,
-                            extra={"n_prompt_total": t.n_prompt, "n_prompt_cached": t.n_prompt_cached,
-                                   "engine_prefill_tps": t.prefill_tps, "engine_decode_tps": t.decode_tps,
-                                   "stop": t.stop_type, "text": t.text},
-                        )  # fmt: skip
-                        reporter.turn_done(label, turn["decode_ts"], t.ttft_s * 1e3)
+                        turn = S.add_turn(run, **turn_fields(t), prompt_id=f"{conv.id}#{k}", rep=rep)
+                        reporter.turn_done(label, turn["decode_ts"],
+                                           None if t.ttft_s is None else t.ttft_s * 1e3)  # fmt: skip
             sampler.stop()
             counters = session.close()
             session = None
@@ -440,6 +450,32 @@ def run_one(
     return RunOutcome(driver.name, workload, budget_bytes, run, path)
 
 
+def turn_fields(t) -> dict:
+    """add_turn's arguments for one TurnMetrics. TTFT and TBT come from the per-token times wherever
+    the engine gives them (the same for every engine); an engine that reports only rates (an MLC
+    command runner) gets its own prefill/decode rates recorded instead (extra.rates_from = "engine")."""
+    times = t.token_times_s
+    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
+    n_gen = t.n_gen if t.n_gen is not None else (len(t.token_ids) or len(times))
+    rate_only = not samples and n_gen > 1 and bool(t.decode_tps)
+    extra = {"n_prompt_total": t.n_prompt, "n_prompt_cached": t.n_prompt_cached,
+             "engine_prefill_tps": t.prefill_tps, "engine_decode_tps": t.decode_tps, "stop": t.stop_type,
+             "text": t.text}  # fmt: skip
+    if rate_only:
+        extra["rates_from"] = "engine"
+    io = t.timings.get("sparse") or {}
+    if io:
+        extra["storage_reads"] = io["reads"]
+    return dict(
+        n_prompt=t.n_prompt_processed, n_gen=n_gen, ttft_ns=None if t.ttft_s is None else round(t.ttft_s * 1e9),
+        samples_ns=samples, extra=extra,
+        prefill_ts=(t.prefill_tps or None) if rate_only and (t.ttft_s is None or not t.n_prompt_processed) else None,
+        decode_ts=t.decode_tps if rate_only else None,
+        bytes_read=io.get("bytes_read"), cache_hits=io.get("hits"), cache_misses=io.get("misses"),
+        io_ns=io.get("io_ns"), compute_ns=io.get("compute_ns"),
+    )  # fmt: skip
+
+
 def _finish_samples(run: dict, sampler: MemorySampler | None) -> None:
     if sampler is None:
         return
@@ -468,26 +504,43 @@ class DeviceVanished(Pi2Error):
         self.outcome = outcome
 
 
+MODES = ("chat", "llama-bench")
+
+
+def apply_engine_options(drivers: list, cfg: BenchConfig) -> None:
+    """The bench options that belong to one engine: llama.cpp's build, llmflash's window, MLC's runner."""
+    for d in drivers:
+        if d.name == "llama.cpp" and cfg.llamacpp_bin_dir:
+            d._bin_dir = Path(cfg.llamacpp_bin_dir)
+        elif d.name == "llmflash":
+            d.window = cfg.llmflash_window
+        elif d.name == "mlc-llm":
+            d.runner, d.model = cfg.mlc_runner or d.runner, cfg.mlc_model or d.model
+
+
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
     """Resolve everything first (so a typo fails before anything runs), then every run in turn."""
     from pi2cli.engines import get_bench_driver
     from pi2cli.targets import get_target
 
     reporter = reporter or Reporter()
+    if cfg.repeat is None:
+        cfg.repeat = DEFAULT_LLAMA_BENCH_REPEAT if cfg.mode == "llama-bench" else 1
     if cfg.repeat < 1:
         raise Pi2Error(f"--repeat must be at least 1, got {cfg.repeat}")
-    if cfg.n_gen is not None and cfg.n_gen < 1:
+    if cfg.mode != "llama-bench" and cfg.n_gen is not None and cfg.n_gen < 1:
         raise Pi2Error(f"--n-gen must be at least 1, got {cfg.n_gen}")
+    if cfg.mode not in MODES:
+        raise Pi2Error(f"--mode {cfg.mode!r}: use one of {', '.join(MODES)}")
     drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
+    apply_engine_options(drivers, cfg)
+    if cfg.mode == "llama-bench":
+        return run_llama_bench_mode(cfg, drivers, reporter)
     workloads = {name: load_workload(name, cfg.limit, cfg.seed) for name in dict.fromkeys(cfg.workloads)}
     try:
         target = get_target(cfg.device)
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
-    if cfg.llamacpp_bin_dir:
-        for d in drivers:
-            if d.name == "llama.cpp":
-                d._bin_dir = Path(cfg.llamacpp_bin_dir)
     for d in drivers:
         reason = d.supports(target)
         if reason:
@@ -508,6 +561,139 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
                 outcome = run_one(cfg, target, facts, prep, model, name, conversations, budget, reporter)
                 outcomes.append(outcome)
     return outcomes
+
+
+# ------------------------------------------------------------------------------------- llama-bench mode
+DEFAULT_LLAMA_BENCH_N_GEN = 128
+DEFAULT_LLAMA_BENCH_REPEAT = 3
+
+
+def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) -> list[RunOutcome]:
+    """`--mode llama-bench`: llama.cpp's own pp/tg benchmark on the GGUF, one run per memory budget."""
+    from pi2cli.targets import get_target
+
+    others = [d.name for d in drivers if d.name != "llama.cpp"]
+    if others:
+        raise Pi2Error(f"--mode llama-bench runs llama.cpp's llama-bench; engine '{others[0]}' has no such "
+                       f"mode (use --mode chat, or -e llama.cpp alone)")  # fmt: skip
+    if cfg.n_prompt < 0 or (cfg.n_gen or 0) < 0 or (cfg.n_prompt == 0 and cfg.n_gen == 0):
+        raise Pi2Error("--mode llama-bench needs --n-prompt or --n-gen above 0 (pp and tg tests)")
+    try:
+        target = get_target(cfg.device)
+    except TargetError as exc:
+        raise Pi2Error(str(exc)) from None
+    if target.kind != "local":
+        raise Pi2Error(
+            f"--mode llama-bench runs on this machine only (target {target.name} is {target.kind})"
+        )
+    model = resolve_model(cfg.model, convert_missing_pi2=False, reporter=reporter)
+    (driver,) = drivers
+    return [
+        llama_bench_run(cfg, target, target.facts(), driver, model, budget, reporter)
+        for budget in cfg.budgets
+    ]
+
+
+def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelFiles, budget_bytes: int | None,
+                    reporter: Reporter) -> RunOutcome:  # fmt: skip
+    """One llama-bench process (inside the budget's cgroup, model evicted first; memory sampled like any
+    engine's) -> one result: a turn per test and repetition (pp: n_prompt and prefill_ts; tg: n_gen and
+    decode_ts; llama-bench times no first token, so TTFT and TBT stay unknown) and llama-bench's own
+    JSON records, unchanged, in run["llama_bench"]."""
+    import subprocess
+
+    from pi2cli.budget import Budget
+    from pi2cli.engines.llamacpp import (
+        LLAMA_BENCH_HOW,
+        check_llama_bench_exit,
+        llama_bench_command,
+        parse_llama_bench_json,
+    )
+    from pi2cli.results import store
+
+    n_gen = DEFAULT_LLAMA_BENCH_N_GEN if cfg.n_gen is None else cfg.n_gen
+    reps = cfg.repeat
+    gguf = model.for_engine(".gguf", "llama.cpp")
+    cmd = llama_bench_command(gguf, bin_dir=driver.bin_dir, n_prompt=cfg.n_prompt, n_gen=n_gen,
+                              threads=cfg.threads, repetitions=reps)  # fmt: skip
+    workload = f"llama-bench-pp{cfg.n_prompt}-tg{n_gen}"
+    label = f"llama.cpp · {workload}" + (f" · {S.budget_label(budget_bytes)}" if budget_bytes else "")
+    run = S.new_run(
+        engine=S.engine_info(**driver.engine_info(target)),
+        model=S.model_info(model.name, path=str(gguf), sha256=file_sha256(gguf), size_bytes=gguf.stat().st_size,
+                           **model_facts(model)),
+        workload=S.workload_info(workload, n_prompts=int(cfg.n_prompt > 0) + int(n_gen > 0),
+                                 source="llama-bench synthetic tokens (-p / -n)"),
+        target=S.target_info(target.name, target.kind,
+                             **{k: v for k, v in facts.items() if k not in ("name", "kind")}),
+        memory=memory_block(target, budget_bytes, None),
+        settings=S.settings_info(n_gen=n_gen, threads=cfg.threads, repetitions=reps, warmup=0, mode="llama-bench",
+                                 n_prompt=cfg.n_prompt, load_mode="mmap", repack=False, command=cmd[1:]),
+        measurement=LLAMA_BENCH_HOW,
+        tags=cfg.tags,
+    )  # fmt: skip
+    reporter.run_started(label, 1)
+    reporter.turn_started(label, f"pp{cfg.n_prompt}/tg{n_gen}", 1, 1)
+    proc = sampler = None
+    budget_record = None
+    try:
+        with Budget(budget_bytes, evict=[gguf] if budget_bytes else []) as budget:
+            proc = budget.popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # fmt: skip
+            sampler = MemorySampler(target, proc.pid).start()
+            out, err = proc.communicate()
+            sampler.stop()
+            budget_record = budget.record() if budget_bytes else None
+        check_llama_bench_exit(proc.returncode, err)
+        records = parse_llama_bench_json(out)
+        add_llama_bench_turns(run, records)
+        run["llama_bench"] = records
+        if budget_record and budget_record.get("peak_bytes") is not None:
+            S.set_counters(run, budget_peak_bytes=budget_record["peak_bytes"])
+    except (KeyboardInterrupt, Pi2Error, OSError) as exc:
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+                proc.wait(10)
+        status, error = classify_failure(exc)
+        S.mark_failed(run, status, error)
+        _finish_samples(run, sampler)
+        run["memory"] = memory_block(target, budget_bytes, budget_record)
+        path = store.save_run(run, cfg.results_dir)
+        reporter.run_done(label, status)
+        outcome = RunOutcome(driver.name, workload, budget_bytes, run, path)
+        if isinstance(exc, KeyboardInterrupt):
+            raise BenchInterrupted(outcome) from None
+        return outcome
+    _finish_samples(run, sampler)
+    run["memory"] = memory_block(target, budget_bytes, budget_record)
+    path = store.save_run(run, cfg.results_dir)
+    tg = run["summary"]["avg_ts"]
+    reporter.turn_done(label, tg, None)
+    reporter.run_done(label, run["status"])
+    return RunOutcome(driver.name, workload, budget_bytes, run, path)
+
+
+def add_llama_bench_turns(run: dict, records: list[dict]) -> None:
+    """One turn per llama-bench test and repetition, from its samples_ns / samples_ts."""
+    for record in records:
+        try:
+            n_p, n_g = int(record["n_prompt"]), int(record["n_gen"])
+            times = [int(v) for v in record["samples_ns"]]
+            rates = [float(v) for v in record["samples_ts"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Pi2Error(
+                f"llama-bench record without n_prompt/n_gen/samples_ns/samples_ts: {exc}"
+            ) from None
+        if (n_p > 0) == (n_g > 0) or len(times) != len(rates):
+            raise Pi2Error(
+                f"llama-bench record pp{n_p}/tg{n_g}: expected a pp or a tg test with one rate per time"
+            )
+        test = f"pp{n_p}" if n_p else f"tg{n_g}"
+        for rep, (t_ns, ts) in enumerate(zip(times, rates, strict=True)):
+            S.add_turn(run, n_prompt=n_p, n_gen=n_g, ttft_ns=None, prefill_ts=ts if n_p else None,
+                       decode_ts=ts if n_g else None, prompt_id=test, rep=rep,
+                       extra={"test": test, "t_ns": t_ns, "rates_from": "engine"})  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- table

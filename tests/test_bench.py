@@ -190,14 +190,41 @@ def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tm
     assert row["status"] == "aborted"
 
 
-def test_bad_input_is_one_clear_error(env, model_dir, tmp_path):
+def test_bad_input_is_one_clear_error(env, model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("PI2_MLC_RUNNER", raising=False)
     runner = CliRunner()
     lone = tmp_path / "lone.pi2"
     shutil.copy(model_dir / "model.pi2", lone)
     cases = [
         (["-m", str(tmp_path / "nope.pi2")], "no such file"),
         (["-m", str(lone)], "no GGUF twin"),
-        (["-m", str(model_dir / "model.pi2"), "-e", "mlc-llm"], "cannot be benched yet"),
+        (["-m", str(model_dir / "model.pi2"), "-e", "mlc-llm"], "needs a runner and none is configured"),
+        (
+            ["-m", str(model_dir / "model.pi2"), "-e", "mlc-llm", "--mlc-runner", str(tmp_path / "none")],
+            "the MLC runner command does not exist",
+        ),
+        # SmolLM2 has no predictors (and a build before the sparse engine has no --policy): either way
+        (["-m", str(model_dir / "model.pi2"), "-e", "llmflash"], "engine 'llmflash' needs a"),
+        (
+            ["-m", str(model_dir / "model.pi2"), "-e", "llmflash", "--llmflash-window", "0"],
+            "--llmflash-window",
+        ),
+        (["-m", str(model_dir / "model.pi2"), "-e", "pi2", "--mode", "llama-bench"], "has no such mode"),
+        (
+            [
+                "-m",
+                str(model_dir / "model.pi2"),
+                "-e",
+                "llama.cpp",
+                "--mode",
+                "llama-bench",
+                "-p",
+                "0",
+                "-n",
+                "0",
+            ],
+            "needs --n-prompt or --n-gen above 0",
+        ),
         (["-m", str(model_dir / "model.pi2"), "-e", "vllm"], "unknown engine"),
         (["-m", str(model_dir / "model.pi2"), "--memory-budget", "lots"], "not a size"),
         (["-m", str(model_dir / "model.pi2"), "--limit", "0"], "--limit must be at least 1"),

@@ -75,7 +75,23 @@ def print_table(console, outcomes) -> None:
               help="DIR/model.pi2 (its GGUF twin DIR/model.gguf runs llama.cpp and gives the chat template), "
                    "or a .gguf (converted to the .pi2 beside it when pi2 needs it).")  # fmt: skip
 @click.option("--engine", "-e", "engines", multiple=True, default=("pi2",), show_default=True,
-              help="Engine to run; repeat for several: pi2, llama.cpp (llmflash, mlc-llm: not yet).")  # fmt: skip
+              help="Engine to run; repeat for several: pi2 (policy powerinfer2 when the model has predictors, "
+                   "else dense), llmflash (pi2-engine --policy llmflash: the LLM-in-a-Flash baseline), "
+                   "llama.cpp, mlc-llm (needs --mlc-runner).")  # fmt: skip
+@click.option("--mode", type=click.Choice(["chat", "llama-bench"]), default="chat", show_default=True,
+              help="chat: the workloads as multi-turn conversations (every engine). llama-bench: llama.cpp's "
+                   "own pp/tg benchmark (-p --n-prompt, -n --n-gen, -r --repeat; -lm mmap --repack 0), its "
+                   "JSON records kept in the result.")  # fmt: skip
+@click.option("--n-prompt", "-p", type=click.IntRange(0), default=512, show_default=True,
+              help="--mode llama-bench: prompt tokens of the pp test (0: no pp test).")  # fmt: skip
+@click.option("--llmflash-window", type=click.IntRange(1), default=5, show_default=True,
+              help="llmflash: keep the neurons used by the last K tokens (LLM in a Flash uses 5).")  # fmt: skip
+@click.option("--mlc-runner", default=None, envvar="PI2_MLC_RUNNER", show_envvar=True,
+              help="mlc-llm: an `mlc_llm serve` URL (http://127.0.0.1:8000) or a command that reads a JSON "
+                   "request on stdin and prints text plus MLC's stats (docs/MLC.md).")  # fmt: skip
+@click.option("--mlc-model", default=None, envvar="PI2_MLC_MODEL", show_envvar=True,
+              help="mlc-llm: the model id given to the runner (default: a URL runner's only model; a command "
+                   "runner gets the GGUF path).")  # fmt: skip
 @click.option("--workload", "-w", "workloads", multiple=True, default=("multi-turn",), show_default=True,
               type=click.Choice(["multi-turn", "code", "math", "role-play"]),
               help="Workload set; repeat for several.")  # fmt: skip
@@ -87,12 +103,12 @@ def print_table(console, outcomes) -> None:
                    "memory cgroup on this machine; recorded as not enforced on adb devices.")  # fmt: skip
 @click.option("--device", "-d", default=None,
               help="Target: local (default), qemu-arm64, or an adb serial / HOST:PORT (see `pi2 devices`).")  # fmt: skip
-@click.option(
-    "--repeat", type=int, default=1, show_default=True, help="Run every conversation this many times."
-)
+@click.option("--repeat", type=int, default=None,
+              help="Run every conversation this many times [default: 1; llama-bench mode: 3 repetitions].")  # fmt: skip
 @click.option("--threads", "-t", type=int, default=None, help="Engine threads (default: the engine's own).")
 @click.option("--n-gen", "-n", type=int, default=None,
-              help="Tokens generated per turn (default: each turn's max_new_tokens from the workload).")  # fmt: skip
+              help="Tokens generated per turn (default: each turn's max_new_tokens from the workload; "
+                   "llama-bench mode: the tg test's length, default 128).")  # fmt: skip
 @click.option(
     "--ctx", type=int, default=4096, show_default=True, help="KV cache size (tokens) of every engine."
 )
@@ -106,8 +122,9 @@ def print_table(console, outcomes) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
-def command(model, engines, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos,
-            cool_below, tags, results_dir, as_json) -> None:  # fmt: skip
+def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit, seed,
+            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, tags, results_dir,
+            as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
     Every (engine, workload, budget) is one run, saved as one result JSON (see `pi2 results list`).
@@ -121,6 +138,9 @@ def command(model, engines, workloads, limit, seed, budgets, device, repeat, thr
       pi2 bench -m models/smollm2/model.pi2 -e pi2 -e llama.cpp -w multi-turn --limit 2 --json
       pi2 bench -m models/smollm2/model.pi2 -w code --limit 3 -n 64
       pi2 bench -m models/smollm2/model.pi2 --device 127.0.0.1:5555 -w math --limit 1
+      pi2 bench -m synth/model.pi2 -e pi2 -e llmflash --llmflash-window 5 --memory-budget 256M --limit 1
+      pi2 bench -m models/smollm2/model.gguf -e llama.cpp --mode llama-bench -p 512 -n 128 --repeat 3
+      PI2_MLC_RUNNER=http://127.0.0.1:8000 pi2 bench -m models/smollm2/model.pi2 -e mlc-llm --limit 1
     """
     from rich.console import Console
 
@@ -130,7 +150,8 @@ def command(model, engines, workloads, limit, seed, budgets, device, repeat, thr
         model=model, engines=list(engines), workloads=list(workloads), limit=limit, seed=seed,
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
-        tags=list(tags),
+        tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
+        mlc_model=mlc_model,
     )  # fmt: skip
     console = Console(stderr=True)
     if console.is_terminal or not as_json:

@@ -83,6 +83,9 @@ class TurnMetrics:
     host_decode_tps: float
     stop_type: str
     timings: dict = field(default_factory=dict)
+    # tokens generated when token_ids / token_times_s cannot tell (engines that report counts and rates
+    # only, as an MLC command runner); None: len(token_ids)
+    n_gen: int | None = None
 
     @property
     def tbt_s(self) -> list[float]:
@@ -505,6 +508,28 @@ def run_llama_bench(
     from pi2cli.budget import run_budgeted
 
     model = Path(model)
+    cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,
+                              repetitions=repetitions, load_mode=load_mode, repack=repack,
+                              extra_args=extra_args)  # fmt: skip
+    run = run_budgeted(cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s)
+    check_llama_bench_exit(run.returncode, run.stderr)
+    records = parse_llama_bench_json(run.stdout)
+    return {"records": records, "budget": run.budget, "cmd": cmd, "how": LLAMA_BENCH_HOW}
+
+
+LLAMA_BENCH_HOW = (
+    "llama-bench -o json (llama.cpp's own pp/tg timing: one untimed warm-up run, then each repetition "
+    "timed around llama_decode; pp = prompt tokens / time, tg = generated tokens / time; no TTFT or "
+    "per-token times); load mode mmap, repack 0"
+)
+
+
+def llama_bench_command(model: Path, *, bin_dir: Path | None = None, n_prompt: int = 512, n_gen: int = 128,
+                        threads: int | None = None, repetitions: int = 3, load_mode: str = "mmap",
+                        repack: bool = False, extra_args: list[str] | None = None) -> list[str]:  # fmt: skip
+    """The llama-bench command line: `-lm mmap --repack 0` by default, so the weights stay file-backed
+    and a memory budget makes them page from storage, as for the llama-server driver."""
+    model = Path(model)
     if not model.is_file():
         raise Pi2Error(f"model file not found: {model}")
     binary = Path(bin_dir or default_bin_dir()) / "llama-bench"
@@ -516,19 +541,14 @@ def run_llama_bench(
     ]  # fmt: skip
     if threads:
         cmd += ["-t", str(threads)]
-    cmd += extra_args or []
-    run = run_budgeted(cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s)
-    if run.returncode != 0:
-        tail = " | ".join(run.stderr.strip().splitlines()[-3:])[-400:]
-        killed = " (killed: over the memory budget?)" if run.returncode in (-9, 137) else ""
-        raise Pi2Error(f"llama-bench failed with code {run.returncode}{killed}: {tail}")
-    records = parse_llama_bench_json(run.stdout)
-    return {
-        "records": records,
-        "budget": run.budget,
-        "cmd": cmd,
-        "how": "llama-bench -o json (llama.cpp's own pp/tg timing, averaged over repetitions)",
-    }
+    return cmd + list(extra_args or [])
+
+
+def check_llama_bench_exit(returncode: int, stderr: str) -> None:
+    if returncode != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
+        killed = " (killed: over the memory budget?)" if returncode in (-9, 137) else ""
+        raise Pi2Error(f"llama-bench failed with code {returncode}{killed}: {tail}")
 
 
 def parse_llama_bench_json(text: str) -> list[dict]:
