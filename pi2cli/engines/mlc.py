@@ -198,7 +198,7 @@ def resolve_runner(runner: str | None = None) -> str:
 class RunnerRun:
     stdout: str
     wall_s: float
-    peak_rss_bytes: int  # the runner process's own peak (wait4 ru_maxrss); 0 when unknown
+    peak_rss_bytes: int  # the runner process's own peak VmHWM (sampled every 10 ms); 0 when unknown
 
 
 def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) -> RunnerRun:
@@ -225,8 +225,7 @@ def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) ->
         with contextlib.suppress(BrokenPipeError):  # a runner may exit without reading its request
             proc.stdin.write(json.dumps(body))
             proc.stdin.close()
-        # wait4 (not Popen.wait) so the runner's own peak resident set comes back with its exit status
-        status, peak = _wait_with_rusage(proc, timeout_s)
+        status, peak = _wait_sampling_hwm(proc, timeout_s)
     except BaseException:  # timeout, Ctrl-C: never leave the runner behind
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, 9)
@@ -243,13 +242,18 @@ def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) ->
     return RunnerRun("".join(out), wall, peak)
 
 
-def _wait_with_rusage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
-    """(exit code, peak RSS bytes) of a child, polling wait4 until it exits or timeout_s passes."""
+def _wait_sampling_hwm(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
+    """(exit code, peak RSS bytes) of a child: its VmHWM read every 10 ms until it exits. Not wait4's
+    ru_maxrss: the kernel carries the parent's resident set across fork and exec into that figure."""
+    from pi2cli.engines.llamacpp import vm_hwm_bytes
+
     deadline = time.monotonic() + timeout_s
+    peak = 0
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        peak = max(peak, vm_hwm_bytes(proc.pid))
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
         if pid:
-            return os.waitstatus_to_exitcode(status), int(usage.ru_maxrss) * 1024  # ru_maxrss is KiB
+            return os.waitstatus_to_exitcode(status), peak
         if time.monotonic() > deadline:
             raise Pi2Error(f"the MLC runner took longer than {timeout_s:.0f} s")
         time.sleep(0.01)

@@ -8,7 +8,8 @@ rendered with the model's chat template; MLC applies its own conversation templa
   * command runner: the runner is started once per turn with the request on stdin, inside the memory
     budget when there is one. Its figures are its own (usage JSON or the stats line): no per-token
     times, so the turn records MLC's prefill/decode rates, its ttft_s when reported, and TBT stays
-    unknown. Its peak RSS is the runner process's own (wait4), kept when it runs here (not through adb).
+    unknown. Its peak RSS is the runner process's own VmHWM (sampled every 10 ms), kept when it
+    runs here (not through adb; a runner that starts the engine as a child is measured as itself).
 """
 
 from __future__ import annotations
