@@ -708,7 +708,7 @@ def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     rows = []
     for o in outcomes:
         r = o.row()
-        rows.append([r["engine"], r["workload"], S.budget_label(o.budget_bytes), r["status"], str(r["n_turns"]),
+        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), r["status"], str(r["n_turns"]),
                      f(r["ttft_ms"]), f(r["tbt_p50_ms"], "{:.2f}"), f(r["tbt_p90_ms"], "{:.2f}"),
                      f(r["tbt_p99_ms"], "{:.2f}"), f(r["decode_tps"], "{:.2f}"),
                      f(None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / 2**20, "{:.0f}")])  # fmt: skip
