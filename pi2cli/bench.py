@@ -389,7 +389,11 @@ def run_one(
     session = sampler = None
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
-    local_budget = budget_bytes if target.kind in ("local", "qemu") else None
+    # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
+    outside = getattr(driver, "budget_outside", None)
+    local_budget = budget_bytes if target.kind in ("local", "qemu") and not outside else None
+    if budget_bytes and outside:
+        budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
     try:
         with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
             session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
@@ -420,7 +424,7 @@ def run_one(
             sampler.stop()
             counters = session.close()
             session = None
-            budget_record = budget.record() if local_budget else None
+            budget_record = budget.record() if local_budget else budget_record
         S.set_counters(run, **{k: v for k, v in counters.items() if v is not None},
                        peak_hwm_bytes=sampler.peak_hwm or None)  # fmt: skip
         if budget_record and budget_record.get("peak_bytes") is not None:

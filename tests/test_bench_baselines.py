@@ -5,6 +5,9 @@ flags. Tests that need the sparse engine (pi2-engine --policy) skip, saying so, 
 import json
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -183,6 +186,56 @@ def test_mlc_bench_with_usage_json_records_ttft_and_token_counts(
     assert turn["ttft_ns"] == 250_000_000 and turn["n_gen"] == 5 and turn["decode_ts"] == pytest.approx(9.75)
     assert turn["n_prompt"] > 40 and turn["prefill_ts"] == pytest.approx(turn["n_prompt"] / 0.25)
     assert outcome.run["settings"]["mlc_model"] == "SmolLM2-q4f16_1-MLC"
+
+
+class _FakeMlcServe(BaseHTTPRequestHandler):
+    """/v1/chat/completions streamed as `mlc_llm serve` does, usage in the last chunk."""
+
+    requests: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["max_tokens"]
+        for i in range(n):
+            chunk = {"choices": [{"index": 0, "delta": {"content": f" w{i}"},
+                                  "finish_reason": "length" if i == n - 1 else None}]}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.005)
+        usage = {"prompt_tokens": 30, "completion_tokens": n, "extra": {"prefill_tokens_per_s": 100.0,
+                 "decode_tokens_per_s": 50.0, "ttft_s": 0.01, "inter_token_latency_s": 0.02}}  # fmt: skip
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_mlc_bench_with_a_server_url(tmp_path, smollm2_gguf, monkeypatch):
+    monkeypatch.delenv("PI2_MLC_MODEL", raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeMlcServe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = BenchConfig(model=str(smollm2_gguf), engines=["mlc-llm"], workloads=["code"], limit=1, n_gen=6,
+                          budgets=[256 << 20], results_dir=str(tmp_path),
+                          mlc_runner=f"http://127.0.0.1:{server.server_address[1]}")  # fmt: skip
+        (outcome,) = run_bench(cfg)
+    finally:
+        server.shutdown()
+    run = outcome.run
+    (turn,) = run["turns"]
+    # host-stamped: TTFT and the time between every streamed chunk
+    assert turn["n_gen"] == 6 and len(turn["samples_ns"]) == 5 and turn["ttft_ns"] > 0
+    assert all(t > 1_000_000 for t in turn["samples_ns"])  # the server paced its chunks 5 ms apart
+    path, body = _FakeMlcServe.requests[-1]
+    assert path == "/v1/chat/completions" and body["debug_config"] == {"ignore_eos": True}
+    assert "model" not in body and body["messages"][-1]["role"] == "user"  # the server's only model
+    # a server pi2 did not start cannot be held to the budget, and the result says so
+    assert run["memory"]["budget_bytes"] == 256 << 20 and run["memory"]["enforced"] is False
+    assert "outside pi2" in run["memory"]["how"]
 
 
 def test_mlc_runner_errors_are_one_line(tmp_path, smollm2_gguf, fake_mlc, monkeypatch):

@@ -154,6 +154,13 @@ class MlcBenchDriver:
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
         return None
 
+    @property
+    def budget_outside(self) -> str | None:
+        """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
+        if is_url(self.resolved_runner()):
+            return "the MLC server runs outside pi2 (start it under its own limit, or use a command runner)"
+        return None
+
     def binaries(self, target) -> list[Path]:
         return []
 
