@@ -74,10 +74,10 @@ def print_table(console, outcomes) -> None:
 @click.option("--model", "-m", required=True,
               help="DIR/model.pi2 (its GGUF twin DIR/model.gguf runs llama.cpp and gives the chat template), "
                    "or a .gguf (converted to the .pi2 beside it when pi2 needs it).")  # fmt: skip
-@click.option("--engine", "-e", "engines", multiple=True, default=("pi2",), show_default=True,
+@click.option("--engine", "-e", "engines", multiple=True,
               help="Engine to run; repeat for several: pi2 (policy powerinfer2 when the model has predictors, "
                    "else dense), llmflash (pi2-engine --policy llmflash: the LLM-in-a-Flash baseline), "
-                   "llama.cpp, mlc-llm (needs --mlc-runner).")  # fmt: skip
+                   "llama.cpp, mlc-llm (needs --mlc-runner).  [default: pi2; llama-bench mode: llama.cpp]")  # fmt: skip
 @click.option("--mode", type=click.Choice(["chat", "llama-bench"]), default="chat", show_default=True,
               help="chat: the workloads as multi-turn conversations (every engine). llama-bench: llama.cpp's "
                    "own pp/tg benchmark (-p --n-prompt, -n --n-gen, -r --repeat; -lm mmap --repack 0), its "
@@ -146,8 +146,9 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
 
     from pi2cli.bench import BenchConfig, Reporter, parse_size, run_bench
 
+    engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
     cfg = BenchConfig(
-        model=model, engines=list(engines), workloads=list(workloads), limit=limit, seed=seed,
+        model=model, engines=engines, workloads=list(workloads), limit=limit, seed=seed,
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
