@@ -259,6 +259,26 @@ def fake_binary(tmp_path: Path, flags: list[str]) -> Path:
     return path
 
 
+def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
+    """An executable that answers like pi2-engine when given one option and no model."""
+    path = tmp_path / name
+    cases = "".join(f'  {flag}) echo "pi2-engine: error: no model (-m)" >&2; exit 1;;\n' for flag in knows)
+    path.write_text(f'#!/bin/sh\ncase "$2" in\n{cases}  *) echo "pi2-engine: error: unknown $1 option \'$2\' '
+                    f'(see pi2-engine $1 --help)" >&2; exit 1;;\nesac\n')  # fmt: skip
+    path.chmod(0o755)
+    return path
+
+
+def test_engine_flags_asks_the_engine_and_reads_builds_it_cannot_run(tmp_path):
+    old = fake_engine(tmp_path, "old", set())
+    new = fake_engine(tmp_path, "new", {"--policy", "--memory-budget", "--llmflash-window"})
+    assert engine_flags(old) == frozenset() and engine_flags(old, "generate") == frozenset()
+    assert engine_flags(new) == {"--policy", "--memory-budget", "--llmflash-window"}
+    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--policy"}
+    # a build for another machine: its option strings (here a file that cannot be executed)
+    assert engine_flags(fake_binary(tmp_path, ["--policy"])) == {"--policy"}
+
+
 def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2, monkeypatch):
     local = get_target("local")
     sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
@@ -374,10 +394,12 @@ def test_generate_with_llmflash(synth_dir):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["engine"] == "llmflash" and out["extra"]["llmflash_window"] == 5 and len(out["token_ids"]) == 4
+    sparse = out["extra"]["sparse"]  # the engine's summary: what it ran and what it read
+    assert sparse["policy"] == "llmflash" and sparse["storage_bytes_read"] > 0 and 0 <= sparse["hit_rate"] <= 1
 
 
 def test_sparse_engine_check_is_what_the_skip_says():
     # the skip condition reads the engine's own help; keep it honest when the engine is there
     if ENGINE.is_file():
         text = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
-        assert ("--policy" in text.stdout + text.stderr) == ("--policy" in engine_flags(ENGINE))
+        assert ("--policy" in text.stdout + text.stderr) == ("--policy" in engine_flags(ENGINE, "generate"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, model_has_predictor
+from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, model_has_predictor, target_engine_flags
 from pi2cli.errors import Pi2Error
 
 DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)
@@ -39,16 +39,17 @@ class LlmFlashBenchDriver(Pi2BenchDriver):
 
     def supports(self, target) -> str | None:
         try:
-            flags = engine_flags(self.local_binary(target))
+            flags = target_engine_flags(target, self.local_binary(target))
         except Pi2Error as exc:
             return str(exc)
         if "--policy" not in flags or "--llmflash-window" not in flags:
             return (f"engine 'llmflash' needs a pi2-engine with --policy llmflash and --llmflash-window "
-                    f"(the sparse engine); {self.local_binary(target)} has neither: rebuild it (make engine)")  # fmt: skip
+                    f"in its chat mode (the sparse engine); {self.local_binary(target)} lacks them: rebuild it "
+                    f"(make engine)")  # fmt: skip
         return None
 
     def configure(self, target, model_local: Path) -> None:
-        self._sparse_flags = engine_flags(self.local_binary(target))
+        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
         if not model_has_predictor(model_local):
             raise Pi2Error(f"engine 'llmflash' needs a model with activation predictors and {model_local} has "
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
@@ -72,8 +73,10 @@ class LlmFlashEngine:
     def generate(self, request):
         from pi2cli.engines.pi2 import Pi2Engine, engine_binary
 
-        if "--policy" not in engine_flags(engine_binary()):
-            raise Pi2Error(f"{engine_binary()} has no --policy (the sparse engine): rebuild it (make engine)")
+        if "--llmflash-window" not in engine_flags(engine_binary(), "generate"):
+            raise Pi2Error(
+                f"{engine_binary()} has no --policy llmflash (the sparse engine): rebuild it (make engine)"
+            )
         result = Pi2Engine().generate(
             request, extra=["--policy", "llmflash", "--llmflash-window", str(self.window)]
         )

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from pi2cli.engines.base import GenerateRequest, GenerateResult
+from pi2cli.engines.pi2_chat import summary_counters
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 
@@ -62,6 +63,12 @@ def result_from_events(text: str, events: dict) -> GenerateResult:
             "kernels": start.get("kernels"),
             "load_s": start.get("load_s"),
             "bytes_read": summary.get("bytes_read"),
+            # the sparse engine's figures (policy, io_method, storage_bytes_read, hit_rate, io_share, ...)
+            "sparse": {
+                k: v
+                for k, v in summary_counters(summary).items()
+                if k not in ("peak_rss_bytes", "bytes_read")
+            },
         },
     )
 

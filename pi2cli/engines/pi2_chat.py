@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shlex
 import struct
 import subprocess
@@ -422,21 +423,43 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
 
 
 # ---------------------------------------------------------------------------------------- bench driver
-SPARSE_FLAGS = ("--policy", "--memory-budget", "--llmflash-window")
-_flag_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+# each sparse flag with a value every engine that knows the flag accepts
+SPARSE_FLAGS = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5"}
+_flag_cache: dict[tuple, frozenset[str]] = {}
 
 
-def engine_flags(binary: Path) -> frozenset[str]:
-    """Which of the sparse engine's flags this pi2-engine build knows. Read from the binary's own text
-    (its usage and option strings), so it works for a build of any architecture, also one for a phone
-    that cannot run here; remembered per (path, size, mtime)."""
+def engine_flags(
+    binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
+) -> frozenset[str]:
+    """Which of the sparse engine's flags `pi2-engine COMMAND` accepts.
+
+    Asked of the engine itself where it runs here (prefix: e.g. qemu-aarch64 for an arm64 build): each
+    flag alone with no model; an engine that does not know it answers "unknown ... option '--flag'",
+    one that does goes on and complains about the missing model. A build that cannot run here (a
+    phone's) is read instead: the flag among its option strings. Remembered per binary version."""
     st = binary.stat()
-    key = (str(binary), st.st_size, st.st_mtime_ns)
+    key = (str(binary), st.st_size, st.st_mtime_ns, command, tuple(prefix))
     if key not in _flag_cache:
-        data = binary.read_bytes()
-        _flag_cache[key] = frozenset(f for f in SPARSE_FLAGS if f.encode() + b"\0" in data
-                                     or f.encode() + b" " in data)  # fmt: skip
+        try:
+            found = set()
+            for flag, value in SPARSE_FLAGS.items():
+                out = subprocess.run([*prefix, str(binary), command, flag, value], stdin=subprocess.DEVNULL,
+                                     capture_output=True, text=True, timeout=60)  # fmt: skip
+                if not re.search(
+                    rf"(unknown|unrecognized)[^\n]*{re.escape(flag)}\b", out.stdout + out.stderr
+                ):
+                    found.add(flag)
+        except (OSError, subprocess.TimeoutExpired):  # not runnable here: read its option strings
+            data = binary.read_bytes()
+            found = {f for f in SPARSE_FLAGS if f.encode() + b"\0" in data}
+        _flag_cache[key] = frozenset(found)
     return _flag_cache[key]
+
+
+def target_engine_flags(target, binary: Path) -> frozenset[str]:
+    """engine_flags of the build for `target`, run the way the target runs it when it runs here."""
+    prefix = tuple(target.command_prefix()) if target.kind in ("local", "qemu") else ()
+    return engine_flags(binary, "chat", prefix)
 
 
 def model_has_predictor(model: Path) -> bool:
@@ -481,7 +504,7 @@ class Pi2BenchDriver:
 
     def configure(self, target, model_local: Path) -> None:
         """Choose the policy for this model and this engine build (before engine_info records it)."""
-        self._sparse_flags = engine_flags(self.local_binary(target))
+        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
         sparse = "--policy" in self._sparse_flags
         self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
 
