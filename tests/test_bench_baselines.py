@@ -395,7 +395,9 @@ def test_generate_with_llmflash(synth_dir):
     out = json.loads(result.stdout)
     assert out["engine"] == "llmflash" and out["extra"]["llmflash_window"] == 5 and len(out["token_ids"]) == 4
     sparse = out["extra"]["sparse"]  # the engine's summary: what it ran and what it read
-    assert sparse["policy"] == "llmflash" and sparse["storage_bytes_read"] > 0 and 0 <= sparse["hit_rate"] <= 1
+    assert (
+        sparse["policy"] == "llmflash" and sparse["storage_bytes_read"] > 0 and 0 <= sparse["hit_rate"] <= 1
+    )
 
 
 def test_sparse_engine_check_is_what_the_skip_says():

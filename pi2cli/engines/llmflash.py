@@ -50,7 +50,7 @@ class LlmFlashBenchDriver(Pi2BenchDriver):
 
     def configure(self, target, model_local: Path) -> None:
         self._sparse_flags = target_engine_flags(target, self.local_binary(target))
-        if not model_has_predictor(model_local):
+        if model_has_predictor(model_local) is False:  # unreadable (None): the engine will say why
             raise Pi2Error(f"engine 'llmflash' needs a model with activation predictors and {model_local} has "
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
         self.policy = "llmflash"

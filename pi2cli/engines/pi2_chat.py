@@ -462,14 +462,16 @@ def target_engine_flags(target, binary: Path) -> frozenset[str]:
     return engine_flags(binary, "chat", prefix)
 
 
-def model_has_predictor(model: Path) -> bool:
-    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor)."""
+def model_has_predictor(model: Path) -> bool | None:
+    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
+    when the header cannot be read, so the engine itself reports what is wrong with the file (the run
+    is then on record as failed with the engine's own error)."""
     from pi2cli.pi2file import Pi2File
 
     try:
         return Pi2File(model, verify=False).header.has_predictor
-    except (OSError, ValueError) as exc:
-        raise Pi2Error(f"{model}: cannot read its header: {exc}") from None
+    except (Pi2Error, OSError, ValueError):
+        return None
 
 
 class Pi2BenchDriver:
