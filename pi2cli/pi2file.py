@@ -267,6 +267,11 @@ class Pi2Writer:
         self._ffn_done = 0
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """True once close() finished (the file is in place) or abort() dropped it."""
+        return self._closed
+
     def __enter__(self) -> Pi2Writer:
         return self
 

@@ -242,7 +242,7 @@ def convert(
         twin.close()
     except BaseException:
         twin.abort()
-        if writer._closed:
+        if writer.closed:
             (out_dir / "model.pi2").unlink(missing_ok=True)
         else:
             writer.abort()
