@@ -31,7 +31,16 @@ import numpy as np
 
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
-from pi2cli.pi2file import ACTS, TYPE_NAMES, WEIGHT_TYPES, Pi2FormatError, Pi2Header, Pi2Writer, decode_rows
+from pi2cli.pi2file import (
+    ACTS,
+    TYPE_NAMES,
+    WEIGHT_TYPES,
+    Pi2FormatError,
+    Pi2Header,
+    Pi2Writer,
+    decode_rows,
+    encode_rows,
+)
 
 ProgressFn = Callable[[int, int], None]
 
@@ -203,10 +212,9 @@ def convert_gguf(
         if not np.isfinite(threshold):
             raise Pi2Error(f"GGUF key {THRESHOLD_KEY} is {threshold}")
         if gguf_twin:
-            raise Pi2Error(
-                "--gguf-twin is not available for PowerInfer GGUFs (llama.cpp cannot load their "
-                "transposed down and predictors); convert the model's original GGUF for llama.cpp"
-            )
+            # the .pi2's dense down copy becomes the twin's down, so both engines' dense paths
+            # read the same bytes (the bundles keep the lossless transposed down)
+            header.dense_down = True
     orders = {}
     if profile is not None:
         from pi2cli.models.profile import hot_first_orders
@@ -249,6 +257,9 @@ def convert_gguf(
         else:
             w.add_tensor(name, _raw_rows(t), _type_name(t), shape)
 
+    twin_downs = {}
+    if sparse and gguf_twin:
+        twin_downs = {layer: _down_from_transposed(tensors, h, layer) for layer in range(h.n_layer)}
     out.parent.mkdir(parents=True, exist_ok=True)
     n_steps = h.n_layer + 1
     with Pi2Writer(out, header, tokenizer_blob=blob, metadata=metadata) as w:
@@ -277,7 +288,7 @@ def convert_gguf(
                             f"{t.name} is {_type_name(t)}, blk.0.ffn_gate is {h.neuron_type}: mixed FFN types"
                         )
                 if f"{p}ffn_down_t.weight" in tensors:
-                    _add_powerinfer_ffn(w, h, layer, gate, up, tensors, order)
+                    _add_powerinfer_ffn(w, h, layer, gate, up, tensors, order, twin_downs.get(layer))
                 else:
                     down = get(f"{p}ffn_down.weight")
                     down_type = _type_name(down)
@@ -293,7 +304,10 @@ def convert_gguf(
         twin = Path(gguf_twin)
         partial = twin.with_name(f".{twin.name}.partial-{os.getpid()}")
         try:
-            shutil.copyfile(src, partial)
+            if sparse:
+                _write_llama_twin(reader, tensors, h, twin_downs, partial)
+            else:
+                shutil.copyfile(src, partial)
             partial.replace(twin)
         except BaseException:
             out.unlink(missing_ok=True)  # no .pi2 without the twin that was asked for
@@ -359,20 +373,74 @@ def _check_powerinfer(tensors: dict, h: Pi2Header) -> None:
                            "cannot be moved behind the norm")  # fmt: skip
 
 
-def _add_powerinfer_ffn(w: Pi2Writer, h: Pi2Header, layer: int, gate, up, tensors: dict, order) -> None:
+def _add_powerinfer_ffn(w: Pi2Writer, h: Pi2Header, layer: int, gate, up, tensors: dict, order,
+                        twin_down: tuple[np.ndarray, str] | None) -> None:  # fmt: skip
     """Bundles from gate/up rows and the transposed down's rows: all three copied bit for bit when
-    the down has the bundles' type (PowerInfer quantizes every matrix alike)."""
+    the down has the bundles' type (PowerInfer quantizes every matrix alike). The dense down copy,
+    when there is one, is the file's own ffn_down or the twin's (twin_down)."""
     p = f"blk.{layer}."
     down_t = tensors[f"{p}ffn_down_t.weight"]
     cols = _raw_rows(down_t)  # (n_ff, row bytes): row i = column i of down
     if _type_name(down_t) != h.neuron_type:
         cols = decode_rows(cols, _type_name(down_t), h.n_embd)
     down = tensors.get(f"{p}ffn_down.weight")
-    if h.dense_down and down is not None:
+    if down is not None:
+        twin_down = (_raw_rows(down), _type_name(down))
+    if h.dense_down and twin_down is not None:
         w.add_ffn(layer, _raw_rows(gate), _raw_rows(up), None, order=order, down_cols=cols,
-                  down_raw=_raw_rows(down), down_raw_type=_type_name(down))  # fmt: skip
+                  down_raw=twin_down[0], down_raw_type=twin_down[1])  # fmt: skip
     else:
         w.add_ffn(layer, _raw_rows(gate), _raw_rows(up), None, order=order, down_cols=cols)
+
+
+def _down_from_transposed(tensors: dict, h: Pi2Header, layer: int) -> tuple[np.ndarray, str]:
+    """ffn_down ([n_ff, n_embd], blocks along n_ff) rebuilt from ffn_down_t in the same type: exact
+    for F32/F16, re-quantized for block types. Returns (rows (n_embd, row bytes), type)."""
+    t = tensors[f"blk.{layer}.ffn_down_t.weight"]
+    tname = _type_name(t)
+    down = np.ascontiguousarray(decode_rows(_raw_rows(t), tname, h.n_embd).T)  # (n_embd, n_ff)
+    if tname not in ("F32", "F16") and h.n_ff % 32:
+        raise Pi2Error(f"{t.name}: n_ff {h.n_ff} is not a multiple of 32, so no {tname} GGUF twin can hold "
+                       "the untransposed down")  # fmt: skip
+    return encode_rows(down, tname), tname
+
+
+def _write_llama_twin(reader, tensors: dict, h: Pi2Header, downs: dict, path: Path) -> None:
+    """A GGUF llama.cpp loads from a PowerInfer GGUF: magic GGUF, arch llama (keys renamed from
+    bamboo.*), ffn_down instead of ffn_down_t (the bytes of the .pi2's dense copy), no predictors
+    and no powerinfer.* keys. llama.cpp runs its llama FFN as SwiGLU (see docs/MODELS.md)."""
+    import gguf
+
+    arch = _field(reader, "general.architecture")
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, field in reader.fields.items():
+        if key.startswith(("GGUF.", "powerinfer.")) or key in ("general.architecture", "general.alignment"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        name = "llama." + key[len(arch) + 1 :] if key.startswith(arch + ".") else key
+        writer.add_key_value(name, field.contents(), vtype, sub)
+    writer.add_string("pi2.ffn_activation", h.ffn_act)
+    for t in reader.tensors:
+        name = t.name
+        if name.endswith((".fc1.weight", ".fc2.weight")):
+            continue
+        if name.endswith(".ffn_down_t.weight"):
+            layer = int(name.split(".")[1])
+            raw, tname = downs[layer]
+            name, ne = f"blk.{layer}.ffn_down.weight", (h.n_ff, h.n_embd)
+        else:
+            raw, tname, ne = _raw_rows(t), _type_name(t), tuple(int(d) for d in t.shape)
+        qtype = gguf.GGMLQuantizationType[tname]
+        if tname in ("F32", "F16"):
+            data = np.ascontiguousarray(raw).view(np.float32 if tname == "F32" else np.float16)
+            writer.add_tensor(name, data.reshape(tuple(reversed(ne))), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(raw), raw_dtype=qtype)  # shape from the bytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def _add_predictor(w: Pi2Writer, h: Pi2Header, layer: int, tensors: dict, order, threshold: float) -> None:
