@@ -338,38 +338,43 @@ def _shape(t) -> list[int]:
 
 
 def _check_powerinfer(tensors: dict, h: Pi2Header) -> None:
-    """Every PowerInfer tensor present and shaped right, before any output exists: fc1 and fc2 in
-    every layer or in none, fc1 [n_embd, rank], fc2 [rank, n_ff], ffn_down_t [n_embd, n_ff]."""
+    """Every PowerInfer tensor present, typed and shaped right, before any output exists: fc1 and
+    fc2 in every layer or in none, fc1 [n_embd, rank], fc2 [rank, n_ff], ffn_down_t [n_embd, n_ff],
+    and an ffn_norm the predictor can be moved behind (no zero entries)."""
     with_pred = [layer for layer in range(h.n_layer) if f"blk.{layer}.fc1.weight" in tensors
                  or f"blk.{layer}.fc2.weight" in tensors]  # fmt: skip
     for layer in range(h.n_layer):
         p = f"blk.{layer}."
-        if f"{p}ffn_down_t.weight" not in tensors and f"{p}ffn_down.weight" not in tensors:
+        down_t = tensors.get(f"{p}ffn_down_t.weight")
+        if down_t is None and f"{p}ffn_down.weight" not in tensors:
             raise Pi2Error(f"GGUF tensor {p}ffn_down_t.weight is missing")
-        if f"{p}ffn_down_t.weight" in tensors:
-            t = tensors[f"{p}ffn_down_t.weight"]
-            if _shape(t) != [h.n_embd, h.n_ff]:
-                raise Pi2Error(f"GGUF tensor {t.name} has shape {_shape(t)}, expected [{h.n_embd}, {h.n_ff}]")
-            _type_name(t)
+        if down_t is not None:
+            if _shape(down_t) != [h.n_embd, h.n_ff]:
+                raise Pi2Error(f"GGUF tensor {down_t.name} has shape {_shape(down_t)}, "
+                               f"expected [{h.n_embd}, {h.n_ff}]")  # fmt: skip
+            _type_name(down_t)  # raises on a type convert cannot copy
         if not with_pred:
             continue
         fc1, fc2 = tensors.get(f"{p}fc1.weight"), tensors.get(f"{p}fc2.weight")
         if fc1 is None or fc2 is None:
-            have = f"{p}fc2.weight" if fc1 is None else f"{p}fc1.weight"
             need = f"{p}fc1.weight" if fc1 is None else f"{p}fc2.weight"
+            have = f"{p}fc2.weight" if fc1 is None else f"{p}fc1.weight"
             if layer not in with_pred:
                 have = f"blk.{with_pred[0]}.fc1.weight"
             raise Pi2Error(f"GGUF tensor {need} is missing ({have} exists: predictors come in fc1/fc2 pairs)")
-        rank = _shape(fc1)[1] if len(fc1.shape) == 2 else -1
         if len(fc1.shape) != 2 or _shape(fc1)[0] != h.n_embd:
             raise Pi2Error(f"GGUF tensor {fc1.name} has shape {_shape(fc1)}, expected [{h.n_embd}, rank]")
+        rank = _shape(fc1)[1]
         if _shape(fc2) != [rank, h.n_ff]:
             raise Pi2Error(f"GGUF tensor {fc2.name} has shape {_shape(fc2)}, expected [{rank}, {h.n_ff}]")
-        _type_name(fc1), _type_name(fc2)
-        g = decode_rows(_raw_rows(tensors[f"{p}ffn_norm.weight"]), _type_name(tensors[f"{p}ffn_norm.weight"]),
-                        h.n_embd).reshape(-1) if f"{p}ffn_norm.weight" in tensors else None  # fmt: skip
-        if g is not None and not np.all(np.isfinite(g) & (g != 0)):
-            raise Pi2Error(f"GGUF tensor {p}ffn_norm.weight has zero or non-finite entries: the predictor "
+        for t in (fc1, fc2):
+            _type_name(t)
+        norm = tensors.get(f"{p}ffn_norm.weight")
+        if norm is None:
+            raise Pi2Error(f"GGUF tensor {p}ffn_norm.weight is missing")
+        g = decode_rows(_raw_rows(norm), _type_name(norm), h.n_embd)
+        if not np.all(np.isfinite(g) & (g != 0)):
+            raise Pi2Error(f"GGUF tensor {norm.name} has zero or non-finite entries: the predictor "
                            "cannot be moved behind the norm")  # fmt: skip
 
 

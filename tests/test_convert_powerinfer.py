@@ -36,7 +36,7 @@ def _vocab():
 
 
 def write_gguf(path, arch="llama", wtype="Q8_0", down_type=None, threshold=None, predictors=True,
-               transposed_down=True, drop=(), reshape=None, seed=0):  # fmt: skip
+               transposed_down=True, drop=(), reshape=None, zero_norm=False, seed=0):  # fmt: skip
     """A PowerInfer-style GGUF (or, with transposed_down=False and predictors=False, a plain one).
     Returns the float weights as stored (dequantized), keyed by GGUF name, numpy shapes."""
     rng = np.random.default_rng(seed)
@@ -94,7 +94,10 @@ def write_gguf(path, arch="llama", wtype="Q8_0", down_type=None, threshold=None,
         add(p + "attn_k.weight", mat(NKV * hd, E, 0.15))
         add(p + "attn_v.weight", mat(NKV * hd, E, 0.15))
         add(p + "attn_output.weight", mat(E, E, 0.1))
-        add(p + "ffn_norm.weight", 0.5 + rng.random(E), "F32")  # not all ones: the fold is visible
+        norm = 0.5 + rng.random(E)  # not all ones: the fold is visible
+        if zero_norm and i == 1:
+            norm[3] = 0.0
+        add(p + "ffn_norm.weight", norm, "F32")
         add(p + "ffn_gate.weight", mat(F, E, 0.15))
         add(p + "ffn_up.weight", mat(F, E, 0.15))
         down = mat(E, F, 0.1)  # the usual down (n_embd, n_ff)
@@ -270,6 +273,7 @@ def _fails(tmp_path, args, needle):
             "tensor blk.0.ffn_down_t.weight has shape [96, 64]",
         ),
         (dict(drop=("blk.0.ffn_down_t.weight",)), "blk.0.ffn_down_t.weight is missing"),
+        (dict(zero_norm=True), "blk.1.ffn_norm.weight has zero or non-finite entries"),
     ],
 )
 def test_bad_powerinfer_files_name_the_tensor(tmp_path, kwargs, needle):
