@@ -324,6 +324,7 @@ def convert_gguf(
         "neuron_type": h.neuron_type,
         "predictor": h.has_predictor,
         "predictor_threshold": _sigmoid(threshold) if h.has_predictor else None,
+        "predictor_threshold_exact": (threshold == 0.0) if h.has_predictor else None,
         "profile": str(profile) if profile is not None else None,
         "bytes": out.stat().st_size,
     }

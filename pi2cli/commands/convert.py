@@ -127,5 +127,8 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_jso
                f"{summary['ffn_act']}, {summary['n_layer']} layers, bundles {summary['neuron_type']})")  # fmt: skip
     if summary.get("predictor"):
         click.echo(f"predictors: PowerInfer fc1/fc2, sigmoid threshold {summary['predictor_threshold']:.4g}")
+        if not summary.get("predictor_threshold_exact"):
+            click.echo("note: PowerInfer's threshold is not 0, so pi2's (normed-input) predictor selects the "
+                       "same neurons only approximately; see docs/MODELS.md")  # fmt: skip
     if summary.get("gguf_twin"):
         click.echo(f"wrote {summary['gguf_twin']} (GGUF twin)")
