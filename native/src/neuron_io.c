@@ -28,6 +28,9 @@
 #include <linux/io_uring.h>
 #endif
 #endif
+#ifndef IORING_FEAT_SINGLE_MMAP /* older uapi headers: the bit is fixed ABI */
+#define IORING_FEAT_SINGLE_MMAP (1U << 0)
+#endif
 #if defined(IORING_OFF_SQ_RING) && defined(__NR_io_uring_setup) && defined(__NR_io_uring_enter)
 #define HAVE_URING 1
 #else
