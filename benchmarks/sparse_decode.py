@@ -110,7 +110,7 @@ def run_pi2(model: Path, policy: str, budget: int | None, n: int, threads: int, 
 def run_llamacpp(gguf: Path, budget: int | None, n: int, threads: int, warm: bool) -> dict:
     exe = default_bin_dir("host") / "llama-bench"
     cmd = [str(exe), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "1", "--repack", "0",
-           "-mmp", "1", "-o", "json"]  # fmt: skip
+           "-lm", "mmap", "-o", "json"]  # fmt: skip
     if warm:  # in memory: a first run reads the file into the page cache
         subprocess.run(cmd, capture_output=True, text=True, check=True)
     done = run_budgeted(cmd, budget, evict=[] if warm else [gguf], timeout=7200)
@@ -145,7 +145,7 @@ def main() -> None:
 
     membw = probe(["membw", "--threads", str(a.threads)])
     storage = probe(["storage", "--file", str(pi2), "--block", "8192", "--qd", "32", "--seconds", "3"])
-    print(f"memory read {membw['gbps']:.1f} GB/s, storage {storage['mbps']:.0f} MB/s "
+    print(f"memory read {membw['gb_per_s']:.1f} GB/s, storage {storage['mb_per_s']:.0f} MB/s "
           f"({storage['method']}, 8 KiB random reads, queue depth 32)", flush=True)  # fmt: skip
 
     runs: dict[str, dict] = {}
@@ -163,7 +163,7 @@ def main() -> None:
 
     pi = runs["powerinfer2@budget"]
     mem_bytes = facts["per_token_resident_bytes"] + (1 - facts["sparsity"]) * facts["ffn_bytes"]
-    bound_s = mem_bytes / (membw["gbps"] * 1e9) + pi.get("storage_bytes_per_token", 0) / (storage["mbps"] * 1e6)
+    bound_s = mem_bytes / (membw["gb_per_s"] * 1e9) + pi.get("storage_bytes_per_token", 0) / (storage["mb_per_s"] * 1e6)
     rows = []
     for name, r in runs.items():
         tps = r.get("decode_tps") or 0
@@ -180,8 +180,8 @@ def main() -> None:
               f"{fmt(hit, '5.2f')} {mib:8.2f} {rss:8.0f}" + (f"  error: {err}" if err else ""))  # fmt: skip
     achieved = pi.get("decode_tps", 0)
     print(f"\nbound for powerinfer2 under the budget: {1 / bound_s:.2f} tok/s "
-          f"({mem_bytes / 1e9:.2f} GB from memory at {membw['gbps']:.1f} GB/s + "
-          f"{pi.get('storage_bytes_per_token', 0) / 1e6:.2f} MB from storage at {storage['mbps']:.0f} MB/s); "
+          f"({mem_bytes / 1e9:.2f} GB from memory at {membw['gb_per_s']:.1f} GB/s + "
+          f"{pi.get('storage_bytes_per_token', 0) / 1e6:.2f} MB from storage at {storage['mb_per_s']:.0f} MB/s); "
           f"achieved {achieved:.2f} tok/s = {achieved * bound_s:.0%} of the bound")  # fmt: skip
     if a.json:
         out = {"facts": facts, "budget_bytes": budget, "membw": membw, "storage": storage, "runs": runs,
