@@ -126,7 +126,9 @@ def main() -> None:
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--budget", default="auto")
     ap.add_argument("-n", type=int, default=32, help="generated tokens per pi2 run")
-    ap.add_argument("--llama-n", type=int, default=16, help="generated tokens for llama.cpp under the budget (slow)")
+    ap.add_argument(
+        "--llama-n", type=int, default=16, help="generated tokens for llama.cpp under the budget (slow)"
+    )
     ap.add_argument("--warmup", type=int, default=8, help="pi2 tokens before the steady state is timed")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-llamacpp", action="store_true")
@@ -137,7 +139,11 @@ def main() -> None:
         if not p.is_file():
             sys.exit(f"sparse_decode: {p} is missing (see --help for how to make it)")
     facts = model_facts(pi2)
-    budget = (facts["resident_bytes"] + facts["ffn_bytes"] // 2 + 128 * MiB) if a.budget == "auto" else parse_size(a.budget)
+    budget = (
+        (facts["resident_bytes"] + facts["ffn_bytes"] // 2 + 128 * MiB)
+        if a.budget == "auto"
+        else parse_size(a.budget)
+    )
     roomy = pi2.stat().st_size + 1024 * MiB  # "in memory": the cache can hold every bundle
     print(f"model {pi2} ({'synthetic' if facts['synthetic'] else 'real'}): {facts['n_layer']} layers, "
           f"{facts['n_embd']}/{facts['n_ff']}, {facts['neuron_type']}; resident {facts['resident_bytes'] / MiB:.0f} MiB, "
@@ -151,10 +157,18 @@ def main() -> None:
     runs: dict[str, dict] = {}
     for policy in ("dense", "bundle", "llmflash", "cache", "powerinfer2"):
         runs[f"{policy}@budget"] = run_pi2(pi2, policy, budget, a.n, a.threads, a.warmup)
-        print(f"  pi2 {policy:12s} budget: {runs[f'{policy}@budget'].get('decode_tps', 0):.2f} tok/s", flush=True)
+        print(
+            f"  pi2 {policy:12s} budget: {runs[f'{policy}@budget'].get('decode_tps', 0):.2f} tok/s",
+            flush=True,
+        )
     for policy in ("powerinfer2", "dense"):
-        runs[f"{policy}@memory"] = run_pi2(pi2, policy, roomy if policy != "dense" else None, a.n, a.threads, a.warmup)
-        print(f"  pi2 {policy:12s} memory: {runs[f'{policy}@memory'].get('decode_tps', 0):.2f} tok/s", flush=True)
+        runs[f"{policy}@memory"] = run_pi2(
+            pi2, policy, roomy if policy != "dense" else None, a.n, a.threads, a.warmup
+        )
+        print(
+            f"  pi2 {policy:12s} memory: {runs[f'{policy}@memory'].get('decode_tps', 0):.2f} tok/s",
+            flush=True,
+        )
     if not a.skip_llamacpp:
         runs["llama.cpp@memory"] = run_llamacpp(gguf, None, a.n, a.threads, warm=True)
         print(f"  llama.cpp memory: {runs['llama.cpp@memory'].get('decode_tps', 0):.2f} tok/s", flush=True)
@@ -163,11 +177,17 @@ def main() -> None:
 
     pi = runs["powerinfer2@budget"]
     mem_bytes = facts["per_token_resident_bytes"] + (1 - facts["sparsity"]) * facts["ffn_bytes"]
-    bound_s = mem_bytes / (membw["gb_per_s"] * 1e9) + pi.get("storage_bytes_per_token", 0) / (storage["mb_per_s"] * 1e6)
+    bound_s = mem_bytes / (membw["gb_per_s"] * 1e9) + pi.get("storage_bytes_per_token", 0) / (
+        storage["mb_per_s"] * 1e6
+    )
     rows = []
     for name, r in runs.items():
         tps = r.get("decode_tps") or 0
-        ratio = lambda key: tps / runs[key]["decode_tps"] if runs.get(key, {}).get("decode_tps") else None  # noqa: E731
+
+        def ratio(key: str, tps: float = tps) -> float | None:
+            base = runs.get(key, {}).get("decode_tps")
+            return tps / base if base else None
+
         rows.append((name, tps, ratio("llama.cpp@budget" if "budget" in name else "llama.cpp@memory"),
                      ratio("llmflash@budget"), r.get("median_tbt_ms"), r.get("io_share"), r.get("hit_rate"),
                      (r.get("storage_bytes_per_token") or 0) / MiB, (r.get("peak_rss_bytes") or 0) / MiB,

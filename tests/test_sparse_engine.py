@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from engine_helpers import engine_bin, engine_logits, run_engine
+
 from pi2cli.models import synth
 
 SPARSE_POLICIES = ["bundle", "llmflash", "cache", "powerinfer2"]
@@ -30,18 +30,36 @@ def _synth(tmp_path_factory, smollm2_gguf, name: str, **kw) -> Path:
 
 @pytest.fixture(scope="module")
 def dense_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(tmp_path_factory, smollm2_gguf, "sparse", like="turbosparse-mistral-7b", n_layer=2, hidden=256, ffn=1024)
+    return _synth(
+        tmp_path_factory,
+        smollm2_gguf,
+        "sparse",
+        like="turbosparse-mistral-7b",
+        n_layer=2,
+        hidden=256,
+        ffn=1024,
+    )
 
 
 @pytest.fixture(scope="module")
 def moe_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(tmp_path_factory, smollm2_gguf, "moe", like="turbosparse-mixtral-47b", n_layer=2, hidden=256, ffn=512)
+    return _synth(
+        tmp_path_factory, smollm2_gguf, "moe", like="turbosparse-mixtral-47b", n_layer=2, hidden=256, ffn=512
+    )
 
 
 @pytest.fixture(scope="module")
 def ffn_heavy(tmp_path_factory, smollm2_gguf) -> Path:
     """Two layers whose FFN is most of the file, so a budget below the file size still fits the rest."""
-    return _synth(tmp_path_factory, smollm2_gguf, "heavy", like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=32768)
+    return _synth(
+        tmp_path_factory,
+        smollm2_gguf,
+        "heavy",
+        like="turbosparse-mistral-7b",
+        n_layer=2,
+        hidden=128,
+        ffn=32768,
+    )
 
 
 def _assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
@@ -58,18 +76,24 @@ def test_oracle_logits_match_dense(dense_arch, tmp_path, policy):
     # passes round differently (GEMM vs GEMV, as in llama.cpp), so each compares with its own batch.
     for batch in ("16", "3", "1"):
         dense = engine_logits(dense_arch, TOKENS, tmp_path, "--batch", batch)
-        got = engine_logits(dense_arch, TOKENS, tmp_path, "--policy", policy, "--predictor", "oracle", "--batch", batch)
+        got = engine_logits(
+            dense_arch, TOKENS, tmp_path, "--policy", policy, "--predictor", "oracle", "--batch", batch
+        )
         _assert_same_logits(got, dense)
 
 
 @pytest.mark.parametrize("policy", ["llmflash", "powerinfer2"])
 def test_moe_oracle_logits_match_dense(moe_arch, tmp_path, policy):
     dense = engine_logits(moe_arch, TOKENS, tmp_path, "--batch", "4")
-    got = engine_logits(moe_arch, TOKENS, tmp_path, "--policy", policy, "--predictor", "oracle", "--batch", "4")
+    got = engine_logits(
+        moe_arch, TOKENS, tmp_path, "--policy", policy, "--predictor", "oracle", "--batch", "4"
+    )
     _assert_same_logits(got, dense)
 
 
-def _generate(model: Path, tmp: Path, *extra: str, engine: list[str] | None = None, n: int = 32) -> tuple[str, dict]:
+def _generate(
+    model: Path, tmp: Path, *extra: str, engine: list[str] | None = None, n: int = 32
+) -> tuple[str, dict]:
     events = tmp / "events.jsonl"
     cmd = [*(engine or [str(engine_bin())]), "generate", "-m", str(model), "-p", "Once upon a time", "-n", str(n),
            "--temperature", "0", "--ignore-eos", "--events", str(events), *extra]  # fmt: skip
@@ -89,7 +113,16 @@ def test_acceptance_powerinfer2_under_a_budget_below_the_file_size(ffn_heavy, tm
     assert s["peak_rss_bytes"] <= budget, (s["peak_rss_bytes"], budget)
     assert s["cache_bytes"] > 0 and s["fixed_bytes"] + s["cache_bytes"] <= budget
     assert text
-    oracle, _ = _generate(ffn_heavy, tmp_path, "--policy", "powerinfer2", "--memory-budget", str(budget), "--predictor", "oracle")
+    oracle, _ = _generate(
+        ffn_heavy,
+        tmp_path,
+        "--policy",
+        "powerinfer2",
+        "--memory-budget",
+        str(budget),
+        "--predictor",
+        "oracle",
+    )
     dense, d = _generate(ffn_heavy, tmp_path, "--policy", "dense")
     assert oracle == dense and d["io_method"] == "mmap"
 
@@ -146,7 +179,9 @@ def test_bad_flags_and_budgets_fail_with_one_line(dense_arch, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
     bad = run_engine("generate", "-m", dense_arch, "-p", "hi", "--memory-budget", "lots", check=False)
     assert bad.returncode == 2 and "expected a size" in bad.stderr
-    small = run_engine("generate", "-m", dense_arch, "-p", "hi", "--policy", "cache", "--memory-budget", "4M", check=False)
+    small = run_engine(
+        "generate", "-m", dense_arch, "-p", "hi", "--policy", "cache", "--memory-budget", "4M", check=False
+    )
     assert small.returncode == 1 and "too small" in small.stderr
     assert len(small.stderr.strip().splitlines()) == 1
 
@@ -166,7 +201,9 @@ def _arm64_engine() -> Path | None:
 
 
 # `make test` builds the arm64 tree (test-arm64) before pytest, so in CI a missing build is a failure.
-@pytest.mark.skipif(_arm64_engine() is None and not os.environ.get("CI"), reason="needs build/arm64 and qemu-aarch64")
+@pytest.mark.skipif(
+    _arm64_engine() is None and not os.environ.get("CI"), reason="needs build/arm64 and qemu-aarch64"
+)
 @pytest.mark.parametrize("cpu", ["max", "cortex-a53"])
 def test_arm64_build_matches_dense_under_qemu(dense_arch, tmp_path, cpu):
     engine = _arm64_engine()
@@ -175,6 +212,8 @@ def test_arm64_build_matches_dense_under_qemu(dense_arch, tmp_path, cpu):
     qemu = ["qemu-aarch64", *env_cpu, str(engine)]
     dense, _ = _generate(dense_arch, tmp_path, "--policy", "dense", engine=qemu, n=12)
     for policy in ("llmflash", "powerinfer2"):
-        text, s = _generate(dense_arch, tmp_path, "--policy", policy, "--predictor", "oracle", engine=qemu, n=12)
+        text, s = _generate(
+            dense_arch, tmp_path, "--policy", policy, "--predictor", "oracle", engine=qemu, n=12
+        )
         assert text == dense
         assert s["storage_bytes_read"] > 0  # qemu-user has no io_uring: the pread pool reads
