@@ -251,6 +251,7 @@ static int cmd_generate(const options *o) {
     int rc = 1, n_threads = 1;
     pi2_sparse *sp = NULL;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
+    char tok_json[400];
     pi2_vocab_desc desc;
     memset(&desc, 0, sizeof desc);
     pi2_tokenizer *tok = NULL;
@@ -322,7 +323,7 @@ tokenized:
         int nb = n_prompt - t < batch ? n_prompt - t : batch;
         if (pi2_forward(c, ids + t, nb, NULL) != 0) goto done;
     }
-    if (sp) pi2_sparse_get_stats(sp, &st_cur);
+    pi2_sparse_snapshot(sp, &st_cur);
     uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
     int n_gen = 0;
     char piece[256];
@@ -331,21 +332,10 @@ tokenized:
         uint64_t now = pi2_now_ns();
         if (!n_gen) t_first = now;
         t_last = now;
-        if (sp) { /* what the forward pass that produced this token's logits cost */
-            const pi2_sparse_stats *a = &st_prev, *b = &st_cur;
-            double io = (b->io_wait_ns - a->io_wait_ns) / 1e9, ffn = (b->ffn_ns - a->ffn_ns) / 1e9;
-            pi2_events_emit(&ev,
-                            "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d, \"bytes_read\": %llu, "
-                            "\"reads\": %llu, \"hits\": %llu, \"misses\": %llu, \"io_wait_s\": %.6f, \"ffn_s\": %.6f, "
-                            "\"compute_s\": %.6f}",
-                            pi2_seconds(now), n_gen, next, (unsigned long long)(b->bytes_read - a->bytes_read),
-                            (unsigned long long)(b->reads - a->reads),
-                            (unsigned long long)(b->hits_hot + b->hits_cold - a->hits_hot - a->hits_cold),
-                            (unsigned long long)(b->misses_hot + b->misses_cold - a->misses_hot - a->misses_cold), io, ffn,
-                            ffn > io ? ffn - io : 0.0);
-        } else {
-            pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d}", pi2_seconds(now), n_gen, next);
-        }
+        /* with the sparse engine: what the forward pass that produced this token's logits cost */
+        pi2_sparse_token_json(sp, &st_prev, &st_cur, tok_json, sizeof tok_json);
+        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d%s}", pi2_seconds(now), n_gen,
+                        next, tok_json);
         if (!o->ignore_eos && pi2_token_is_eog(tok, next)) {
             n_gen++;
             break;
@@ -358,7 +348,7 @@ tokenized:
         if (n_gen + 1 < o->n_predict) {
             st_prev = st_cur;
             if (pi2_forward(c, &next, 1, NULL) != 0) goto done;
-            if (sp) pi2_sparse_get_stats(sp, &st_cur);
+            pi2_sparse_snapshot(sp, &st_cur);
         }
     }
     double prefill_s = pi2_seconds(t_prefill - t0);

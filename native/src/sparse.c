@@ -708,6 +708,10 @@ void pi2_sparse_get_stats(const pi2_sparse *s, pi2_sparse_stats *st) {
     st->io_wait_ns = io.wait_ns;
 }
 
+void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st) {
+    if (s) pi2_sparse_get_stats(s, st);
+}
+
 void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
     size_t o = 0;
 #define OUT(...) o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__)
@@ -749,6 +753,22 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         OUT("]");
     }
 #undef OUT
+}
+
+void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const pi2_sparse_stats *b, char *buf,
+                           size_t n) {
+    if (!s) {
+        if (n) buf[0] = 0;
+        return;
+    }
+    const double io = (b->io_wait_ns - a->io_wait_ns) / 1e9, ffn = (b->ffn_ns - a->ffn_ns) / 1e9;
+    snprintf(buf, n,
+             ", \"bytes_read\": %llu, \"reads\": %llu, \"hits\": %llu, \"misses\": %llu, \"io_wait_s\": %.6f, "
+             "\"ffn_s\": %.6f, \"compute_s\": %.6f",
+             (unsigned long long)(b->bytes_read - a->bytes_read), (unsigned long long)(b->reads - a->reads),
+             (unsigned long long)(b->hits_hot + b->hits_cold - a->hits_hot - a->hits_cold),
+             (unsigned long long)(b->misses_hot + b->misses_cold - a->misses_hot - a->misses_cold), io, ffn,
+             ffn > io ? ffn - io : 0.0);
 }
 
 void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {

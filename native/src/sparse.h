@@ -81,6 +81,12 @@ void pi2_sparse_get_stats(const pi2_sparse *s, pi2_sparse_stats *st);
 
 /* ", \"policy\": ..." fields for the summary event (see docs/SPARSE.md); s may be NULL (dense). */
 void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n);
+/* ", \"bytes_read\": ..." fields of a token event: what happened between snapshots a and b; "" when
+ * s is NULL (dense). */
+void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const pi2_sparse_stats *b, char *buf,
+                           size_t n);
+/* Take a snapshot (no-op when s is NULL). */
+void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st);
 /* One human line for stderr ("policy powerinfer2, budget ..."). */
 void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n);
 
