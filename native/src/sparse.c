@@ -32,7 +32,7 @@ struct pi2_sparse {
     pi2_ncache *cache;
     pi2_predictors pred;
     int64_t step;
-    uint64_t fixed_bytes;
+    uint64_t fixed_bytes, preload_ns;
 
     /* scratch */
     uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
@@ -253,6 +253,11 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
     int64_t slots = (int64_t)(cache_bytes / h->bundle_stride);
     if (slots > total_bundles) slots = total_bundles; /* the whole FFN fits: no more is useful */
     const pi2_policy p = s->cfg.policy;
+    if (slots == total_bundles && p != PI2_POLICY_BUNDLE && p != PI2_POLICY_LLMFLASH) {
+        /* The whole FFN fits: one region, loaded up front (preload), nothing to evict or split. */
+        cc->cold_slots = slots;
+        return 0;
+    }
     if (p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2) {
         int hot = (int)round_up((size_t)(s->cfg.hot_fraction * (float)s->F + 0.5f), (size_t)cc->cluster);
         cc->hot_neurons = hot > s->F ? (int)s->F : hot;
@@ -281,6 +286,43 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
         pi2_set_error("the memory budget leaves no room for even one neuron bundle");
         return -1;
     }
+    return 0;
+}
+
+/* The budget holds every bundle: read the neuron region block by block in large sequential reads,
+ * so decode starts with everything in memory (the model-fits-in-memory case). Slots come off the free
+ * stack in order, so block b's bundles fill one contiguous run of slots. */
+static int preload(pi2_sparse *s) {
+    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)4 << 20;
+    const uint64_t t0 = pi2_now_ns();
+    for (int b = 0; b < s->n_blocks; b++) {
+        int64_t first = -1;
+        for (int k = 0; k < s->F; k++) {
+            int64_t h = pi2_ncache_acquire(s->cache, b, k);
+            if (first < 0) first = h;
+            if (h != first + k) {
+                pi2_set_error("preload: cache slots are not contiguous");
+                return -1;
+            }
+        }
+        size_t bytes, dummy_n;
+        int block, k0;
+        uint8_t *dst = pi2_ncache_slot_data(s->cache, first, &dummy_n, &block, &k0);
+        bytes = (size_t)s->F * stride;
+        for (size_t off = 0; off < bytes; off += chunk) {
+            size_t len = bytes - off < chunk ? bytes - off : chunk;
+            if (pi2_io_submit(s->io, s->block_off[b] + off, len, dst + off, UINT64_MAX) != 0) return -1;
+        }
+        pi2_io_flush(s->io);
+        uint64_t tags[64];
+        while (pi2_io_in_flight(s->io) > 0)
+            if (pi2_io_reap(s->io, tags, 64, 1) < 0) return -1;
+        for (int k = 0; k < s->F; k++) {
+            pi2_ncache_set_state(s->cache, first + k, PI2_SLOT_READY);
+            pi2_ncache_unpin(s->cache, first + k);
+        }
+    }
+    s->preload_ns = pi2_now_ns() - t0;
     return 0;
 }
 
@@ -373,6 +415,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
         goto fail;
     }
     for (int64_t i = 0; i < handles; i++) s->wait_head[i] = -1;
+    if (cc.cold_slots == (int64_t)s->n_blocks * s->F && s->keep && cfg->policy != PI2_POLICY_LLMFLASH &&
+        preload(s) != 0)
+        goto fail;
     pi2_ctx_set_sparse(ctx, s);
     return s;
 fail:
@@ -731,7 +776,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"cache_bytes\": %llu, \"hot_bytes\": %llu, \"cold_bytes\": %llu, \"fixed_bytes\": %llu, "
         "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, "
         "\"hits_hot\": %llu, \"hits_cold\": %llu, \"misses_hot\": %llu, \"misses_cold\": %llu, \"hit_rate\": %.6f, "
-        "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f",
+        "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f, "
+        "\"preload_s\": %.6f",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
@@ -740,7 +786,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)st.misses_hot, (unsigned long long)st.misses_cold,
         lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
         io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
-        st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0);
+        st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
         OUT(", \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
