@@ -267,6 +267,11 @@ class Pi2Writer:
         self._ffn_done = 0
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """True once close() finished (the file is in place) or abort() dropped it."""
+        return self._closed
+
     def __enter__(self) -> Pi2Writer:
         return self
 
@@ -330,11 +335,12 @@ class Pi2Writer:
         layer: int,
         gate: np.ndarray,
         up: np.ndarray,
-        down: np.ndarray,
+        down: np.ndarray | None,
         expert: int | None = None,
         order: np.ndarray | None = None,
         down_raw: np.ndarray | None = None,
         down_raw_type: str | None = None,
+        down_cols: np.ndarray | None = None,
     ) -> None:
         """One layer's (one expert's) FFN as neuron bundles; blocks go in (layer, expert) order.
 
@@ -347,6 +353,9 @@ class Pi2Writer:
         down_raw, down_raw_type: bytes of the dense down matrix in its own type, stored as is as
           blk.L.ffn_down.weight[.E] when the header has dense_down (lossless GGUF copy); without
           them `down` is quantized to neuron_type for that copy.
+        down_cols: instead of `down` (pass down=None), the down columns as rows (n_ff, n_embd) in
+          original neuron order: floats, or uint8 bytes already in neuron_type blocks, copied
+          losslessly (a transposed down such as PowerInfer's ffn_down_t is quantized along n_embd).
         """
         self._check_open()
         h = self.header
@@ -374,14 +383,20 @@ class Pi2Writer:
                 raise Pi2FormatError(f"layer {layer} {what}: expected ({n_ff}, {n_embd}), got {x.shape}")
             return encode_rows(x, t)
 
-        down = np.asarray(down, dtype=np.float32)
-        if down.shape != (n_embd, n_ff):
-            raise Pi2FormatError(f"layer {layer} down: expected ({n_embd}, {n_ff}), got {down.shape}")
+        if (down is None) == (down_cols is None):
+            raise Pi2FormatError(f"layer {layer}: give exactly one of down and down_cols")
+        if down is not None:
+            down = np.asarray(down, dtype=np.float32)
+            if down.shape != (n_embd, n_ff):
+                raise Pi2FormatError(f"layer {layer} down: expected ({n_embd}, {n_ff}), got {down.shape}")
+            cols = encode_rows(np.ascontiguousarray(down.T), t)
+        else:
+            cols = rows_bytes(down_cols, "down_cols")
         stride = h.bundle_stride
         bundles = np.zeros((n_ff, stride), dtype=np.uint8)
         bundles[:, 0:part] = rows_bytes(gate, "gate")[order]
         bundles[:, part : 2 * part] = rows_bytes(up, "up")[order]
-        bundles[:, 2 * part : 3 * part] = encode_rows(np.ascontiguousarray(down.T)[order], t)
+        bundles[:, 2 * part : 3 * part] = cols[order]
         block = bundles.tobytes()
         block += b"\0" * (h.ffn_block_bytes - len(block))
         offset = h.ffn_block_offset(layer, e)
@@ -400,6 +415,8 @@ class Pi2Writer:
                     name, np.asarray(down_raw, dtype=np.uint8), down_raw_type or t, (n_ff, n_embd)
                 )
             else:
+                if down is None:  # the dense copy from the columns, re-quantized along n_ff
+                    down = np.ascontiguousarray(decode_rows(cols, t, n_embd).T)
                 self.add_tensor(name, down, t, (n_ff, n_embd))
 
     def _check_open(self) -> None:

@@ -185,3 +185,31 @@ def test_llama_cpp_runs_the_converted_twin(tmp_path, smollm2_gguf, llamacpp_bind
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_gguf):
+    """`pi2 convert DIR` (or DIR/x.safetensors) writes the same .pi2 as convert-hf, with or without a
+    twin; options that need a GGUF-less source are checked."""
+    make_checkpoint(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ref", smollm2_gguf, "q8_0")
+    runner = CliRunner()
+    args = ["convert", str(tmp_path / "hf" / "model-00001-of-00002.safetensors"), "--out",
+            str(tmp_path / "a" / "m.pi2"), "--tokenizer-gguf", str(smollm2_gguf), "--quant", "q8_0", "--json"]  # fmt: skip
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["source_format"] == "safetensors" and summary["gguf_twin"] is None
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["m.pi2"]
+    a, ref = Pi2File(tmp_path / "a" / "m.pi2"), Pi2File(tmp_path / "ref" / "model.pi2")
+    assert a.header == ref.header
+    for name in ("blk.1.ffn_bundles", "token_embd.weight", "blk.0.attn_q.weight"):
+        assert np.array_equal(np.asarray(a.raw(name)), np.asarray(ref.raw(name)))
+    result = runner.invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "b.pi2"),
+                                 "--tokenizer-gguf", str(smollm2_gguf), "--gguf-twin", str(tmp_path / "b.gguf"),
+                                 "--ffn-act", "relu"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert Pi2File(tmp_path / "b.pi2").header.ffn_act == "relu"
+    assert (tmp_path / "b.gguf").read_bytes() != b"" and gguf.GGUFReader(tmp_path / "b.gguf").tensors
+    result = runner.invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "c.pi2")])
+    assert result.exit_code == 1 and "give --tokenizer-gguf" in result.stderr
+    assert not (tmp_path / "c.pi2").exists()

@@ -63,9 +63,26 @@ def test_writer_rejects_misuse_and_leaves_nothing(tmp_path):
         w.add_ffn(1, z, z, z.T)
     with pytest.raises(Pi2FormatError, match="permutation"), Pi2Writer(tmp_path / "b.pi2", h) as w:
         w.add_ffn(0, z, z, z.T, order=np.zeros(32))
+    w = Pi2Writer(tmp_path / "b.pi2", h)
+    assert not w.closed
     with pytest.raises(Pi2FormatError, match="only 0 of 2"):
-        Pi2Writer(tmp_path / "b.pi2", h).close()
+        w.close()
+    assert w.closed  # the failed close aborted the file
+    with pytest.raises(AttributeError):
+        w.closed = False  # read-only
     assert list(tmp_path.iterdir()) == []
+
+
+def test_closed_after_a_complete_file(tmp_path):
+    h = Pi2Header(arch="llama", ffn_act="relu", n_vocab=32, n_embd=32, n_layer=1, n_head=1, n_head_kv=1,
+                  n_ff=32, neuron_type="F16")  # fmt: skip
+    w = Pi2Writer(tmp_path / "c.pi2", h)
+    w.add_ffn(0, np.zeros((32, 32)), np.zeros((32, 32)), np.zeros((32, 32)))
+    assert not w.closed
+    w.close()
+    assert w.closed and (tmp_path / "c.pi2").is_file()
+    with pytest.raises(Pi2FormatError, match="closed"):
+        w.add_tensor("x", np.zeros(32), "F32")
 
 
 def test_engine_info_reads_the_header(model):

@@ -14,6 +14,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "sampler.h"
+#include "sparse.h"
 #include "threadpool.h"
 #include "tokenizer.h"
 #include "vocab_blob.h"
@@ -26,6 +27,7 @@ typedef struct {
     int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, no_pack;
     float temperature, top_p;
     uint64_t seed;
+    pi2_sparse_config sparse;
 } chat_options;
 
 static void chat_usage(FILE *out) {
@@ -38,8 +40,8 @@ static void chat_usage(FILE *out) {
             "  and answers each with the generated text on stdout, then a line \"\\x1e{turn record}\".\n"
             "  The KV cache is kept between requests (only new tokens are prefilled); \"reset\": true starts a\n"
             "  new conversation. -n and --ignore-eos are the defaults for requests that do not say.\n"
-            "  --ctx: KV cache positions for the whole conversation (default min(model's, %d)).\n",
-            DEFAULT_CTX);
+            "  --ctx: KV cache positions for the whole conversation (default min(model's, %d)).\n%s",
+            DEFAULT_CTX, pi2_sparse_usage());
 }
 
 static int parse_chat_options(int argc, char **argv, chat_options *o) {
@@ -47,8 +49,15 @@ static int parse_chat_options(int argc, char **argv, chat_options *o) {
     o->n_predict = 64;
     o->top_p = 1.0f;
     o->verify_neurons = 1;
+    pi2_sparse_config_default(&o->sparse);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
+        int taken = pi2_sparse_parse_flag(a, i + 1 < argc ? argv[i + 1] : NULL, &o->sparse);
+        if (taken < 0) return -1;
+        if (taken) {
+            i += taken - 1;
+            continue;
+        }
         int flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-verify-neurons") || !strcmp(a, "--no-pack-ffn");
         if (!flag && i + 1 >= argc) {
             pi2_set_error("option %s needs a value", a);
@@ -122,6 +131,7 @@ typedef struct {
     pi2_tokenizer *tok;
     pi2_pool *pool;
     pi2_ctx *ctx;
+    pi2_sparse *sparse; /* NULL under --policy dense */
     pi2_sampler sampler;
     pi2_events ev;
     int n_threads, n_ctx, n_batch;
@@ -200,10 +210,14 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
         return 0;
     }
     s->has_pending = 0;
+    pi2_sparse_stats st_prev = {0}, st_cur = {0};
+    char tok_json[400];
+    pi2_sparse_snapshot(s->sparse, &st_prev);
     for (int t = 0; t < n_new; t += s->n_batch) {
         int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
         if (pi2_forward(s->ctx, s->ids + t, nb, NULL) != 0) return -1;
     }
+    pi2_sparse_snapshot(s->sparse, &st_cur);
     uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
     int n_gen = 0;
     const char *stop = "length";
@@ -213,8 +227,9 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
         uint64_t now = pi2_now_ns();
         if (!n_gen) t_first = now;
         t_last = now;
-        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"turn\": %d, \"i\": %d, \"id\": %d}",
-                        pi2_seconds(now), turn, n_gen, next);
+        pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
+        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"turn\": %d, \"i\": %d, \"id\": %d%s}",
+                        pi2_seconds(now), turn, n_gen, next, tok_json);
         n_gen++;
         if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
             /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */
@@ -224,7 +239,9 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
         int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
         if (np > 0) emit_text(piece, np);
         if (n_gen < n_predict) {
+            st_prev = st_cur;
             if (pi2_forward(s->ctx, &next, 1, NULL) != 0) return -1;
+            pi2_sparse_snapshot(s->sparse, &st_cur);
         } else {
             /* The answer's last token joins the cache with the next request's prefill. */
             s->has_pending = 1;
@@ -248,10 +265,8 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
 }
 
 static int open_session(chat_session *s, const chat_options *o) {
-    if (pi2_model_load(&s->m, o->model, o->verify_neurons) != 0) return -1;
+    if (pi2_model_load_for(&s->m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return -1;
     s->model_loaded = 1;
-    /* As generate does: the dense path computes from packed gate/up rows unless told not to. */
-    if (!o->no_pack && pi2_model_pack_ffn(&s->m) != 0) return -1;
     if (!s->m.file.tokenizer_len) {
         pi2_set_error("%s: the model has no tokenizer section", o->model);
         return -1;
@@ -274,6 +289,8 @@ static int open_session(chat_session *s, const chat_options *o) {
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
     if (!(s->pool = chat_pool(o, &s->n_threads))) return -1;
     if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
+    if (o->sparse.policy != PI2_POLICY_DENSE && !(s->sparse = pi2_sparse_open(&s->m, s->ctx, s->pool, &o->sparse)))
+        return -1;
     if (pi2_sampler_init(&s->sampler, (int32_t)s->m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) return -1;
     if (pi2_events_open(&s->ev, o->events) != 0) return -1;
     return 0;
@@ -282,6 +299,7 @@ static int open_session(chat_session *s, const chat_options *o) {
 static void close_session(chat_session *s) {
     pi2_events_close(&s->ev);
     pi2_sampler_free(&s->sampler);
+    pi2_sparse_close(s->sparse);
     pi2_ctx_free(s->ctx);
     pi2_pool_free(s->pool);
     free(s->ids);
@@ -328,12 +346,16 @@ int pi2_chat_main(int argc, char **argv) {
         pi2_chat_request_free(&req);
         if (turn_rc != 0) goto done;
     }
+    char sparse_json[4096], sparse_line[400];
+    pi2_sparse_summary_json(s.sparse, &o.sparse, sparse_json, sizeof sparse_json);
+    pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);
     pi2_events_emit(&s.ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"turns\": %d, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
-                    "\"model_bytes\": %llu, \"threads\": %d}",
+                    "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), turn, (unsigned long long)pi2_peak_rss_bytes(),
-                    (unsigned long long)pi2_io_read_bytes(), (unsigned long long)s.m.file.size, s.n_threads);
-    fprintf(stderr, "pi2-engine chat: %d turns, peak RSS %.0f MiB\n", turn, pi2_peak_rss_bytes() / 1048576.0);
+                    (unsigned long long)pi2_io_read_bytes(), (unsigned long long)s.m.file.size, s.n_threads, sparse_json);
+    fprintf(stderr, "pi2-engine chat: %d turns, peak RSS %.0f MiB; %s\n", turn, pi2_peak_rss_bytes() / 1048576.0,
+            sparse_line);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());

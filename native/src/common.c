@@ -79,17 +79,21 @@ uint64_t pi2_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t pi2_peak_rss_bytes(void) {
+static uint64_t status_kib(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;
     char line[256];
+    const size_t n = strlen(key);
     uint64_t kb = 0;
     while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "VmHWM:", 6) == 0) {
-            kb = strtoull(line + 6, NULL, 10);
+        if (strncmp(line, key, n) == 0) {
+            kb = strtoull(line + n, NULL, 10);
             break;
         }
     }
     fclose(f);
     return kb * 1024;
 }
+
+uint64_t pi2_peak_rss_bytes(void) { return status_kib("VmHWM:"); }
+uint64_t pi2_rss_bytes(void) { return status_kib("VmRSS:"); }

@@ -25,5 +25,7 @@ uint64_t pi2_now_ns(void);
 
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t pi2_peak_rss_bytes(void);
+/* Resident set size now (VmRSS), 0 if unknown. */
+uint64_t pi2_rss_bytes(void);
 
 #endif

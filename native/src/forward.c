@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "common.h"
+#include "parmat.h"
+#include "sparse.h"
 
 struct pi2_ctx {
     const pi2_model *m;
@@ -25,9 +27,12 @@ struct pi2_ctx {
     float *acc;                            /* axpy path: [nth][n_batch][n_embd] */
     uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
     float *logits;                         /* [n_vocab] */
+    size_t bytes;                          /* all of the above */
+    pi2_sparse *sparse;                    /* FFN from flash (sparse.h), or NULL: dense */
 };
 
-static void *xcalloc(size_t n, size_t size, int *ok) {
+static void *xcalloc(size_t n, size_t size, int *ok, size_t *total) {
+    *total += (n ? n : 1) * size;
     void *p = calloc(n ? n : 1, size);
     if (!p) *ok = 0;
     return p;
@@ -56,30 +61,30 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *po
     size_t act_row = pi2_row_size(PI2_F32, widest); /* F32 is the widest activation type */
     int ok = 1;
     size_t cache = (size_t)h->n_layer * (size_t)n_ctx * (size_t)c->kv_dim;
-    c->k_cache = xcalloc(cache, sizeof(pi2_f16), &ok);
-    c->v_cache = xcalloc(cache, sizeof(pi2_f16), &ok);
-    c->x = xcalloc(B * E, sizeof(float), &ok);
-    c->xn = xcalloc(B * E, sizeof(float), &ok);
-    c->tmp = xcalloc(B * E, sizeof(float), &ok);
-    c->q = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok);
-    c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok);
-    c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok);
-    c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok);
-    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
-    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
-    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok);
-    c->ffn_in = xcalloc(B * E, sizeof(float), &ok);
-    c->ffn_out = xcalloc(B * E, sizeof(float), &ok);
+    c->k_cache = xcalloc(cache, sizeof(pi2_f16), &ok, &c->bytes);
+    c->v_cache = xcalloc(cache, sizeof(pi2_f16), &ok, &c->bytes);
+    c->x = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
+    c->xn = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
+    c->tmp = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
+    c->q = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok, &c->bytes);
+    c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok, &c->bytes);
+    c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok, &c->bytes);
+    c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok, &c->bytes);
+    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
+    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
+    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
+    c->ffn_in = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
+    c->ffn_out = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
     size_t ne = h->n_expert ? h->n_expert : 1;
-    c->router = xcalloc(B * ne, sizeof(float), &ok);
-    c->expert_w = xcalloc(B * ne, sizeof(float), &ok);
-    c->expert_sel = xcalloc(B * ne, sizeof(int32_t), &ok);
-    c->expert_tokens = xcalloc(B, sizeof(int32_t), &ok);
-    c->scores = xcalloc((size_t)c->nth * (size_t)n_ctx, sizeof(float), &ok);
-    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, &ok);
-    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok);
-    c->act = xcalloc(B, act_row, &ok);
-    c->logits = xcalloc(h->n_vocab, sizeof(float), &ok);
+    c->router = xcalloc(B * ne, sizeof(float), &ok, &c->bytes);
+    c->expert_w = xcalloc(B * ne, sizeof(float), &ok, &c->bytes);
+    c->expert_sel = xcalloc(B * ne, sizeof(int32_t), &ok, &c->bytes);
+    c->expert_tokens = xcalloc(B, sizeof(int32_t), &ok, &c->bytes);
+    c->scores = xcalloc((size_t)c->nth * (size_t)n_ctx, sizeof(float), &ok, &c->bytes);
+    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, &ok, &c->bytes);
+    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok, &c->bytes);
+    c->act = xcalloc(B, act_row, &ok, &c->bytes);
+    c->logits = xcalloc(h->n_vocab, sizeof(float), &ok, &c->bytes);
     if (!ok) {
         pi2_ctx_free(c);
         pi2_set_error("out of memory for a context of %d positions and batches of %d", n_ctx, n_batch);
@@ -98,6 +103,8 @@ void pi2_ctx_free(pi2_ctx *c) {
 }
 
 const float *pi2_ctx_logits(const pi2_ctx *c) { return c->logits; }
+size_t pi2_ctx_bytes(const pi2_ctx *c) { return c->bytes; }
+void pi2_ctx_set_sparse(pi2_ctx *c, pi2_sparse *s) { c->sparse = s; }
 int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }
 int pi2_ctx_n_batch(const pi2_ctx *c) { return c->n_batch; }
@@ -105,20 +112,7 @@ void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
 
 /* ---- parallel helpers ------------------------------------------------------------------------ */
 
-static void run(pi2_ctx *c, pi2_pool_fn fn, void *job) {
-    if (c->pool) pi2_pool_run(c->pool, fn, job);
-    else fn(job, 0, 1);
-}
-
-/* Split [0, n) into nth parts whose boundaries are multiples of `align` (kernels tile rows). */
-static void split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, int64_t *e) {
-    int64_t units = (n + align - 1) / align;
-    pi2_split_range(units, ith, nth, b, e);
-    *b *= align;
-    *e *= align;
-    if (*b > n) *b = n;
-    if (*e > n) *e = n;
-}
+static void run(pi2_ctx *c, pi2_pool_fn fn, void *job) { pi2_pool_run_or_inline(c->pool, fn, job); }
 
 typedef struct {
     pi2_type wt;
@@ -144,32 +138,6 @@ static size_t prepare(pi2_ctx *c, pi2_type wt, const float *x, int64_t n, int64_
     return j.out_row;
 }
 
-typedef struct {
-    const pi2_mat *w;
-    const uint8_t *acts;
-    int64_t tokens;
-    float *y;
-    int64_t ldy;
-} mm_job;
-
-static void mm_worker(void *p, int ith, int nth) {
-    mm_job *j = p;
-    const pi2_mat *w = j->w;
-    int64_t r0, r1;
-    split_aligned(w->rows, 16, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (w->stride == w->row_bytes) {
-        const uint8_t *base = w->data + (size_t)r0 * w->stride;
-        if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
-        else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
-        return;
-    }
-    /* Rows inside bundles (stride = bundle_stride): the kernels' strided variants. */
-    const uint8_t *base = w->data + (size_t)r0 * w->stride;
-    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->y + r0);
-    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
-}
-
 /* Gate and up rows of the same bundles, chunk by chunk: the up pass of a chunk finds its bundles
  * already in cache from the gate pass, instead of streaming the whole block twice with gaps. */
 typedef struct {
@@ -185,7 +153,7 @@ typedef struct {
 static void gateup_worker(void *p, int ith, int nth) {
     gateup_job *j = p;
     int64_t r0, r1;
-    split_aligned(j->gate->rows, GATEUP_CHUNK, ith, nth, &r0, &r1);
+    pi2_split_aligned(j->gate->rows, GATEUP_CHUNK, ith, nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r += GATEUP_CHUNK) {
         const int64_t nr = r1 - r < GATEUP_CHUNK ? r1 - r : GATEUP_CHUNK;
         const pi2_mat *ws[2] = {j->gate, j->up};
@@ -203,14 +171,12 @@ static void gateup_worker(void *p, int ith, int nth) {
 static void matmul(pi2_ctx *c, const pi2_mat *w, const float *x, int64_t ldx, int64_t tokens, float *y,
                    int64_t ldy) {
     prepare(c, w->type, x, w->cols, ldx, tokens);
-    mm_job j = {w, c->act, tokens, y, ldy};
-    run(c, mm_worker, &j);
+    pi2_par_matmul(c->pool, w, c->act, tokens, y, ldy);
 }
 
 /* Same, reusing activations already prepared for a weight of the same activation type. */
 static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float *y, int64_t ldy) {
-    mm_job j = {w, c->act, tokens, y, ldy};
-    run(c, mm_worker, &j);
+    pi2_par_matmul(c->pool, w, c->act, tokens, y, ldy);
 }
 
 /* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
@@ -360,8 +326,11 @@ static void axpy_worker(void *p, int ith, int nth) {
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* out[t] = FFN_b(in[t]) for t < tokens (in: normalized inputs, n_embd each). */
-static void ffn_block(pi2_ctx *c, const pi2_ffn_block *b, const float *in, int tokens, float *out) {
+/* out[t] = FFN of block (layer, expert) of in[t] for t < tokens (in: normalized inputs, n_embd each).
+ * -1 only when the sparse engine fails to read neurons. */
+static int ffn_block(pi2_ctx *c, int layer, int expert, const float *in, int tokens, float *out) {
+    if (c->sparse) return pi2_sparse_ffn(c->sparse, layer, expert, in, tokens, out);
+    const pi2_ffn_block *b = &c->m->layers[layer].ffn[expert];
     const int64_t E = c->n_embd, F = c->n_ff;
     const uint32_t act = c->m->h.ffn_act;
     prepare(c, b->gate.type, in, E, E, tokens);
@@ -379,7 +348,7 @@ static void ffn_block(pi2_ctx *c, const pi2_ffn_block *b, const float *in, int t
         for (int t = 0; t < tokens; t++)
             for (int64_t k = 0; k < F; k++) c->h[t * F + b->order[k]] = c->g[t * F + k];
         matmul(c, &b->down, c->h, F, tokens, out, E);
-        return;
+        return 0;
     }
     memcpy(c->h, c->g, (size_t)tokens * F * sizeof(float));
     axpy_job j = {c, b, tokens};
@@ -389,10 +358,12 @@ static void ffn_block(pi2_ctx *c, const pi2_ffn_block *b, const float *in, int t
         const float *acc = c->acc + (size_t)th * c->n_batch * E;
         for (int64_t i = 0; i < tokens * E; i++) out[i] += acc[i];
     }
+    return 0;
 }
 
 /* Mixtral-style routing: softmax over the router logits, top-k experts, weights renormalized. */
-static void moe(pi2_ctx *c, const pi2_layer *L, int tokens) {
+static int moe(pi2_ctx *c, int layer, int tokens) {
+    const pi2_layer *L = &c->m->layers[layer];
     const pi2_header *h = &c->m->h;
     const int64_t E = c->n_embd, NE = h->n_expert, K = h->n_expert_used;
     matmul(c, &L->router, c->xn, E, tokens, c->router, NE);
@@ -427,7 +398,7 @@ static void moe(pi2_ctx *c, const pi2_layer *L, int tokens) {
                     n++;
                 }
         if (!n) continue;
-        ffn_block(c, &L->ffn[e], c->ffn_in, n, c->ffn_out);
+        if (ffn_block(c, layer, (int)e, c->ffn_in, n, c->ffn_out) != 0) return -1;
         for (int i = 0; i < n; i++) {
             int t = c->expert_tokens[i];
             float w = 0;
@@ -436,14 +407,17 @@ static void moe(pi2_ctx *c, const pi2_layer *L, int tokens) {
             for (int64_t d = 0; d < E; d++) c->tmp[(size_t)t * E + d] += w * c->ffn_out[(size_t)i * E + d];
         }
     }
+    return 0;
 }
 
-static void ffn(pi2_ctx *c, const pi2_layer *L, int tokens) {
+static int ffn(pi2_ctx *c, int layer, int tokens) {
     const int64_t E = c->n_embd;
+    const pi2_layer *L = &c->m->layers[layer];
     for (int t = 0; t < tokens; t++) rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, c->m->h.rms_eps);
-    if (c->m->h.arch == PI2_ARCH_MOE) moe(c, L, tokens);
-    else ffn_block(c, &L->ffn[0], c->xn, tokens, c->tmp);
+    int rc = c->m->h.arch == PI2_ARCH_MOE ? moe(c, layer, tokens) : ffn_block(c, layer, 0, c->xn, tokens, c->tmp);
+    if (rc != 0) return -1;
     for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
+    return 0;
 }
 
 /* ---- the whole pass ---------------------------------------------------------------------------- */
@@ -468,8 +442,9 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
     }
     for (uint32_t l = 0; l < m->h.n_layer; l++) {
+        if (c->sparse) pi2_sparse_layer_begin(c->sparse, (int)l); /* hot clusters load during attention */
         attention(c, &m->layers[l], (int)l, n);
-        ffn(c, &m->layers[l], n);
+        if (ffn(c, (int)l, n) != 0) return -1;
     }
     /* Only the rows whose logits are wanted go through the output matrix. */
     int first = logits_all ? 0 : n - 1, rows = n - first;
@@ -483,5 +458,6 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
     }
     if (logits_all) memcpy(c->logits, logits_all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     c->n_past += n;
+    if (c->sparse) pi2_sparse_step_end(c->sparse);
     return 0;
 }

@@ -5,6 +5,7 @@
 #ifndef PI2_FORWARD_H
 #define PI2_FORWARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -25,6 +26,11 @@ const float *pi2_ctx_logits(const pi2_ctx *c);
 int pi2_ctx_n_past(const pi2_ctx *c);
 int pi2_ctx_n_ctx(const pi2_ctx *c);
 int pi2_ctx_n_batch(const pi2_ctx *c);
+/* Bytes the context allocated (KV cache and scratch), touched or not: the budget's fixed part. */
+size_t pi2_ctx_bytes(const pi2_ctx *c);
+/* Compute FFN blocks through the sparse engine (sparse.h) instead of densely; NULL detaches. */
+struct pi2_sparse;
+void pi2_ctx_set_sparse(pi2_ctx *c, struct pi2_sparse *s);
 /* Forget the cache (a new conversation). */
 void pi2_ctx_reset(pi2_ctx *c);
 

@@ -15,6 +15,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "sampler.h"
+#include "sparse.h"
 #include "threadpool.h"
 #include "tokenizer.h"
 #include "vocab_blob.h"
@@ -27,12 +28,14 @@ static void usage(FILE *out) {
             "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
             "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn]\n"
             "           generate text; only the generated text goes to stdout, as tokens come\n"
+            "%s"
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
             "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
             "           write float32 logits of the last (or --all) positions, row-major\n"
             "  chat -m MODEL.pi2 [...]  multi-turn: JSON requests on stdin, KV cache kept (chat --help)\n"
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
-            "  --version  print the engine version\n");
+            "  --version  print the engine version\n",
+            pi2_sparse_usage());
 }
 
 typedef struct {
@@ -40,6 +43,7 @@ typedef struct {
     int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, all_logits, json, verify, no_pack;
     float temperature, top_p;
     uint64_t seed;
+    pi2_sparse_config sparse;
 } options;
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -47,9 +51,16 @@ static int parse_options(int argc, char **argv, options *o) {
     o->n_predict = 64;
     o->top_p = 1.0f;
     o->verify_neurons = 1;
+    pi2_sparse_config_default(&o->sparse);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int taken = pi2_sparse_parse_flag(a, v, &o->sparse);
+        if (taken < 0) return -1;
+        if (taken) {
+            i += taken - 1;
+            continue;
+        }
 #define TAKES_VALUE                                                   \
     do {                                                              \
         if (!v) {                                                     \
@@ -192,15 +203,16 @@ static int cmd_eval(const options *o) {
     int n = parse_list("--tokens", o->tokens, ids, 65536);
     if (n < 0) { free(ids); return die(); }
     pi2_model m;
-    if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) { free(ids); return die(); }
-    if (!o->no_pack && pi2_model_pack_ffn(&m) != 0) { pi2_model_free(&m); free(ids); return die(); }
+    if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) { free(ids); return die(); }
     int n_threads = 1, rc = 1;
     pi2_pool *pool = make_pool(o, &n_threads);
     int batch = o->n_batch ? o->n_batch : n;
     pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
+    pi2_sparse *sp = NULL;
     size_t V = m.h.n_vocab;
-    float *out = c ? malloc(sizeof(float) * V * (size_t)(o->all_logits ? n : 1)) : NULL;
-    if (!out) goto done;
+    float *out = NULL;
+    if (!c || (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse)))) goto done;
+    if (!(out = malloc(sizeof(float) * V * (size_t)(o->all_logits ? n : 1)))) goto done;
     for (int t = 0; t < n; t += batch) {
         int nb = n - t < batch ? n - t : batch;
         if (pi2_forward(c, ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
@@ -218,6 +230,7 @@ static int cmd_eval(const options *o) {
 done:
     if (rc) die();
     free(out);
+    pi2_sparse_close(sp);
     pi2_ctx_free(c);
     pi2_pool_free(pool);
     pi2_model_free(&m);
@@ -234,12 +247,11 @@ static int cmd_generate(const options *o) {
     }
     uint64_t t_load0 = pi2_now_ns();
     pi2_model m;
-    if (pi2_model_load(&m, o->model, o->verify_neurons) != 0) return die();
-    if (!o->no_pack && pi2_model_pack_ffn(&m) != 0) {
-        pi2_model_free(&m);
-        return die();
-    }
+    if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return die();
     int rc = 1, n_threads = 1;
+    pi2_sparse *sp = NULL;
+    pi2_sparse_stats st_prev = {0}, st_cur = {0};
+    char tok_json[400];
     pi2_vocab_desc desc;
     memset(&desc, 0, sizeof desc);
     pi2_tokenizer *tok = NULL;
@@ -294,6 +306,7 @@ tokenized:
     int batch = o->n_batch ? o->n_batch : (n_prompt < 256 ? n_prompt : 256);
     if (!(pool = make_pool(o, &n_threads))) goto done;
     if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
+    if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;
     if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;
     if (pi2_events_open(&ev, o->events) != 0) goto done;
     uint64_t t0 = pi2_now_ns();
@@ -310,6 +323,7 @@ tokenized:
         int nb = n_prompt - t < batch ? n_prompt - t : batch;
         if (pi2_forward(c, ids + t, nb, NULL) != 0) goto done;
     }
+    pi2_sparse_snapshot(sp, &st_cur);
     uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
     int n_gen = 0;
     char piece[256];
@@ -318,7 +332,10 @@ tokenized:
         uint64_t now = pi2_now_ns();
         if (!n_gen) t_first = now;
         t_last = now;
-        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d}", pi2_seconds(now), n_gen, next);
+        /* with the sparse engine: what the forward pass that produced this token's logits cost */
+        pi2_sparse_token_json(sp, &st_prev, &st_cur, tok_json, sizeof tok_json);
+        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d%s}", pi2_seconds(now), n_gen,
+                        next, tok_json);
         if (!o->ignore_eos && pi2_token_is_eog(tok, next)) {
             n_gen++;
             break;
@@ -328,7 +345,11 @@ tokenized:
             fwrite(piece, 1, (size_t)np, stdout);
             fflush(stdout);
         }
-        if (n_gen + 1 < o->n_predict && pi2_forward(c, &next, 1, NULL) != 0) goto done;
+        if (n_gen + 1 < o->n_predict) {
+            st_prev = st_cur;
+            if (pi2_forward(c, &next, 1, NULL) != 0) goto done;
+            pi2_sparse_snapshot(sp, &st_cur);
+        }
     }
     double prefill_s = pi2_seconds(t_prefill - t0);
     double ttft = t_first ? pi2_seconds(t_first - t0) : 0;
@@ -339,22 +360,30 @@ tokenized:
                     "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
                     n_prompt, n_gen, ttft, prefill_s, prefill_tps, decode_s, decode_tps);
+    char sparse_json[4096], sparse_line[400];
+    pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
+    pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
+    const uint64_t peak = pi2_peak_rss_bytes();
     pi2_events_emit(&ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
-                    "\"model_bytes\": %llu, \"threads\": %d}",
-                    pi2_seconds(pi2_now_ns()), (unsigned long long)pi2_peak_rss_bytes(),
-                    (unsigned long long)pi2_io_read_bytes(), (unsigned long long)m.file.size, n_threads);
+                    "\"model_bytes\": %llu, \"threads\": %d%s}",
+                    pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),
+                    (unsigned long long)m.file.size, n_threads, sparse_json);
     fflush(stdout);
     fprintf(stderr,
             "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "
-            "%d threads (%s), peak RSS %.0f MiB\n",
+            "%d threads (%s), peak RSS %.0f MiB\npi2-engine: %s\n",
             n_prompt, n_gen, ttft * 1e3, prefill_tps, decode_tps, n_threads,
-            pi2_kernel_level_name(pi2_kernels_current()), pi2_peak_rss_bytes() / 1048576.0);
+            pi2_kernel_level_name(pi2_kernels_current()), peak / 1048576.0, sparse_line);
+    if (sp && o->sparse.memory_budget && peak > o->sparse.memory_budget)
+        fprintf(stderr, "pi2-engine: warning: peak RSS %.1f MiB exceeded the budget of %.1f MiB\n", peak / 1048576.0,
+                o->sparse.memory_budget / 1048576.0);
     rc = 0;
 done:
     if (rc) die();
     pi2_events_close(&ev);
     pi2_sampler_free(&sampler);
+    pi2_sparse_close(sp);
     pi2_ctx_free(c);
     pi2_pool_free(pool);
     free(ids);

@@ -1,4 +1,5 @@
-"""`pi2 convert`: GGUF checkpoints to .pi2 (plus an identical GGUF twin for llama.cpp)."""
+"""`pi2 convert`: GGUF, PowerInfer GGUF and Hugging Face safetensors checkpoints to .pi2 (plus a GGUF
+twin for llama.cpp)."""
 
 import json
 from pathlib import Path
@@ -9,9 +10,53 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from pi2cli.convert import convert_gguf
 from pi2cli.errors import Pi2Error
 
+# --ffn-act names -> the safetensors converter's --activation names
+HF_ACTIVATIONS = {"swiglu": "silu", "relu": "relu", "drelu": "drelu"}
+
+
+def is_safetensors_source(src: Path) -> bool:
+    return src.is_dir() or src.suffix == ".safetensors"
+
+
+def convert_any(src: Path, out: Path, gguf_twin=None, ffn_act=None, profile=None, quant=None,
+                tokenizer_gguf=None, progress=None) -> dict:  # fmt: skip
+    """Route SRC by kind: a directory or .safetensors file goes to the safetensors converter, anything
+    else is read as a GGUF. Options that mean nothing for the kind are refused, not ignored."""
+    if out.suffix != ".pi2":
+        raise Pi2Error(f"--out {out}: the output name must end in .pi2")
+    if is_safetensors_source(src):
+        from pi2cli.models.convert_safetensors import convert
+
+        if not src.exists():
+            raise Pi2Error(f"{src}: no such file or directory")
+        root = src if src.is_dir() else src.parent
+        if tokenizer_gguf is None:
+            raise Pi2Error(
+                f"{src} is a safetensors checkpoint: give --tokenizer-gguf (a GGUF with the same vocabulary)"
+            )
+        result = convert(
+            root, out.parent, Path(tokenizer_gguf), quant or "q4_0",
+            activation=HF_ACTIVATIONS[ffn_act] if ffn_act else None, profile=profile,
+            progress=(lambda _name, done, total: progress(done, total)) if progress else None,
+            pi2_path=out, gguf_path=gguf_twin,
+        )  # fmt: skip
+        return {"out": result["pi2"], "gguf_twin": result["gguf"], "arch": result["arch"],
+                "source_format": "safetensors", "ffn_act": ffn_act or result["activation"],
+                "n_layer": result["layers"], "neuron_type": (quant or "q4_0").upper(),
+                "profile": str(profile) if profile else None, "bytes": out.stat().st_size}  # fmt: skip
+    if quant is not None:
+        raise Pi2Error(
+            "--quant applies to safetensors checkpoints; GGUF weights are copied in their own types"
+        )
+    if tokenizer_gguf is not None:
+        raise Pi2Error(
+            "--tokenizer-gguf applies to safetensors checkpoints; a GGUF carries its own vocabulary"
+        )
+    return convert_gguf(src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, progress=progress)
+
 
 @click.command(name="convert")
-@click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("src", type=click.Path(path_type=Path))
 @click.option(
     "--out", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The .pi2 to write."
 )
@@ -24,37 +69,66 @@ from pi2cli.errors import Pi2Error
 @click.option(
     "--ffn-act",
     type=click.Choice(["swiglu", "relu", "drelu"]),
-    default="swiglu",
-    show_default=True,
-    help="FFN activation (GGUF does not record it: ReLU-Llama/ProSparse need relu).",
+    default=None,
+    help="FFN activation [default: GGUF llama: swiglu; PowerInfer llama with predictors: relu; "
+    "PowerInfer bamboo: drelu; safetensors: from config.json]. Plain GGUFs do not record it: "
+    "ReLU-Llama/ProSparse GGUFs need relu.",
+)
+@click.option(
+    "--profile",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Activation profile (.npz from `pi2 models profile`): each layer's bundles hottest first.",
+)
+@click.option(
+    "--quant",
+    type=click.Choice(["q4_0", "q4_1", "q8_0", "f16"]),
+    default=None,
+    help="Safetensors only: weight type [default: q4_0]. GGUF weights keep their own types.",
+)
+@click.option(
+    "--tokenizer-gguf",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Safetensors only (required there): a GGUF with the same vocabulary, whose tokenizer is reused.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def command(src, out, gguf_twin, ffn_act, as_json):
-    """Convert a llama-architecture GGUF (Llama-2, Mistral, Mixtral, SmolLM2...) to .pi2.
+def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_json):
+    """Convert a model to .pi2: a llama-architecture GGUF (Llama-2, Mistral, Mixtral, SmolLM2...), a
+    PowerInfer GGUF (ReLU-Llama, ProSparse, Bamboo, with their fc1/fc2 predictors), or a Hugging Face
+    safetensors checkpoint (a directory, or one of its .safetensors files).
 
-    F32, F16, Q4_0, Q4_1 and Q8_0 tensors are copied bit for bit; the FFN goes into per-neuron
-    bundles (gate row | up row | down column) for the sparse engine. The file appears only when
-    complete. Layout: docs/FORMAT.md.
+    GGUF: F32, F16, Q4_0, Q4_1 and Q8_0 tensors are copied bit for bit; the FFN goes into per-neuron
+    bundles (gate row | up row | down column) for the sparse engine. PowerInfer GGUFs keep their
+    transposed down in the bundles and their predictors as pred_fc1/pred_fc2 (docs/MODELS.md says how
+    the threshold maps). Safetensors: quantized to --quant. The file appears only when complete.
+    Layout: docs/FORMAT.md.
 
     \b
-    Example:
+    Examples:
       pi2 convert SmolLM2-135M-Instruct.Q4_1.gguf --out smollm2.pi2 --gguf-twin smollm2.gguf
+      pi2 convert prosparse-llama-2-7b.powerinfer.gguf --out prosparse.pi2 --profile p.npz
+      pi2 convert ./Bamboo-base-v0_1 --tokenizer-gguf bamboo.gguf --out bamboo.pi2 --gguf-twin bamboo.gguf
     """
-    if out.suffix != ".pi2":
-        raise Pi2Error(f"--out {out}: the output name must end in .pi2")
     with Progress(
-        TextColumn("converting"), BarColumn(), TextColumn("{task.completed}/{task.total} layers"),
+        TextColumn("converting"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), transient=True, disable=as_json,
     ) as bar:  # fmt: skip
         task = bar.add_task("convert", total=None)
-        summary = convert_gguf(
-            src, out, gguf_twin=gguf_twin, ffn_act=ffn_act,
+        summary = convert_any(
+            src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, quant=quant,
+            tokenizer_gguf=tokenizer_gguf,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps(summary))
-    else:
-        click.echo(f"wrote {summary['out']} ({summary['bytes'] / 2**20:.1f} MiB, {summary['arch']}, "
-                   f"{summary['n_layer']} layers, bundles {summary['neuron_type']})")  # fmt: skip
-        if gguf_twin:
-            click.echo(f"wrote {gguf_twin} (GGUF twin)")
+        return
+    click.echo(f"wrote {summary['out']} ({summary['bytes'] / 2**20:.1f} MiB, {summary['arch']}, "
+               f"{summary['ffn_act']}, {summary['n_layer']} layers, bundles {summary['neuron_type']})")  # fmt: skip
+    if summary.get("predictor"):
+        click.echo(f"predictors: PowerInfer fc1/fc2, sigmoid threshold {summary['predictor_threshold']:.4g}")
+        if not summary.get("predictor_threshold_exact"):
+            click.echo("note: PowerInfer's threshold is not 0, so pi2's (normed-input) predictor selects the "
+                       "same neurons only approximately; see docs/MODELS.md")  # fmt: skip
+    if summary.get("gguf_twin"):
+        click.echo(f"wrote {summary['gguf_twin']} (GGUF twin)")

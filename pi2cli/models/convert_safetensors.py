@@ -162,8 +162,12 @@ def convert(
     activation: str | None = None,
     profile: Path | None = None,
     progress=None,
+    pi2_path: Path | None = None,
+    gguf_path: Path | None | bool = True,
 ) -> dict:
-    """Write out_dir/model.pi2 and out_dir/model.gguf from a safetensors checkpoint directory."""
+    """Write out_dir/model.pi2 and out_dir/model.gguf from a safetensors checkpoint directory.
+    pi2_path / gguf_path name the outputs explicitly instead (gguf_path None or False: no twin;
+    the .pi2 is the same either way)."""
     from pi2cli.models.synth import _tokenizer_blob
     from pi2cli.pi2file import Pi2Header, Pi2Writer
 
@@ -172,12 +176,11 @@ def convert(
     tok_fields, vocab = gguf_twin.load_tokenizer(tokenizer_gguf)
     if vocab != c.vocab:
         raise Pi2Error(f"tokenizer GGUF has {vocab} tokens, the checkpoint's vocab_size is {c.vocab}")
-    freqs = {}
+    orders = {}
     if profile is not None:
-        from pi2cli.models.profile import load_profile
+        from pi2cli.models.profile import hot_first_orders
 
-        arrays, _ = load_profile(profile)
-        freqs = {k[5:]: v for k, v in arrays.items() if k.startswith("freq/")}
+        orders = hot_first_orders(profile, c.n_layer, c.n_expert, c.ffn)
     h, f, hd = c.hidden, c.ffn, c.hidden // c.n_head
     moe = c.arch == "mixtral"
     # every tensor is checked before any output exists
@@ -187,8 +190,11 @@ def convert(
     if out_dir.exists() and not out_dir.is_dir():
         raise Pi2Error(f"--out {out_dir} exists and is not a directory")
     plan = _tensor_plan(c, st, quant)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    pi2_path = Path(pi2_path) if pi2_path else out_dir / "model.pi2"
+    gguf_path = out_dir / "model.gguf" if gguf_path is True else (Path(gguf_path) if gguf_path else None)
+    pi2_path.parent.mkdir(parents=True, exist_ok=True)
+    if gguf_path:
+        gguf_path.parent.mkdir(parents=True, exist_ok=True)
 
     import gguf
 
@@ -207,7 +213,7 @@ def convert(
     if moe:
         kv += [(pre + "expert_count", c.n_expert, t.UINT32, None),
                (pre + "expert_used_count", c.n_expert_used, t.UINT32, None)]  # fmt: skip
-    twin = gguf_twin.GgufTwinWriter(out_dir / "model.gguf", kv + list(tok_fields))
+    twin = gguf_twin.GgufTwinWriter(gguf_path, kv + list(tok_fields)) if gguf_path else _NoTwin()
     for name, shape, q, _ in plan:
         twin.declare(name, shape, q)
     header = Pi2Header(arch="moe" if moe else "llama", ffn_act=c.activation, n_vocab=c.vocab, n_embd=h,
@@ -217,8 +223,9 @@ def convert(
                        tied_embeddings=c.tied, dense_down=True, has_predictor=False)  # fmt: skip
     blob, _ = _tokenizer_blob(tok_fields)
     meta = {"source": str(src), "converter": "pi2 models convert-safetensors", "synthetic": False,
-            "gguf_twin": "model.gguf", "activation_profile": str(profile) if profile else None}  # fmt: skip
-    writer = Pi2Writer(out_dir / "model.pi2", header, tokenizer_blob=blob, metadata=meta)
+            "gguf_twin": gguf_path.name if gguf_path else None,
+            "activation_profile": str(profile) if profile else None}  # fmt: skip
+    writer = Pi2Writer(pi2_path, header, tokenizer_blob=blob, metadata=meta)
     try:
         ffn_parts: dict[str, np.ndarray] = {}
         for i, (name, shape, q, source) in enumerate(plan):
@@ -232,7 +239,7 @@ def convert(
                 ffn_parts[name.split(".")[2]] = (raw, values)
                 if len(ffn_parts) == 3:
                     layer = int(name.split(".")[1])
-                    _emit(writer, layer, ffn_parts, c, freqs, quant)
+                    _emit(writer, layer, ffn_parts, c, orders, quant)
                     ffn_parts = {}
             else:
                 writer.add_tensor(name, raw.reshape(-1), q.upper(), shape=tuple(reversed(shape)))
@@ -242,22 +249,38 @@ def convert(
         twin.close()
     except BaseException:
         twin.abort()
-        if writer._closed:
-            (out_dir / "model.pi2").unlink(missing_ok=True)
+        if writer.closed:
+            pi2_path.unlink(missing_ok=True)
         else:
             writer.abort()
         raise
-    return {"pi2": str(out_dir / "model.pi2"), "gguf": str(out_dir / "model.gguf"), "arch": c.arch,
+    return {"pi2": str(pi2_path), "gguf": str(gguf_path) if gguf_path else None, "arch": c.arch,
             "activation": c.activation, "layers": c.n_layer}  # fmt: skip
 
 
-def _emit(writer, layer, parts, c: HfConfig, freqs, quant) -> None:
+class _NoTwin:
+    """Stands in for the GGUF twin writer when no twin was asked for."""
+
+    def declare(self, *args) -> None:
+        pass
+
+    def write(self, *args) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _emit(writer, layer, parts, c: HfConfig, orders, quant) -> None:
     moe = c.arch == "mixtral"
     names = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if moe else ("ffn_gate", "ffn_up", "ffn_down")
     (g_raw, _), (u_raw, _), (d_raw, d_val) = (parts[n] for n in names)
     for e in range(c.n_expert if moe else 1):
         key = f"{layer}.{e}" if moe else f"{layer}"
-        order = np.argsort(-freqs[key], kind="stable") if key in freqs else None
+        order = orders.get(key)
         sl = (e,) if moe else ()
         writer.add_ffn(layer, g_raw[sl], u_raw[sl], d_val[sl], expert=e if moe else None, order=order,
                        down_raw=d_raw[sl].reshape(-1), down_raw_type=quant.upper())  # fmt: skip

@@ -204,3 +204,23 @@ def summarize(arrays: dict[str, np.ndarray], hot_fraction: float = 0.2) -> list[
         rows.append({"block": key[5:], "tokens": int(arrays["tokens/" + key[5:]]),
                      "sparsity": float(1 - freq.mean()), "hot_coverage": hot})  # fmt: skip
     return rows
+
+
+def hot_first_orders(path: Path, n_layer: int, n_expert: int, n_ff: int) -> dict[str, np.ndarray]:
+    """Bundle order per FFN block from a profile, hottest neuron first (ties: lower id first).
+
+    Keys are "L" (dense) or "L.E" (MoE), as in the profile's freq/ arrays; the value is the
+    permutation for Pi2Writer.add_ffn(order=...). Every block of the model must be in the profile
+    with n_ff frequencies: a profile of another model is refused, naming the block."""
+    arrays, _ = load_profile(path)
+    orders = {}
+    for layer in range(n_layer):
+        for e in range(n_expert or 1):
+            key = f"{layer}.{e}" if n_expert else f"{layer}"
+            freq = arrays.get(f"freq/{key}")
+            if freq is None:
+                raise Pi2Error(f"{path}: profile has no freq/{key} (a profile of another model?)")
+            if freq.shape != (n_ff,):
+                raise Pi2Error(f"{path}: freq/{key} has shape {freq.shape}, the model has {n_ff} neurons")
+            orders[key] = np.argsort(-freq, kind="stable")
+    return orders

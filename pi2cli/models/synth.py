@@ -490,7 +490,7 @@ def synthesize(
     except BaseException:
         twin.abort()
         if writer is not None:
-            if writer._closed:
+            if writer.closed:
                 pi2_path.unlink(missing_ok=True)  # the twin failed after the .pi2 was renamed
             else:
                 writer.abort()

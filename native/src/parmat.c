@@ -1,0 +1,45 @@
+#include "parmat.h"
+
+void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
+    if (pool) pi2_pool_run(pool, fn, job);
+    else fn(job, 0, 1);
+}
+
+void pi2_split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, int64_t *e) {
+    int64_t units = (n + align - 1) / align;
+    pi2_split_range(units, ith, nth, b, e);
+    *b *= align;
+    *e *= align;
+    if (*b > n) *b = n;
+    if (*e > n) *e = n;
+}
+
+typedef struct {
+    const pi2_mat *w;
+    const uint8_t *acts;
+    int64_t tokens;
+    float *y;
+    int64_t ldy;
+} mm_job;
+
+static void mm_worker(void *p, int ith, int nth) {
+    mm_job *j = p;
+    const pi2_mat *w = j->w;
+    int64_t r0, r1;
+    pi2_split_aligned(w->rows, 16, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    const uint8_t *base = w->data + (size_t)r0 * w->stride;
+    if (w->stride == w->row_bytes) {
+        if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
+        else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+        return;
+    }
+    /* Rows inside bundles (stride = bundle_stride): the kernels' strided variants. */
+    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->y + r0);
+    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+}
+
+void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy) {
+    mm_job j = {w, acts, tokens, y, ldy};
+    pi2_pool_run_or_inline(pool, mm_worker, &j);
+}

@@ -1,0 +1,208 @@
+/* Hardware probes: see probe.h. Both measure what the engine will see, not the hardware's peak: the
+ * bandwidth of a plain summing loop over buffers far larger than the caches, and random reads through
+ * neuron_io at the block size and queue depth the engine's bundle reads have. */
+#include "probe.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+
+/* ---- memory bandwidth ---- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int go; /* 0: wait, 1: run the passes, -1: give up (a thread could not start) */
+    pthread_barrier_t start, end; /* all threads + the timing one; set up once every thread runs */
+} membw_shared;
+
+typedef struct {
+    uint64_t *buf;
+    size_t n; /* words, a multiple of 8 */
+    int passes;
+    membw_shared *sh;
+    volatile uint64_t sink; /* keeps the sums from being optimized away */
+} membw_thread;
+
+/* Four independent 128-bit sums (SSE2 / NEON through GCC's vector extension, no intrinsics): no
+ * loop-carried dependency limits the loads, and 16-byte loads outrun DRAM on any core. */
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+static uint64_t sum_words(const uint64_t *p, size_t n) {
+    const u64x2 *v = (const u64x2 *)p; /* malloc's alignment is >= 16 */
+    u64x2 s0 = {0, 0}, s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n / 2; i += 4) s0 += v[i], s1 += v[i + 1], s2 += v[i + 2], s3 += v[i + 3];
+    u64x2 s = s0 + s1 + s2 + s3;
+    return s[0] + s[1];
+}
+
+static void *membw_main(void *arg) {
+    membw_thread *t = arg;
+    for (size_t i = 0; i < t->n; i++) t->buf[i] = i; /* first touch: the pages land near this thread */
+    pthread_mutex_lock(&t->sh->mu);
+    while (t->sh->go == 0) pthread_cond_wait(&t->sh->cv, &t->sh->mu);
+    int run = t->sh->go > 0;
+    pthread_mutex_unlock(&t->sh->mu);
+    for (int p = 0; run && p < t->passes; p++) {
+        pthread_barrier_wait(&t->sh->start);
+        t->sink += sum_words(t->buf, t->n);
+        pthread_barrier_wait(&t->sh->end);
+    }
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_membw_result *out) {
+    size_t n = bytes_per_thread / 64 * 8;
+    if (n_threads < 1 || n_threads > 1024 || n == 0 || passes < 1 || passes > PI2_MEMBW_MAX_PASSES) {
+        pi2_set_error("membw: bad arguments (threads %d, %zu bytes per thread, %d passes)", n_threads,
+                      bytes_per_thread, passes);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    membw_thread *ts = calloc((size_t)n_threads, sizeof *ts);
+    pthread_t *th = calloc((size_t)n_threads, sizeof *th);
+    membw_shared sh = {.go = 0};
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
+    pthread_barrier_init(&sh.start, NULL, (unsigned)n_threads + 1);
+    pthread_barrier_init(&sh.end, NULL, (unsigned)n_threads + 1);
+    int rc = -1, started = 0;
+    if (!ts || !th) goto done;
+    for (int i = 0; i < n_threads; i++) /* allocated here, touched by the threads */
+        if (!(ts[i].buf = malloc(n * sizeof(uint64_t)))) goto done;
+    for (; started < n_threads; started++) {
+        ts[started] = (membw_thread){ts[started].buf, n, passes, &sh, 0};
+        if (pthread_create(&th[started], NULL, membw_main, &ts[started])) break;
+    }
+    pthread_mutex_lock(&sh.mu);
+    sh.go = started == n_threads ? 1 : -1; /* the barriers need every thread */
+    pthread_cond_broadcast(&sh.cv);
+    pthread_mutex_unlock(&sh.mu);
+    for (int p = 0; sh.go > 0 && p < passes; p++) {
+        pthread_barrier_wait(&sh.start);
+        uint64_t t0 = pi2_now_ns();
+        pthread_barrier_wait(&sh.end);
+        double s = (double)(pi2_now_ns() - t0) * 1e-9;
+        out->pass_gbps[p] = (double)n * sizeof(uint64_t) * n_threads / s / 1e9;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (sh.go < 0) {
+        pi2_set_error("membw: cannot start thread %d of %d", started + 1, n_threads);
+        goto done;
+    }
+    double sorted[PI2_MEMBW_MAX_PASSES];
+    memcpy(sorted, out->pass_gbps, sizeof sorted);
+    qsort(sorted, (size_t)passes, sizeof(double), cmp_double);
+    out->median_gbps = passes % 2 ? sorted[passes / 2] : (sorted[passes / 2 - 1] + sorted[passes / 2]) / 2;
+    out->threads = n_threads, out->passes = passes, out->bytes_per_thread = n * sizeof(uint64_t);
+    rc = 0;
+done:
+    if (rc && sh.go == 0) pi2_set_error("membw: cannot allocate %d x %zu bytes", n_threads, n * sizeof(uint64_t));
+    pthread_barrier_destroy(&sh.start);
+    pthread_barrier_destroy(&sh.end);
+    pthread_mutex_destroy(&sh.mu);
+    pthread_cond_destroy(&sh.cv);
+    for (int i = 0; ts && i < n_threads; i++) free(ts[i].buf);
+    free(ts), free(th);
+    return rc;
+}
+
+/* ---- storage ---- */
+
+static uint64_t next_random(uint64_t *state) { /* xorshift64*: plenty for picking offsets */
+    uint64_t x = *state;
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+#define MAX_LATENCIES (1 << 20) /* the first million reads are plenty for percentiles */
+
+int pi2_probe_storage(const pi2_storage_probe *p, pi2_storage_result *out) {
+    memset(out, 0, sizeof *out);
+    struct stat sb;
+    if (stat(p->path, &sb)) return pi2_set_error("%s: %s", p->path, strerror(errno)), -1;
+    if (p->block == 0 || p->block > (64u << 20) || p->queue_depth < 1 || p->queue_depth > 1024 ||
+        p->io_threads < 0 || !(p->seconds > 0)) {
+        pi2_set_error("storage: bad arguments (block %zu, queue depth %d, %d I/O threads, %g s)", p->block,
+                      p->queue_depth, p->io_threads, p->seconds);
+        return -1;
+    }
+    uint64_t n_blocks = (uint64_t)sb.st_size / p->block;
+    if (n_blocks == 0)
+        return pi2_set_error("%s: %lld bytes, smaller than one block of %zu", p->path, (long long)sb.st_size,
+                             p->block), -1;
+    int threads = p->io_threads ? p->io_threads : (p->queue_depth < 64 ? p->queue_depth : 64);
+    pi2_io_config cfg = {.method = p->method, .queue_depth = p->queue_depth, .n_threads = threads};
+    pi2_io *io = pi2_io_open(p->path, &cfg);
+    if (!io) return -1;
+    out->method = pi2_io_method_used(io), out->direct = pi2_io_is_direct(io);
+    out->file_bytes = (uint64_t)sb.st_size;
+    char *bufs = NULL;
+    uint64_t *lat = malloc(MAX_LATENCIES * sizeof *lat), *sent = calloc((size_t)p->queue_depth, sizeof *sent);
+    uint64_t tags[64], rng = p->seed | 1, n_lat = 0;
+    int rc = -1;
+    if (p->block % pi2_io_align(io)) {
+        pi2_set_error("%s: block %zu is not a multiple of the O_DIRECT alignment %zu", p->path, p->block,
+                      pi2_io_align(io));
+        goto done;
+    }
+    if (!lat || !sent || posix_memalign((void **)&bufs, 4096, p->block * (size_t)p->queue_depth)) {
+        pi2_set_error("storage: out of memory");
+        goto done;
+    }
+    memset(bufs, 0, p->block * (size_t)p->queue_depth);
+    if (!out->direct) { /* reads through the page cache: start from a cold cache at least */
+        int fd = open(p->path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), close(fd);
+    }
+    uint64_t t_start = pi2_now_ns(), deadline = t_start + (uint64_t)(p->seconds * 1e9), now = t_start;
+    for (int i = 0; i < p->queue_depth; i++) { /* tag = buffer index; each buffer always has one read */
+        uint64_t off = next_random(&rng) % n_blocks * p->block;
+        if (pi2_io_submit(io, off, p->block, bufs + (size_t)i * p->block, (uint64_t)i)) goto done;
+        sent[i] = pi2_now_ns();
+    }
+    if (pi2_io_flush(io)) goto done;
+    while (pi2_io_in_flight(io) > 0) {
+        int n = pi2_io_reap(io, tags, 64, 1);
+        if (n < 0) goto done;
+        now = pi2_now_ns();
+        for (int k = 0; k < n; k++) {
+            uint64_t i = tags[k];
+            if (n_lat < MAX_LATENCIES) lat[n_lat++] = now - sent[i];
+            out->reads++, out->bytes += p->block;
+            if (now >= deadline) continue; /* drain */
+            uint64_t off = next_random(&rng) % n_blocks * p->block;
+            if (pi2_io_submit(io, off, p->block, bufs + i * p->block, i)) goto done;
+            sent[i] = now;
+        }
+        if (pi2_io_flush(io)) goto done;
+    }
+    out->seconds = (double)(now - t_start) * 1e-9;
+    out->mb_per_s = (double)out->bytes / out->seconds / 1e6;
+    out->iops = (double)out->reads / out->seconds;
+    qsort(lat, n_lat, sizeof *lat, cmp_u64);
+    out->lat_p50_us = (double)lat[n_lat / 2] / 1e3;
+    out->lat_p99_us = (double)lat[n_lat * 99 / 100] / 1e3;
+    rc = 0;
+done:
+    pi2_io_close(io);
+    free(bufs), free(lat), free(sent);
+    return rc;
+}

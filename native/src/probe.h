@@ -1,0 +1,46 @@
+/* Hardware probes for the planner (pi2-probe): memory read bandwidth and random-read storage speed
+ * through the same reader the engine uses (neuron_io), so the plan is built from what the engine gets. */
+#ifndef PI2_PROBE_H
+#define PI2_PROBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "neuron_io.h"
+
+#define PI2_MEMBW_MAX_PASSES 15
+
+typedef struct {
+    int threads, passes;
+    size_t bytes_per_thread;
+    double pass_gbps[PI2_MEMBW_MAX_PASSES]; /* all threads' bytes / wall time of the pass, 1e9 B/s */
+    double median_gbps;
+} pi2_membw_result;
+
+/* Each of n_threads sums its own buffer of bytes_per_thread (touched first by that thread, so it sits
+ * in that thread's memory node) passes times, all threads at once. 0 or -1 + pi2_set_error. */
+int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_membw_result *out);
+
+typedef struct {
+    const char *path;
+    size_t block;          /* bytes per read; a multiple of the O_DIRECT alignment when direct */
+    int queue_depth;       /* reads kept in flight */
+    int io_threads;        /* pread pool threads; 0 = queue_depth (so that many reads really fly) */
+    pi2_io_method method;
+    double seconds;
+    uint64_t seed;
+} pi2_storage_probe;
+
+typedef struct {
+    pi2_io_method method; /* the one used */
+    int direct;           /* 1: the page cache was bypassed */
+    uint64_t file_bytes, reads, bytes;
+    double seconds, mb_per_s, iops; /* mb: 1e6 bytes */
+    double lat_p50_us, lat_p99_us;  /* submit to reap, per read */
+} pi2_storage_result;
+
+/* Random block-aligned reads of block bytes over the whole file for about seconds. Buffered reads
+ * drop the file's cached pages first (posix_fadvise DONTNEED). 0 or -1 + pi2_set_error. */
+int pi2_probe_storage(const pi2_storage_probe *p, pi2_storage_result *out);
+
+#endif

@@ -1,0 +1,839 @@
+#include "sparse.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "common.h"
+#include "forward.h"
+#include "neuron_cache.h"
+#include "parmat.h"
+#include "sparse_predict.h"
+
+/* Read kinds: a whole bundle, its gate part (two-phase, phase one), the rest (phase two), a cluster. */
+enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
+
+struct pi2_sparse {
+    const pi2_model *m;
+    pi2_ctx *ctx;
+    pi2_pool *pool;
+    pi2_sparse_config cfg;
+    int nth, n_batch, n_blocks;
+    int64_t E, F;
+    int two_phase, pipeline, prefetch, keep;
+    size_t part, ra, gate_len, rest_off, rest_len, full_len;
+    uint64_t *block_off; /* file offset of each block's first bundle */
+    pi2_io *io;
+    pi2_ncache *cache;
+    pi2_predictors pred;
+    int64_t step;
+    uint64_t fixed_bytes, preload_ns;
+
+    /* scratch */
+    uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
+    size_t act_row;
+    uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
+    int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
+    float *acc;            /* per-thread output accumulators [nth][n_batch][E] */
+    float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
+
+    /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
+    int block, tokens, wave_len;
+    int32_t *wave_k;
+    int64_t *wave_h;
+    uint8_t *phase;       /* 1: gate computed, rest in flight */
+    int32_t *wait_head;   /* per slot handle: first unit waiting for its read, -1 none */
+    int32_t *acq_wave;    /* per slot handle: the wave that acquired it (hit/miss counting) */
+    int32_t wave_serial;
+    int32_t *wait_next;   /* per unit */
+    int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
+    _Atomic int n_ready, next_ticket, pending;
+    int64_t *to_read;     /* slot handles to read for this wave, with their kind */
+    uint8_t *to_read_kind;
+    int n_to_read;
+    pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
+    _Atomic int failed;
+    char error[300];
+
+    pi2_sparse_stats st;
+    uint64_t *layer_tp, *layer_fp, *layer_fn; /* --check-predictor, per layer */
+};
+
+/* ---- configuration --------------------------------------------------------------------------- */
+
+void pi2_sparse_config_default(pi2_sparse_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->policy = PI2_POLICY_DENSE;
+    cfg->llmflash_window = 5;
+    cfg->hot_fraction = 0.2f;
+    cfg->hot_share = 0.5f;
+    cfg->cluster = 32;
+    cfg->io.queue_depth = 256;
+}
+
+static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "powerinfer2"};
+
+const char *pi2_policy_name(pi2_policy p) { return p <= PI2_POLICY_POWERINFER2 ? policy_names[p] : "?"; }
+
+const char *pi2_sparse_usage(void) {
+    return "  sparse engine (PowerInfer-2; docs/SPARSE.md):\n"
+           "    --policy dense|bundle|llmflash|cache|powerinfer2   [dense]\n"
+           "    --memory-budget SIZE     whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)\n"
+           "    --predictor model|oracle  oracle = true activations (a correctness tool)   [model]\n"
+           "    --check-predictor        also compute true activations: recall/precision per layer\n"
+           "    --llmflash-window K      llmflash: keep neurons used by the last K tokens   [5]\n"
+           "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
+           "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
+           "    --cluster N              bundles per hot cluster   [32]\n"
+           "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
+           "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
+}
+
+static int parse_size(const char *flag, const char *v, uint64_t *out) {
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end == v || !(x >= 0)) goto bad;
+    double mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1024.0; end++; break;
+    case 'm': case 'M': mult = 1048576.0; end++; break;
+    case 'g': case 'G': mult = 1073741824.0; end++; break;
+    case 't': case 'T': mult = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || x * mult < 1 || x * mult > 1e18) goto bad;
+    *out = (uint64_t)(x * mult);
+    return 0;
+bad:
+    pi2_set_error("%s: expected a size such as 2G, 1536M or 4294967296, got '%s'", flag, v);
+    return -1;
+}
+
+static int parse_fraction(const char *flag, const char *v, float *out) {
+    if (pi2_parse_float_arg(flag, v, out) != 0) return -1;
+    if (!(*out >= 0 && *out <= 1)) {
+        pi2_set_error("%s must be between 0 and 1, got '%s'", flag, v);
+        return -1;
+    }
+    return 0;
+}
+
+int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
+    static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
+                                   "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity"};
+    if (!strcmp(a, "--check-predictor")) {
+        cfg->check_predictor = 1;
+        return 1;
+    }
+    int known = 0;
+    for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) known |= !strcmp(a, valued[i]);
+    if (!known) return 0;
+    if (!v) {
+        pi2_set_error("option %s needs a value", a);
+        return -1;
+    }
+    if (!strcmp(a, "--policy")) {
+        for (int p = 0; p <= PI2_POLICY_POWERINFER2; p++)
+            if (!strcmp(v, policy_names[p])) {
+                cfg->policy = (pi2_policy)p;
+                return 2;
+            }
+        pi2_set_error("--policy: unknown policy '%s' (dense, bundle, llmflash, cache, powerinfer2)", v);
+        return -1;
+    }
+    if (!strcmp(a, "--memory-budget")) return parse_size(a, v, &cfg->memory_budget) ? -1 : 2;
+    if (!strcmp(a, "--predictor")) {
+        if (strcmp(v, "model") && strcmp(v, "oracle")) {
+            pi2_set_error("--predictor: expected model or oracle, got '%s'", v);
+            return -1;
+        }
+        cfg->oracle = !strcmp(v, "oracle");
+        return 2;
+    }
+    if (!strcmp(a, "--llmflash-window")) return pi2_parse_int_arg(a, v, 1, 1 << 20, &cfg->llmflash_window) ? -1 : 2;
+    if (!strcmp(a, "--hot-fraction")) return parse_fraction(a, v, &cfg->hot_fraction) ? -1 : 2;
+    if (!strcmp(a, "--hot-share")) return parse_fraction(a, v, &cfg->hot_share) ? -1 : 2;
+    if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
+    if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
+    if (!strcmp(a, "--io")) {
+        static const char *names[] = {"auto", "uring", "pread", "buffered"};
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(v, names[i])) {
+                cfg->io.method = (pi2_io_method)i;
+                return 2;
+            }
+        pi2_set_error("--io: expected auto, uring, pread or buffered, got '%s'", v);
+        return -1;
+    }
+    /* --io-affinity */
+    int n = 0;
+    for (const char *s = v; *s;) {
+        char *end = NULL;
+        long cpu = strtol(s, &end, 10);
+        if (end == s || cpu < 0 || cpu > 4095 || (*end && *end != ',') || n >= 64) {
+            pi2_set_error("--io-affinity: bad list '%s' (expected e.g. 0,1)", v);
+            return -1;
+        }
+        cfg->io_cpus[n++] = (int)cpu;
+        s = *end ? end + 1 : end;
+    }
+    cfg->io.n_cpus = n;
+    return 2;
+}
+
+int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg) {
+    const int sparse = cfg->policy != PI2_POLICY_DENSE;
+    if (pi2_model_load(m, path, verify_neurons && !sparse) != 0) return -1;
+    /* Packing copies gate/up into anonymous memory: fast in memory, but under a budget the dense
+     * policy must page from the file like llama.cpp with mmap, and sparse policies read bundles. */
+    if (!sparse && !no_pack && !cfg->memory_budget && pi2_model_pack_ffn(m) != 0) {
+        pi2_model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- opening: budget, cache, store ----------------------------------------------------------- */
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t round_down(size_t x, size_t a) { return x / a * a; }
+
+static void *zalloc(size_t n, int *ok) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) *ok = 0;
+    return p;
+}
+
+static int alloc_scratch(pi2_sparse *s) {
+    const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
+    int ok = 1;
+    s->act_row = pi2_row_size(pi2_act_type((pi2_type)s->m->h.neuron_type), s->E);
+    s->act = zalloc(B * s->act_row, &ok);
+    s->mask = zalloc(B * F, &ok);
+    s->truth = zalloc(B * F, &ok);
+    s->active = zalloc(F * sizeof(int32_t), &ok);
+    s->acc = zalloc((size_t)s->nth * B * E * sizeof(float), &ok);
+    s->gates = zalloc(F * B * sizeof(float), &ok);
+    s->wave_k = zalloc(F * sizeof(int32_t), &ok);
+    s->wave_h = zalloc(F * sizeof(int64_t), &ok);
+    s->phase = zalloc(F, &ok);
+    s->wait_next = zalloc(F * sizeof(int32_t), &ok);
+    s->ready = zalloc(2 * F * sizeof(int32_t), &ok);
+    s->to_read = zalloc(F * sizeof(int64_t), &ok);
+    s->to_read_kind = zalloc(F, &ok);
+    s->block_off = zalloc((size_t)s->n_blocks * sizeof(uint64_t), &ok);
+    s->layer_tp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    s->layer_fp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    s->layer_fn = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    return ok ? 0 : -1;
+}
+
+static size_t scratch_bytes(const pi2_sparse *s) {
+    const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
+    return B * s->act_row + 2 * B * F + (size_t)s->nth * B * E * 4 + F * B * 4 + F * (4 + 8 + 1 + 4 + 8 + 8 + 1) +
+           pi2_predictors_scratch_bytes(&s->pred);
+}
+
+/* How the cache's bytes split into regions for this policy; 0 or -1 with an error. */
+static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc) {
+    const pi2_header *h = &s->m->h;
+    memset(cc, 0, sizeof *cc);
+    cc->n_blocks = s->n_blocks;
+    cc->n_ff = (int)s->F;
+    cc->stride = h->bundle_stride;
+    cc->cluster = s->cfg.cluster < (int)s->F ? s->cfg.cluster : (int)s->F;
+    const int64_t total_bundles = (int64_t)s->n_blocks * s->F;
+    int64_t slots = (int64_t)(cache_bytes / h->bundle_stride);
+    if (slots > total_bundles) slots = total_bundles; /* the whole FFN fits: no more is useful */
+    const pi2_policy p = s->cfg.policy;
+    if (slots == total_bundles && p != PI2_POLICY_BUNDLE && p != PI2_POLICY_LLMFLASH) {
+        /* The whole FFN fits: one region, loaded up front (preload), nothing to evict or split. */
+        cc->cold_slots = slots;
+        return 0;
+    }
+    if (p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2) {
+        int hot = (int)round_up((size_t)(s->cfg.hot_fraction * (float)s->F + 0.5f), (size_t)cc->cluster);
+        cc->hot_neurons = hot > s->F ? (int)s->F : hot;
+        int64_t clusters_per_block = (cc->hot_neurons + cc->cluster - 1) / cc->cluster;
+        int64_t hot_slots = (int64_t)((double)slots * s->cfg.hot_share) / cc->cluster;
+        /* Layers come round in a cycle, so an LRU region smaller than the hot set of all blocks would
+         * evict every cluster just before its next use. Shrink the hot set to what fits instead. */
+        int64_t fit = hot_slots / s->n_blocks;
+        if (fit < clusters_per_block) {
+            clusters_per_block = fit;
+            cc->hot_neurons = (int)(fit * cc->cluster);
+        }
+        cc->hot_slots = clusters_per_block * s->n_blocks;
+        cc->cold_slots = slots - cc->hot_slots * cc->cluster;
+        int64_t cold_neurons = (int64_t)s->n_blocks * (s->F - cc->hot_neurons);
+        if (cc->cold_slots > cold_neurons) cc->cold_slots = cold_neurons;
+        if (!cc->hot_slots) cc->hot_neurons = 0; /* no room for clusters: every neuron is cold */
+        if (!cc->hot_neurons) cc->cold_slots = slots;
+    } else if (p == PI2_POLICY_BUNDLE) {
+        /* No cache, only a staging area for one block's active bundles (computed in waves if smaller). */
+        cc->cold_slots = slots < s->F ? slots : s->F;
+    } else {
+        cc->cold_slots = slots;
+    }
+    if (cc->cold_slots + cc->hot_slots < 1) {
+        pi2_set_error("the memory budget leaves no room for even one neuron bundle");
+        return -1;
+    }
+    return 0;
+}
+
+/* The budget holds every bundle: read the neuron region block by block in large sequential reads,
+ * so decode starts with everything in memory (the model-fits-in-memory case). Slots come off the free
+ * stack in order, so block b's bundles fill one contiguous run of slots. */
+static int preload(pi2_sparse *s) {
+    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)4 << 20;
+    const uint64_t t0 = pi2_now_ns();
+    for (int b = 0; b < s->n_blocks; b++) {
+        int64_t first = -1;
+        for (int k = 0; k < s->F; k++) {
+            int64_t h = pi2_ncache_acquire(s->cache, b, k);
+            if (first < 0) first = h;
+            if (h != first + k) {
+                pi2_set_error("preload: cache slots are not contiguous");
+                return -1;
+            }
+        }
+        size_t bytes, dummy_n;
+        int block, k0;
+        uint8_t *dst = pi2_ncache_slot_data(s->cache, first, &dummy_n, &block, &k0);
+        bytes = (size_t)s->F * stride;
+        for (size_t off = 0; off < bytes; off += chunk) {
+            size_t len = bytes - off < chunk ? bytes - off : chunk;
+            if (pi2_io_submit(s->io, s->block_off[b] + off, len, dst + off, UINT64_MAX) != 0) return -1;
+        }
+        pi2_io_flush(s->io);
+        uint64_t tags[64];
+        while (pi2_io_in_flight(s->io) > 0)
+            if (pi2_io_reap(s->io, tags, 64, 1) < 0) return -1;
+        for (int k = 0; k < s->F; k++) {
+            pi2_ncache_set_state(s->cache, first + k, PI2_SLOT_READY);
+            pi2_ncache_unpin(s->cache, first + k);
+        }
+    }
+    s->preload_ns = pi2_now_ns() - t0;
+    return 0;
+}
+
+pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg) {
+    const pi2_header *h = &m->h;
+    if (cfg->policy == PI2_POLICY_DENSE) {
+        pi2_set_error("the dense policy does not use the sparse engine");
+        return NULL;
+    }
+    if (!(h->flags & PI2_FLAG_PREDICTOR) && !cfg->oracle) {
+        pi2_set_error("%s has no activation predictors: use --predictor oracle or --policy dense", m->file.path);
+        return NULL;
+    }
+    if (cfg->check_predictor && !(h->flags & PI2_FLAG_PREDICTOR)) {
+        pi2_set_error("%s has no activation predictors to check", m->file.path);
+        return NULL;
+    }
+    pi2_sparse *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->m = m;
+    s->ctx = ctx;
+    s->pool = pool;
+    s->cfg = *cfg;
+    s->cfg.io.cpus = s->cfg.io.n_cpus ? s->cfg.io_cpus : NULL;
+    s->nth = pool ? pi2_pool_size(pool) : 1;
+    s->n_batch = pi2_ctx_n_batch(ctx);
+    s->n_blocks = (int)h->n_layer * m->n_ffn_blocks;
+    s->E = h->n_embd;
+    s->F = h->n_ff;
+    s->part = h->part_bytes;
+    const pi2_policy p = cfg->policy;
+    s->keep = p != PI2_POLICY_BUNDLE;
+    s->pipeline = p == PI2_POLICY_POWERINFER2;
+    s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
+    /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
+    s->two_phase = p == PI2_POLICY_POWERINFER2 && h->ffn_act != PI2_ACT_SWIGLU &&
+                   (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
+    pthread_mutex_init(&s->lock, NULL);
+    if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
+    if (alloc_scratch(s) != 0) {
+        pi2_set_error("out of memory for the sparse engine's scratch");
+        goto fail;
+    }
+    for (uint32_t l = 0; l < h->n_layer; l++)
+        for (int e = 0; e < m->n_ffn_blocks; e++)
+            s->block_off[l * m->n_ffn_blocks + e] = (uint64_t)(m->layers[l].ffn[e].gate.data - m->file.map);
+
+    if (!(s->io = pi2_io_open(m->file.path, &s->cfg.io))) goto fail;
+    size_t align = pi2_io_align(s->io);
+    s->ra = align < 512 ? 512 : align;
+    if (s->ra > h->bundle_align) {
+        pi2_set_error("%s: bundles are %u-byte aligned but direct reads need %zu (use --io buffered)", m->file.path,
+                      h->bundle_align, s->ra);
+        goto fail;
+    }
+    s->full_len = round_up(3 * s->part, s->ra);
+    s->gate_len = round_up(s->part, s->ra);
+    s->rest_off = round_down(s->part, s->ra);
+    s->rest_len = s->full_len - s->rest_off;
+
+    /* The fixed region: everything this process holds now, what the context reserved but has not
+     * touched yet (KV cache), our scratch, and a margin for the allocator, stacks and I/O rings. */
+    const uint64_t rss = pi2_rss_bytes(), ctx_bytes = pi2_ctx_bytes(ctx), scratch = scratch_bytes(s);
+    const uint64_t margin = (4u << 20) + (cfg->memory_budget / 100);
+    s->fixed_bytes = rss + ctx_bytes + scratch + margin;
+    uint64_t ffn_bytes = (uint64_t)s->n_blocks * s->F * h->bundle_stride;
+    uint64_t cache_bytes;
+    if (cfg->memory_budget) {
+        if (cfg->memory_budget <= s->fixed_bytes) {
+            pi2_set_error("--memory-budget %.1f MiB is too small: the fixed region needs %.1f MiB before any neuron is "
+                          "cached (resident now %.1f, context and KV cache %.1f, scratch %.1f, margin %.1f MiB)",
+                          cfg->memory_budget / 1048576.0, s->fixed_bytes / 1048576.0, rss / 1048576.0,
+                          ctx_bytes / 1048576.0, scratch / 1048576.0, margin / 1048576.0);
+            goto fail;
+        }
+        cache_bytes = cfg->memory_budget - s->fixed_bytes;
+    } else {
+        cache_bytes = ffn_bytes / 4;
+    }
+    /* Each region's slots come with bookkeeping (~40 bytes a slot): pay it out of the same budget. */
+    cache_bytes -= cache_bytes / h->bundle_stride * 48;
+    pi2_ncache_config cc;
+    if (size_cache(s, cache_bytes, &cc) != 0) goto fail;
+    if (!(s->cache = pi2_ncache_create(&cc))) goto fail;
+    int64_t handles = cc.cold_slots + cc.hot_slots;
+    s->wait_head = malloc(sizeof(int32_t) * (size_t)handles);
+    s->acq_wave = calloc((size_t)handles, sizeof(int32_t));
+    if (!s->wait_head || !s->acq_wave) {
+        pi2_set_error("out of memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < handles; i++) s->wait_head[i] = -1;
+    if (cc.cold_slots == (int64_t)s->n_blocks * s->F && s->keep && cfg->policy != PI2_POLICY_LLMFLASH &&
+        preload(s) != 0)
+        goto fail;
+    pi2_ctx_set_sparse(ctx, s);
+    return s;
+fail:
+    pi2_sparse_close(s);
+    return NULL;
+}
+
+void pi2_sparse_close(pi2_sparse *s) {
+    if (!s) return;
+    if (s->ctx) pi2_ctx_set_sparse(s->ctx, NULL);
+    pi2_io_close(s->io);
+    pi2_ncache_free(s->cache);
+    pi2_predictors_free(&s->pred);
+    void *ptrs[] = {s->act, s->mask, s->truth, s->active, s->acc, s->gates, s->wave_k, s->wave_h, s->phase,
+                    s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
+                    s->layer_fn, s->wait_head, s->acq_wave};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+static int submit(pi2_sparse *s, int64_t hdl, int kind) {
+    size_t bytes;
+    int block, k;
+    uint8_t *dst = pi2_ncache_slot_data(s->cache, hdl, &bytes, &block, &k);
+    uint64_t off = s->block_off[block] + (uint64_t)k * s->m->h.bundle_stride;
+    size_t len = s->full_len;
+    if (kind == READ_CLUSTER) {
+        len = bytes - s->m->h.bundle_stride + s->full_len; /* the last bundle's padding is not needed */
+    } else if (kind == READ_GATE) {
+        len = s->gate_len;
+    } else if (kind == READ_REST) {
+        off += s->rest_off;
+        dst += s->rest_off;
+        len = s->rest_len;
+    }
+    pi2_ncache_pin(s->cache, hdl); /* in flight: never evicted */
+    if (pi2_io_submit(s->io, off, len, dst, (uint64_t)hdl) != 0) {
+        snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+        atomic_store(&s->failed, 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* Called with s->lock held: a read finished; move the slot on and release the units waiting for it. */
+static void complete(pi2_sparse *s, int64_t hdl) {
+    int st = pi2_ncache_state(s->cache, hdl);
+    pi2_ncache_set_state(s->cache, hdl, st == PI2_SLOT_LOADING_GATE ? PI2_SLOT_GATE : PI2_SLOT_READY);
+    pi2_ncache_unpin(s->cache, hdl);
+    int n = atomic_load_explicit(&s->n_ready, memory_order_relaxed);
+    for (int32_t i = s->wait_head[hdl]; i >= 0; i = s->wait_next[i]) s->ready[n++] = i;
+    s->wait_head[hdl] = -1;
+    atomic_store_explicit(&s->n_ready, n, memory_order_release);
+}
+
+/* Harvest finished reads (blocking when wait and reads are in flight). Caller holds s->lock. */
+static int reap(pi2_sparse *s, int wait) {
+    uint64_t tags[64];
+    int n = pi2_io_reap(s->io, tags, 64, wait);
+    if (n < 0) {
+        snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+        atomic_store(&s->failed, 1);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) complete(s, (int64_t)tags[i]);
+    return n;
+}
+
+static void add_waiter(pi2_sparse *s, int64_t hdl, int unit) {
+    s->wait_next[unit] = s->wait_head[hdl];
+    s->wait_head[hdl] = unit;
+}
+
+/* Hot clusters of the coming layer that are not cached yet: read them while attention runs. */
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer) {
+    if (!s->prefetch || atomic_load(&s->failed)) return;
+    const int hot = pi2_ncache_cfg(s->cache)->hot_neurons, cl = pi2_ncache_cfg(s->cache)->cluster;
+    if (!pi2_ncache_cfg(s->cache)->hot_slots) return;
+    for (int e = 0; e < s->m->n_ffn_blocks; e++) {
+        const int b = layer * s->m->n_ffn_blocks + e;
+        for (int k = 0; k < hot; k += cl) {
+            if (pi2_ncache_find(s->cache, b, k) >= 0) continue;
+            int64_t hdl = pi2_ncache_acquire(s->cache, b, k);
+            if (hdl < 0) return;
+            pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING);
+            pi2_ncache_touch(s->cache, hdl, s->step);
+            if (submit(s, hdl, READ_CLUSTER) != 0) return;
+            pi2_ncache_unpin(s->cache, hdl); /* acquire's pin: only the in-flight pin stays */
+        }
+    }
+    pi2_io_flush(s->io);
+}
+
+/* ---- computing one neuron -------------------------------------------------------------------- */
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Unit i: neuron wave_k[i] for every token whose mask asks for it. Returns 1 when the unit needs a
+ * second read (two-phase: a gate came out positive and only the gate part is in memory). */
+static int compute_unit(pi2_sparse *s, int i, int ith) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const uint32_t act = s->m->h.ffn_act;
+    const int k = s->wave_k[i];
+    const int64_t hdl = s->wave_h[i];
+    const uint8_t *bundle = pi2_ncache_bundle(s->cache, hdl, k);
+    const int gate_only = pi2_ncache_state(s->cache, hdl) == PI2_SLOT_GATE;
+    float *gates = s->gates + (size_t)i * s->n_batch;
+    if (gate_only) { /* phase one: gates, and whether any token needs the rest */
+        int need = 0;
+        for (int t = 0; t < s->tokens; t++) {
+            if (!s->mask[(size_t)t * s->F + k]) continue;
+            gates[t] = pi2_vec_dot(wt, s->E, bundle, s->act + (size_t)t * s->act_row);
+            need |= gates[t] > 0.0f;
+        }
+        return need;
+    }
+    float *acc = s->acc + (size_t)ith * s->n_batch * s->E;
+    for (int t = 0; t < s->tokens; t++) {
+        if (!s->mask[(size_t)t * s->F + k]) continue;
+        const uint8_t *a = s->act + (size_t)t * s->act_row;
+        const float g = s->phase[i] ? gates[t] : pi2_vec_dot(wt, s->E, bundle, a);
+        float hval;
+        if (act == PI2_ACT_SWIGLU) {
+            hval = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
+        } else {
+            if (g <= 0.0f) continue;
+            const float u = pi2_vec_dot(wt, s->E, bundle + s->part, a);
+            hval = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
+        }
+        if (hval != 0.0f) pi2_axpy(wt, s->E, hval, bundle + 2 * s->part, acc + (size_t)t * s->E);
+    }
+    return 0;
+}
+
+/* Every thread: take tickets; a ticket is a position in the ready list; wait for it to be filled by
+ * becoming the reaper (one at a time) while nothing else is ready. Thread 0 first issues the wave's
+ * reads when the pipeline is on, so the other threads compute cached neurons meanwhile. */
+static void wave_worker(void *p, int ith, int nth) {
+    pi2_sparse *s = p;
+    if (ith == 0 && s->pipeline) {
+        for (int r = 0; r < s->n_to_read; r++)
+            if (submit(s, s->to_read[r], s->to_read_kind[r]) != 0) break;
+        pi2_io_flush(s->io);
+    }
+    for (;;) {
+        const int t = atomic_fetch_add(&s->next_ticket, 1);
+        for (;;) {
+            if (atomic_load(&s->failed)) return;
+            if (t < atomic_load_explicit(&s->n_ready, memory_order_acquire)) {
+                const int i = s->ready[t];
+                if (compute_unit(s, i, ith)) {
+                    /* Phase two: register, then read the up row and down column. */
+                    const int64_t hdl = s->wave_h[i];
+                    pthread_mutex_lock(&s->lock);
+                    s->phase[i] = 1;
+                    int st = pi2_ncache_state(s->cache, hdl);
+                    if (st == PI2_SLOT_GATE) {
+                        pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
+                        add_waiter(s, hdl, i);
+                        pthread_mutex_unlock(&s->lock);
+                        if (submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+                    } else { /* another wave's unit already asked (cannot happen within one wave) */
+                        add_waiter(s, hdl, i);
+                        pthread_mutex_unlock(&s->lock);
+                    }
+                } else {
+                    atomic_fetch_sub(&s->pending, 1);
+                }
+                break;
+            }
+            if (atomic_load(&s->pending) == 0) return;
+            if (pthread_mutex_trylock(&s->lock) == 0) {
+                reap(s, 1);
+                pthread_mutex_unlock(&s->lock);
+            } else {
+                sched_yield();
+            }
+        }
+    }
+}
+
+/* ---- one FFN block ---------------------------------------------------------------------------- */
+
+typedef struct {
+    pi2_sparse *s;
+    const float *in;
+    int tokens;
+} prep_job;
+
+static void prep_worker(void *p, int ith, int nth) {
+    prep_job *j = p;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++)
+        pi2_prepare_act((pi2_type)j->s->m->h.neuron_type, j->in + t * j->s->E, j->s->act + t * j->s->act_row, j->s->E);
+}
+
+static void count_check(pi2_sparse *s, int layer, int tokens) {
+    uint64_t tp = 0, fp = 0, fn = 0;
+    for (size_t i = 0; i < (size_t)tokens * s->F; i++) {
+        tp += s->mask[i] && s->truth[i];
+        fp += s->mask[i] && !s->truth[i];
+        fn += !s->mask[i] && s->truth[i];
+    }
+    s->layer_tp[layer] += tp;
+    s->layer_fp[layer] += fp;
+    s->layer_fn[layer] += fn;
+    s->st.pred_tp += tp;
+    s->st.pred_fp += fp;
+    s->st.pred_fn += fn;
+}
+
+/* Take units from active[*pos..) until the cache cannot pin another slot; returns the wave size. */
+static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
+    int n = 0;
+    s->n_to_read = 0;
+    s->wave_serial++;
+    atomic_store(&s->n_ready, 0);
+    while (*pos < n_active) {
+        const int k = s->active[*pos];
+        const int hot = pi2_ncache_is_hot(s->cache, k);
+        int64_t hdl = pi2_ncache_find(s->cache, b, k);
+        int hit = hdl >= 0;
+        if (hit) {
+            pi2_ncache_pin(s->cache, hdl);
+        } else {
+            if ((hdl = pi2_ncache_acquire(s->cache, b, k)) < 0) break; /* everything pinned: compute first */
+            int kind = hot ? READ_CLUSTER : s->two_phase ? READ_GATE : READ_FULL;
+            pi2_ncache_set_state(s->cache, hdl, kind == READ_GATE ? PI2_SLOT_LOADING_GATE : PI2_SLOT_LOADING);
+            s->to_read[s->n_to_read] = hdl;
+            s->to_read_kind[s->n_to_read++] = (uint8_t)kind;
+        }
+        pi2_ncache_touch(s->cache, hdl, s->step);
+        /* A neuron of a cluster this wave is reading is a miss too, like the neuron that asked for it;
+         * one of a cluster a prefetch is reading is a hit (that read was not on demand). */
+        if (!hit) s->acq_wave[hdl] = s->wave_serial;
+        else hit = s->acq_wave[hdl] != s->wave_serial;
+        const int st = pi2_ncache_state(s->cache, hdl);
+        const int loaded = st == PI2_SLOT_READY || st == PI2_SLOT_GATE;
+        if (hot) hit ? s->st.hits_hot++ : s->st.misses_hot++;
+        else hit ? s->st.hits_cold++ : s->st.misses_cold++;
+        s->wave_k[n] = k;
+        s->wave_h[n] = hdl;
+        s->phase[n] = 0;
+        if (loaded) s->ready[atomic_fetch_add(&s->n_ready, 1)] = n;
+        else add_waiter(s, hdl, n);
+        n++;
+        (*pos)++;
+    }
+    return n;
+}
+
+int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out) {
+    if (atomic_load(&s->failed)) goto failed;
+    const uint64_t t0 = pi2_now_ns();
+    const int b = layer * s->m->n_ffn_blocks + expert;
+    const int64_t F = s->F, E = s->E;
+    const pi2_ffn_block *blk = &s->m->layers[layer].ffn[expert];
+    s->block = b;
+    s->tokens = tokens;
+    prep_job pj = {s, in, tokens};
+    pi2_pool_run_or_inline(tokens > 1 ? s->pool : NULL, prep_worker, &pj);
+
+    /* Which neurons: the predictor's choice, or the truth. */
+    if (s->cfg.oracle || s->cfg.check_predictor)
+        pi2_true_activations(s->pool, s->m, blk, s->act, s->act_row, tokens, s->truth);
+    if (s->cfg.oracle) memcpy(s->mask, s->truth, (size_t)tokens * F);
+    else pi2_predict(&s->pred, s->pool, b, in, tokens, s->mask);
+    if (s->cfg.check_predictor) count_check(s, layer, tokens);
+    int n_active = 0;
+    for (int64_t k = 0; k < F; k++) {
+        uint8_t any = 0;
+        for (int t = 0; t < tokens; t++) any |= s->mask[(size_t)t * F + k];
+        if (any) s->active[n_active++] = (int32_t)k;
+    }
+    s->st.neurons_visited += (uint64_t)F * tokens;
+    for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->mask[i];
+
+    memset(s->acc, 0, (size_t)s->nth * s->n_batch * E * sizeof(float));
+    for (int pos = 0; pos < n_active;) {
+        const int start = pos;
+        s->wave_len = build_wave(s, b, n_active, &pos);
+        if (s->wave_len == 0) {
+            pi2_set_error("neuron cache too small: no slot free for neuron %d of block %d", s->active[start], b);
+            return -1;
+        }
+        atomic_store(&s->pending, s->wave_len);
+        atomic_store(&s->next_ticket, 0);
+        if (!s->pipeline) {
+            /* Read everything first, then compute (bundle, llmflash, cache). */
+            for (int r = 0; r < s->n_to_read; r++)
+                if (submit(s, s->to_read[r], s->to_read_kind[r]) != 0) goto failed;
+            pi2_io_flush(s->io);
+            pthread_mutex_lock(&s->lock);
+            while (atomic_load(&s->n_ready) < s->wave_len && !atomic_load(&s->failed))
+                if (reap(s, 1) == 0 && pi2_io_in_flight(s->io) == 0) break;
+            pthread_mutex_unlock(&s->lock);
+        }
+        pi2_pool_run_or_inline(s->pool, wave_worker, s);
+        if (atomic_load(&s->failed)) goto failed;
+        for (int i = 0; i < s->wave_len; i++) pi2_ncache_unpin(s->cache, s->wave_h[i]);
+    }
+    if (!s->keep) pi2_ncache_drop_all(s->cache);
+
+    memset(out, 0, (size_t)tokens * E * sizeof(float));
+    for (int th = 0; th < s->nth; th++) {
+        const float *acc = s->acc + (size_t)th * s->n_batch * E;
+        for (int64_t i = 0; i < tokens * E; i++) out[i] += acc[i];
+    }
+    s->st.ffn_ns += pi2_now_ns() - t0;
+    return 0;
+failed:
+    pi2_set_error("%s", s->error[0] ? s->error : "neuron read failed");
+    return -1;
+}
+
+void pi2_sparse_step_end(pi2_sparse *s) {
+    s->step++;
+    if (s->cfg.policy == PI2_POLICY_LLMFLASH) pi2_ncache_drop_older(s->cache, s->step - s->cfg.llmflash_window);
+}
+
+/* ---- stats ------------------------------------------------------------------------------------ */
+
+void pi2_sparse_get_stats(const pi2_sparse *s, pi2_sparse_stats *st) {
+    *st = s->st;
+    pi2_io_stats io;
+    pi2_io_stats_get(s->io, &io);
+    st->bytes_read = io.bytes;
+    st->reads = io.reads;
+    st->io_wait_ns = io.wait_ns;
+}
+
+void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st) {
+    if (s) pi2_sparse_get_stats(s, st);
+}
+
+void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
+    size_t o = 0;
+#define OUT(...) o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__)
+    OUT(", \"policy\": \"%s\", \"predictor\": \"%s\", \"memory_budget_bytes\": %llu", pi2_policy_name(cfg->policy),
+        cfg->oracle ? "oracle" : "model", (unsigned long long)cfg->memory_budget);
+    if (!s) {
+        OUT(", \"io_method\": \"mmap\", \"o_direct\": false");
+        return;
+    }
+    pi2_sparse_stats st;
+    pi2_sparse_get_stats(s, &st);
+    const pi2_ncache_config *cc = pi2_ncache_cfg(s->cache);
+    const uint64_t lookups = st.hits_hot + st.hits_cold + st.misses_hot + st.misses_cold;
+    const double io_s = st.io_wait_ns / 1e9, ffn_s = st.ffn_ns / 1e9;
+    const double compute_s = ffn_s > io_s ? ffn_s - io_s : 0;
+    OUT(", \"io_method\": \"%s\", \"o_direct\": %s, \"storage_bytes_read\": %llu, \"storage_reads\": %llu, "
+        "\"cache_bytes\": %llu, \"hot_bytes\": %llu, \"cold_bytes\": %llu, \"fixed_bytes\": %llu, "
+        "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, "
+        "\"hits_hot\": %llu, \"hits_cold\": %llu, \"misses_hot\": %llu, \"misses_cold\": %llu, \"hit_rate\": %.6f, "
+        "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f, "
+        "\"preload_s\": %.6f",
+        pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
+        (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
+        (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
+        (unsigned long long)s->fixed_bytes, cc->hot_neurons, cc->cluster, s->two_phase ? "true" : "false",
+        s->pipeline ? "true" : "false", (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
+        (unsigned long long)st.misses_hot, (unsigned long long)st.misses_cold,
+        lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
+        io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
+        st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
+    if (cfg->check_predictor) {
+        const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
+        OUT(", \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
+            tp + fn ? (double)tp / (tp + fn) : 1.0, tp + fp ? (double)tp / (tp + fp) : 1.0);
+        for (uint32_t l = 0; l < s->m->h.n_layer; l++) {
+            uint64_t a = s->layer_tp[l], f = s->layer_fp[l], m = s->layer_fn[l];
+            OUT("%s{\"layer\": %u, \"recall\": %.6f, \"precision\": %.6f}", l ? ", " : "", l,
+                a + m ? (double)a / (a + m) : 1.0, a + f ? (double)a / (a + f) : 1.0);
+        }
+        OUT("]");
+    }
+#undef OUT
+}
+
+void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const pi2_sparse_stats *b, char *buf,
+                           size_t n) {
+    if (!s) {
+        if (n) buf[0] = 0;
+        return;
+    }
+    const double io = (b->io_wait_ns - a->io_wait_ns) / 1e9, ffn = (b->ffn_ns - a->ffn_ns) / 1e9;
+    snprintf(buf, n,
+             ", \"bytes_read\": %llu, \"reads\": %llu, \"hits\": %llu, \"misses\": %llu, \"io_wait_s\": %.6f, "
+             "\"ffn_s\": %.6f, \"compute_s\": %.6f",
+             (unsigned long long)(b->bytes_read - a->bytes_read), (unsigned long long)(b->reads - a->reads),
+             (unsigned long long)(b->hits_hot + b->hits_cold - a->hits_hot - a->hits_cold),
+             (unsigned long long)(b->misses_hot + b->misses_cold - a->misses_hot - a->misses_cold), io, ffn,
+             ffn > io ? ffn - io : 0.0);
+}
+
+void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
+    char budget[64] = "no budget";
+    if (cfg->memory_budget) snprintf(budget, sizeof budget, "budget %.0f MiB", cfg->memory_budget / 1048576.0);
+    if (!s) {
+        snprintf(buf, n, "policy %s, %s (mmap)", pi2_policy_name(cfg->policy), budget);
+        return;
+    }
+    pi2_sparse_stats st;
+    pi2_sparse_get_stats(s, &st);
+    const uint64_t hits = st.hits_hot + st.hits_cold, lookups = hits + st.misses_hot + st.misses_cold;
+    int o = snprintf(buf, n, "policy %s, %s, cache %.0f MiB, read %.1f MiB from storage (%s%s), hit rate %.1f%%",
+                     pi2_policy_name(cfg->policy), budget, pi2_ncache_bytes(s->cache) / 1048576.0, st.bytes_read / 1048576.0,
+                     pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? ", O_DIRECT" : ", buffered",
+                     lookups ? 100.0 * hits / lookups : 0.0);
+    if (cfg->check_predictor && o > 0 && (size_t)o < n) {
+        const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
+        snprintf(buf + o, n - (size_t)o, ", predictor recall %.3f precision %.3f", tp + fn ? (double)tp / (tp + fn) : 1.0,
+                 tp + fp ? (double)tp / (tp + fp) : 1.0);
+    }
+}

@@ -1,0 +1,93 @@
+/* PowerInfer-2's online half: the FFN computed from flash within one memory budget.
+ *
+ * Per FFN block (layer, expert) and batch: the predictor (or the oracle) names the neurons to compute;
+ * those in the neuron cache are computed at once while the missing ones are read from the neuron
+ * region (bundles: gate row | up row | down column) into cache slots and computed as they arrive.
+ * Policies switch the techniques on one by one, so the same binary runs the ablation ladder and the
+ * LLM-in-a-Flash baseline:
+ *
+ *   dense        no sparse engine: mmap the file, compute everything (forward.c alone)
+ *   bundle       predictor + one read per active bundle, nothing kept between blocks
+ *   llmflash     predictor + bundles + a window cache: neurons used by the last k tokens stay
+ *   cache        bundle + the segmented cache (hot clusters, cold neurons, LRU each)
+ *   powerinfer2  cache + two-phase reads of cold INT4 bundles + the neuron pipeline (compute cached
+ *                neurons while reads fly, no barrier between gate/up and down) + hot-cluster
+ *                prefetch of the next layer during attention
+ *
+ * The budget: fixed region (what the process already holds after loading, the context's KV cache
+ * and scratch, this engine's scratch, a margin) + the neuron cache = the budget. */
+#ifndef PI2_SPARSE_H
+#define PI2_SPARSE_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "neuron_io.h"
+#include "threadpool.h"
+
+typedef enum { PI2_POLICY_DENSE = 0, PI2_POLICY_BUNDLE, PI2_POLICY_LLMFLASH, PI2_POLICY_CACHE,
+               PI2_POLICY_POWERINFER2 } pi2_policy;
+
+typedef struct {
+    pi2_policy policy;
+    uint64_t memory_budget; /* bytes; 0 = none (cache = 25% of the FFN) */
+    int oracle;             /* --predictor oracle: compute the true activations instead of predicting */
+    int check_predictor;    /* also compute the true activations and count recall/precision */
+    int llmflash_window;    /* tokens */
+    float hot_fraction;     /* of each block's bundles (hottest first) */
+    float hot_share;        /* of the cache, for the hot region */
+    int cluster;            /* bundles per hot cluster */
+    pi2_io_config io;
+    int io_cpus[64];
+} pi2_sparse_config;
+
+void pi2_sparse_config_default(pi2_sparse_config *cfg);
+const char *pi2_policy_name(pi2_policy p);
+
+/* Command-line flags shared by generate and chat. Returns 0 when `flag` is not a sparse flag, 1 when
+ * it was consumed alone, 2 when it consumed `value` too, -1 with an error. */
+int pi2_sparse_parse_flag(const char *flag, const char *value, pi2_sparse_config *cfg);
+/* The usage lines for those flags. */
+const char *pi2_sparse_usage(void);
+
+/* Counters since the engine started (per token: take differences). */
+typedef struct {
+    uint64_t hits_hot, hits_cold, misses_hot, misses_cold;
+    uint64_t bytes_read, reads, io_wait_ns, ffn_ns;
+    uint64_t neurons_computed, neurons_visited;
+    uint64_t pred_tp, pred_fp, pred_fn; /* --check-predictor */
+} pi2_sparse_stats;
+
+/* pi2_model_load as the policy reads the model: sparse policies never touch the neuron region (no
+ * checksum pass over it, no packed copy); dense packs gate/up rows unless no_pack or a budget is set. */
+int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg);
+
+typedef struct pi2_sparse pi2_sparse;
+struct pi2_ctx;
+
+/* Size the cache from the budget (the process's RSS now plus what `ctx` has reserved), open the
+ * neuron store and attach to ctx. NULL + error when the model lacks predictors (unless oracle), the
+ * budget cannot hold the fixed region, or the file cannot be read. */
+pi2_sparse *pi2_sparse_open(const pi2_model *m, struct pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg);
+void pi2_sparse_close(pi2_sparse *s);
+
+/* Called by forward.c. */
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer);
+/* out[t] = FFN of block (layer, expert) of in[t] (normalized inputs), t < tokens. -1 on a read error. */
+int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out);
+void pi2_sparse_step_end(pi2_sparse *s);
+
+void pi2_sparse_get_stats(const pi2_sparse *s, pi2_sparse_stats *st);
+
+/* ", \"policy\": ..." fields for the summary event (see docs/SPARSE.md); s may be NULL (dense). */
+void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n);
+/* ", \"bytes_read\": ..." fields of a token event: what happened between snapshots a and b; "" when
+ * s is NULL (dense). */
+void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const pi2_sparse_stats *b, char *buf,
+                           size_t n);
+/* Take a snapshot (no-op when s is NULL). */
+void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st);
+/* One human line for stderr ("policy powerinfer2, budget ..."). */
+void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n);
+
+#endif

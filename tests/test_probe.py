@@ -1,0 +1,111 @@
+"""pi2-probe, the hardware profiler: its JSON output is complete and consistent, and bad input gives one
+error line and a non-zero exit. Runs are tiny (a few MiB, fractions of a second): correctness only."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pi2cli.paths import host_build_dir
+
+
+def probe_bin() -> Path:
+    path = host_build_dir() / "pi2-probe"
+    if not path.is_file():
+        pytest.fail(f"{path} is not built: run `make engine` first")
+    return path
+
+
+def run_probe(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([str(probe_bin()), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("probe") / "store.bin"
+    path.write_bytes(bytes(range(256)) * (4 * 4096))  # 4 MiB
+    return path
+
+
+def test_membw_json():
+    done = run_probe("membw", "--threads", 2, "--mib", 4, "--passes", 3, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["probe"] == "membw" and out["threads"] == 2 and out["mib_per_thread"] == 4
+    assert len(out["passes_gb_per_s"]) == 3 and all(x > 0 for x in out["passes_gb_per_s"])
+    assert sorted(out["passes_gb_per_s"])[1] == out["gb_per_s"]  # the median
+
+
+def test_membw_text():
+    done = run_probe("membw", "--mib", 2, "--passes", 1)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("memory read bandwidth: ") and "GB/s (1 thread x 2 MiB" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("auto", {"io_uring", "pread", "buffered"}),
+        ("uring", {"io_uring"}),
+        ("pread", {"pread", "buffered"}),
+        ("buffered", {"buffered"}),
+    ],
+)
+def test_storage_json(store, method, expected):
+    done = run_probe(
+        "storage", "--file", store, "--block", 4096, "--qd", 8, "--seconds", 0.2, "--method", method, "--json"
+    )
+    if method == "uring" and "io_uring unavailable" in done.stderr:
+        pytest.skip(done.stderr.strip())  # the kernel refuses io_uring here: nothing to measure
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["method"] in expected
+    assert out["page_cache_bypassed"] is out["o_direct"]
+    if out["method"] == "buffered":
+        assert out["o_direct"] is False
+    assert out["file"] == str(store) and out["file_bytes"] == 4 << 20
+    assert out["block"] == 4096 and out["qd"] == 8
+    assert out["reads"] > 0 and out["bytes"] == out["reads"] * 4096
+    assert out["iops"] > 0 and out["mb_per_s"] > 0 and 0 < out["lat_p50_us"] <= out["lat_p99_us"]
+    assert out["seconds"] >= 0.2
+
+
+def test_storage_text_says_whether_the_page_cache_is_bypassed(store):
+    done = run_probe("storage", "--file", store, "--seconds", 0.1, "--method", "buffered")
+    assert done.returncode == 0, done.stderr
+    assert "buffered: through the page cache" in done.stdout and "IOPS" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["storage"], "storage: --file is required"),
+        (["storage", "--file", "/nonexistent/x"], "/nonexistent/x: No such file or directory"),
+        (["storage", "--file", "STORE", "--method", "mmap"], "--method needs auto, uring, pread or buffered"),
+        (["storage", "--file", "STORE", "--block", 8 << 20], "smaller than one block"),
+        (["storage", "--file", "STORE", "--qd", 0], "--qd needs an integer"),
+        (["storage", "--file", "STORE", "--seconds", -1], "--seconds needs a value"),
+        (["storage", "--file", "STORE", "--bogus", 1], "unknown option '--bogus'"),
+        (["membw", "--threads"], "--threads needs an integer"),
+        (["membw", "--mib", "lots"], "--mib needs an integer"),
+    ],
+)
+def test_bad_input_is_one_error_line(store, args, message):
+    done = run_probe(*[store if a == "STORE" else a for a in args])
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("pi2-probe: ") and message in done.stderr
+
+
+def test_unaligned_block_with_o_direct(store):
+    done = run_probe("storage", "--file", store, "--block", 1000, "--method", "pread", "--seconds", 0.1)
+    if "buffered" in done.stdout:  # this file system refused O_DIRECT, so any block size works
+        return
+    assert done.returncode == 1 and "not a multiple of the O_DIRECT alignment" in done.stderr
+
+
+def test_help_and_unknown_command():
+    assert run_probe("--help").returncode == 0
+    assert "storage --file F" in run_probe("storage", "--help").stdout
+    done = run_probe("bogus")
+    assert done.returncode == 2 and "unknown command 'bogus'" in done.stderr
