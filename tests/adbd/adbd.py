@@ -253,7 +253,60 @@ def pick_service(service: str, stream: Stream, opts: Options):
         return lambda: shell_raw(service[len("exec:") :], stream, opts, merge_stderr=False)
     if service == "sync:":
         return lambda: SyncSession(stream, opts).serve()
+    if service.startswith("tcp:"):
+        return open_tcp(service, stream)
     return None
+
+
+# ------------------------------------------------------------------------------------------ tcp:PORT
+def open_tcp(service: str, stream: Stream):
+    """`tcp:PORT` / `tcp:HOST:PORT`: what `adb forward tcp:LOCAL tcp:REMOTE` opens on the device for
+    every connection to the host's LOCAL port. The connection is made here, before the open is
+    answered, so a port nobody listens on is refused (CLSE) as adbd does; None then."""
+    parts = service.split(":")[1:]
+    host, port_text = ("127.0.0.1", parts[0]) if len(parts) == 1 else (parts[0], parts[-1])
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    if host not in ("127.0.0.1", "localhost"):
+        return None  # loopback only: the test daemon never reaches beyond this machine
+    try:
+        sock = socket.create_connection(("127.0.0.1", int(port_text)), timeout=5)
+    except OSError:
+        return None
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return lambda: relay_tcp(sock, stream)
+
+
+def relay_tcp(sock: socket.socket, stream: Stream) -> None:
+    """Bytes both ways until either side closes; then the other side is closed too."""
+
+    def host_to_socket() -> None:
+        try:
+            while True:
+                sock.sendall(stream.read_chunk())
+        except (Closed, OSError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+
+    stream.on_close = lambda: _close_socket(sock)
+    threading.Thread(target=host_to_socket, daemon=True).start()
+    try:
+        while data := sock.recv(MAX_PAYLOAD):
+            stream.write(data)
+    except OSError:
+        pass
+    finally:
+        _close_socket(sock)
+
+
+def _close_socket(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- shell
