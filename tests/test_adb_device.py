@@ -244,8 +244,9 @@ def test_port_forward_reaches_a_server_on_the_device_and_is_removed(make_device)
                 conn.sendall(data.upper())
 
     threading.Thread(target=echo_upper, daemon=True).start()
-    local = t.forward(listener.getsockname()[1])
-    assert [(f.local, f.remote) for f in t.forwards()] == [(f"tcp:{local}", f"tcp:{listener.getsockname()[1]}")]
+    port = listener.getsockname()[1]
+    local = t.forward(port)
+    assert [(f.local, f.remote) for f in t.forwards()] == [(f"tcp:{local}", f"tcp:{port}")]
     payload = os.urandom(300_000).hex().encode()  # larger than one adb packet: flow control both ways
     with socket.create_connection(("127.0.0.1", local), timeout=10) as c:
         c.sendall(payload)  # no half-close: an adb stream closes both ways at once
@@ -255,7 +256,7 @@ def test_port_forward_reaches_a_server_on_the_device_and_is_removed(make_device)
     assert got == payload.upper()
     listener.close()
 
-    closed = t.forward(listener.getsockname()[1])  # nothing listens there now: the open is refused
+    closed = t.forward(port)  # nothing listens there now: the open is refused
     with socket.create_connection(("127.0.0.1", closed), timeout=10) as c:
         c.settimeout(10)
         assert c.recv(10) == b""
