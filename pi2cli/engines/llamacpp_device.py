@@ -40,12 +40,14 @@ def watched_command(argv: list[str], cwd: str) -> str:
     """A shell line: run argv in the background, report ITS pid (the pi2 pid marker, on stderr),
     kill it when our stdin ends, and exit with its exit status.
 
-    A background job's stdin is /dev/null in a non-interactive shell, so the shell's stdin is kept as
-    fd 3 for the watchdog; the server gets neither."""
+    The pid is printed by the background child itself just before it becomes the server, so it comes
+    before anything the server writes. A background job's stdin is /dev/null in a non-interactive
+    shell, so the shell's stdin is kept as fd 3 for the watchdog; the server gets neither."""
     command = " ".join(shlex.quote(a) for a in argv)
+    become = shlex.quote('echo __PI2_PID__=$$ >&2; exec "$@"')
     return (
         f"cd {shlex.quote(cwd)} || exit 127; exec 3<&0; "
-        f"{command} </dev/null 3<&- & pid=$!; echo __PI2_PID__=$pid >&2; "
+        f"sh -c {become} sh {command} </dev/null 3<&- & pid=$!; "
         f"(read -r _ <&3; kill $pid 2>/dev/null) & watchdog=$!; "
         f"wait $pid; code=$?; kill $watchdog 2>/dev/null; exit $code"
     )
