@@ -60,10 +60,12 @@ def phone(tmp_path, adb):
 
 def servers_on(phone) -> list[psutil.Process]:
     """llama-server processes started from the phone's directory (the daemon runs them on this host)."""
+    assert phone.root.is_dir()
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or [""]
-        ours = cmd[0].startswith(str(phone.root)) and cmd[0].endswith("llama-server")
+        cmd = p.info["cmdline"] or []
+        # the program itself, or qemu-aarch64 running it
+        ours = any(a.startswith(str(phone.root)) and a.endswith("llama-server") for a in cmd[:2])
         if ours and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(p)
     return found
@@ -216,3 +218,42 @@ def test_forward_to_a_vanished_device_is_one_clear_error(phone, adb):
     with pytest.raises(TargetError, match="cannot forward a port to") as info:
         t.forward(8080)
     assert "\n" not in str(info.value)
+
+
+def _cached_arm64_build() -> Path | None:
+    """The linux-arm64 llama.cpp build when it is already in the cache (never built here: ~35 min)."""
+    import shutil
+
+    from pi2cli.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
+
+    if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc") is None:
+        return None
+    build = build_dir_for("linux-arm64", cache_key("linux-arm64", cmake_args("linux-arm64")))
+    return build / "bin" if is_complete(build) else None
+
+
+ARM64_BUILD = _cached_arm64_build()
+
+
+@pytest.mark.skipif(ARM64_BUILD is None, reason="no cached linux-arm64 llama.cpp build or no qemu-aarch64 "
+                    "(`pi2 build --engine llama.cpp --target linux-arm64`)")  # fmt: skip
+def test_arm64_device_gets_the_arm64_build(tiny_model, tmp_path, adb, monkeypatch):
+    """A device that says arm64 gets the static linux-arm64 llama-server (no NDK here); the daemon runs
+    it through qemu-aarch64 as binfmt_misc would. Emulated: this checks the path, not the speed."""
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    device = TestDevice(tmp_path / "arm-phone", "--abi", "arm64-v8a", "--qemu")
+    try:
+        adb.connect(device.serial)
+        cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=1, n_gen=4,
+                          device=device.serial, results_dir=str(tmp_path / "results"))  # fmt: skip
+        (outcome,) = run_bench(cfg)
+        run = outcome.run
+        assert run["status"] == "ok" and run["target"]["arch"] == "arm64", run["error"]
+        assert "aarch64" in run["engine"]["build_flags"]
+        pushed = (device.root / "pi2" / "bin" / "llama-server").read_bytes()
+        assert pushed == (ARM64_BUILD / "llama-server").read_bytes()
+        assert run["turns"][0]["n_gen"] >= 3 and run["summary"]["peak_rss_bytes"] > 0
+        assert not wait_gone(device)
+    finally:
+        adb.call("disconnect", device.serial, timeout=10)
+        device.stop()
