@@ -113,7 +113,10 @@ class DeviceLlamaServer(LlamaServer):
                 if time.monotonic() - started > self.start_timeout_s:
                     raise Pi2Error(f"llama-server on {self.target.name} did not listen within "
                                    f"{self.start_timeout_s:.0f} s: {self.log_tail()}")  # fmt: skip
-            self.port = self.target.forward(self.remote_port)
+            try:
+                self.port = self.target.forward(self.remote_port)
+            except TargetError as exc:
+                raise self.down_reason(wait_s=3.0) or exc from None  # a device going away says so
             self._wait_healthy(started)
         except BaseException:
             self.stop()
