@@ -39,11 +39,14 @@ def env(monkeypatch, tmp_path, llamacpp_bindir):
     return tmp_path / "results"
 
 
-@pytest.fixture
-def adb(tmp_path, monkeypatch):
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+@pytest.fixture(scope="module")
+def adb(tmp_path_factory):
+    """One private adb server for the module (starting one takes seconds); devices come and go."""
+    server = AdbServer(tmp_path_factory.mktemp("adbhome"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     yield server
+    mp.undo()
     server.stop()
 
 
