@@ -378,7 +378,7 @@ def run_one(
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
                                  limit=cfg.limit, **getattr(driver, "extra_settings", {})),
-        measurement=driver.how,
+        measurement=driver.measurement(target) if hasattr(driver, "measurement") else driver.how,
         tags=cfg.tags,
     )  # fmt: skip
     total_turns = cfg.repeat * sum(len(c.turns) for c in conversations)

@@ -372,7 +372,9 @@ def run_budgeted(
 ) -> BudgetedRun:
     """Run cmd to completion inside a memory budget; stdout/stderr captured as text."""
     with Budget(limit_bytes, evict=evict, required=required) as budget:
-        proc = budget.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+        proc = budget.popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", env=env
+        )
         try:
             out, err = proc.communicate(timeout=timeout)
         except BaseException:  # timeout, Ctrl-C: never leave the child behind

@@ -225,3 +225,42 @@ def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_serve
     # click reports Ctrl-C as "Aborted!" (exit 1) until cli.main handles it (exit 130, "pi2: interrupted").
     assert proc.returncode in (1, 130) and (b"Aborted" in err or b"interrupted" in err), err
     assert not partial.exists() and not (dev.root / "pi2" / "models" / "tiny.gguf").exists()
+
+
+def test_port_forward_reaches_a_server_on_the_device_and_is_removed(make_device):
+    """`adb forward` through the daemon's tcp:PORT service: bytes flow both ways, a port nobody listens
+    on is refused, and remove_forward leaves the adb server with no forward."""
+    import socket
+    import threading
+
+    dev = make_device()
+    t = get_target(dev.serial)
+    listener = socket.create_server(("127.0.0.1", 0))  # "on the device": the daemon shares our loopback
+
+    def echo_upper():
+        conn, _ = listener.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data.upper())
+
+    threading.Thread(target=echo_upper, daemon=True).start()
+    port = listener.getsockname()[1]
+    local = t.forward(port)
+    assert [(f.local, f.remote) for f in t.forwards()] == [(f"tcp:{local}", f"tcp:{port}")]
+    payload = os.urandom(300_000).hex().encode()  # larger than one adb packet: flow control both ways
+    with socket.create_connection(("127.0.0.1", local), timeout=10) as c:
+        c.sendall(payload)  # no half-close: an adb stream closes both ways at once
+        got = b""
+        while len(got) < len(payload) and (chunk := c.recv(65536)):
+            got += chunk
+    assert got == payload.upper()
+    listener.close()
+
+    closed = t.forward(port)  # nothing listens there now: the open is refused
+    with socket.create_connection(("127.0.0.1", closed), timeout=10) as c:
+        c.settimeout(10)
+        assert c.recv(10) == b""
+    t.remove_forward(local)
+    t.remove_forward(closed)
+    t.remove_forward(closed)  # already gone: no error
+    assert t.forwards() == []

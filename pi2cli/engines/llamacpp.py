@@ -118,6 +118,22 @@ class ConversationResult:
         return out
 
 
+def server_args(model: str, port: int, *, ctx_size: int = 4096, load_mode: str = "mmap", repack: bool = False,
+                threads: int | None = None, extra_args: list[str] | None = None) -> list[str]:  # fmt: skip
+    """llama-server's arguments, the same on this machine and on a device: loopback only, one slot (so
+    the KV cache of a conversation stays put), no prompt cache in RAM beyond the slot, weights
+    file-backed (-lm mmap --no-repack) unless asked otherwise. port 0: the server picks a free one
+    and prints it ("listening on http://127.0.0.1:PORT")."""
+    args = [
+        "-m", model, "--host", "127.0.0.1", "--port", str(port),
+        "-c", str(ctx_size), "-np", "1", "--cache-ram", "0", "--no-webui",
+        "-lm", load_mode, "--repack" if repack else "--no-repack",
+    ]  # fmt: skip
+    if threads:
+        args += ["-t", str(threads)]
+    return args + list(extra_args or [])
+
+
 class LlamaServer:
     """A llama-server process on a free loopback port; a context manager that always stops it."""
 
@@ -141,14 +157,8 @@ class LlamaServer:
         if not self.model.is_file():
             raise Pi2Error(f"model file not found: {model}")
         self.port = _free_port()
-        self.args = [
-            "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-            "-c", str(ctx_size), "-np", "1", "--cache-ram", "0", "--no-webui",
-            "-lm", load_mode, "--repack" if repack else "--no-repack",
-        ]  # fmt: skip
-        if threads:
-            self.args += ["-t", str(threads)]
-        self.args += extra_args or []
+        self.args = server_args(str(self.model), self.port, ctx_size=ctx_size, load_mode=load_mode,
+                                repack=repack, threads=threads, extra_args=extra_args)  # fmt: skip
         self.budget = budget
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None

@@ -1,4 +1,6 @@
-"""llama.cpp for `pi2 bench` (BenchDriver): llama-server on this machine, one slot, prompt cache on.
+"""llama.cpp for `pi2 bench` (BenchDriver): llama-server with one slot and the prompt cache on, on this
+machine or on an adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
+through adb forward).
 
 Each turn sends the whole conversation so far (rendered by the host with the model's chat template,
 the same text pi2 gets); the server reuses the longest common prefix already in its KV cache
@@ -8,11 +10,20 @@ the same text pi2 gets); the server reuses the longest common prefix already in 
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 from pathlib import Path
 
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
+from pi2cli.targets.base import normalize_arch
+
+DEVICE_HOW = (
+    "; on the device: llama-server listens on the device's 127.0.0.1 (started with adb shell), reached "
+    "through adb forward, so host-stamped TTFT/TBT include the adb transport's latency; peak RSS = "
+    "VmHWM read on the device"
+)
 
 
 class LlamaCppSession:
@@ -21,18 +32,29 @@ class LlamaCppSession:
         self.seed = seed
         self.pid = server.proc.pid if server.proc else None
 
+    def _down(self, wait_s: float = 0.0) -> Exception | None:
+        """Why the server cannot answer (TargetError: the device is gone), None when it is up."""
+        if hasattr(self.server, "down_reason"):
+            return self.server.down_reason(wait_s)
+        proc = self.server.proc
+        if proc is not None and proc.poll() is not None:
+            return Pi2Error(f"llama-server exited with code {proc.returncode}: {self.server.log_tail()}")
+        return None
+
     def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None,
              messages: list[dict] | None = None) -> TurnMetrics:  # fmt: skip
-        if self.server.proc is not None and self.server.proc.poll() is not None:
-            raise Pi2Error(
-                f"llama-server exited with code {self.server.proc.returncode}: {self.server.log_tail()}"
-            )
+        down = self._down()
+        if down is not None:
+            raise down
         try:
             turn = self.server.complete(
                 prompt, n_predict, temperature=0.0, seed=self.seed, ignore_eos=ignore_eos
             )
         except Pi2Error as exc:
-            if self.server.proc is not None and self.server.proc.poll() is None and "answered" in str(exc):
+            down = self._down(wait_s=3.0)  # a broken stream: did the server or the device go away?
+            if down is not None:
+                raise down from None
+            if "answered" in str(exc):
                 raise TurnFailed(str(exc)) from None  # the server refused this request but is still up
             raise
         if on_text and turn.text:
@@ -49,6 +71,18 @@ class LlamaCppSession:
             self.server.stop()
 
 
+def build_target_for(target) -> str:
+    """Which llama.cpp build (pi2cli.baselines.llamacpp_build target) runs on `target`: this machine's
+    for local and for devices of this machine's architecture (x86-64 emulators, the test adb daemon);
+    arm64 devices get the NDK build when ANDROID_NDK_HOME is set, else the static linux-arm64 one
+    (static binaries run on Android from /data/local/tmp)."""
+    if target.kind == "local" or target.arch == normalize_arch(platform.machine()):
+        return "host"
+    if target.arch == "arm64":
+        return "android-arm64" if os.environ.get("ANDROID_NDK_HOME") else "linux-arm64"
+    raise Pi2Error(f"no llama.cpp build runs on {target.name} ({target.arch})")
+
+
 class LlamaCppBenchDriver:
     name = "llama.cpp"
     policy = None
@@ -56,6 +90,7 @@ class LlamaCppBenchDriver:
 
     def __init__(self, bin_dir: Path | None = None):
         self._bin_dir = Path(bin_dir) if bin_dir else None
+        self._device_bin_dirs: dict[str, Path] = {}
 
     @property
     def how(self) -> str:
@@ -66,33 +101,71 @@ class LlamaCppBenchDriver:
             "; multi-turn: the whole conversation each turn, one slot, cache_prompt (KV prefix reuse)"
         )
 
+    def measurement(self, target) -> str:
+        """`how` as it applies on `target` (the bench stores this in each result)."""
+        return self.how + (DEVICE_HOW if target.kind == "adb" else "")
+
     def supports(self, target) -> str | None:
-        if target.kind != "local":
-            return (f"llama.cpp runs only on this machine in pi2 bench for now (target {target.name} is "
-                    f"{target.kind}: llama-server there needs a port forward pi2 does not set up yet)")  # fmt: skip
-        return None
+        if target.kind == "local":
+            return None
+        if target.kind == "adb":
+            if "shell_v2" not in getattr(target, "features", set()):
+                return f"llama.cpp on {target.name} needs adb shell v2 (Android 7 or later)"
+            if target.arch not in ("arm64", normalize_arch(platform.machine())):
+                return (
+                    f"no llama.cpp build runs on {target.name} ({target.arch}): arm64 or this machine's only"
+                )
+            return None
+        return (f"llama.cpp does not run on {target.name} ({target.kind}) in pi2 bench: use this machine or "
+                f"an adb device")  # fmt: skip
 
     @property
     def bin_dir(self) -> Path:
+        """This machine's build: --llamacpp bin dir, $PI2_LLAMACPP_BIN_DIR, else the cached host build."""
         if self._bin_dir is None:
             self._bin_dir = default_bin_dir()
         return self._bin_dir
 
+    def bin_dir_for(self, target) -> Path:
+        """The build whose llama-server runs on `target` (built now when missing)."""
+        which = build_target_for(target)
+        if which == "host":
+            return self.bin_dir
+        if which not in self._device_bin_dirs:
+            from pi2cli.baselines.llamacpp_build import ensure_built
+
+            self._device_bin_dirs[which] = ensure_built(which)
+        return self._device_bin_dirs[which]
+
     def binaries(self, target) -> list[Path]:
-        return []
+        if target.kind == "local":
+            return []
+        binary = self.bin_dir_for(target) / "llama-server"
+        if not binary.is_file():
+            raise Pi2Error(f"llama-server not found in {binary.parent} (run `pi2 build --engine llama.cpp`)")
+        return [binary]
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> LlamaCppSession:  # fmt: skip
         # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
-        server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
+        if target.kind == "adb":
+            from pi2cli.engines.llamacpp_device import DeviceLlamaServer
+
+            binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
+            server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)
+        else:
+            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         server.start()
         return LlamaCppSession(server, seed)
 
     def engine_info(self, target) -> dict:
-        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT
+        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
         from pi2cli.push import sha256_file
 
-        binary = self.bin_dir / "llama-server"
-        return {"name": self.name, "version": None, "commit": LLAMACPP_COMMIT, "build_flags": None,
-                "build_type": None, "policy": None,
+        bin_dir = self.bin_dir_for(target)
+        binary = bin_dir / "llama-server"
+        args = build_record(bin_dir).get("cmake_args") or []  # empty for a build pi2 did not make
+        build_type = next((a.split("=", 1)[1] for a in args if a.startswith("-DCMAKE_BUILD_TYPE=")), None)
+        return {"name": self.name, "version": None, "commit": LLAMACPP_COMMIT,
+                "build_flags": " ".join(args) or None, "build_type": build_type, "policy": None,
                 "binary_sha256": sha256_file(binary) if binary.is_file() else None}  # fmt: skip

@@ -224,6 +224,40 @@ class AdbTarget(ShellTarget):
         except _errors() as exc:
             raise TargetError(f"cannot start {argv[0]} on {self.name}: {exc}") from exc
 
+    # -- port forwards ----------------------------------------------------------------------------
+    def forward(self, remote_port: int) -> int:
+        """`adb forward tcp:0 tcp:REMOTE_PORT`: the adb server picks a free port here and says which;
+        returns it. Every connection to 127.0.0.1:THAT_PORT reaches 127.0.0.1:REMOTE_PORT on the device."""
+        try:
+            conn = adb_client().make_connection(timeout=30)
+            try:
+                conn.send_command(f"host-serial:{self.name}:forward:tcp:0;tcp:{int(remote_port)}")
+                conn.check_okay()  # the server took the request
+                conn.check_okay()  # the forward is installed (else FAIL + why)
+                port = conn.read_string_block().strip()
+            finally:
+                conn.close()
+        except _errors() as exc:
+            raise TargetError(f"cannot forward a port to {self.name}:{remote_port}: {exc}") from exc
+        if not port.isdigit():
+            raise TargetError(f"the adb server did not say which port it forwards to {self.name}: {port!r}")
+        return int(port)
+
+    def forwards(self) -> list:
+        """This device's forwards (adbutils ForwardItem: serial, local, remote)."""
+        try:
+            return [f for f in adb_client().forward_list() if f.serial == self.name]
+        except _errors() as exc:
+            raise TargetError(f"lost the device {self.name}: {exc}") from exc
+
+    def remove_forward(self, local_port: int) -> None:
+        """Remove `tcp:local_port`; no error when it is already gone (the adb server drops a vanished
+        device's forwards itself)."""
+        try:
+            self.device.forward_remove(f"tcp:{int(local_port)}", raise_non_found=False)
+        except _errors() as exc:
+            raise TargetError(f"cannot remove the forward tcp:{local_port} of {self.name}: {exc}") from exc
+
     # -- files ------------------------------------------------------------------------------------
     def push(self, local: Path, remote: str, progress: Progress | None = None, mode: int = 0o644) -> None:
         """Sync SEND of one file. Raises TransferError if the device goes away or refuses it."""

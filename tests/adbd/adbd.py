@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import os
 import queue
+import re
 import shlex
 import signal
 import socket
@@ -54,6 +55,7 @@ class Options:
         self.root = Path(args.root).resolve()
         self.fakebin = fakebin
         self.abi = args.abi
+        self.qemu = args.qemu  # qemu-aarch64 binary that runs arm64 programs, or None
         self.unauthorized = args.unauthorized
         self.corrupt = args.corrupt
         self.disconnect_after = args.disconnect_after
@@ -68,10 +70,40 @@ class Options:
         return None
 
     def command_to_host(self, command: str) -> str:
-        return command.replace(DEVICE_TMP, str(self.root))
+        command = command.replace(DEVICE_TMP, str(self.root))
+        return wrap_arm64_programs(command, self.root, self.qemu) if self.qemu else command
 
     def output_to_device(self, data: bytes) -> bytes:
         return data.replace(str(self.root).encode(), DEVICE_TMP.encode())
+
+
+# A program path in command position: at the start, after ; & | ( or `exec`, or as the first operand
+# after `sh -c SCRIPT NAME` (a script that ends in exec "$@"); optionally single-quoted, as shlex.quote
+# writes paths.
+_COMMAND_PATH = re.compile(r"(^|[;&|(]\s*|\bexec\s+|\bsh\s+-c\s+'[^']*'\s+\S+\s+)('?)(/[^\s;&|()'\"]+)\2")
+
+
+def is_arm64_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head[:4] == b"\x7fELF" and head[18:20] == b"\xb7\x00"  # e_machine AArch64
+
+
+def wrap_arm64_programs(command: str, root: Path, qemu: str) -> str:
+    """--qemu: run arm64 ELF programs under --root through qemu-aarch64, as binfmt_misc would on a
+    host that has it registered. Only paths in command position are wrapped, so `sha256sum BIN` still
+    hashes the file."""
+
+    def wrap(m: re.Match) -> str:
+        lead, quote, path = m.group(1), m.group(2), m.group(3)
+        if path.startswith(str(root) + "/") and is_arm64_elf(Path(path)):
+            return f"{lead}{shlex.quote(qemu)} {quote}{path}{quote}"
+        return m.group(0)
+
+    return _COMMAND_PATH.sub(wrap, command)
 
 
 class Stream:
@@ -253,7 +285,60 @@ def pick_service(service: str, stream: Stream, opts: Options):
         return lambda: shell_raw(service[len("exec:") :], stream, opts, merge_stderr=False)
     if service == "sync:":
         return lambda: SyncSession(stream, opts).serve()
+    if service.startswith("tcp:"):
+        return open_tcp(service, stream)
     return None
+
+
+# ------------------------------------------------------------------------------------------ tcp:PORT
+def open_tcp(service: str, stream: Stream):
+    """`tcp:PORT` / `tcp:HOST:PORT`: what `adb forward tcp:LOCAL tcp:REMOTE` opens on the device for
+    every connection to the host's LOCAL port. The connection is made here, before the open is
+    answered, so a port nobody listens on is refused (CLSE) as adbd does; None then."""
+    parts = service.split(":")[1:]
+    host, port_text = ("127.0.0.1", parts[0]) if len(parts) == 1 else (parts[0], parts[-1])
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    if host not in ("127.0.0.1", "localhost"):
+        return None  # loopback only: the test daemon never reaches beyond this machine
+    try:
+        sock = socket.create_connection(("127.0.0.1", int(port_text)), timeout=5)
+    except OSError:
+        return None
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return lambda: relay_tcp(sock, stream)
+
+
+def relay_tcp(sock: socket.socket, stream: Stream) -> None:
+    """Bytes both ways until either side closes; then the other side is closed too."""
+
+    def host_to_socket() -> None:
+        try:
+            while True:
+                sock.sendall(stream.read_chunk())
+        except (Closed, OSError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+
+    stream.on_close = lambda: _close_socket(sock)
+    threading.Thread(target=host_to_socket, daemon=True).start()
+    try:
+        while data := sock.recv(MAX_PAYLOAD):
+            stream.write(data)
+    except OSError:
+        pass
+    finally:
+        _close_socket(sock)
+
+
+def _close_socket(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- shell
@@ -575,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", help="write the chosen port here once listening")
     parser.add_argument("--abi", default="x86_64", help="ro.product.cpu.abi to report (arm64-v8a also "
                         "makes `uname -m` say aarch64)")  # fmt: skip
+    parser.add_argument("--qemu", nargs="?", const="qemu-aarch64", default=None, metavar="QEMU",
+                        help="run arm64 ELF programs under --root through qemu-aarch64 (or QEMU), as "
+                             "binfmt_misc would; pair with --abi arm64-v8a")  # fmt: skip
     parser.add_argument("--unauthorized", action="store_true", help="never accept the host's key")
     parser.add_argument("--corrupt", action="store_true", help="flip a byte in every file pushed")
     parser.add_argument("--disconnect-after", type=int, default=None, metavar="BYTES",
