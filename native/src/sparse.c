@@ -39,8 +39,10 @@ struct pi2_sparse {
     size_t act_row;
     uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
     int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
-    float *acc;            /* per-thread output accumulators [nth][n_batch][E] */
     float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
+    float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
+    uint8_t *live;         /* [F]: unit has a non-zero output for some token */
+    float *out;            /* the block's output being accumulated [n_batch][E] */
 
     /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
     int block, tokens, wave_len;
@@ -90,6 +92,7 @@ const char *pi2_sparse_usage(void) {
            "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
            "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
            "    --cluster N              bundles per hot cluster   [32]\n"
+           "    --no-two-phase           powerinfer2: read cold bundles whole, not gate part first\n"
            "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
            "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
 }
@@ -130,6 +133,10 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
                                    "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity"};
     if (!strcmp(a, "--check-predictor")) {
         cfg->check_predictor = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--no-two-phase")) {
+        cfg->no_two_phase = 1;
         return 1;
     }
     int known = 0;
@@ -212,15 +219,16 @@ static void *zalloc(size_t n, int *ok) {
 }
 
 static int alloc_scratch(pi2_sparse *s) {
-    const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
+    const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
     int ok = 1;
     s->act_row = pi2_row_size(pi2_act_type((pi2_type)s->m->h.neuron_type), s->E);
     s->act = zalloc(B * s->act_row, &ok);
     s->mask = zalloc(B * F, &ok);
     s->truth = zalloc(B * F, &ok);
     s->active = zalloc(F * sizeof(int32_t), &ok);
-    s->acc = zalloc((size_t)s->nth * B * E * sizeof(float), &ok);
     s->gates = zalloc(F * B * sizeof(float), &ok);
+    s->hv = zalloc(F * B * sizeof(float), &ok);
+    s->live = zalloc(F, &ok);
     s->wave_k = zalloc(F * sizeof(int32_t), &ok);
     s->wave_h = zalloc(F * sizeof(int64_t), &ok);
     s->phase = zalloc(F, &ok);
@@ -237,7 +245,8 @@ static int alloc_scratch(pi2_sparse *s) {
 
 static size_t scratch_bytes(const pi2_sparse *s) {
     const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
-    return B * s->act_row + 2 * B * F + (size_t)s->nth * B * E * 4 + F * B * 4 + F * (4 + 8 + 1 + 4 + 8 + 8 + 1) +
+    (void)E;
+    return B * s->act_row + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
            pi2_predictors_scratch_bytes(&s->pred);
 }
 
@@ -386,7 +395,7 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->pipeline = p == PI2_POLICY_POWERINFER2;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
-    s->two_phase = p == PI2_POLICY_POWERINFER2 && h->ffn_act != PI2_ACT_SWIGLU &&
+    s->two_phase = p == PI2_POLICY_POWERINFER2 && !cfg->no_two_phase && h->ffn_act != PI2_ACT_SWIGLU &&
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
@@ -459,7 +468,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     pi2_predictors_free(&s->pred);
-    void *ptrs[] = {s->act, s->mask, s->truth, s->active, s->acc, s->gates, s->wave_k, s->wave_h, s->phase,
+    void *ptrs[] = {s->act, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
                     s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
                     s->layer_fn, s->wait_head, s->acq_wave};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
@@ -565,27 +574,81 @@ static int compute_unit(pi2_sparse *s, int i, int ith) {
         }
         return need;
     }
-    float *acc = s->acc + (size_t)ith * s->n_batch * s->E;
+    float *hv = s->hv + (size_t)i * s->n_batch;
+    uint8_t live = 0;
     for (int t = 0; t < s->tokens; t++) {
+        hv[t] = 0.0f;
         if (!s->mask[(size_t)t * s->F + k]) continue;
         const uint8_t *a = s->act + (size_t)t * s->act_row;
         const float g = s->phase[i] ? gates[t] : pi2_vec_dot(wt, s->E, bundle, a);
-        float hval;
         if (act == PI2_ACT_SWIGLU) {
-            hval = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
-        } else {
-            if (g <= 0.0f) continue;
+            hv[t] = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
+        } else if (g > 0.0f) {
             const float u = pi2_vec_dot(wt, s->E, bundle + s->part, a);
-            hval = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
+            hv[t] = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
         }
-        if (hval != 0.0f) pi2_axpy(wt, s->E, hval, bundle + 2 * s->part, acc + (size_t)t * s->E);
+        live |= hv[t] != 0.0f;
     }
+    s->live[i] = live;
     return 0;
+}
+
+/* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
+ * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
+ * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
+ * thresholds would otherwise turn last-bit noise into different neurons, and different text). */
+static void down_worker(void *p, int ith, int nth) {
+    pi2_sparse *s = p;
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    int64_t d0, d1;
+    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    if (d0 >= d1) return;
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    for (int i = 0; i < s->wave_len; i++) {
+        if (!s->live[i]) continue;
+        const uint8_t *col = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;
+        for (int j = i + 1; j < s->wave_len && j < i + 4; j++)
+            if (s->live[j]) {
+                __builtin_prefetch(pi2_ncache_bundle(s->cache, s->wave_h[j], s->wave_k[j]) + skip, 0, 3);
+                break;
+            }
+        const float *hv = s->hv + (size_t)i * s->n_batch;
+        for (int t = 0; t < s->tokens; t++)
+            if (hv[t] != 0.0f) pi2_axpy(wt, d1 - d0, hv[t], col, s->out + (size_t)t * s->E + d0);
+    }
 }
 
 /* Every thread: take tickets; a ticket is a position in the ready list; wait for it to be filled by
  * becoming the reaper (one at a time) while nothing else is ready. Thread 0 first issues the wave's
  * reads when the pipeline is on, so the other threads compute cached neurons meanwhile. */
+/* Bring the first lines of a unit's rows towards this core while the current unit computes: bundles
+ * sit at random places in the cache, and each row start would otherwise wait for DRAM. */
+static void prefetch_unit(const pi2_sparse *s, int i) {
+    const uint8_t *b = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]);
+    for (int l = 0; l < 4; l++) {
+        __builtin_prefetch(b + 64 * l, 0, 3);
+        __builtin_prefetch(b + s->part + 64 * l, 0, 3);
+    }
+}
+
+/* Phase two of a two-phase neuron: register as waiting, then read the up row and down column. */
+static void read_rest(pi2_sparse *s, int i) {
+    const int64_t hdl = s->wave_h[i];
+    pthread_mutex_lock(&s->lock);
+    s->phase[i] = 1;
+    const int first = pi2_ncache_state(s->cache, hdl) == PI2_SLOT_GATE;
+    if (first) pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
+    add_waiter(s, hdl, i);
+    pthread_mutex_unlock(&s->lock);
+    if (first && submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+}
+
+#define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores */
+
+/* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
+ * becoming the reaper (one thread at a time) while nothing else is ready. Thread 0 first issues the
+ * wave's reads when the pipeline is on, so the other threads compute cached neurons meanwhile.
+ * Finished units are subtracted from `pending` in batches, always before waiting. */
 static void wave_worker(void *p, int ith, int nth) {
     pi2_sparse *s = p;
     if (ith == 0 && s->pipeline) {
@@ -593,38 +656,31 @@ static void wave_worker(void *p, int ith, int nth) {
             if (submit(s, s->to_read[r], s->to_read_kind[r]) != 0) break;
         pi2_io_flush(s->io);
     }
+    int finished = 0;
     for (;;) {
-        const int t = atomic_fetch_add(&s->next_ticket, 1);
-        for (;;) {
-            if (atomic_load(&s->failed)) return;
-            if (t < atomic_load_explicit(&s->n_ready, memory_order_acquire)) {
-                const int i = s->ready[t];
-                if (compute_unit(s, i, ith)) {
-                    /* Phase two: register, then read the up row and down column. */
-                    const int64_t hdl = s->wave_h[i];
-                    pthread_mutex_lock(&s->lock);
-                    s->phase[i] = 1;
-                    int st = pi2_ncache_state(s->cache, hdl);
-                    if (st == PI2_SLOT_GATE) {
-                        pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
-                        add_waiter(s, hdl, i);
-                        pthread_mutex_unlock(&s->lock);
-                        if (submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
-                    } else { /* another wave's unit already asked (cannot happen within one wave) */
-                        add_waiter(s, hdl, i);
-                        pthread_mutex_unlock(&s->lock);
-                    }
-                } else {
-                    atomic_fetch_sub(&s->pending, 1);
+        const int t0 = atomic_fetch_add(&s->next_ticket, TICKETS);
+        for (int t = t0; t < t0 + TICKETS; t++) {
+            for (;;) {
+                if (atomic_load_explicit(&s->failed, memory_order_relaxed)) return;
+                const int n_ready = atomic_load_explicit(&s->n_ready, memory_order_acquire);
+                if (t < n_ready) {
+                    if (t + 1 < n_ready) prefetch_unit(s, s->ready[t + 1]);
+                    const int i = s->ready[t];
+                    if (compute_unit(s, i, ith)) read_rest(s, i);
+                    else finished++;
+                    break;
                 }
-                break;
-            }
-            if (atomic_load(&s->pending) == 0) return;
-            if (pthread_mutex_trylock(&s->lock) == 0) {
-                reap(s, 1);
-                pthread_mutex_unlock(&s->lock);
-            } else {
-                sched_yield();
+                if (finished) {
+                    atomic_fetch_sub(&s->pending, finished);
+                    finished = 0;
+                }
+                if (atomic_load(&s->pending) == 0) return;
+                if (pthread_mutex_trylock(&s->lock) == 0) {
+                    reap(s, 1);
+                    pthread_mutex_unlock(&s->lock);
+                } else {
+                    sched_yield();
+                }
             }
         }
     }
@@ -693,6 +749,7 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         s->wave_k[n] = k;
         s->wave_h[n] = hdl;
         s->phase[n] = 0;
+        s->live[n] = 0; /* a neuron whose gate part alone shows it inactive never gets to set it */
         if (loaded) s->ready[atomic_fetch_add(&s->n_ready, 1)] = n;
         else add_waiter(s, hdl, n);
         n++;
@@ -727,7 +784,8 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
     s->st.neurons_visited += (uint64_t)F * tokens;
     for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->mask[i];
 
-    memset(s->acc, 0, (size_t)s->nth * s->n_batch * E * sizeof(float));
+    memset(out, 0, (size_t)tokens * E * sizeof(float));
+    s->out = out;
     for (int pos = 0; pos < n_active;) {
         const int start = pos;
         s->wave_len = build_wave(s, b, n_active, &pos);
@@ -749,15 +807,11 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
         }
         pi2_pool_run_or_inline(s->pool, wave_worker, s);
         if (atomic_load(&s->failed)) goto failed;
+        pi2_pool_run_or_inline(s->pool, down_worker, s);
         for (int i = 0; i < s->wave_len; i++) pi2_ncache_unpin(s->cache, s->wave_h[i]);
     }
     if (!s->keep) pi2_ncache_drop_all(s->cache);
 
-    memset(out, 0, (size_t)tokens * E * sizeof(float));
-    for (int th = 0; th < s->nth; th++) {
-        const float *acc = s->acc + (size_t)th * s->n_batch * E;
-        for (int64_t i = 0; i < tokens * E; i++) out[i] += acc[i];
-    }
     s->st.ffn_ns += pi2_now_ns() - t0;
     return 0;
 failed:

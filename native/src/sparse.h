@@ -37,6 +37,7 @@ typedef struct {
     float hot_fraction;     /* of each block's bundles (hottest first) */
     float hot_share;        /* of the cache, for the hot region */
     int cluster;            /* bundles per hot cluster */
+    int no_two_phase;       /* powerinfer2: read cold bundles whole (when storage is IOPS-bound) */
     pi2_io_config io;
     int io_cpus[64];
 } pi2_sparse_config;
