@@ -231,3 +231,17 @@ def test_arm64_build_matches_dense_under_qemu(dense_arch, tmp_path, cpu):
         )
         assert text == dense
         assert s["storage_bytes_read"] > 0  # qemu-user has no io_uring: the pread pool reads
+
+
+def test_models_show_measure_prints_the_engine_measured_statistics(dense_arch):
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    out = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "8", "--json"])
+    assert out.exit_code == 0, out.output
+    m = json.loads(out.output)["engine_measured"]
+    assert m["tokens"] == 8 and len(m["layers"]) == 2
+    assert 0.5 < m["sparsity"] < 1 and 0 < m["recall"] <= 1 and 0 < m["precision"] <= 1
+    text = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "4"])
+    assert text.exit_code == 0 and "engine-measured" in text.output and "layer   1" in text.output

@@ -25,7 +25,9 @@ struct pi2_sparse {
     pi2_sparse_config cfg;
     int nth, n_batch, n_blocks;
     int64_t E, F;
-    int two_phase, pipeline, prefetch, keep;
+    int two_phase, pipeline, prefetch, keep, lookahead;
+    float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
+    uint8_t *look_mask;
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     pi2_io *io;
@@ -63,7 +65,7 @@ struct pi2_sparse {
     char error[300];
 
     pi2_sparse_stats st;
-    uint64_t *layer_tp, *layer_fp, *layer_fn; /* --check-predictor, per layer */
+    uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen; /* --check-predictor, per layer */
 };
 
 /* ---- configuration --------------------------------------------------------------------------- */
@@ -75,7 +77,7 @@ void pi2_sparse_config_default(pi2_sparse_config *cfg) {
     cfg->hot_fraction = 0.2f;
     cfg->hot_share = 0.5f;
     cfg->cluster = 32;
-    cfg->io.queue_depth = 256;
+    cfg->io.queue_depth = 512;
 }
 
 static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "powerinfer2"};
@@ -93,6 +95,7 @@ const char *pi2_sparse_usage(void) {
            "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
            "    --cluster N              bundles per hot cluster   [32]\n"
            "    --no-two-phase           powerinfer2: read cold bundles whole, not gate part first\n"
+           "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
            "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
            "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
 }
@@ -137,6 +140,10 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
     }
     if (!strcmp(a, "--no-two-phase")) {
         cfg->no_two_phase = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--lookahead")) {
+        cfg->lookahead = 1;
         return 1;
     }
     int known = 0;
@@ -227,6 +234,8 @@ static int alloc_scratch(pi2_sparse *s) {
     s->truth = zalloc(B * F, &ok);
     s->active = zalloc(F * sizeof(int32_t), &ok);
     s->gates = zalloc(F * B * sizeof(float), &ok);
+    s->look_in = zalloc((size_t)s->E * sizeof(float), &ok);
+    s->look_mask = zalloc(F, &ok);
     s->hv = zalloc(F * B * sizeof(float), &ok);
     s->live = zalloc(F, &ok);
     s->wave_k = zalloc(F * sizeof(int32_t), &ok);
@@ -240,6 +249,7 @@ static int alloc_scratch(pi2_sparse *s) {
     s->layer_tp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->layer_fp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->layer_fn = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    s->layer_seen = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     return ok ? 0 : -1;
 }
 
@@ -394,6 +404,7 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
+    s->lookahead = s->prefetch && cfg->lookahead && !cfg->oracle;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
     s->two_phase = p == PI2_POLICY_POWERINFER2 && !cfg->no_two_phase && h->ffn_act != PI2_ACT_SWIGLU &&
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
@@ -468,9 +479,9 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     pi2_predictors_free(&s->pred);
-    void *ptrs[] = {s->act, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
+    void *ptrs[] = {s->look_in, s->look_mask, s->act, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
                     s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
-                    s->layer_fn, s->wait_head, s->acq_wave};
+                    s->layer_fn, s->layer_seen, s->wait_head, s->acq_wave};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -532,10 +543,37 @@ static void add_waiter(pi2_sparse *s, int64_t hdl, int unit) {
 }
 
 /* Hot clusters of the coming layer that are not cached yet: read them while attention runs. */
-void pi2_sparse_layer_begin(pi2_sparse *s, int layer) {
+/* Lookahead (our extension of the hot prefetch): the residual stream before a layer's attention is
+ * close to its FFN input after it, so the layer's predictor run on it names most of the neurons the
+ * FFN will want. Their missing bundles are read while attention computes; the FFN then finds them in
+ * flight or arrived. A wrong guess costs a read and a cold slot. Decode only (one token). */
+static void lookahead(pi2_sparse *s, int layer, const float *x) {
+    const int b = layer; /* dense models only */
+    pi2_rmsnorm(s->look_in, x, s->m->layers[layer].ffn_norm, s->E, s->m->h.rms_eps);
+    pi2_predict(&s->pred, s->pool, b, s->look_in, 1, s->look_mask);
+    for (int k = 0; k < s->F; k++) {
+        if (!s->look_mask[k] || pi2_ncache_is_hot(s->cache, k) || pi2_ncache_find(s->cache, b, k) >= 0) continue;
+        /* Never wait here: a full queue would stall attention, the very time these reads should use. */
+        if (pi2_io_in_flight(s->io) >= s->cfg.io.queue_depth - 8) return;
+        int64_t hdl = pi2_ncache_acquire(s->cache, b, k);
+        if (hdl < 0) return;
+        const int kind = s->two_phase ? READ_GATE : READ_FULL;
+        pi2_ncache_set_state(s->cache, hdl, kind == READ_GATE ? PI2_SLOT_LOADING_GATE : PI2_SLOT_LOADING);
+        pi2_ncache_touch(s->cache, hdl, s->step);
+        if (submit(s, hdl, kind) != 0) return;
+        pi2_ncache_unpin(s->cache, hdl);
+        s->st.lookahead_reads++;
+    }
+}
+
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens) {
     if (!s->prefetch || atomic_load(&s->failed)) return;
+    if (s->lookahead && tokens == 1 && s->pred.fc1) lookahead(s, layer, x);
     const int hot = pi2_ncache_cfg(s->cache)->hot_neurons, cl = pi2_ncache_cfg(s->cache)->cluster;
-    if (!pi2_ncache_cfg(s->cache)->hot_slots) return;
+    if (!pi2_ncache_cfg(s->cache)->hot_slots) {
+        pi2_io_flush(s->io);
+        return;
+    }
     for (int e = 0; e < s->m->n_ffn_blocks; e++) {
         const int b = layer * s->m->n_ffn_blocks + e;
         for (int k = 0; k < hot; k += cl) {
@@ -712,6 +750,7 @@ static void count_check(pi2_sparse *s, int layer, int tokens) {
     s->layer_tp[layer] += tp;
     s->layer_fp[layer] += fp;
     s->layer_fn[layer] += fn;
+    s->layer_seen[layer] += (uint64_t)tokens * s->F;
     s->st.pred_tp += tp;
     s->st.pred_fp += fp;
     s->st.pred_fn += fn;
@@ -856,7 +895,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
     const double compute_s = ffn_s > io_s ? ffn_s - io_s : 0;
     OUT(", \"io_method\": \"%s\", \"o_direct\": %s, \"storage_bytes_read\": %llu, \"storage_reads\": %llu, "
         "\"cache_bytes\": %llu, \"hot_bytes\": %llu, \"cold_bytes\": %llu, \"fixed_bytes\": %llu, "
-        "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, "
+        "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, \"lookahead\": %s, "
+        "\"lookahead_reads\": %llu, "
         "\"hits_hot\": %llu, \"hits_cold\": %llu, \"misses_hot\": %llu, \"misses_cold\": %llu, \"hit_rate\": %.6f, "
         "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f, "
         "\"preload_s\": %.6f",
@@ -864,19 +904,23 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
         (unsigned long long)s->fixed_bytes, cc->hot_neurons, cc->cluster, s->two_phase ? "true" : "false",
-        s->pipeline ? "true" : "false", (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
+        s->pipeline ? "true" : "false", s->lookahead ? "true" : "false", (unsigned long long)st.lookahead_reads,
+        (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
         (unsigned long long)st.misses_hot, (unsigned long long)st.misses_cold,
         lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
         io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
         st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
-        OUT(", \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
+        /* sparsity: the share of (token, neuron) pairs whose output is truly zero */
+        OUT(", \"sparsity\": %.6f, \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
+            st.neurons_visited ? 1.0 - (double)(tp + fn) / st.neurons_visited : 0.0,
             tp + fn ? (double)tp / (tp + fn) : 1.0, tp + fp ? (double)tp / (tp + fp) : 1.0);
         for (uint32_t l = 0; l < s->m->h.n_layer; l++) {
-            uint64_t a = s->layer_tp[l], f = s->layer_fp[l], m = s->layer_fn[l];
-            OUT("%s{\"layer\": %u, \"recall\": %.6f, \"precision\": %.6f}", l ? ", " : "", l,
-                a + m ? (double)a / (a + m) : 1.0, a + f ? (double)a / (a + f) : 1.0);
+            uint64_t a = s->layer_tp[l], f = s->layer_fp[l], m = s->layer_fn[l], seen = s->layer_seen[l];
+            OUT("%s{\"layer\": %u, \"sparsity\": %.6f, \"recall\": %.6f, \"precision\": %.6f}", l ? ", " : "", l,
+                seen ? 1.0 - (double)(a + m) / seen : 0.0, a + m ? (double)a / (a + m) : 1.0,
+                a + f ? (double)a / (a + f) : 1.0);
         }
         OUT("]");
     }
