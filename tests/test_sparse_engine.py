@@ -127,6 +127,20 @@ def test_acceptance_powerinfer2_under_a_budget_below_the_file_size(ffn_heavy, tm
     assert oracle == dense and d["io_method"] == "mmap"
 
 
+def test_policies_agree_with_each_other_and_with_themselves(ffn_heavy, tmp_path):
+    # With the model's predictor every sparse policy computes the same neurons and adds their outputs
+    # in one fixed order, so the text is the same whichever policy, thread count or I/O method ran it,
+    # and however reads interleaved (sampling at temperature 0.8 makes any difference show).
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
+    sample = ("--temperature", "0.8", "--seed", "5", "--memory-budget", budget)
+    texts = {}
+    for policy, extra in [("powerinfer2", ()), ("powerinfer2", ()), ("powerinfer2", ("--threads", "1")),
+                          ("powerinfer2", ("--io", "pread")), ("cache", ()), ("llmflash", ()), ("bundle", ())]:  # fmt: skip
+        text, _ = _generate(ffn_heavy, tmp_path, "--policy", policy, *sample, *extra, n=24)
+        texts[(policy, extra)] = text
+    assert len(set(texts.values())) == 1, texts
+
+
 @pytest.mark.parametrize("policy", SPARSE_POLICIES)
 def test_every_policy_reads_from_storage_within_the_budget(ffn_heavy, tmp_path, policy):
     budget = ffn_heavy.stat().st_size - 12 * 2**20
@@ -217,3 +231,17 @@ def test_arm64_build_matches_dense_under_qemu(dense_arch, tmp_path, cpu):
         )
         assert text == dense
         assert s["storage_bytes_read"] > 0  # qemu-user has no io_uring: the pread pool reads
+
+
+def test_models_show_measure_prints_the_engine_measured_statistics(dense_arch):
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    out = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "8", "--json"])
+    assert out.exit_code == 0, out.output
+    m = json.loads(out.output)["engine_measured"]
+    assert m["tokens"] == 8 and len(m["layers"]) == 2
+    assert 0.5 < m["sparsity"] < 1 and 0 < m["recall"] <= 1 and 0 < m["precision"] <= 1
+    text = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "4"])
+    assert text.exit_code == 0 and "engine-measured" in text.output and "layer   1" in text.output

@@ -181,7 +181,7 @@ static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float 
 
 /* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
 
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+void pi2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float mean = (float)(sum / (double)n);
@@ -269,7 +269,7 @@ static void att_worker(void *p, int ith, int nth) {
 static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     const pi2_header *h = &c->m->h;
     const int64_t E = c->n_embd;
-    for (int t = 0; t < tokens; t++) rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
+    for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
     prepare(c, L->wq.type, c->xn, E, E, tokens);
     matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
     if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
@@ -413,7 +413,7 @@ static int moe(pi2_ctx *c, int layer, int tokens) {
 static int ffn(pi2_ctx *c, int layer, int tokens) {
     const int64_t E = c->n_embd;
     const pi2_layer *L = &c->m->layers[layer];
-    for (int t = 0; t < tokens; t++) rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, c->m->h.rms_eps);
+    for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, c->m->h.rms_eps);
     int rc = c->m->h.arch == PI2_ARCH_MOE ? moe(c, layer, tokens) : ffn_block(c, layer, 0, c->xn, tokens, c->tmp);
     if (rc != 0) return -1;
     for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
@@ -442,13 +442,13 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
     }
     for (uint32_t l = 0; l < m->h.n_layer; l++) {
-        if (c->sparse) pi2_sparse_layer_begin(c->sparse, (int)l); /* hot clusters load during attention */
+        if (c->sparse) pi2_sparse_layer_begin(c->sparse, (int)l, c->x, n); /* reads fly during attention */
         attention(c, &m->layers[l], (int)l, n);
         if (ffn(c, (int)l, n) != 0) return -1;
     }
     /* Only the rows whose logits are wanted go through the output matrix. */
     int first = logits_all ? 0 : n - 1, rows = n - first;
-    for (int t = first; t < n; t++) rmsnorm(c->xn + (t - first) * E, c->x + t * E, m->output_norm, E, m->h.rms_eps);
+    for (int t = first; t < n; t++) pi2_rmsnorm(c->xn + (t - first) * E, c->x + t * E, m->output_norm, E, m->h.rms_eps);
     float *dst = logits_all ? logits_all : c->logits;
     if (rows == 1) {
         matmul(c, &m->output, c->xn, E, 1, dst, V);

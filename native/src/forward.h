@@ -31,6 +31,8 @@ size_t pi2_ctx_bytes(const pi2_ctx *c);
 /* Compute FFN blocks through the sparse engine (sparse.h) instead of densely; NULL detaches. */
 struct pi2_sparse;
 void pi2_ctx_set_sparse(pi2_ctx *c, struct pi2_sparse *s);
+/* out = x / rms(x) * w over n values (ggml's rounding); shared with the sparse engine's lookahead. */
+void pi2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Forget the cache (a new conversation). */
 void pi2_ctx_reset(pi2_ctx *c);
 

@@ -92,10 +92,12 @@ pi2_ncache *pi2_ncache_create(const pi2_ncache_config *cfg) {
     pi2_ncache *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->cfg = *cfg;
+    if (!c->cfg.cold_bytes || c->cfg.cold_bytes > cfg->stride) c->cfg.cold_bytes = cfg->stride;
+    cfg = &c->cfg;
     c->clusters_per_block = (cfg->hot_neurons + cfg->cluster - 1) / cfg->cluster;
     int64_t hot_keys = (int64_t)cfg->n_blocks * c->clusters_per_block, cold_keys = (int64_t)cfg->n_blocks * cfg->n_ff;
     int ok = region_init(&c->hot, cfg->hot_slots, (size_t)cfg->cluster * cfg->stride) == 0 &&
-             region_init(&c->cold, cfg->cold_slots, cfg->stride) == 0;
+             region_init(&c->cold, cfg->cold_slots, cfg->cold_bytes) == 0;
     c->hot_of = malloc(sizeof(int32_t) * (size_t)(hot_keys ? hot_keys : 1));
     c->cold_of = malloc(sizeof(int32_t) * (size_t)cold_keys);
     if (!ok || !c->hot_of || !c->cold_of) {
@@ -120,7 +122,7 @@ void pi2_ncache_free(pi2_ncache *c) {
 const pi2_ncache_config *pi2_ncache_cfg(const pi2_ncache *c) { return &c->cfg; }
 
 size_t pi2_ncache_bytes(const pi2_ncache *c) {
-    return (size_t)c->cfg.hot_slots * c->cfg.cluster * c->cfg.stride + (size_t)c->cfg.cold_slots * c->cfg.stride;
+    return (size_t)c->cfg.hot_slots * c->cfg.cluster * c->cfg.stride + (size_t)c->cfg.cold_slots * c->cfg.cold_bytes;
 }
 
 int pi2_ncache_is_hot(const pi2_ncache *c, int k) { return k < c->cfg.hot_neurons; }
@@ -200,7 +202,7 @@ uint8_t *pi2_ncache_slot_data(const pi2_ncache *c, int64_t h, size_t *bytes, int
     } else {
         *block = (int)(key / c->cfg.n_ff);
         *first_k = (int)(key % c->cfg.n_ff);
-        *bytes = c->cfg.stride;
+        *bytes = c->cfg.cold_bytes;
     }
     return r->mem + (size_t)s * r->slot_bytes;
 }

@@ -27,7 +27,8 @@ enum { PI2_SLOT_EMPTY = 0, PI2_SLOT_LOADING, PI2_SLOT_LOADING_GATE, PI2_SLOT_GAT
 typedef struct {
     int n_blocks;        /* FFN blocks: layers x (experts or 1) */
     int n_ff;            /* bundles per block */
-    size_t stride;       /* bytes per bundle (bundle_stride) */
+    size_t stride;       /* bytes per bundle in the file (bundle_stride): hot clusters keep this layout */
+    size_t cold_bytes;   /* bytes per cold slot (>= a bundle's data, <= stride); 0 = stride */
     int cluster;         /* bundles per hot slot, >= 1 */
     int hot_neurons;     /* per block; a multiple of cluster or n_ff, 0 = no hot region */
     int64_t hot_slots;   /* clusters the hot region holds */

@@ -25,7 +25,9 @@ struct pi2_sparse {
     pi2_sparse_config cfg;
     int nth, n_batch, n_blocks;
     int64_t E, F;
-    int two_phase, pipeline, prefetch, keep;
+    int two_phase, pipeline, prefetch, keep, lookahead;
+    float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
+    uint8_t *look_mask;
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     pi2_io *io;
@@ -39,8 +41,10 @@ struct pi2_sparse {
     size_t act_row;
     uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
     int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
-    float *acc;            /* per-thread output accumulators [nth][n_batch][E] */
     float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
+    float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
+    uint8_t *live;         /* [F]: unit has a non-zero output for some token */
+    float *out;            /* the block's output being accumulated [n_batch][E] */
 
     /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
     int block, tokens, wave_len;
@@ -61,7 +65,7 @@ struct pi2_sparse {
     char error[300];
 
     pi2_sparse_stats st;
-    uint64_t *layer_tp, *layer_fp, *layer_fn; /* --check-predictor, per layer */
+    uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen; /* --check-predictor, per layer */
 };
 
 /* ---- configuration --------------------------------------------------------------------------- */
@@ -73,7 +77,7 @@ void pi2_sparse_config_default(pi2_sparse_config *cfg) {
     cfg->hot_fraction = 0.2f;
     cfg->hot_share = 0.5f;
     cfg->cluster = 32;
-    cfg->io.queue_depth = 256;
+    cfg->io.queue_depth = 512;
 }
 
 static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "powerinfer2"};
@@ -90,6 +94,8 @@ const char *pi2_sparse_usage(void) {
            "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
            "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
            "    --cluster N              bundles per hot cluster   [32]\n"
+           "    --no-two-phase           powerinfer2: read cold bundles whole, not gate part first\n"
+           "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
            "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
            "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
 }
@@ -130,6 +136,14 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
                                    "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity"};
     if (!strcmp(a, "--check-predictor")) {
         cfg->check_predictor = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--no-two-phase")) {
+        cfg->no_two_phase = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--lookahead")) {
+        cfg->lookahead = 1;
         return 1;
     }
     int known = 0;
@@ -212,15 +226,18 @@ static void *zalloc(size_t n, int *ok) {
 }
 
 static int alloc_scratch(pi2_sparse *s) {
-    const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
+    const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
     int ok = 1;
     s->act_row = pi2_row_size(pi2_act_type((pi2_type)s->m->h.neuron_type), s->E);
     s->act = zalloc(B * s->act_row, &ok);
     s->mask = zalloc(B * F, &ok);
     s->truth = zalloc(B * F, &ok);
     s->active = zalloc(F * sizeof(int32_t), &ok);
-    s->acc = zalloc((size_t)s->nth * B * E * sizeof(float), &ok);
     s->gates = zalloc(F * B * sizeof(float), &ok);
+    s->look_in = zalloc((size_t)s->E * sizeof(float), &ok);
+    s->look_mask = zalloc(F, &ok);
+    s->hv = zalloc(F * B * sizeof(float), &ok);
+    s->live = zalloc(F, &ok);
     s->wave_k = zalloc(F * sizeof(int32_t), &ok);
     s->wave_h = zalloc(F * sizeof(int64_t), &ok);
     s->phase = zalloc(F, &ok);
@@ -232,12 +249,14 @@ static int alloc_scratch(pi2_sparse *s) {
     s->layer_tp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->layer_fp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->layer_fn = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    s->layer_seen = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     return ok ? 0 : -1;
 }
 
 static size_t scratch_bytes(const pi2_sparse *s) {
     const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
-    return B * s->act_row + 2 * B * F + (size_t)s->nth * B * E * 4 + F * B * 4 + F * (4 + 8 + 1 + 4 + 8 + 8 + 1) +
+    (void)E;
+    return B * s->act_row + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
            pi2_predictors_scratch_bytes(&s->pred);
 }
 
@@ -248,9 +267,12 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
     cc->n_blocks = s->n_blocks;
     cc->n_ff = (int)s->F;
     cc->stride = h->bundle_stride;
+    /* A cold slot holds a bundle's data without the file's alignment padding (6912 of 8192 bytes
+     * for a 7B Q4_0 model: 15% more neurons per byte); clusters keep the file's layout. */
+    cc->cold_bytes = s->full_len;
     cc->cluster = s->cfg.cluster < (int)s->F ? s->cfg.cluster : (int)s->F;
     const int64_t total_bundles = (int64_t)s->n_blocks * s->F;
-    int64_t slots = (int64_t)(cache_bytes / h->bundle_stride);
+    int64_t slots = (int64_t)(cache_bytes / cc->cold_bytes);
     if (slots > total_bundles) slots = total_bundles; /* the whole FFN fits: no more is useful */
     const pi2_policy p = s->cfg.policy;
     if (slots == total_bundles && p != PI2_POLICY_BUNDLE && p != PI2_POLICY_LLMFLASH) {
@@ -262,7 +284,7 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
         int hot = (int)round_up((size_t)(s->cfg.hot_fraction * (float)s->F + 0.5f), (size_t)cc->cluster);
         cc->hot_neurons = hot > s->F ? (int)s->F : hot;
         int64_t clusters_per_block = (cc->hot_neurons + cc->cluster - 1) / cc->cluster;
-        int64_t hot_slots = (int64_t)((double)slots * s->cfg.hot_share) / cc->cluster;
+        int64_t hot_slots = (int64_t)((double)cache_bytes * s->cfg.hot_share / (double)(cc->cluster * cc->stride));
         /* Layers come round in a cycle, so an LRU region smaller than the hot set of all blocks would
          * evict every cluster just before its next use. Shrink the hot set to what fits instead. */
         int64_t fit = hot_slots / s->n_blocks;
@@ -271,7 +293,7 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
             cc->hot_neurons = (int)(fit * cc->cluster);
         }
         cc->hot_slots = clusters_per_block * s->n_blocks;
-        cc->cold_slots = slots - cc->hot_slots * cc->cluster;
+        cc->cold_slots = (int64_t)((cache_bytes - (uint64_t)cc->hot_slots * cc->cluster * cc->stride) / cc->cold_bytes);
         int64_t cold_neurons = (int64_t)s->n_blocks * (s->F - cc->hot_neurons);
         if (cc->cold_slots > cold_neurons) cc->cold_slots = cold_neurons;
         if (!cc->hot_slots) cc->hot_neurons = 0; /* no room for clusters: every neuron is cold */
@@ -289,11 +311,36 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
     return 0;
 }
 
+/* Preload when cold slots are smaller than the file's stride: one read per bundle, many in flight. */
+static int preload_bundles(pi2_sparse *s) {
+    const uint64_t t0 = pi2_now_ns();
+    uint64_t tags[64];
+    for (int b = 0; b < s->n_blocks; b++) {
+        for (int k = 0; k < s->F; k++) {
+            int64_t h = pi2_ncache_acquire(s->cache, b, k);
+            size_t bytes;
+            int block, k0;
+            uint8_t *dst = pi2_ncache_slot_data(s->cache, h, &bytes, &block, &k0);
+            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k * s->m->h.bundle_stride, s->full_len, dst,
+                              (uint64_t)h) != 0)
+                return -1;
+            pi2_ncache_set_state(s->cache, h, PI2_SLOT_READY);
+            pi2_ncache_unpin(s->cache, h);
+        }
+        pi2_io_flush(s->io);
+    }
+    while (pi2_io_in_flight(s->io) > 0)
+        if (pi2_io_reap(s->io, tags, 64, 1) < 0) return -1;
+    s->preload_ns = pi2_now_ns() - t0;
+    return 0;
+}
+
 /* The budget holds every bundle: read the neuron region block by block in large sequential reads,
  * so decode starts with everything in memory (the model-fits-in-memory case). Slots come off the free
  * stack in order, so block b's bundles fill one contiguous run of slots. */
 static int preload(pi2_sparse *s) {
     const size_t stride = s->m->h.bundle_stride, chunk = (size_t)4 << 20;
+    if (pi2_ncache_cfg(s->cache)->cold_bytes != stride) return preload_bundles(s);
     const uint64_t t0 = pi2_now_ns();
     for (int b = 0; b < s->n_blocks; b++) {
         int64_t first = -1;
@@ -357,8 +404,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
+    s->lookahead = s->prefetch && cfg->lookahead && !cfg->oracle;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
-    s->two_phase = p == PI2_POLICY_POWERINFER2 && h->ffn_act != PI2_ACT_SWIGLU &&
+    s->two_phase = p == PI2_POLICY_POWERINFER2 && !cfg->no_two_phase && h->ffn_act != PI2_ACT_SWIGLU &&
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
@@ -403,7 +451,7 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
         cache_bytes = ffn_bytes / 4;
     }
     /* Each region's slots come with bookkeeping (~40 bytes a slot): pay it out of the same budget. */
-    cache_bytes -= cache_bytes / h->bundle_stride * 48;
+    cache_bytes -= cache_bytes / s->full_len * 48;
     pi2_ncache_config cc;
     if (size_cache(s, cache_bytes, &cc) != 0) goto fail;
     if (!(s->cache = pi2_ncache_create(&cc))) goto fail;
@@ -431,9 +479,9 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     pi2_predictors_free(&s->pred);
-    void *ptrs[] = {s->act, s->mask, s->truth, s->active, s->acc, s->gates, s->wave_k, s->wave_h, s->phase,
+    void *ptrs[] = {s->look_in, s->look_mask, s->act, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
                     s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
-                    s->layer_fn, s->wait_head, s->acq_wave};
+                    s->layer_fn, s->layer_seen, s->wait_head, s->acq_wave};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -495,10 +543,37 @@ static void add_waiter(pi2_sparse *s, int64_t hdl, int unit) {
 }
 
 /* Hot clusters of the coming layer that are not cached yet: read them while attention runs. */
-void pi2_sparse_layer_begin(pi2_sparse *s, int layer) {
+/* Lookahead (our extension of the hot prefetch): the residual stream before a layer's attention is
+ * close to its FFN input after it, so the layer's predictor run on it names most of the neurons the
+ * FFN will want. Their missing bundles are read while attention computes; the FFN then finds them in
+ * flight or arrived. A wrong guess costs a read and a cold slot. Decode only (one token). */
+static void lookahead(pi2_sparse *s, int layer, const float *x) {
+    const int b = layer; /* dense models only */
+    pi2_rmsnorm(s->look_in, x, s->m->layers[layer].ffn_norm, s->E, s->m->h.rms_eps);
+    pi2_predict(&s->pred, s->pool, b, s->look_in, 1, s->look_mask);
+    for (int k = 0; k < s->F; k++) {
+        if (!s->look_mask[k] || pi2_ncache_is_hot(s->cache, k) || pi2_ncache_find(s->cache, b, k) >= 0) continue;
+        /* Never wait here: a full queue would stall attention, the very time these reads should use. */
+        if (pi2_io_in_flight(s->io) >= s->cfg.io.queue_depth - 8) return;
+        int64_t hdl = pi2_ncache_acquire(s->cache, b, k);
+        if (hdl < 0) return;
+        const int kind = s->two_phase ? READ_GATE : READ_FULL;
+        pi2_ncache_set_state(s->cache, hdl, kind == READ_GATE ? PI2_SLOT_LOADING_GATE : PI2_SLOT_LOADING);
+        pi2_ncache_touch(s->cache, hdl, s->step);
+        if (submit(s, hdl, kind) != 0) return;
+        pi2_ncache_unpin(s->cache, hdl);
+        s->st.lookahead_reads++;
+    }
+}
+
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens) {
     if (!s->prefetch || atomic_load(&s->failed)) return;
+    if (s->lookahead && tokens == 1 && s->pred.fc1) lookahead(s, layer, x);
     const int hot = pi2_ncache_cfg(s->cache)->hot_neurons, cl = pi2_ncache_cfg(s->cache)->cluster;
-    if (!pi2_ncache_cfg(s->cache)->hot_slots) return;
+    if (!pi2_ncache_cfg(s->cache)->hot_slots) {
+        pi2_io_flush(s->io);
+        return;
+    }
     for (int e = 0; e < s->m->n_ffn_blocks; e++) {
         const int b = layer * s->m->n_ffn_blocks + e;
         for (int k = 0; k < hot; k += cl) {
@@ -537,27 +612,81 @@ static int compute_unit(pi2_sparse *s, int i, int ith) {
         }
         return need;
     }
-    float *acc = s->acc + (size_t)ith * s->n_batch * s->E;
+    float *hv = s->hv + (size_t)i * s->n_batch;
+    uint8_t live = 0;
     for (int t = 0; t < s->tokens; t++) {
+        hv[t] = 0.0f;
         if (!s->mask[(size_t)t * s->F + k]) continue;
         const uint8_t *a = s->act + (size_t)t * s->act_row;
         const float g = s->phase[i] ? gates[t] : pi2_vec_dot(wt, s->E, bundle, a);
-        float hval;
         if (act == PI2_ACT_SWIGLU) {
-            hval = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
-        } else {
-            if (g <= 0.0f) continue;
+            hv[t] = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
+        } else if (g > 0.0f) {
             const float u = pi2_vec_dot(wt, s->E, bundle + s->part, a);
-            hval = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
+            hv[t] = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
         }
-        if (hval != 0.0f) pi2_axpy(wt, s->E, hval, bundle + 2 * s->part, acc + (size_t)t * s->E);
+        live |= hv[t] != 0.0f;
     }
+    s->live[i] = live;
     return 0;
+}
+
+/* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
+ * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
+ * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
+ * thresholds would otherwise turn last-bit noise into different neurons, and different text). */
+static void down_worker(void *p, int ith, int nth) {
+    pi2_sparse *s = p;
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    int64_t d0, d1;
+    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    if (d0 >= d1) return;
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    for (int i = 0; i < s->wave_len; i++) {
+        if (!s->live[i]) continue;
+        const uint8_t *col = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;
+        for (int j = i + 1; j < s->wave_len && j < i + 4; j++)
+            if (s->live[j]) {
+                __builtin_prefetch(pi2_ncache_bundle(s->cache, s->wave_h[j], s->wave_k[j]) + skip, 0, 3);
+                break;
+            }
+        const float *hv = s->hv + (size_t)i * s->n_batch;
+        for (int t = 0; t < s->tokens; t++)
+            if (hv[t] != 0.0f) pi2_axpy(wt, d1 - d0, hv[t], col, s->out + (size_t)t * s->E + d0);
+    }
 }
 
 /* Every thread: take tickets; a ticket is a position in the ready list; wait for it to be filled by
  * becoming the reaper (one at a time) while nothing else is ready. Thread 0 first issues the wave's
  * reads when the pipeline is on, so the other threads compute cached neurons meanwhile. */
+/* Bring the first lines of a unit's rows towards this core while the current unit computes: bundles
+ * sit at random places in the cache, and each row start would otherwise wait for DRAM. */
+static void prefetch_unit(const pi2_sparse *s, int i) {
+    const uint8_t *b = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]);
+    for (int l = 0; l < 4; l++) {
+        __builtin_prefetch(b + 64 * l, 0, 3);
+        __builtin_prefetch(b + s->part + 64 * l, 0, 3);
+    }
+}
+
+/* Phase two of a two-phase neuron: register as waiting, then read the up row and down column. */
+static void read_rest(pi2_sparse *s, int i) {
+    const int64_t hdl = s->wave_h[i];
+    pthread_mutex_lock(&s->lock);
+    s->phase[i] = 1;
+    const int first = pi2_ncache_state(s->cache, hdl) == PI2_SLOT_GATE;
+    if (first) pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
+    add_waiter(s, hdl, i);
+    pthread_mutex_unlock(&s->lock);
+    if (first && submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+}
+
+#define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores */
+
+/* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
+ * becoming the reaper (one thread at a time) while nothing else is ready. Thread 0 first issues the
+ * wave's reads when the pipeline is on, so the other threads compute cached neurons meanwhile.
+ * Finished units are subtracted from `pending` in batches, always before waiting. */
 static void wave_worker(void *p, int ith, int nth) {
     pi2_sparse *s = p;
     if (ith == 0 && s->pipeline) {
@@ -565,38 +694,31 @@ static void wave_worker(void *p, int ith, int nth) {
             if (submit(s, s->to_read[r], s->to_read_kind[r]) != 0) break;
         pi2_io_flush(s->io);
     }
+    int finished = 0;
     for (;;) {
-        const int t = atomic_fetch_add(&s->next_ticket, 1);
-        for (;;) {
-            if (atomic_load(&s->failed)) return;
-            if (t < atomic_load_explicit(&s->n_ready, memory_order_acquire)) {
-                const int i = s->ready[t];
-                if (compute_unit(s, i, ith)) {
-                    /* Phase two: register, then read the up row and down column. */
-                    const int64_t hdl = s->wave_h[i];
-                    pthread_mutex_lock(&s->lock);
-                    s->phase[i] = 1;
-                    int st = pi2_ncache_state(s->cache, hdl);
-                    if (st == PI2_SLOT_GATE) {
-                        pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
-                        add_waiter(s, hdl, i);
-                        pthread_mutex_unlock(&s->lock);
-                        if (submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
-                    } else { /* another wave's unit already asked (cannot happen within one wave) */
-                        add_waiter(s, hdl, i);
-                        pthread_mutex_unlock(&s->lock);
-                    }
-                } else {
-                    atomic_fetch_sub(&s->pending, 1);
+        const int t0 = atomic_fetch_add(&s->next_ticket, TICKETS);
+        for (int t = t0; t < t0 + TICKETS; t++) {
+            for (;;) {
+                if (atomic_load_explicit(&s->failed, memory_order_relaxed)) return;
+                const int n_ready = atomic_load_explicit(&s->n_ready, memory_order_acquire);
+                if (t < n_ready) {
+                    if (t + 1 < n_ready) prefetch_unit(s, s->ready[t + 1]);
+                    const int i = s->ready[t];
+                    if (compute_unit(s, i, ith)) read_rest(s, i);
+                    else finished++;
+                    break;
                 }
-                break;
-            }
-            if (atomic_load(&s->pending) == 0) return;
-            if (pthread_mutex_trylock(&s->lock) == 0) {
-                reap(s, 1);
-                pthread_mutex_unlock(&s->lock);
-            } else {
-                sched_yield();
+                if (finished) {
+                    atomic_fetch_sub(&s->pending, finished);
+                    finished = 0;
+                }
+                if (atomic_load(&s->pending) == 0) return;
+                if (pthread_mutex_trylock(&s->lock) == 0) {
+                    reap(s, 1);
+                    pthread_mutex_unlock(&s->lock);
+                } else {
+                    sched_yield();
+                }
             }
         }
     }
@@ -628,6 +750,7 @@ static void count_check(pi2_sparse *s, int layer, int tokens) {
     s->layer_tp[layer] += tp;
     s->layer_fp[layer] += fp;
     s->layer_fn[layer] += fn;
+    s->layer_seen[layer] += (uint64_t)tokens * s->F;
     s->st.pred_tp += tp;
     s->st.pred_fp += fp;
     s->st.pred_fn += fn;
@@ -665,6 +788,7 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         s->wave_k[n] = k;
         s->wave_h[n] = hdl;
         s->phase[n] = 0;
+        s->live[n] = 0; /* a neuron whose gate part alone shows it inactive never gets to set it */
         if (loaded) s->ready[atomic_fetch_add(&s->n_ready, 1)] = n;
         else add_waiter(s, hdl, n);
         n++;
@@ -699,7 +823,8 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
     s->st.neurons_visited += (uint64_t)F * tokens;
     for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->mask[i];
 
-    memset(s->acc, 0, (size_t)s->nth * s->n_batch * E * sizeof(float));
+    memset(out, 0, (size_t)tokens * E * sizeof(float));
+    s->out = out;
     for (int pos = 0; pos < n_active;) {
         const int start = pos;
         s->wave_len = build_wave(s, b, n_active, &pos);
@@ -721,15 +846,11 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
         }
         pi2_pool_run_or_inline(s->pool, wave_worker, s);
         if (atomic_load(&s->failed)) goto failed;
+        pi2_pool_run_or_inline(s->pool, down_worker, s);
         for (int i = 0; i < s->wave_len; i++) pi2_ncache_unpin(s->cache, s->wave_h[i]);
     }
     if (!s->keep) pi2_ncache_drop_all(s->cache);
 
-    memset(out, 0, (size_t)tokens * E * sizeof(float));
-    for (int th = 0; th < s->nth; th++) {
-        const float *acc = s->acc + (size_t)th * s->n_batch * E;
-        for (int64_t i = 0; i < tokens * E; i++) out[i] += acc[i];
-    }
     s->st.ffn_ns += pi2_now_ns() - t0;
     return 0;
 failed:
@@ -774,7 +895,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
     const double compute_s = ffn_s > io_s ? ffn_s - io_s : 0;
     OUT(", \"io_method\": \"%s\", \"o_direct\": %s, \"storage_bytes_read\": %llu, \"storage_reads\": %llu, "
         "\"cache_bytes\": %llu, \"hot_bytes\": %llu, \"cold_bytes\": %llu, \"fixed_bytes\": %llu, "
-        "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, "
+        "\"hot_neurons_per_block\": %d, \"cluster\": %d, \"two_phase\": %s, \"pipeline\": %s, \"lookahead\": %s, "
+        "\"lookahead_reads\": %llu, "
         "\"hits_hot\": %llu, \"hits_cold\": %llu, \"misses_hot\": %llu, \"misses_cold\": %llu, \"hit_rate\": %.6f, "
         "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f, "
         "\"preload_s\": %.6f",
@@ -782,19 +904,23 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
         (unsigned long long)s->fixed_bytes, cc->hot_neurons, cc->cluster, s->two_phase ? "true" : "false",
-        s->pipeline ? "true" : "false", (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
+        s->pipeline ? "true" : "false", s->lookahead ? "true" : "false", (unsigned long long)st.lookahead_reads,
+        (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
         (unsigned long long)st.misses_hot, (unsigned long long)st.misses_cold,
         lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
         io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
         st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
-        OUT(", \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
+        /* sparsity: the share of (token, neuron) pairs whose output is truly zero */
+        OUT(", \"sparsity\": %.6f, \"predictor_recall\": %.6f, \"predictor_precision\": %.6f, \"predictor_layers\": [",
+            st.neurons_visited ? 1.0 - (double)(tp + fn) / st.neurons_visited : 0.0,
             tp + fn ? (double)tp / (tp + fn) : 1.0, tp + fp ? (double)tp / (tp + fp) : 1.0);
         for (uint32_t l = 0; l < s->m->h.n_layer; l++) {
-            uint64_t a = s->layer_tp[l], f = s->layer_fp[l], m = s->layer_fn[l];
-            OUT("%s{\"layer\": %u, \"recall\": %.6f, \"precision\": %.6f}", l ? ", " : "", l,
-                a + m ? (double)a / (a + m) : 1.0, a + f ? (double)a / (a + f) : 1.0);
+            uint64_t a = s->layer_tp[l], f = s->layer_fp[l], m = s->layer_fn[l], seen = s->layer_seen[l];
+            OUT("%s{\"layer\": %u, \"sparsity\": %.6f, \"recall\": %.6f, \"precision\": %.6f}", l ? ", " : "", l,
+                seen ? 1.0 - (double)(a + m) / seen : 0.0, a + m ? (double)a / (a + m) : 1.0,
+                a + f ? (double)a / (a + f) : 1.0);
         }
         OUT("]");
     }

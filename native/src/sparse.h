@@ -37,6 +37,8 @@ typedef struct {
     float hot_fraction;     /* of each block's bundles (hottest first) */
     float hot_share;        /* of the cache, for the hot region */
     int cluster;            /* bundles per hot cluster */
+    int no_two_phase;       /* powerinfer2: read cold bundles whole (when storage is IOPS-bound) */
+    int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     pi2_io_config io;
     int io_cpus[64];
 } pi2_sparse_config;
@@ -54,7 +56,7 @@ const char *pi2_sparse_usage(void);
 typedef struct {
     uint64_t hits_hot, hits_cold, misses_hot, misses_cold;
     uint64_t bytes_read, reads, io_wait_ns, ffn_ns;
-    uint64_t neurons_computed, neurons_visited;
+    uint64_t neurons_computed, neurons_visited, lookahead_reads;
     uint64_t pred_tp, pred_fp, pred_fn; /* --check-predictor */
 } pi2_sparse_stats;
 
@@ -72,7 +74,8 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, struct pi2_ctx *ctx, pi2_pool *p
 void pi2_sparse_close(pi2_sparse *s);
 
 /* Called by forward.c. */
-void pi2_sparse_layer_begin(pi2_sparse *s, int layer);
+/* Before a layer's attention; x: the residual stream of the batch's `tokens` tokens. */
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens);
 /* out[t] = FFN of block (layer, expert) of in[t] (normalized inputs), t < tokens. -1 on a read error. */
 int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out);
 void pi2_sparse_step_end(pi2_sparse *s);

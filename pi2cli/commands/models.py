@@ -40,18 +40,45 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("name_or_file")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--verify", is_flag=True, help="For a .pi2 file: also check every section's checksum.")
-def show_cmd(name_or_file: str, as_json: bool, verify: bool) -> None:
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="For a .pi2 with predictors: run pi2-engine --check-predictor and print the engine-measured "
+    "sparsity and predictor recall/precision (per layer).",
+)
+@click.option(
+    "--tokens",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Tokens to generate for --measure.",
+)
+def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, tokens: int) -> None:
     """Show a registry model (by name) or a model file (.pi2 or .gguf).
 
     For a registry name: architecture, dimensions, parameters (computed from the dimensions), size per
     quant type, activation and published sparsity, Hugging Face repository and chat template.
     For a .pi2 file: its header and metadata; for synthetic models the MEASURED statistics (sparsity,
-    hot-set coverage, predictor recall/precision) per layer.
+    hot-set coverage, predictor recall/precision) per layer, as the generator measured them; with
+    --measure also as pi2-engine measures them while generating (--check-predictor).
     """
     path = Path(name_or_file)
     if path.suffix in (".pi2", ".gguf") or path.exists():
         data = info.file_info(path, verify=verify)
-        click.echo(json.dumps(data, indent=2, default=str) if as_json else info.format_file_info(data))
+        if measure:
+            if data["format"] != "pi2" or not data["header"]["has_predictor"]:
+                raise Pi2Error(f"{path}: --measure needs a .pi2 file with activation predictors")
+            from pi2cli.models.measure import measure_with_engine
+
+            data["engine_measured"] = measure_with_engine(path, n_tokens=tokens)
+        if as_json:
+            click.echo(json.dumps(data, indent=2, default=str))
+            return
+        click.echo(info.format_file_info(data))
+        if measure:
+            from pi2cli.models.measure import format_measurement
+
+            click.echo(format_measurement(data["engine_measured"]))
         return
     spec = get_model(name_or_file)
     click.echo(json.dumps(spec.to_json(), indent=2) if as_json else info.format_spec(spec))
