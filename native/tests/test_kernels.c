@@ -366,8 +366,12 @@ static void test_level(pi2_kernel_level level) {
                 if (!close_to(pi2_vec_dot(c.t, c.n, c.w + r * rs, acts_v), ref[r], tolerance[r])) bad_dot++;
             y[rows] = 12345.0f;
             pi2_gemv(c.t, c.w, rows, c.n, acts_v, y);
-            for (int64_t r = 0; r < rows; r++)
+            for (int64_t r = 0; r < rows; r++) {
                 if (!close_to(y[r], ref[r], tolerance[r])) bad_gemv++;
+                /* A row through gemv and through vec_dot at the same level: the same float, bit for
+                 * bit (the sparse engine's per-neuron dots must equal the dense path's GEMV). */
+                if (y[r] != pi2_vec_dot(c.t, c.n, c.w + r * rs, acts_v)) bad_gemv++;
+            }
             if (y[rows] != 12345.0f) bad_gemv++;
             /* gather: a shuffled list with repeats */
             int32_t idx[40];
