@@ -595,7 +595,7 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* Unit i: neuron wave_k[i] for every token whose mask asks for it. Returns 1 when the unit needs a
  * second read (two-phase: a gate came out positive and only the gate part is in memory). */
-static int compute_unit(pi2_sparse *s, int i, int ith) {
+static int compute_unit(pi2_sparse *s, int i) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
     const uint32_t act = s->m->h.ffn_act;
     const int k = s->wave_k[i];
@@ -656,9 +656,6 @@ static void down_worker(void *p, int ith, int nth) {
     }
 }
 
-/* Every thread: take tickets; a ticket is a position in the ready list; wait for it to be filled by
- * becoming the reaper (one at a time) while nothing else is ready. Thread 0 first issues the wave's
- * reads when the pipeline is on, so the other threads compute cached neurons meanwhile. */
 /* Bring the first lines of a unit's rows towards this core while the current unit computes: bundles
  * sit at random places in the cache, and each row start would otherwise wait for DRAM. */
 static void prefetch_unit(const pi2_sparse *s, int i) {
@@ -704,7 +701,7 @@ static void wave_worker(void *p, int ith, int nth) {
                 if (t < n_ready) {
                     if (t + 1 < n_ready) prefetch_unit(s, s->ready[t + 1]);
                     const int i = s->ready[t];
-                    if (compute_unit(s, i, ith)) read_rest(s, i);
+                    if (compute_unit(s, i)) read_rest(s, i);
                     else finished++;
                     break;
                 }
