@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pi2cli.bench import parse_size
 from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
@@ -48,12 +49,6 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived an old fi
 TEMPERATURE = 0.8
 VARIANTS = ["dense", "bundle", "llmflash", "cache", "powerinfer2", "powerinfer2 --no-two-phase"]
 MiB = 2**20
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
 
 
 def probe(args: list[str]) -> dict:
