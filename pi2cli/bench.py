@@ -348,6 +348,28 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     return "failed", text
 
 
+def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes: int | None,
+                    budget_record: dict | None, cfg: BenchConfig, reporter, label: str, engine: str,
+                    workload: str) -> RunOutcome:  # fmt: skip
+    """A run that stopped on exc: marked failed (or aborted, or device_vanished) and saved with what it
+    measured. Ctrl-C and a vanished device end the whole bench (BenchInterrupted, DeviceVanished, both
+    carrying the saved outcome); any other failure returns it so the next run goes ahead."""
+    from pi2cli.results import store
+
+    status, error = classify_failure(exc)
+    S.mark_failed(run, status, error)
+    _finish_samples(run, sampler)
+    run["memory"] = memory_block(target, budget_bytes, budget_record)
+    path = store.save_run(run, cfg.results_dir)
+    reporter.run_done(label, status)
+    outcome = RunOutcome(engine, workload, budget_bytes, run, path)
+    if isinstance(exc, KeyboardInterrupt):
+        raise BenchInterrupted(outcome) from None
+    if status == "device_vanished":
+        raise DeviceVanished(outcome, error) from None
+    return outcome
+
+
 def run_one(
     cfg: BenchConfig,
     target,
@@ -432,18 +454,8 @@ def run_one(
     except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
         if session is not None:
             session.kill()
-        status, error = classify_failure(exc)
-        S.mark_failed(run, status, error)
-        _finish_samples(run, sampler)
-        run["memory"] = memory_block(target, budget_bytes, budget_record)
-        path = store.save_run(run, cfg.results_dir)
-        reporter.run_done(label, status)
-        outcome = RunOutcome(driver.name, workload, budget_bytes, run, path)
-        if isinstance(exc, KeyboardInterrupt):
-            raise BenchInterrupted(outcome) from None
-        if status == "device_vanished":
-            raise DeviceVanished(outcome, error) from None
-        return outcome
+        return save_failed_run(exc, run, sampler, target, budget_bytes, budget_record, cfg, reporter, label,
+                               driver.name, workload)  # fmt: skip
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
     if not S.measured_turns(run):
@@ -659,16 +671,8 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
             with contextlib.suppress(OSError):
                 proc.kill()
                 proc.wait(10)
-        status, error = classify_failure(exc)
-        S.mark_failed(run, status, error)
-        _finish_samples(run, sampler)
-        run["memory"] = memory_block(target, budget_bytes, budget_record)
-        path = store.save_run(run, cfg.results_dir)
-        reporter.run_done(label, status)
-        outcome = RunOutcome(driver.name, workload, budget_bytes, run, path)
-        if isinstance(exc, KeyboardInterrupt):
-            raise BenchInterrupted(outcome) from None
-        return outcome
+        return save_failed_run(exc, run, sampler, target, budget_bytes, budget_record, cfg, reporter, label,
+                               driver.name, workload)  # fmt: skip
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
     path = store.save_run(run, cfg.results_dir)

@@ -114,28 +114,12 @@ void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
 
 static void run(pi2_ctx *c, pi2_pool_fn fn, void *job) { pi2_pool_run_or_inline(c->pool, fn, job); }
 
-typedef struct {
-    pi2_type wt;
-    const float *x;
-    int64_t n, ldx, tokens;
-    uint8_t *out;
-    size_t out_row;
-} prep_job;
-
-static void prep_worker(void *p, int ith, int nth) {
-    prep_job *j = p;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
-    for (int64_t t = b; t < e; t++) pi2_prepare_act(j->wt, j->x + t * j->ldx, j->out + t * j->out_row, j->n);
-}
-
 /* Convert `tokens` rows of x (n used values, row stride ldx) into the activation type that weight
  * type wt pairs with; returns the per-token byte stride in c->act. */
 static size_t prepare(pi2_ctx *c, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens) {
-    prep_job j = {wt, x, n, ldx, tokens, c->act, pi2_row_size(pi2_act_type(wt), n)};
-    if (tokens == 1) prep_worker(&j, 0, 1);
-    else run(c, prep_worker, &j);
-    return j.out_row;
+    const size_t out_row = pi2_row_size(pi2_act_type(wt), n);
+    pi2_par_prepare(c->pool, wt, x, n, ldx, tokens, c->act, out_row);
+    return out_row;
 }
 
 /* Gate and up rows of the same bundles, chunk by chunk: the up pass of a chunk finds its bundles

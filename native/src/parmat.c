@@ -43,3 +43,25 @@ void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64
     mm_job j = {w, acts, tokens, y, ldy};
     pi2_pool_run_or_inline(pool, mm_worker, &j);
 }
+
+typedef struct {
+    pi2_type wt;
+    const float *x;
+    int64_t n, ldx, tokens;
+    uint8_t *out;
+    size_t out_row;
+} prep_job;
+
+static void prep_worker(void *p, int ith, int nth) {
+    prep_job *j = p;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) pi2_prepare_act(j->wt, j->x + t * j->ldx, j->out + t * j->out_row, j->n);
+}
+
+void pi2_par_prepare(pi2_pool *pool, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens, uint8_t *out,
+                     size_t out_row) {
+    prep_job j = {wt, x, n, ldx, tokens, out, out_row};
+    /* One row (decode) is quicker here than a wake-up of the pool. */
+    pi2_pool_run_or_inline(tokens > 1 ? pool : NULL, prep_worker, &j);
+}

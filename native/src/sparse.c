@@ -47,7 +47,7 @@ struct pi2_sparse {
     float *out;            /* the block's output being accumulated [n_batch][E] */
 
     /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
-    int block, tokens, wave_len;
+    int tokens, wave_len;
     int32_t *wave_k;
     int64_t *wave_h;
     uint8_t *phase;       /* 1: gate computed, rest in flight */
@@ -723,20 +723,6 @@ static void wave_worker(void *p, int ith, int nth) {
 
 /* ---- one FFN block ---------------------------------------------------------------------------- */
 
-typedef struct {
-    pi2_sparse *s;
-    const float *in;
-    int tokens;
-} prep_job;
-
-static void prep_worker(void *p, int ith, int nth) {
-    prep_job *j = p;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
-    for (int64_t t = b; t < e; t++)
-        pi2_prepare_act((pi2_type)j->s->m->h.neuron_type, j->in + t * j->s->E, j->s->act + t * j->s->act_row, j->s->E);
-}
-
 static void count_check(pi2_sparse *s, int layer, int tokens) {
     uint64_t tp = 0, fp = 0, fn = 0;
     for (size_t i = 0; i < (size_t)tokens * s->F; i++) {
@@ -800,10 +786,8 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
     const int b = layer * s->m->n_ffn_blocks + expert;
     const int64_t F = s->F, E = s->E;
     const pi2_ffn_block *blk = &s->m->layers[layer].ffn[expert];
-    s->block = b;
     s->tokens = tokens;
-    prep_job pj = {s, in, tokens};
-    pi2_pool_run_or_inline(tokens > 1 ? s->pool : NULL, prep_worker, &pj);
+    pi2_par_prepare(s->pool, (pi2_type)s->m->h.neuron_type, in, E, E, tokens, s->act, s->act_row);
 
     /* Which neurons: the predictor's choice, or the truth. */
     if (s->cfg.oracle || s->cfg.check_predictor)

@@ -8,7 +8,6 @@ checked against the truth: all gate and up rows multiplied out), so the two can 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -61,9 +60,3 @@ def format_measurement(m: dict) -> str:
             f"precision {layer['precision']:.1%}"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover - a convenience for ad-hoc use
-    import sys
-
-    print(json.dumps(measure_with_engine(Path(sys.argv[1])), indent=1))
