@@ -2,7 +2,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +112,7 @@ void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
 /* ---- parallel helpers ------------------------------------------------------------------------ */
 
 static void run(pi2_ctx *c, pi2_pool_fn fn, void *job) { pi2_pool_run_or_inline(c->pool, fn, job); }
+static void run_chunks(pi2_ctx *c, pi2_pool_fn fn, void *job) { pi2_pool_run_chunks(c->pool, fn, job); }
 
 /* Convert `tokens` rows of x (n used values, row stride ldx) into the activation type that weight
  * type wt pairs with; returns the per-token byte stride in c->act. */
@@ -130,14 +130,16 @@ typedef struct {
     int64_t tokens;
     float *g, *u;
     int64_t ldy;
+    pi2_chunks rows;
 } gateup_job;
 
 #define GATEUP_CHUNK 16
 
 static void gateup_worker(void *p, int ith, int nth) {
+    (void)ith, (void)nth;
     gateup_job *j = p;
     int64_t r0, r1;
-    pi2_split_aligned(j->gate->rows, GATEUP_CHUNK, ith, nth, &r0, &r1);
+    while (pi2_chunks_take(&j->rows, &r0, &r1))
     for (int64_t r = r0; r < r1; r += GATEUP_CHUNK) {
         const int64_t nr = r1 - r < GATEUP_CHUNK ? r1 - r : GATEUP_CHUNK;
         const pi2_mat *ws[2] = {j->gate, j->up};
@@ -187,16 +189,10 @@ static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
-/* F16 -> F32 by table: the attention accumulator converts back after every step. */
-static float f16_table[1 << 16];
-static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
-static void build_f16_table(void) {
-    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = pi2_f16_to_f32((pi2_f16)i);
-}
-
 typedef struct {
     pi2_ctx *c;
     int layer, tokens;
+    pi2_chunks heads; /* (token, head) pairs */
 } att_job;
 
 static void att_worker(void *p, int ith, int nth) {
@@ -208,45 +204,37 @@ static void att_worker(void *p, int ith, int nth) {
     const pi2_f16 *K = c->k_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
     const pi2_f16 *V = c->v_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
     uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16) * 2;
+    (void)nth;
     int64_t b, e;
-    pi2_split_range((int64_t)j->tokens * n_head, ith, nth, &b, &e);
+    while (pi2_chunks_take(&j->heads, &b, &e))
     for (int64_t idx = b; idx < e; idx++) {
         const int64_t t = idx / n_head, hh = idx % n_head, kvh = hh / group;
         const int pos = c->n_past + (int)t;
         /* llama.cpp's CPU flash attention (its default), step for step, so greedy output stays
          * token-identical: q rounded to F16, scores against the F16 cache, online softmax, and the
-         * V accumulator kept in F16 (rounded after every fused multiply-add, as ggml_vec_mad_f16). */
+         * V accumulator kept in F16, rounded after every fused multiply-add (ggml_vec_mad_f16). */
         pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
-        /* The accumulator lives in F16 (acc16); acc32 always holds its exact F32 value, so each
-         * step is one vectorized axpy plus a round trip through F16 (kernels do both with SIMD). */
         pi2_f16 *acc16 = (pi2_f16 *)qh + hd;
-        float *acc32 = c->att + t * c->q_dim + hh * hd;
         memset(acc16, 0, (size_t)hd * sizeof(pi2_f16));
-        memset(acc32, 0, (size_t)hd * sizeof(float));
         float S = 0.0f, M = -INFINITY;
         for (int s = 0; s <= pos; s++) {
             const float sc = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
-            const pi2_f16 *vrow = V + (size_t)s * c->kv_dim + kvh * hd;
             float ms = 1.0f, vs = 1.0f;
             if (sc > M) {
                 const float Mold = M;
                 M = sc;
                 ms = expf(Mold - M);
-                if (s > 0) {
-                    for (int64_t d = 0; d < hd; d++) acc32[d] *= ms;
-                    pi2_prepare_act(PI2_F16, acc32, acc16, hd);
-                    for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
-                }
+                if (s > 0) pi2_f16_scale(hd, acc16, ms);
             } else {
                 vs = expf(sc - M);
             }
-            pi2_axpy(PI2_F16, hd, vs, vrow, acc32);
-            pi2_prepare_act(PI2_F16, acc32, acc16, hd);
-            for (int64_t d = 0; d < hd; d++) acc32[d] = f16_table[acc16[d]];
+            pi2_f16_mad(hd, acc16, V + (size_t)s * c->kv_dim + kvh * hd, vs);
             S = S * ms + vs;
         }
+        float *out = c->att + t * c->q_dim + hh * hd;
+        pi2_dequantize_row(PI2_F16, acc16, out, hd);
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-        for (int64_t d = 0; d < hd; d++) acc32[d] *= inv;
+        for (int64_t d = 0; d < hd; d++) out[d] *= inv;
     }
 }
 
@@ -273,9 +261,9 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
             vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
         }
     }
-    pthread_once(&f16_table_once, build_f16_table);
-    att_job j = {c, layer, tokens};
-    run(c, att_worker, &j);
+    att_job j = {.c = c, .layer = layer, .tokens = tokens};
+    pi2_chunks_init(&j.heads, (int64_t)tokens * h->n_head, 1, c->nth);
+    run_chunks(c, att_worker, &j);
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
     for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
 }
@@ -318,8 +306,9 @@ static int ffn_block(pi2_ctx *c, int layer, int expert, const float *in, int tok
     const int64_t E = c->n_embd, F = c->n_ff;
     const uint32_t act = c->m->h.ffn_act;
     prepare(c, b->gate.type, in, E, E, tokens);
-    gateup_job gu = {&b->gate, &b->up, c->act, tokens, c->g, c->u, F};
-    run(c, gateup_worker, &gu);
+    gateup_job gu = {.gate = &b->gate, .up = &b->up, .acts = c->act, .tokens = tokens, .g = c->g, .u = c->u, .ldy = F};
+    pi2_chunks_init(&gu.rows, F, GATEUP_CHUNK, c->nth);
+    run_chunks(c, gateup_worker, &gu);
     for (int64_t i = 0; i < tokens * F; i++) {
         float g = c->g[i], u = c->u[i], v;
         if (act == PI2_ACT_SWIGLU) v = silu(g) * u;

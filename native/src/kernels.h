@@ -62,6 +62,13 @@ void pi2_gather_gemv(pi2_type wt, const void *w, int64_t n, const int32_t *idx, 
 /* y[0..n) += a * dequant(row): down-projection columns stored as rows, scaled by a neuron's output. */
 void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
 
+/* Attention's V accumulator, kept in F16 as llama.cpp's CPU flash attention keeps it:
+ * f16_mad:   y[i] = f16(f32(y[i]) + f32(x[i]) * v), the multiply-add fused (one rounding, then F16);
+ * f16_scale: y[i] = f16(f32(y[i]) * v).
+ * Conversions round to nearest even, so every level gives the same bits. */
+void pi2_f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v);
+void pi2_f16_scale(int64_t n, pi2_f16 *y, float v);
+
 /* Prefill: Y[t][r] = dot(W[r], A[t]) for t in [0, tokens), r in [0, rows). A holds `tokens`
  * activations prepared with pi2_prepare_act, each pi2_row_size(act_type(wt), n) bytes; Y is
  * tokens x ldy floats. Blocked so each weight row is read once per tile of tokens. */

@@ -7,6 +7,7 @@
 #define PI2_KERNELS_ARM_COMMON_H
 
 #include <arm_neon.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,20 @@ static void axpy_f16(int64_t n, float a, const void *row, float *y) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(load_h4(w + i), a)));
     for (; i < n; i++) y[i] += a * h2f(w[i]);
+}
+
+static inline void store_h4(pi2_f16 *p, float32x4_t v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
+
+static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) store_h4(y + i, vfmaq_n_f32(load_h4(y + i), load_h4(x + i), v));
+    for (; i < n; i++) y[i] = pi2_f32_to_f16(fmaf(h2f(x[i]), v, h2f(y[i])));
+}
+
+static void f16_scale(int64_t n, pi2_f16 *y, float v) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) store_h4(y + i, vmulq_n_f32(load_h4(y + i), v));
+    for (; i < n; i++) y[i] = pi2_f32_to_f16(h2f(y[i]) * v);
 }
 
 /* ---- activation quantizers: llama.cpp's arm quantize_row_q8_0/q8_1 semantics (id = 1/d, vcvtn) ---- */
@@ -406,6 +421,8 @@ static void arm_fill(pi2_kernel_table *t) {
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;
+    t->f16_mad = f16_mad;
+    t->f16_scale = f16_scale;
 }
 
 #endif

@@ -18,6 +18,8 @@ typedef void (*pi2_axpy_fn)(int64_t n, float a, const void *row, float *y);
 typedef void (*pi2_gemm_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
                             size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
 typedef void (*pi2_convert_fn)(const float *x, void *out, int64_t n);
+typedef void (*pi2_f16_mad_fn)(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v);
+typedef void (*pi2_f16_scale_fn)(int64_t n, pi2_f16 *y, float v);
 
 typedef struct {
     pi2_dot_fn dot[PI2_N_TYPES];
@@ -25,12 +27,15 @@ typedef struct {
     pi2_axpy_fn axpy[PI2_N_TYPES];
     pi2_gemm_fn gemm[PI2_N_TYPES];
     pi2_convert_fn act_q8_0, act_q8_1, act_f16; /* activation quantizers (llama.cpp's run-time rounding) */
+    pi2_f16_mad_fn f16_mad;
+    pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;
 
 /* Each level starts from the level below it and overrides what it does better. */
 void pi2_kernels_fill_scalar(pi2_kernel_table *t);
 #if defined(__x86_64__) || defined(__i386__)
 void pi2_kernels_fill_avx2(pi2_kernel_table *t);
+void pi2_kernels_fill_avx512(pi2_kernel_table *t);
 #endif
 #if defined(__aarch64__)
 void pi2_kernels_fill_neon(pi2_kernel_table *t);

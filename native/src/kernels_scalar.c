@@ -1,6 +1,7 @@
 /* Scalar reference kernels: the semantics every SIMD level is tested against, and the path used on
  * cores without SIMD support. Integer dot products per block, then one float multiply-add with the
  * block scales, exactly as ggml's generic vec_dot_* do. */
+#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -71,6 +72,14 @@ static void axpy_f32(int64_t n, float a, const void *row, float *y) {
 static void axpy_f16(int64_t n, float a, const void *row, float *y) {
     const pi2_f16 *w = row;
     for (int64_t i = 0; i < n; i++) y[i] += a * pi2_f16_to_f32(w[i]);
+}
+
+static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
+    for (int64_t i = 0; i < n; i++) y[i] = pi2_f32_to_f16(fmaf(pi2_f16_to_f32(x[i]), v, pi2_f16_to_f32(y[i])));
+}
+
+static void f16_scale(int64_t n, pi2_f16 *y, float v) {
+    for (int64_t i = 0; i < n; i++) y[i] = pi2_f32_to_f16(pi2_f16_to_f32(y[i]) * v);
 }
 
 static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
@@ -156,4 +165,6 @@ void pi2_kernels_fill_scalar(pi2_kernel_table *t) {
     t->act_q8_0 = pi2_act_quantize_q8_0_scalar;
     t->act_q8_1 = pi2_act_quantize_q8_1_scalar;
     t->act_f16 = pi2_act_convert_f16_scalar;
+    t->f16_mad = f16_mad;
+    t->f16_scale = f16_scale;
 }

@@ -5,6 +5,11 @@ void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
     else fn(job, 0, 1);
 }
 
+void pi2_pool_run_chunks(pi2_pool *pool, pi2_pool_fn fn, void *job) {
+    if (pool) pi2_pool_run_dynamic(pool, fn, job);
+    else fn(job, 0, 1);
+}
+
 void pi2_split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, int64_t *e) {
     int64_t units = (n + align - 1) / align;
     pi2_split_range(units, ith, nth, b, e);
@@ -14,20 +19,33 @@ void pi2_split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, i
     if (*e > n) *e = n;
 }
 
+void pi2_chunks_init(pi2_chunks *c, int64_t n, int64_t align, int nth) {
+    int64_t chunk = n / ((int64_t)nth * 4);
+    chunk = (chunk + align - 1) / align * align;
+    atomic_init(&c->next, 0);
+    c->n = n;
+    c->chunk = chunk < align ? align : chunk;
+}
+
+int pi2_chunks_take(pi2_chunks *c, int64_t *b, int64_t *e) {
+    const int64_t start = atomic_fetch_add_explicit(&c->next, c->chunk, memory_order_relaxed);
+    if (start >= c->n) return 0;
+    *b = start;
+    *e = start + c->chunk < c->n ? start + c->chunk : c->n;
+    return 1;
+}
+
 typedef struct {
     const pi2_mat *w;
     const uint8_t *acts;
     int64_t tokens;
     float *y;
     int64_t ldy;
+    pi2_chunks rows;
 } mm_job;
 
-static void mm_worker(void *p, int ith, int nth) {
-    mm_job *j = p;
+static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     const pi2_mat *w = j->w;
-    int64_t r0, r1;
-    pi2_split_aligned(w->rows, 16, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
     const uint8_t *base = w->data + (size_t)r0 * w->stride;
     if (w->stride == w->row_bytes) {
         if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
@@ -39,9 +57,17 @@ static void mm_worker(void *p, int ith, int nth) {
     else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
 }
 
+static void mm_worker(void *p, int ith, int nth) {
+    (void)ith, (void)nth;
+    mm_job *j = p;
+    int64_t r0, r1;
+    while (pi2_chunks_take(&j->rows, &r0, &r1)) mm_rows(j, r0, r1);
+}
+
 void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy) {
-    mm_job j = {w, acts, tokens, y, ldy};
-    pi2_pool_run_or_inline(pool, mm_worker, &j);
+    mm_job j = {.w = w, .acts = acts, .tokens = tokens, .y = y, .ldy = ldy};
+    pi2_chunks_init(&j.rows, w->rows, 16, pool ? pi2_pool_size(pool) : 1);
+    pi2_pool_run_chunks(pool, mm_worker, &j);
 }
 
 typedef struct {

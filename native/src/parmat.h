@@ -1,9 +1,14 @@
 /* Matrix products split across the thread pool: the one place that decides how rows are divided
- * between threads (tiles of 16 rows, the kernels' row tile), for the forward pass and the sparse
- * engine's predictors alike. */
+ * between threads, for the forward pass and the sparse engine's predictors alike.
+ *
+ * Rows go out in chunks that threads take from a shared counter, not in fixed halves: a thread whose
+ * core is busy elsewhere (a phone's little core, another process, a VM's stolen time) then does less
+ * of the work instead of making every other thread wait for it. Each row's result is computed the
+ * same way whichever thread takes it, so outputs do not depend on the split. */
 #ifndef PI2_PARMAT_H
 #define PI2_PARMAT_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -12,8 +17,22 @@
 /* Run fn on every thread of pool, or once on this thread when pool is NULL. */
 void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job);
 
+/* The same for a job whose threads take pi2_chunks until none is left: workers that have not started
+ * when this thread is done are not waited for (pi2_pool_run_dynamic). */
+void pi2_pool_run_chunks(pi2_pool *pool, pi2_pool_fn fn, void *job);
+
 /* Split [0, n) into nth parts whose boundaries are multiples of `align`. */
 void pi2_split_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *b, int64_t *e);
+
+/* A shared counter handing out [b, e) chunks of [0, n), each a multiple of `align` rows; about 4
+ * chunks per thread, so a slow thread is caught up with at a small cost per chunk. */
+typedef struct {
+    _Atomic int64_t next;
+    int64_t n, chunk;
+} pi2_chunks;
+
+void pi2_chunks_init(pi2_chunks *c, int64_t n, int64_t align, int nth);
+int pi2_chunks_take(pi2_chunks *c, int64_t *b, int64_t *e); /* 0 when none are left */
 
 /* Convert `tokens` rows of x (n values each, rows ldx floats apart) into the activation type that
  * weight type wt pairs with (pi2_prepare_act), out_row bytes apart in out. */

@@ -1,6 +1,8 @@
 /* Persistent pthread pool: a generation counter announces each job; workers spin on it for a short
  * while, then sleep on a condition variable. The caller runs part 0 itself, then waits (spin, then
- * sleep) for the remaining-workers count to reach zero. */
+ * sleep) for the remaining-workers count to reach zero. A dynamic job is closed when the caller
+ * finishes its part: a worker that had not started it by then (its core busy elsewhere) skips it, so
+ * the caller never waits for a thread that was not running. */
 #include "threadpool.h"
 
 #include <errno.h>
@@ -18,6 +20,10 @@
  * consecutive kernels in a token, short enough not to burn a core while the engine waits on I/O. */
 #define SPIN_NS 100000ull
 
+#define JOB_DYNAMIC (1ull << 31)
+#define JOB_SLOTS 0x7fffffffull
+static inline unsigned job_gen(uint64_t w) { return (unsigned)(w >> 32); }
+
 struct worker {
     pi2_pool *pool;
     pthread_t thread;
@@ -30,8 +36,10 @@ struct pi2_pool {
     struct worker *workers; /* n - 1 workers; index i has ith = i + 1 */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
-    _Atomic unsigned generation; /* bumped once per job */
-    _Atomic int remaining;       /* workers still inside the current job */
+    /* The current job: generation (bumped once per job) << 32 | JOB_DYNAMIC | open worker slots. One
+     * word, so a worker takes a slot of exactly the job it saw. */
+    _Atomic uint64_t job;
+    _Atomic int remaining; /* workers that must still finish the current job */
     _Atomic int stop;
     pi2_pool_fn fn;
     void *ctx;
@@ -68,7 +76,7 @@ static void *worker_main(void *arg) {
         /* spin for a new generation, then sleep */
         uint64_t t0 = 0;
         for (int i = 0;; i++) {
-            if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen) break;
+            if (job_gen(atomic_load_explicit(&p->job, memory_order_acquire)) != seen) break;
             if (atomic_load(&p->stop)) return NULL;
             if ((i & 63) == 63) {
                 uint64_t now = pi2_now_ns();
@@ -76,7 +84,7 @@ static void *worker_main(void *arg) {
                 if (!t0) t0 = now;
                 else if (now - t0 > SPIN_NS) {
                     pthread_mutex_lock(&p->mu);
-                    while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+                    while (job_gen(atomic_load(&p->job)) == seen && !atomic_load(&p->stop))
                         pthread_cond_wait(&p->work_cv, &p->mu);
                     pthread_mutex_unlock(&p->mu);
                     break;
@@ -85,7 +93,16 @@ static void *worker_main(void *arg) {
             cpu_relax();
         }
         if (atomic_load(&p->stop)) return NULL;
-        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        uint64_t job = atomic_load_explicit(&p->job, memory_order_acquire);
+        seen = job_gen(job);
+        if (job & JOB_DYNAMIC) {
+            /* Take a slot unless the caller already closed this job (it did the work itself). */
+            int joined = 0;
+            while (job_gen(job) == seen && (job & JOB_SLOTS) && !joined)
+                joined = atomic_compare_exchange_weak_explicit(&p->job, &job, job - 1, memory_order_acq_rel,
+                                                               memory_order_acquire);
+            if (!joined) continue;
+        }
         p->fn(p->ctx, w->ith, p->n);
         if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
@@ -134,7 +151,7 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
 
 int pi2_pool_size(const pi2_pool *pool) { return pool->n; }
 
-void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) {
+static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
     if (p->n == 1) {
         fn(ctx, 0, 1);
         return;
@@ -142,13 +159,18 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
     atomic_store(&p->remaining, p->n - 1);
+    const uint64_t gen = (uint64_t)(job_gen(atomic_load(&p->job)) + 1u) << 32;
     pthread_mutex_lock(&p->mu); /* orders the bump with sleeping workers' check: no lost wake-up */
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->job, gen | (dynamic ? JOB_DYNAMIC : 0) | (uint64_t)(p->n - 1), memory_order_release);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
 
     fn(ctx, 0, p->n);
 
+    if (dynamic) { /* close the job: workers that have not joined yet skip it */
+        const uint64_t left = atomic_exchange(&p->job, gen | JOB_DYNAMIC) & JOB_SLOTS;
+        atomic_fetch_sub(&p->remaining, (int)left);
+    }
     uint64_t t0 = 0;
     for (int i = 0; atomic_load_explicit(&p->remaining, memory_order_acquire) != 0; i++) {
         if ((i & 63) == 63) {
@@ -165,6 +187,9 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) {
         cpu_relax();
     }
 }
+
+void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) { pool_run(p, fn, ctx, 0); }
+void pi2_pool_run_dynamic(pi2_pool *p, pi2_pool_fn fn, void *ctx) { pool_run(p, fn, ctx, 1); }
 
 void pi2_pool_free(pi2_pool *p) {
     if (!p) return;

@@ -22,6 +22,12 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity);
 /* Runs fn(ctx, ith, nth) on every thread, nth = pool size; returns when all have returned. */
 void pi2_pool_run(pi2_pool *pool, pi2_pool_fn fn, void *ctx);
 
+/* For jobs whose threads take work from a shared counter until none is left (pi2_chunks), so any
+ * subset of threads finishes the job: fn runs on the caller (ith 0) and on the workers that start it
+ * before the caller's call returns; a worker that has not started by then skips it. Returns when
+ * every thread that started has returned. ith values are distinct, but not all of [1, nth) run. */
+void pi2_pool_run_dynamic(pi2_pool *pool, pi2_pool_fn fn, void *ctx);
+
 int pi2_pool_size(const pi2_pool *pool);
 
 /* Stops and joins the workers; NULL is accepted. */

@@ -470,6 +470,31 @@ static void test_f16_act_edges(pi2_kernel_level level) {
     CHECK(memcmp(a, b, sizeof a) == 0);
 }
 
+/* The F16 attention accumulator: every level gives the scalar bits (one fused rounding, then F16),
+ * across a long run of steps like attention's, and on a length that leaves a scalar tail. */
+static void test_f16_accumulator(pi2_kernel_level level) {
+    enum { N = 64 + 5, STEPS = 200 };
+    pi2_f16 ya[N], yb[N], x[N];
+    float f[N];
+    fill_gauss(f, N, 1.0f);
+    for (int i = 0; i < N; i++) ya[i] = yb[i] = 0;
+    int bad = 0;
+    for (int s = 0; s < STEPS; s++) {
+        fill_gauss(f, N, 3.0f);
+        pi2_kernels_force(PI2_KERNELS_SCALAR);
+        pi2_prepare_act(PI2_F16, f, x, N);
+        const float v = rnd_gauss(), m = 0.5f + 0.5f * (float)(s % 7) / 7.0f;
+        pi2_f16_mad(N, ya, x, v);
+        if (s % 5 == 0) pi2_f16_scale(N, ya, m);
+        pi2_kernels_force(level);
+        pi2_f16_mad(N, yb, x, v);
+        if (s % 5 == 0) pi2_f16_scale(N, yb, m);
+        bad += memcmp(ya, yb, sizeof ya) != 0;
+        memcpy(yb, ya, sizeof ya); /* each step from the same start */
+    }
+    CHECK(bad == 0);
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -483,6 +508,7 @@ int main(void) {
         printf("testing level %s against scalar\n", pi2_kernel_level_name((pi2_kernel_level)level));
         test_level((pi2_kernel_level)level);
         test_f16_act_edges((pi2_kernel_level)level);
+        test_f16_accumulator((pi2_kernel_level)level);
         levels_tested++;
     }
     CHECK(levels_tested >= 1);

@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "common.h"
+#include "parmat.h"
 #include "threadpool.h"
 
 #define MAX_T 8
@@ -117,8 +118,68 @@ static void run_pool(int nthreads, const int *affinity) {
     pi2_pool_free(pool);
 }
 
+/* Dynamic jobs: chunks taken from a shared counter cover [0, n) exactly once whichever threads take
+ * part; a worker that joins late never runs a job twice or after it closed; static jobs in between
+ * still run on every thread. More threads than cores makes late workers common. */
+struct dyn_job {
+    pi2_chunks chunks;
+    _Atomic long sum;
+    _Atomic int calls[MAX_T];
+    _Atomic int closed; /* set by the caller after pi2_pool_run_dynamic returned */
+    _Atomic int ran_after_close;
+};
+
+static void dyn_work(void *ctx, int ith, int nth) {
+    (void)nth;
+    struct dyn_job *j = ctx;
+    atomic_fetch_add(&j->calls[ith], 1);
+    int64_t b, e;
+    long s = 0;
+    while (pi2_chunks_take(&j->chunks, &b, &e))
+        for (int64_t i = b; i < e; i++) s += i;
+    atomic_fetch_add(&j->sum, s);
+    if (atomic_load(&j->closed)) atomic_store(&j->ran_after_close, 1);
+}
+
+static void test_dynamic(int n_threads) {
+    pi2_pool *p = pi2_pool_create(n_threads, NULL);
+    CHECK(p != NULL);
+    int bad_sum = 0, twice = 0, late = 0, caller_missing = 0, static_bad = 0;
+    static struct dyn_job jobs[400]; /* each job stays alive: a late worker must not touch it anyway */
+    for (int round = 0; round < 400; round++) {
+        struct dyn_job *j = &jobs[round];
+        memset(j, 0, sizeof *j);
+        const int64_t n = 1 + (round * 37) % 3000;
+        pi2_chunks_init(&j->chunks, n, 16, n_threads);
+        pi2_pool_run_dynamic(p, dyn_work, j);
+        atomic_store(&j->closed, 1);
+        if (atomic_load(&j->sum) != (long)(n * (n - 1) / 2)) bad_sum++;
+        if (atomic_load(&j->calls[0]) != 1) caller_missing++;
+        for (int t = 0; t < n_threads; t++) twice += atomic_load(&j->calls[t]) > 1;
+        if (round % 3 == 0) { /* a static job in between: every thread, once */
+            struct job sj;
+            memset(&sj, 0, sizeof sj);
+            sj.n = 1000;
+            sj.caller = pthread_self();
+            pi2_pool_run(p, work, &sj);
+            for (int t = 0; t < n_threads; t++) static_bad += atomic_load(&sj.calls[t]) != 1;
+            if (atomic_load(&sj.sum) != 1000L * 999 / 2) static_bad++;
+        }
+    }
+    pi2_pool_free(p);
+    for (int round = 0; round < 400; round++) late += atomic_load(&jobs[round].ran_after_close);
+    CHECK(bad_sum == 0);
+    CHECK(twice == 0);
+    CHECK(late == 0);
+    CHECK(caller_missing == 0);
+    CHECK(static_bad == 0);
+}
+
 int main(void) {
     test_split();
+    test_dynamic(1);
+    test_dynamic(2);
+    test_dynamic(6);
     run_pool(1, NULL);
     run_pool(2, NULL);
     run_pool(4, NULL);

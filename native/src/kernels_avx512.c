@@ -1,0 +1,451 @@
+/* AVX-512 (F, BW, VL) + VNNI kernels (Ice Lake, Sapphire Rapids, Zen 4 and later). Built with those
+ * flags and only called after cpuid said yes.
+ *
+ * Everything not overridden here is the AVX2 code of kernels_x86_common.h, recompiled so that each
+ * u8 x s8 block dot is one VPDPBUSD. The quantized dots and the gemm below go further: one zmm holds
+ * two 32-element blocks, so every instruction of the inner loop does twice the work.
+ *
+ * VPDPBUSD multiplies unsigned by signed bytes. Q4_1 nibbles are unsigned already. Q4_0 nibbles are
+ * used as they are (0..15) and Q8_0 weights are biased by +128; the bias times the activations'
+ * 4-byte group sums is subtracted in int32. Each int32 lane thus holds exactly what the AVX2 path's
+ * lane holds (the sum of 4 products), and the float steps repeat the AVX2 order, so dots and gemv give
+ * the AVX2 dots' floats bit for bit and the gemm gives the AVX2 gemm's (Q4_0 aside, whose AVX2 gemm
+ * corrects the offset in float). */
+#include "kernels_x86_common.h"
+
+/* Two blocks' packed nibbles -> 64 bytes [lo(q0) hi(q0) lo(q1) hi(q1)], the element order of two
+ * consecutive activation blocks. */
+static inline __m512i nibbles2(const uint8_t *q0, const uint8_t *q1) {
+    __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                        _mm_loadu_si128((const __m128i *)q1), 1);
+    __m512i d = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(t));
+    d = _mm512_mask_srli_epi16(d, 0xFF00FF00u, d, 4); /* 128-bit lanes 1 and 3 take the high nibbles */
+    return _mm512_and_si512(d, _mm512_set1_epi8(0x0f));
+}
+
+static inline __m512i load2(const int8_t *q0, const int8_t *q1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q0)),
+                              _mm256_loadu_si256((const __m256i *)q1), 1);
+}
+
+/* bias * (sum of each 4-byte group of a), the amount a biased weight adds to each lane */
+static inline __m512i bias_lanes(__m512i a, int bias) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)bias), a);
+}
+
+/* [s0 x 8, s1 x 8] from s = [s0, s1, ...] */
+static inline __m512 spread2(__m128 s) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(s));
+}
+
+static inline __m128 f16x2(pi2_f16 a, pi2_f16 b) {
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | (uint32_t)b << 16)));
+}
+
+/* [first, second] halves of the 4-byte headers at p0 and p1 (Q4_1's d, m; Q8_1's d, s): 4 floats */
+static inline __m128 f16_pairs2(const void *p0, const void *p1) {
+    uint32_t u0, u1;
+    memcpy(&u0, p0, 4);
+    memcpy(&u1, p1, 4);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)((uint64_t)u1 << 32 | u0)));
+}
+
+/* lanes [0 x 8, 2 x 8] of v */
+static inline __m512 spread02(__m128 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                                 _mm512_castps128_ps512(v));
+}
+
+static inline __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
+static inline __m256 hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+static float dot_q4_0_512(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_0 *w = row;
+    const pi2_block_q8_0 *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        const __m512i aq = load2(a[i].qs, a[i + 1].qs);
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(w[i].qs, w[i + 1].qs), aq);
+        p = _mm512_sub_epi32(p, bias_lanes(aq, 8));
+        const __m128 s = _mm_mul_ps(f16x2(w[i].d, w[i + 1].d), f16x2(a[i].d, a[i + 1].d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), spread2(s), acc);
+    }
+    __m256 acc0 = lo8(acc), acc1 = hi8(acc);
+    if (i < nb) {
+        __m256i w0 = _mm256_sub_epi8(unpack_nibbles(w[i].qs), _mm256_set1_epi8(8));
+        __m256 p0 = dot_s8s8(w0, _mm256_loadu_si256((const __m256i *)a[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float dot_q8_0_512(int64_t n, const void *row, const void *act) {
+    const pi2_block_q8_0 *w = row, *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        const __m512i aq = load2(a[i].qs, a[i + 1].qs);
+        const __m512i wq = _mm512_xor_si512(load2(w[i].qs, w[i + 1].qs), _mm512_set1_epi8((char)0x80));
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, aq), bias_lanes(aq, 0x80));
+        const __m128 s = _mm_mul_ps(f16x2(w[i].d, w[i + 1].d), f16x2(a[i].d, a[i + 1].d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), spread2(s), acc);
+    }
+    __m256 acc0 = lo8(acc), acc1 = hi8(acc);
+    if (i < nb) {
+        __m256 p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Q4_1 pairs: v = [d_w d_a, m_w s_a] for both blocks in one conversion; lane 1 of ms adds up the
+ * m_w s_a terms two blocks at a time, as the AVX2 dot does. */
+static inline __attribute__((always_inline)) __m512 q4_1_pair(const pi2_block_q4_1 *x0, const pi2_block_q4_1 *x1,
+                                                             __m512i aq, __m128 ads, __m512 acc, __m128 *ms) {
+    const __m128 v = _mm_mul_ps(f16_pairs2(&x0->d, &x1->d), ads);
+    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(x0->qs, x1->qs), aq);
+    *ms = _mm_add_ps(*ms, _mm_add_ps(v, _mm_movehl_ps(v, v)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), spread02(v), acc);
+}
+
+/* the odd last block, into the low half */
+static inline __m256 q4_1_tail(const pi2_block_q4_1 *x, const pi2_block_q8_1 *a, __m256 acc0, __m128 *ms) {
+    const __m128 s0 = _mm_mul_ps(h2f_pair(&x->d), h2f_pair(&a->d));
+    *ms = _mm_add_ps(*ms, s0);
+    return _mm256_fmadd_ps(dot_u8s8(unpack_nibbles(x->qs), _mm256_loadu_si256((const __m256i *)a->qs)),
+                           _mm256_broadcastss_ps(s0), acc0);
+}
+
+static inline float q4_1_finish(__m256 acc0, __m256 acc1, __m128 ms) {
+    return hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 1));
+}
+
+static float dot_q4_1_512(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_1 *w = row;
+    const pi2_block_q8_1 *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m512 acc = _mm512_setzero_ps();
+    __m128 ms = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2)
+        acc = q4_1_pair(&w[i], &w[i + 1], load2(a[i].qs, a[i + 1].qs), f16_pairs2(&a[i].d, &a[i + 1].d), acc, &ms);
+    __m256 acc0 = lo8(acc), acc1 = hi8(acc);
+    if (i < nb) acc0 = q4_1_tail(&w[i], &a[i], acc0, &ms);
+    return q4_1_finish(acc0, acc1, ms);
+}
+
+/* ---- gemv over many rows ----
+ * The activation is packed once per call (act_pair, below: its bytes, bias lanes and spread scales),
+ * and rows go 4 at a time, so the per-row cost is the weight unpack and four vector operations per
+ * block pair. Each row's float steps are those of the dots above, so gemv and vec_dot agree bit for
+ * bit (the sparse engine computes single neurons with vec_dot, the dense path with gemv). */
+
+typedef struct {
+    __m512i q;   /* activation bytes of a block pair */
+    __m512i off; /* -bias * group sums (Q4_0: 8, Q8_0: 128; Q4_1: unused) */
+    __m512 d;    /* [d0 x 8, d1 x 8] */
+    __m128 ds;   /* Q4_1: [d0, s0, d1, s1] */
+} act_pair;
+
+enum { KIND_Q4_0_512, KIND_Q4_1_512, KIND_Q8_0_512 };
+
+static inline size_t act_block_bytes(int kind) {
+    return kind == KIND_Q4_1_512 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
+}
+static inline size_t weight_block_bytes(int kind) {
+    return kind == KIND_Q4_0_512 ? sizeof(pi2_block_q4_0)
+           : kind == KIND_Q4_1_512 ? sizeof(pi2_block_q4_1)
+                                   : sizeof(pi2_block_q8_0);
+}
+
+/* One activation (Q8_0 or Q8_1 blocks) as np = ceil(nb / 2) pairs; an odd last block is paired with
+ * a zero block of scale 0. */
+static void pack_act(int kind, const uint8_t *a, int64_t nb, act_pair *out) {
+    const size_t ablock = act_block_bytes(kind);
+    const size_t qs_off = kind == KIND_Q4_1_512 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
+    const int bias = kind == KIND_Q4_0_512 ? 8 : 0x80;
+    static const int8_t zero_qs[32];
+    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
+        const uint8_t *a0 = a + (size_t)(2 * p) * ablock, *a1 = a0 + ablock;
+        const int has1 = 2 * p + 1 < nb;
+        const __m512i q = load2((const int8_t *)(a0 + qs_off), has1 ? (const int8_t *)(a1 + qs_off) : zero_qs);
+        pi2_f16 d0, d1 = 0;
+        memcpy(&d0, a0, sizeof d0);
+        if (has1) memcpy(&d1, a1, sizeof d1);
+        out[p].q = q;
+        out[p].off = _mm512_sub_epi32(_mm512_setzero_si512(), bias_lanes(q, bias));
+        out[p].d = spread2(f16x2(d0, d1));
+        out[p].ds = f16_pairs2(a0, has1 ? (const void *)a1 : (const void *)zero_qs);
+    }
+}
+
+/* y[r] for NR rows at once, the float steps of dot_*_512 per row */
+static inline __attribute__((always_inline)) void gemv_rows(int kind, int NR, const uint8_t *const *wr, int64_t nb,
+                                                           const act_pair *ap, const uint8_t *act, float *y) {
+    const size_t wblock = weight_block_bytes(kind);
+    __m512 acc[4];
+    __m128 ms[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), ms[r] = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2, ap++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *w0 = wr[r] + (size_t)i * wblock, *w1 = w0 + wblock;
+            if (kind == KIND_Q4_0_512) {
+                const pi2_block_q4_0 *x0 = (const pi2_block_q4_0 *)w0, *x1 = (const pi2_block_q4_0 *)w1;
+                const __m512i p = _mm512_dpbusd_epi32(ap->off, nibbles2(x0->qs, x1->qs), ap->q);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(spread2(f16x2(x0->d, x1->d)), ap->d), acc[r]);
+            } else if (kind == KIND_Q8_0_512) {
+                const pi2_block_q8_0 *x0 = (const pi2_block_q8_0 *)w0, *x1 = (const pi2_block_q8_0 *)w1;
+                const __m512i wq = _mm512_xor_si512(load2(x0->qs, x1->qs), _mm512_set1_epi8((char)0x80));
+                const __m512i p = _mm512_dpbusd_epi32(ap->off, wq, ap->q);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(spread2(f16x2(x0->d, x1->d)), ap->d), acc[r]);
+            } else {
+                acc[r] = q4_1_pair((const pi2_block_q4_1 *)w0, (const pi2_block_q4_1 *)w1, ap->q, ap->ds, acc[r], &ms[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m256 acc0 = lo8(acc[r]), acc1 = hi8(acc[r]);
+        if (i < nb) { /* the dots' tail, on the odd last block */
+            const uint8_t *wb = wr[r] + (size_t)i * wblock, *ab = act + (size_t)i * act_block_bytes(kind);
+            const size_t qs_off = kind == KIND_Q4_1_512 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)(ab + qs_off));
+            pi2_f16 da;
+            memcpy(&da, ab, sizeof da);
+            if (kind == KIND_Q4_0_512) {
+                const pi2_block_q4_0 *x = (const pi2_block_q4_0 *)wb;
+                const __m256 p0 = dot_s8s8(_mm256_sub_epi8(unpack_nibbles(x->qs), _mm256_set1_epi8(8)), aq);
+                acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(x->d) * h2f(da)), acc0);
+            } else if (kind == KIND_Q8_0_512) {
+                const pi2_block_q8_0 *x = (const pi2_block_q8_0 *)wb;
+                const __m256 p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)x->qs), aq);
+                acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(x->d) * h2f(da)), acc0);
+            } else {
+                acc0 = q4_1_tail((const pi2_block_q4_1 *)wb, (const pi2_block_q8_1 *)ab, acc0, &ms[r]);
+            }
+        }
+        y[r] = kind == KIND_Q4_1_512 ? q4_1_finish(acc0, acc1, ms[r]) : hsum8(_mm256_add_ps(acc0, acc1));
+    }
+}
+
+/* Rows too long for the stack buffer go through the dots one at a time (same floats). */
+#define GEMV_MAX_PAIRS 512
+
+static void rows512(int kind, pi2_dot_fn dot, const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,
+                    const void *act, float *y) {
+    const int64_t nb = n / PI2_QK;
+    if ((nb + 1) / 2 > GEMV_MAX_PAIRS || count < 2) {
+        pi2_rows_via_dot(dot, w, rb, idx, count, n, act, y);
+        return;
+    }
+    act_pair packed[GEMV_MAX_PAIRS];
+    pack_act(kind, act, nb, packed);
+    const uint8_t *base = w;
+    int64_t i = 0;
+    for (; i < count; i += 4) {
+        const int nr = count - i < 4 ? (int)(count - i) : 4;
+        const uint8_t *wr[4];
+        for (int r = 0; r < nr; r++) wr[r] = base + (size_t)(idx ? idx[i + r] : i + r) * rb;
+        switch (kind * 8 + nr) { /* constant kind and row count keep the accumulators in registers */
+#define CASE(K, NR) \
+    case K * 8 + NR: gemv_rows(K, NR, wr, nb, packed, act, y + i); break;
+            CASE(KIND_Q4_0_512, 1) CASE(KIND_Q4_0_512, 2) CASE(KIND_Q4_0_512, 3) CASE(KIND_Q4_0_512, 4)
+            CASE(KIND_Q4_1_512, 1) CASE(KIND_Q4_1_512, 2) CASE(KIND_Q4_1_512, 3) CASE(KIND_Q4_1_512, 4)
+            CASE(KIND_Q8_0_512, 1) CASE(KIND_Q8_0_512, 2) CASE(KIND_Q8_0_512, 3) CASE(KIND_Q8_0_512, 4)
+#undef CASE
+        }
+    }
+}
+
+static void rows_q4_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
+                          float *y) {
+    rows512(KIND_Q4_0_512, dot_q4_0_512, w, rb, idx, count, n, act, y);
+}
+static void rows_q4_1_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
+                          float *y) {
+    rows512(KIND_Q4_1_512, dot_q4_1_512, w, rb, idx, count, n, act, y);
+}
+static void rows_q8_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
+                          float *y) {
+    rows512(KIND_Q8_0_512, dot_q8_0_512, w, rb, idx, count, n, act, y);
+}
+
+/* ---- gemm ----
+ * Here a zmm holds one block of two tokens, not two blocks of one token: each half then accumulates
+ * one token's blocks in sequence, the order of the AVX2 gemm and of llama.cpp's own per-row dots, so
+ * prefill keeps matching llama.cpp token for token where the AVX2 level does. Per tile of tokens, the
+ * activations are packed once per token pair and block (pair_block: both tokens' 32 bytes, the
+ * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 3
+ * token pairs walks the blocks: each weight block is unpacked once for 6 tokens and each packed
+ * block is loaded once for 4 rows. Per row, token pair and block: one dpbusd, one conversion, one
+ * multiply and one FMA for 64 products. */
+
+typedef struct {
+    __m512i q;   /* block b of tokens t and t+1 */
+    __m512i off; /* -bias * group sums (Q4_0: 8, Q8_0: 128; Q4_1: unused) */
+    __m512 d;    /* [d_t x 8, d_t+1 x 8] */
+} pair_block;
+
+#define TILE_PAIRS 3 /* token pairs per register tile */
+
+static void pack_token_pair(int kind, const uint8_t *a0, const uint8_t *a1, int64_t nb, pair_block *out) {
+    const size_t ablock = act_block_bytes(kind);
+    const size_t qs_off = kind == KIND_Q4_1_512 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
+    const int bias = kind == KIND_Q4_0_512 ? 8 : 0x80;
+    static const int8_t zero_qs[32];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *x0 = a0 + (size_t)b * ablock, *x1 = a1 ? a1 + (size_t)b * ablock : NULL;
+        const __m512i q = load2((const int8_t *)(x0 + qs_off), x1 ? (const int8_t *)(x1 + qs_off) : zero_qs);
+        pi2_f16 d0, d1 = 0;
+        memcpy(&d0, x0, sizeof d0);
+        if (x1) memcpy(&d1, x1, sizeof d1);
+        out[b].q = q;
+        out[b].off = kind == KIND_Q4_1_512 ? _mm512_setzero_si512()
+                                          : _mm512_sub_epi32(_mm512_setzero_si512(), bias_lanes(q, bias));
+        out[b].d = spread2(f16x2(d0, d1));
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm512_tile(int kind, int NR, int NP, const uint8_t *const *wr,
+                                                              size_t wblock, int64_t nb, const pair_block *const *tp,
+                                                              const float *s8, int ntok, float *out, int64_t ldo) {
+    __m512 acc[4][TILE_PAIRS];
+    __m256 corr[4]; /* Q4_1: m_w * s_a per token, up to 8 tokens in lanes */
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        corr[r] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i wq[4];
+        __m512 dws[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *wb = wr[r] + (size_t)b * wblock;
+            __m256i w8;
+            float dw;
+            if (kind == KIND_Q4_0_512) {
+                w8 = unpack_nibbles(((const pi2_block_q4_0 *)wb)->qs);
+                dw = h2f(((const pi2_block_q4_0 *)wb)->d);
+            } else if (kind == KIND_Q4_1_512) {
+                const pi2_block_q4_1 *x = (const pi2_block_q4_1 *)wb;
+                w8 = unpack_nibbles(x->qs);
+                dw = h2f(x->d);
+                corr[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x->m)), _mm256_loadu_ps(s8 + b * 8), corr[r]);
+            } else {
+                w8 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const pi2_block_q8_0 *)wb)->qs),
+                                      _mm256_set1_epi8((char)0x80));
+                dw = h2f(((const pi2_block_q8_0 *)wb)->d);
+            }
+            wq[r] = _mm512_broadcast_i64x4(w8);
+            dws[r] = _mm512_set1_ps(dw);
+        }
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const pair_block *ap = tp[p] + b;
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const __m512i sum = _mm512_dpbusd_epi32(ap->off, wq[r], ap->q);
+                acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dws[r], ap->d), acc[r][p]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        float c[8];
+        _mm256_storeu_ps(c, corr[r]);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            out[(2 * p) * ldo + r] = hsum8(lo8(acc[r][p])) + (kind == KIND_Q4_1_512 ? c[2 * p] : 0.0f);
+            if (2 * p + 1 < ntok)
+                out[(2 * p + 1) * ldo + r] = hsum8(hi8(acc[r][p])) + (kind == KIND_Q4_1_512 ? c[2 * p + 1] : 0.0f);
+        }
+    }
+}
+
+static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
+                    size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    const size_t wblock = weight_block_bytes(kind);
+    const int tile_tokens = 2 * TILE_PAIRS;
+    /* a tile's packed activations: up to ~768 KiB, a multiple of the register tile's tokens */
+    const size_t per_pair = (size_t)nb * sizeof(pair_block);
+    int64_t tile = (int64_t)((768u << 10) / per_pair) * 2;
+    tile = tile < tile_tokens ? tile_tokens : tile > 60 ? 60 : tile / tile_tokens * tile_tokens;
+    pair_block *packed = aligned_alloc(64, per_pair * (size_t)(tile / 2));
+    float *s8 = calloc((size_t)(tile / tile_tokens) * (size_t)nb * 8 + 1, sizeof(float));
+    if (!packed || !s8) abort();
+    const uint8_t *ab = acts;
+    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
+        const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
+        for (int64_t t = 0; t < tn; t += 2) {
+            const uint8_t *a0 = ab + (size_t)(t0 + t) * act_bytes;
+            pack_token_pair(kind, a0, t + 1 < tn ? a0 + act_bytes : NULL, nb, packed + (t / 2) * nb);
+        }
+        if (kind == KIND_Q4_1_512) /* d*s per block, the tokens of a register tile side by side */
+            for (int64_t t = 0; t < tn; t++)
+                for (int64_t k = 0; k < nb; k++)
+                    s8[((t / tile_tokens) * nb + k) * 8 + t % tile_tokens] =
+                        h2f(((const pi2_block_q8_1 *)(ab + (size_t)(t0 + t) * act_bytes))[k].s);
+        for (int64_t r = 0; r < rows; r += 4) {
+            const int nr = rows - r < 4 ? (int)(rows - r) : 4;
+            const uint8_t *wr[4];
+            for (int k = 0; k < nr; k++) wr[k] = (const uint8_t *)w + (size_t)(r + k) * row_bytes;
+            for (int64_t t = 0; t < tn; t += tile_tokens) {
+                const int ntok = tn - t < tile_tokens ? (int)(tn - t) : tile_tokens, np = (ntok + 1) / 2;
+                const pair_block *tp[TILE_PAIRS];
+                for (int k = 0; k < np; k++) tp[k] = packed + (t / 2 + k) * nb;
+                const float *s8g = s8 + (t / tile_tokens) * nb * 8;
+                float *out = y + (t0 + t) * ldy + r;
+                /* constant kind, rows and pairs keep the tile in registers; 2 or 3 rows left over go
+                 * one at a time */
+                const int nr1 = nr == 4 ? 4 : 1;
+                for (int k = 0; k < nr; k += nr1) {
+                    const uint8_t *const *wk = wr + k;
+                    switch (kind * 16 + nr1 * 4 + np - 1) {
+#define CASE(K, NR, NP) \
+    case K * 16 + NR * 4 + NP - 1: gemm512_tile(K, NR, NP, wk, wblock, nb, tp, s8g, ntok, out + k, ldy); break;
+#define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3)
+                        CASES(KIND_Q4_0_512) CASES(KIND_Q4_1_512) CASES(KIND_Q8_0_512)
+#undef CASES
+#undef CASE
+                    }
+                }
+            }
+        }
+    }
+    free(packed);
+    free(s8);
+}
+
+static void gemm_q4_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
+                          int64_t tokens, float *y, int64_t ldy) {
+    gemm512(KIND_Q4_0_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q4_1_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
+                          int64_t tokens, float *y, int64_t ldy) {
+    gemm512(KIND_Q4_1_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q8_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
+                          int64_t tokens, float *y, int64_t ldy) {
+    gemm512(KIND_Q8_0_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+
+void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
+    x86_fill(t);
+    t->dot[PI2_Q4_0] = dot_q4_0_512;
+    t->dot[PI2_Q4_1] = dot_q4_1_512;
+    t->dot[PI2_Q8_0] = dot_q8_0_512;
+    t->rows[PI2_Q4_0] = rows_q4_0_512;
+    t->rows[PI2_Q4_1] = rows_q4_1_512;
+    t->rows[PI2_Q8_0] = rows_q8_0_512;
+    t->gemm[PI2_Q4_0] = gemm_q4_0_512;
+    t->gemm[PI2_Q4_1] = gemm_q4_1_512;
+    t->gemm[PI2_Q8_0] = gemm_q8_0_512;
+}

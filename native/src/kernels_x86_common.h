@@ -1,0 +1,452 @@
+/* The x86-64 kernels, compiled once per level: kernels_avx2.c (AVX2 + FMA + F16C, Haswell / Zen)
+ * and kernels_avx512.c (adds AVX-512 VL/BW and VNNI, which also brings its own gemm). The only
+ * difference between the copies below is dot_u8s8(): one VPDPBUSD where VNNI is enabled, otherwise
+ * maddubs + madd. Both give the same int32 sums (maddubs cannot saturate on these inputs: |w| <= 128,
+ * |a| <= 127), so every level returns the same floats. Each including file defines its own
+ * pi2_kernels_fill_* that calls x86_fill(); everything here is static, so the copies never collide.
+ *
+ * Quantized dots work on one 32-element block at a time: nibbles are unpacked to bytes, multiplied
+ * with the int8 activations (u8 x s8 -> int32 lanes), converted to float, and accumulated with the
+ * block's scale product by FMA. The gemm reuses each unpacked weight block for 4 tokens and keeps a
+ * tile of tokens' activations in cache while every weight row streams past once. */
+#ifndef PI2_KERNELS_X86_COMMON_H
+#define PI2_KERNELS_X86_COMMON_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kernels_impl.h"
+
+static inline float h2f(pi2_f16 h) { return _cvtsh_ss(h); }
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31) */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* sum over pairs of u8 * s8, as 8 float lanes */
+static inline __m256 dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#else
+    __m256i p16 = _mm256_maddubs_epi16(u, s);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* signed x signed via |w| and a with w's sign */
+static inline __m256 dot_s8s8(__m256i w, __m256i a) {
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+static float dot_q4_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_0 *w = row;
+    const pi2_block_q8_0 *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi8(8);
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        __m256i w0 = _mm256_sub_epi8(unpack_nibbles(w[i].qs), eight);
+        __m256i w1 = _mm256_sub_epi8(unpack_nibbles(w[i + 1].qs), eight);
+        __m256 p0 = dot_s8s8(w0, _mm256_loadu_si256((const __m256i *)a[i].qs));
+        __m256 p1 = dot_s8s8(w1, _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), acc1);
+    }
+    for (; i < nb; i++) {
+        __m256i w0 = _mm256_sub_epi8(unpack_nibbles(w[i].qs), eight);
+        __m256 p0 = dot_s8s8(w0, _mm256_loadu_si256((const __m256i *)a[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Converts a block's adjacent fp16 pair (d, m) or (d, s) in one instruction: lanes [first, second]. */
+static inline __m128 h2f_pair(const pi2_f16 *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+
+static float dot_q4_1(int64_t n, const void *row, const void *act) {
+    const pi2_block_q4_1 *w = row;
+    const pi2_block_q8_1 *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 ms = _mm_setzero_ps(); /* lane 1 accumulates m_w * s_a */
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        /* [d_w d_a, m_w s_a] for both blocks */
+        const __m128 s0 = _mm_mul_ps(h2f_pair(&w[i].d), h2f_pair(&a[i].d));
+        const __m128 s1 = _mm_mul_ps(h2f_pair(&w[i + 1].d), h2f_pair(&a[i + 1].d));
+        __m256 p0 = dot_u8s8(unpack_nibbles(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+        __m256 p1 = dot_u8s8(unpack_nibbles(w[i + 1].qs), _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_broadcastss_ps(s1), acc1);
+        ms = _mm_add_ps(ms, _mm_add_ps(s0, s1));
+    }
+    for (; i < nb; i++) {
+        const __m128 s0 = _mm_mul_ps(h2f_pair(&w[i].d), h2f_pair(&a[i].d));
+        __m256 p0 = dot_u8s8(unpack_nibbles(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(s0), acc0);
+        ms = _mm_add_ps(ms, s0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 1));
+}
+
+static float dot_q8_0(int64_t n, const void *row, const void *act) {
+    const pi2_block_q8_0 *w = row, *a = act;
+    const int64_t nb = n / PI2_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        __m256 p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+        __m256 p1 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
+                             _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), acc1);
+    }
+    for (; i < nb; i++) {
+        __m256 p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float dot_f32(int64_t n, const void *row, const void *act) {
+    const float *w = row, *a = act;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), acc[0]);
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) s += w[i] * a[i];
+    return s;
+}
+
+static inline __m256 load_h8(const pi2_f16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static float dot_f16(int64_t n, const void *row, const void *act) {
+    const pi2_f16 *w = row, *a = act;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) acc[k] = _mm256_fmadd_ps(load_h8(w + i + 8 * k), load_h8(a + i + 8 * k), acc[k]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_h8(w + i), load_h8(a + i), acc[0]);
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) s += _cvtsh_ss(w[i]) * _cvtsh_ss(a[i]);
+    return s;
+}
+
+/* ---- axpy: y += a * dequant(row) ---- */
+
+/* 32 int8 -> 4 x 8 floats, fma into y */
+static inline void axpy_block_s8(__m256i q, __m256 s, __m256 m, float *y) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_fmadd_ps(f0, s, m)));
+    _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_loadu_ps(y + 8), _mm256_fmadd_ps(f1, s, m)));
+    _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_loadu_ps(y + 16), _mm256_fmadd_ps(f2, s, m)));
+    _mm256_storeu_ps(y + 24, _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_fmadd_ps(f3, s, m)));
+}
+
+static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_0 *w = row;
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK)
+        axpy_block_s8(_mm256_sub_epi8(unpack_nibbles(w[i].qs), eight), _mm256_set1_ps(a * h2f(w[i].d)),
+                      _mm256_setzero_ps(), y);
+}
+
+static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q4_1 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK)
+        axpy_block_s8(unpack_nibbles(w[i].qs), _mm256_set1_ps(a * h2f(w[i].d)), _mm256_set1_ps(a * h2f(w[i].m)), y);
+}
+
+static void axpy_q8_0(int64_t n, float a, const void *row, float *y) {
+    const pi2_block_q8_0 *w = row;
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK)
+        axpy_block_s8(_mm256_loadu_si256((const __m256i *)w[i].qs), _mm256_set1_ps(a * h2f(w[i].d)),
+                      _mm256_setzero_ps(), y);
+}
+
+static void axpy_f32(int64_t n, float a, const void *row, float *y) {
+    const float *w = row;
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(w + i))));
+    for (; i < n; i++) y[i] += a * w[i];
+}
+
+static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+    const pi2_f16 *w = row;
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, load_h8(w + i))));
+    for (; i < n; i++) y[i] += a * _cvtsh_ss(w[i]);
+}
+
+static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
+    const __m256 vv = _mm256_set1_ps(v);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 r = _mm256_fmadd_ps(load_h8(x + i), vv, load_h8(y + i));
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++) y[i] = _cvtss_sh(fmaf(_cvtsh_ss(x[i]), v, _cvtsh_ss(y[i])), _MM_FROUND_TO_NEAREST_INT);
+}
+
+static void f16_scale(int64_t n, pi2_f16 *y, float v) {
+    const __m256 vv = _mm256_set1_ps(v);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_mul_ps(load_h8(y + i), vv), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = _cvtss_sh(_cvtsh_ss(y[i]) * v, _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* ---- activation quantizers: llama.cpp's x86 quantize_row_q8_0/q8_1 semantics ---- */
+
+static inline float block_amax(const float *x, __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+/* rounds x * id to nearest even, packs to 32 int8 in order; returns the int sum */
+static inline int quantize_block(const __m256 v[4], float id, int8_t *out) {
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[0], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[1], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[2], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[3], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    /* packs work within 128-bit lanes; the permute restores element order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
+    return _mm_cvtsi128_si32(s4);
+}
+
+static void act_q8_0(const float *x, void *out, int64_t n) {
+    pi2_block_q8_0 *y = out;
+    __m256 v[4];
+    for (int64_t i = 0; i < n / PI2_QK; i++, x += PI2_QK) {
+        const float amax = block_amax(x, v), d = amax / 127.0f;
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        quantize_block(v, amax != 0.0f ? 127.0f / amax : 0.0f, y[i].qs);
+    }
+}
+
+static void act_q8_1(const float *x, void *out, int64_t n) {
+    pi2_block_q8_1 *y = out;
+    __m256 v[4];
+    for (int64_t i = 0; i < n / PI2_QK; i++, x += PI2_QK) {
+        const float amax = block_amax(x, v), d = amax / 127.0f;
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        int sum = quantize_block(v, amax != 0.0f ? 127.0f / amax : 0.0f, y[i].qs);
+        y[i].s = _cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+static void act_f16(const float *x, void *out, int64_t n) {
+    pi2_f16 *h = out;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* ---- gemm ----
+ * Tokens are processed in tiles whose activations fit in L2; within a tile every weight row is read
+ * once and each unpacked weight block is multiplied with up to 4 tokens while in registers. Per tile,
+ * the per-block activation scales (and Q4_0's offset term) are gathered into small float arrays. */
+
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+#define MICRO 4
+
+/* Per tile, block scales are laid out [group of MICRO tokens][block][token in group], so one 128-bit
+ * load gives a block's values for the whole micro-tile. */
+static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
+                                                                 const uint8_t *const *acts, size_t ablock,
+                                                                 const float *da, const float *ca, float *out) {
+    __m256 acc[MICRO];
+    __m128 corr = _mm_setzero_ps();
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq;
+        float dw, cw = 0.0f;
+        if (kind == KIND_Q4_0) {
+            const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)wrow + b;
+            wq = unpack_nibbles(w->qs); /* 0..15; the -8 comes back through the offset term */
+            dw = h2f(w->d);
+            cw = -dw;
+        } else if (kind == KIND_Q4_1) {
+            const pi2_block_q4_1 *w = (const pi2_block_q4_1 *)wrow + b;
+            wq = unpack_nibbles(w->qs);
+            dw = h2f(w->d);
+            cw = h2f(w->m);
+        } else {
+            const pi2_block_q8_0 *w = (const pi2_block_q8_0 *)wrow + b;
+            wq = _mm256_loadu_si256((const __m256i *)w->qs);
+            dw = h2f(w->d);
+        }
+        float scale[MICRO];
+        _mm_storeu_ps(scale, _mm_mul_ps(_mm_set1_ps(dw), _mm_loadu_ps(da + b * MICRO)));
+        if (kind != KIND_Q8_0) corr = _mm_fmadd_ps(_mm_set1_ps(cw), _mm_loadu_ps(ca + b * MICRO), corr);
+        const __m256i wabs = kind == KIND_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m256i aq = _mm256_loadu_si256((const __m256i *)(acts[t] + b * ablock));
+            if (kind == KIND_Q8_0) aq = _mm256_sign_epi8(aq, wq);
+            acc[t] = _mm256_fmadd_ps(dot_u8s8(wabs, aq), _mm256_broadcast_ss(&scale[t]), acc[t]);
+        }
+    }
+    float c[MICRO];
+    _mm_storeu_ps(c, corr);
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) + c[t];
+}
+
+static inline int block_sum_s8(const int8_t *qs) {
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
+
+static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
+                       size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    const size_t ablock = kind == KIND_Q4_1 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
+    const size_t qs_off = kind == KIND_Q4_1 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
+    /* tile: activations of up to ~256 KiB, a multiple of MICRO tokens */
+    int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;
+    tile = tile < MICRO ? MICRO : tile > 64 ? 64 : tile / MICRO * MICRO;
+    float *sd = calloc((size_t)(tile * nb) * 2 + 1, sizeof(float));
+    if (!sd) abort();
+    float *sc = sd + tile * nb;
+    const uint8_t *ab = acts;
+    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
+        const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
+        for (int64_t t = 0; t < tn; t++) {
+            const uint8_t *a = ab + (size_t)(t0 + t) * act_bytes;
+            float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *cg = sc + (t / MICRO) * nb * MICRO + t % MICRO;
+            for (int64_t b = 0; b < nb; b++) {
+                if (kind == KIND_Q4_1) {
+                    const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
+                    dg[b * MICRO] = h2f(q->d);
+                    cg[b * MICRO] = h2f(q->s);
+                } else {
+                    const pi2_block_q8_0 *q = (const pi2_block_q8_0 *)a + b;
+                    dg[b * MICRO] = h2f(q->d);
+                    if (kind == KIND_Q4_0) cg[b * MICRO] = 8.0f * h2f(q->d) * (float)block_sum_s8(q->qs);
+                }
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const void *wrow = (const uint8_t *)w + (size_t)r * row_bytes;
+            for (int64_t t = 0; t < tn; t += MICRO) {
+                const int nt = tn - t < MICRO ? (int)(tn - t) : MICRO;
+                const uint8_t *ap[MICRO];
+                float out[MICRO];
+                for (int k = 0; k < nt; k++) ap[k] = ab + (size_t)(t0 + t + k) * act_bytes + qs_off;
+                const float *dp = sd + (t / MICRO) * nb * MICRO, *cp = sc + (t / MICRO) * nb * MICRO;
+                switch (kind * 8 + nt) { /* constant kind and nt let the compiler keep acc[] in registers */
+#define CASE(K, NT) \
+    case K * 8 + NT: gemm_row_micro(K, NT, wrow, nb, ap, ablock, dp, cp, out); break;
+                    CASE(KIND_Q4_0, 1) CASE(KIND_Q4_0, 2) CASE(KIND_Q4_0, 3) CASE(KIND_Q4_0, 4)
+                    CASE(KIND_Q4_1, 1) CASE(KIND_Q4_1, 2) CASE(KIND_Q4_1, 3) CASE(KIND_Q4_1, 4)
+                    CASE(KIND_Q8_0, 1) CASE(KIND_Q8_0, 2) CASE(KIND_Q8_0, 3) CASE(KIND_Q8_0, 4)
+#undef CASE
+                }
+                for (int k = 0; k < nt; k++) y[(t0 + t + k) * ldy + r] = out[k];
+            }
+        }
+    }
+    free(sd);
+}
+
+static void gemm_q4_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q4_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q4_1(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q4_1, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_q8_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                      float *y, int64_t ldy) {
+    gemm_quant(KIND_Q8_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+
+#define DRIVERS(T)                                                                                          \
+    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,            \
+                         const void *act, float *y) {                                                       \
+        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                            \
+    }
+DRIVERS(f32)
+DRIVERS(f16)
+DRIVERS(q4_0)
+DRIVERS(q4_1)
+DRIVERS(q8_0)
+
+static void gemm_f32(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                     float *y, int64_t ldy) {
+    pi2_gemm_via_dot(dot_f32, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+static void gemm_f16(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
+                     float *y, int64_t ldy) {
+    pi2_gemm_via_dot(dot_f16, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
+
+static void x86_fill(pi2_kernel_table *t) {
+#define SET(ID, T)          \
+    t->dot[ID] = dot_##T;   \
+    t->rows[ID] = rows_##T; \
+    t->axpy[ID] = axpy_##T; \
+    t->gemm[ID] = gemm_##T;
+    SET(PI2_F32, f32)
+    SET(PI2_F16, f16)
+    SET(PI2_Q4_0, q4_0)
+    SET(PI2_Q4_1, q4_1)
+    SET(PI2_Q8_0, q8_0)
+#undef SET
+    t->act_q8_0 = act_q8_0;
+    t->act_q8_1 = act_q8_1;
+    t->act_f16 = act_f16;
+    t->f16_mad = f16_mad;
+    t->f16_scale = f16_scale;
+}
+
+#endif
