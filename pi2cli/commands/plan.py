@@ -1,5 +1,100 @@
-"""`pi2 plan`: not built yet."""
+"""`pi2 plan`: the click front of pi2cli.plan."""
 
-from pi2cli.errors import not_built
+from __future__ import annotations
 
-command = not_built("plan", "issue 6")
+import json
+from pathlib import Path
+
+import click
+
+
+def print_plan(console, plan, out: Path | None) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"plan for {plan.model} on {plan.device}", header_style="bold")
+    table.add_column("setting")
+    table.add_column("value", justify="right")
+    table.add_column("engine flag")
+    for key, value in plan.to_json().items():
+        if key in ("format", "version", "created_by", "model", "device", "why"):
+            continue
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        if key == "memory_budget":
+            shown = f"{value / 2**20:.0f} MiB"
+        flag = "" if key.startswith(("predicted_", "measured_")) else f"--{key.replace('_', '-')}"
+        if key == "two_phase":
+            flag = "" if value else "--no-two-phase"
+        table.add_row(key, shown, flag, style="dim" if not flag and key != "two_phase" else None)
+    console.print(table)
+    console.print("[bold]why[/bold]")
+    for line in plan.why:
+        console.print(f"  - {line}", highlight=False)
+    if out:
+        console.print(
+            f"wrote {out} (pi2-engine generate --plan {out} ...; pi2 bench --plan {out})", highlight=False
+        )
+
+
+@click.command(name="plan")
+@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The .pi2 model (its header and the activation statistics in its metadata are read).")  # fmt: skip
+@click.option("--memory-budget", "-b", "budget", required=True,
+              help="The whole process's memory budget, e.g. 2651M or 8G (what pi2-engine --memory-budget takes).")  # fmt: skip
+@click.option("--profile", "-P", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Hardware profile from `pi2 profile` [default: probe this machine now, reading the model "
+                   "file for the storage curve].")  # fmt: skip
+@click.option("--threads", "-t", type=click.IntRange(1), default=None,
+              help="Compute threads [default: every core when the cores are alike, else all but the slowest "
+                   "cluster].")  # fmt: skip
+@click.option("--ctx", type=click.IntRange(1), default=4096, show_default=True,
+              help="Context the engine will run with (its KV cache comes out of the budget).")  # fmt: skip
+@click.option("--pred-threshold", type=float, default=None,
+              help="Predictor probability threshold in (0, 1) overriding the model's per-layer ones "
+                   "[default: leave the model's].")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(0.05, 60), default=1.0, show_default=True,
+              help="Without --profile: length of each storage probe.")  # fmt: skip
+@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the plan file here (written whole or not at all).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the plan object (the file's content) on stdout.")
+def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, out, as_json):
+    """Choose the sparse engine's settings for a model, a device and a memory budget.
+
+    From the model (predictors, dimensions, measured predictor precision and hot-set coverage) and the
+    device's profile (memory bandwidth, the storage curve, big and little cores) it decides, and says why:
+    the policy (powerinfer2 with predictors, else dense); whole-bundle or two-phase cold reads (whichever
+    the storage curve makes cheaper per miss); the neuron cache left after the fixed region and its
+    hot/cold split; compute threads on the fastest cores and I/O threads on the others. It also estimates
+    the time per token (a bound: max of memory traffic over bandwidth and cold reads over IOPS).
+
+    The plan file is one flat JSON object whose settings are pi2-engine flags (docs/PLAN.md); flags given
+    after `--plan FILE` on the engine's command line override it.
+
+    \b
+    Examples:
+      pi2 plan --model models/tsm7b/model.pi2 --memory-budget 2651M
+      pi2 profile --file models/tsm7b/model.pi2 && pi2 plan -m models/tsm7b/model.pi2 -b 4G -P profile.json -o plan.json
+      pi2-engine generate -m models/tsm7b/model.pi2 --plan plan.json -p "Hello" -n 32
+    """
+    from rich.console import Console
+
+    from pi2cli.bench import parse_size
+    from pi2cli.plan import make_plan, model_facts
+    from pi2cli.profile import load_profile, profile_target, write_json_atomic
+
+    budget_bytes = parse_size(budget)
+    facts = model_facts(model)
+    if profile_path is not None:
+        profile = load_profile(profile_path)
+    else:
+        console = Console(stderr=True)
+        with console.status("probing this machine (memory bandwidth, storage over the model file)..."):
+            profile = profile_target("local", str(model), seconds=seconds)
+    plan = make_plan(facts, profile, budget_bytes, threads=threads, ctx=ctx, pred_threshold=pred_threshold,
+                     model_path=str(model))  # fmt: skip
+    data = plan.to_json()
+    if out is not None:
+        write_json_atomic(out, data)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        print_plan(Console(), plan, out)

@@ -1,0 +1,540 @@
+"""`pi2 plan`: choose the sparse engine's settings for one model, one device and one memory budget.
+
+Inputs: the model's header and metadata (pi2cli.pi2file: dimensions, neuron type, predictors, and what
+the generator or converter measured: predictor precision, sparsity, hot-set coverage), a hardware
+profile (pi2cli.profile: memory bandwidth, the storage curve, the cores) and the budget. Output: a plan
+file, one flat JSON object whose settings are pi2-engine flags (`pi2-engine generate --plan FILE`), plus
+the reasons for each choice ("why") and an estimate of the time per token. docs/PLAN.md has the rules
+and the format; everything here is plain functions over plain data so the tests can drive them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pi2cli import __version__
+from pi2cli.errors import Pi2Error
+
+PLAN_FORMAT = "pi2-plan"
+PLAN_VERSION = 1
+MiB = 1 << 20
+DIRECT_ALIGN = 512  # the smallest O_DIRECT unit: the engine rounds its reads to it
+DEFAULT_CTX = 4096  # pi2-engine chat's default context (and pi2 bench's)
+MAX_BATCH = 256  # pi2-engine chat's prefill batch
+PROCESS_OVERHEAD = 16 * MiB  # binary, libc, thread stacks, I/O ring: measured VmRSS beyond the weights
+SLOT_BOOKKEEPING = 48  # bytes per cache slot (native/src/sparse.c)
+ENGINE_DEFAULTS = {"hot_fraction": 0.2, "hot_share": 0.5, "cluster": 32}
+# The settings a plan file may carry, in file order (each is the pi2-engine flag with '-' for '_').
+SETTINGS = ("policy", "memory_budget", "threads", "affinity", "hot_fraction", "hot_share", "cluster",
+            "two_phase", "lookahead", "io", "io_threads", "io_affinity", "pred_threshold")  # fmt: skip
+IO_METHODS = ("auto", "uring", "pread", "buffered")
+
+
+def round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / MiB:.0f} MiB" if abs(n) < 10 * 1024 * MiB else f"{n / 1024 / MiB:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------- model
+@dataclass
+class ModelFacts:
+    """What the planner needs from a .pi2 file (model_facts() reads them)."""
+
+    name: str
+    arch: str
+    ffn_act: str
+    neuron_type: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    has_predictor: bool
+    part_bytes: int  # one gate row / up row / down column of a bundle
+    bundle_stride: int  # a bundle in the file, with its alignment padding
+    resident_bytes: int  # the resident region (attention, norms, embeddings, predictors, output)
+    per_token_resident_bytes: int  # resident bytes one decode step reads (one embedding row)
+    other_bytes: int = 0  # tensor table, tokenizer, metadata
+    n_expert: int = 0
+    n_expert_used: int = 0
+    dense_down: bool = False
+    measured: dict = field(
+        default_factory=dict
+    )  # precision, recall, sparsity, hot_coverage, predicted_fraction
+    profiled_hot_fraction: float | None = None  # the hot set that hot_coverage was measured for
+    synthetic: bool = False
+
+    @property
+    def n_blocks(self) -> int:
+        return self.n_layer * (self.n_expert if self.arch == "moe" else 1)
+
+    @property
+    def blocks_per_token(self) -> int:
+        return self.n_layer * (self.n_expert_used if self.arch == "moe" else 1)
+
+    @property
+    def full_len(self) -> int:
+        """A whole-bundle read (and a cold cache slot): the bundle without padding, 512-rounded."""
+        return round_up(3 * self.part_bytes, DIRECT_ALIGN)
+
+    @property
+    def gate_len(self) -> int:
+        return round_up(self.part_bytes, DIRECT_ALIGN)
+
+    @property
+    def rest_len(self) -> int:
+        """Two-phase's second read: from the gate's last 512-byte unit to the end of the down column."""
+        return self.full_len - self.part_bytes // DIRECT_ALIGN * DIRECT_ALIGN
+
+    @property
+    def ffn_bytes(self) -> int:
+        """The FFN's weights without padding (the bytes a dense forward reads)."""
+        return 3 * self.part_bytes * self.n_ff * self.n_blocks
+
+    @property
+    def two_phase_applies(self) -> bool:
+        return self.ffn_act != "swiglu" and self.neuron_type in ("Q4_0", "Q4_1")
+
+
+def model_facts(path: str | Path) -> ModelFacts:
+    from pi2cli.pi2file import SEC_RESIDENT, Pi2File, Pi2FormatError
+
+    path = Path(path)
+    if not path.is_file():
+        raise Pi2Error(f"--model {path}: no such file")
+    try:
+        f = Pi2File(path, verify=False)
+    except (Pi2FormatError, OSError, ValueError) as exc:
+        raise Pi2Error(f"--model {path}: {exc}") from None
+    h = f.header
+    resident = f.sections[SEC_RESIDENT][1]
+    embd = f.tensors.get("token_embd.weight")
+    per_token = resident - (embd.nbytes - embd.nbytes // max(1, embd.n_rows) if embd else 0)
+    meta = f.metadata if isinstance(f.metadata, dict) else {}
+    measured = meta.get("measured") if isinstance(meta.get("measured"), dict) else {}
+    profile = meta.get("activation_profile") if isinstance(meta.get("activation_profile"), dict) else {}
+    hot = profile.get("hot_fraction")
+    name = path.parent.name if path.stem == "model" and path.parent.name else path.stem
+    return ModelFacts(
+        name=name, arch=h.arch, ffn_act=h.ffn_act, neuron_type=h.neuron_type, n_layer=h.n_layer,
+        n_embd=h.n_embd, n_ff=h.n_ff, n_head=h.n_head, n_head_kv=h.n_head_kv, head_dim=h.head_dim,
+        n_vocab=h.n_vocab, has_predictor=h.has_predictor, part_bytes=h.part_bytes,
+        bundle_stride=h.bundle_stride, resident_bytes=resident, per_token_resident_bytes=per_token,
+        other_bytes=sum(s[1] for i, s in enumerate(f.sections) if i > SEC_RESIDENT),
+        n_expert=h.n_expert, n_expert_used=h.n_expert_used, dense_down=h.dense_down,
+        measured={k: float(v) for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        profiled_hot_fraction=float(hot) if isinstance(hot, int | float) and 0 < hot < 1 else None,
+        synthetic=bool(meta.get("synthetic")),
+    )  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------- storage model
+def read_time_s(curve: list[dict], size: int) -> float:
+    """Seconds of device time one random read of `size` bytes costs at the profile's queue depth:
+    1/IOPS interpolated linearly in size between the measured block sizes (a fixed cost per request plus
+    a cost per byte; extrapolated from the nearest two points outside them), never less than the bytes
+    at the best bandwidth measured. Sizes are rounded up to 512 bytes as the engine's reads are."""
+    size = round_up(max(1, int(size)), DIRECT_ALIGN)
+    pts = sorted((int(p["block"]), 1.0 / float(p["iops"])) for p in curve)
+    best_bw = max(float(p["mb_per_s"]) for p in curve) * 1e6
+    if len(pts) == 1:
+        b, t = pts[0]
+        lin = t * max(1.0, size / b)  # one point: request-bound below it, bandwidth-bound above
+    else:
+        i = 0
+        while i < len(pts) - 2 and size > pts[i + 1][0]:
+            i += 1
+        (b0, t0), (b1, t1) = pts[i], pts[i + 1]
+        lin = t0 + (t1 - t0) * (size - b0) / (b1 - b0)
+    return max(lin, size / best_bw)
+
+
+@dataclass
+class Costs:
+    whole_s: float  # one cold miss read as a whole bundle
+    two_phase_s: float  # gate part, then (with probability precision) the rest
+    precision: float
+    precision_measured: bool
+
+    @property
+    def two_phase_wins(self) -> bool:
+        return self.two_phase_s < self.whole_s
+
+
+def miss_costs(m: ModelFacts, curve: list[dict]) -> Costs:
+    p = m.measured.get("precision")
+    measured = isinstance(p, float) and 0 < p <= 1
+    p = p if measured else 0.5
+    whole = read_time_s(curve, m.full_len)
+    two = read_time_s(curve, m.gate_len) + p * read_time_s(curve, m.rest_len)
+    return Costs(whole, two, p, measured)
+
+
+# ------------------------------------------------------------------------------------------ the budget
+def fixed_region_estimate(m: ModelFacts, budget: int, ctx: int, threads: int, sparse: bool) -> dict:
+    """What the engine will hold before any neuron is cached (native/src/sparse.c measures it for real
+    at open: VmRSS + the untouched context + its scratch + a margin): bytes per part."""
+    B, E, F = min(MAX_BATCH, ctx), m.n_embd, m.n_ff
+    q, kv = m.n_head * m.head_dim, m.n_head_kv * m.head_dim
+    widest = max(E, q, F)
+    ne = max(1, m.n_expert)
+    kv_cache = 2 * m.n_layer * ctx * kv * 2  # K and V in F16
+    ctx_scratch = 4 * B * (6 * E + 2 * q + 2 * kv + 3 * F + 3 * ne) + 4 * threads * ctx + 4 * B * widest
+    ctx_scratch += 4 * m.n_vocab + (0 if m.dense_down else 4 * threads * B * E)
+    sparse_scratch = (B * (E + 2 * F) + 8 * F * B + 35 * F) if sparse else 0
+    parts = {
+        "resident": m.resident_bytes + m.other_bytes + PROCESS_OVERHEAD,
+        "kv_cache": kv_cache,
+        "scratch": ctx_scratch + sparse_scratch,
+        "margin": 4 * MiB + budget // 100,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+@dataclass
+class CacheSplit:
+    cache_bytes: int
+    preload: bool
+    hot_fraction: float | None = None
+    hot_share: float | None = None
+    cluster: int | None = None
+    hot_neurons: int = 0  # per block, as the engine will size it
+    cold_slots: int = 0
+    why: list[str] = field(default_factory=list)
+
+
+def coverage(m: ModelFacts, frac: float) -> float:
+    """Share of active neurons among the hottest `frac` of a block's neurons: piecewise linear through
+    (0, 0), (profiled hot fraction, measured hot coverage) and (1, 1); proportional without a measurement."""
+    hf, cov = m.profiled_hot_fraction or ENGINE_DEFAULTS["hot_fraction"], m.measured.get("hot_coverage")
+    if cov is None or not 0 < cov < 1:
+        return frac
+    if frac <= hf:
+        return cov * frac / hf
+    return cov + (1 - cov) * (frac - hf) / (1 - hf)
+
+
+def predicted_fraction(m: ModelFacts) -> float:
+    """Share of a block's neurons the predictor names per token (measured, else (1 - sparsity) / precision,
+    else 25%)."""
+    p = m.measured.get("predicted_fraction")
+    if p and 0 < p <= 1:
+        return p
+    s, prec = m.measured.get("sparsity"), m.measured.get("precision")
+    if s and prec and 0 < prec <= 1:
+        return min(1.0, (1 - s) / prec)
+    return 0.25
+
+
+def engine_hot_sizing(
+    m: ModelFacts, cache: int, hot_fraction: float, hot_share: float, cluster: int
+) -> tuple[int, int]:
+    """(hot neurons per block, cold slots) exactly as native/src/sparse.c's size_cache() computes them."""
+    F, nb = m.n_ff, m.n_blocks
+    cluster = min(cluster, F)
+    hot = min(F, round_up(int(hot_fraction * F + 0.5), cluster))
+    per_block = -(-hot // cluster)
+    hot_slots = int(cache * hot_share / (cluster * m.bundle_stride))
+    fit = hot_slots // nb
+    if fit < per_block:
+        per_block, hot = fit, fit * cluster
+    hot_slots = per_block * nb
+    cold = (cache - hot_slots * cluster * m.bundle_stride) // m.full_len
+    cold = min(cold, nb * (F - hot))
+    if not hot_slots:
+        hot, cold = 0, min(cache // m.full_len, nb * F)
+    return hot, cold
+
+
+def split_cache(m: ModelFacts, cache: int) -> CacheSplit:
+    """The hot/cold split for powerinfer2 (or the note that everything is preloaded)."""
+    F, nb = m.n_ff, m.n_blocks
+    whole = nb * F * m.full_len
+    if cache >= whole:
+        return CacheSplit(cache, True, why=[
+            f"cache {fmt_bytes(cache)} holds the whole FFN ({fmt_bytes(whole)}): everything preloaded with "
+            f"large sequential reads at start, decode reads nothing; the hot/cold split does not matter"])  # fmt: skip
+    cov = m.measured.get("hot_coverage")
+    if cov is None or not 0 < cov < 1:
+        d = ENGINE_DEFAULTS
+        hot, cold = engine_hot_sizing(m, cache, d["hot_fraction"], d["hot_share"], d["cluster"])
+        return CacheSplit(cache, False, d["hot_fraction"], d["hot_share"], d["cluster"], hot, cold, why=[
+            f"no measured hot-set coverage in the model's metadata: engine defaults hot_fraction "
+            f"{d['hot_fraction']}, hot_share {d['hot_share']}, cluster {d['cluster']}"])  # fmt: skip
+    hf = m.profiled_hot_fraction or ENGINE_DEFAULTS["hot_fraction"]
+    hot_wanted = int(hf * F + 0.5)
+    cluster = ENGINE_DEFAULTS["cluster"]
+    why = []
+    if hot_wanted < 4 * cluster:
+        cluster = max(1, 2 ** int(math.log2(max(1, hot_wanted // 4))))
+        why.append(f"cluster {cluster}: a block's hot set ({hot_wanted} neurons) should be at least 4 clusters, "
+                   f"so it can shrink to what fits in small steps")  # fmt: skip
+    else:
+        kib = cluster * m.bundle_stride // 1024
+        why.append(f"cluster {cluster} bundles ({kib} KiB per read): the engine's default; a block's hot set "
+                   f"is {hot_wanted // cluster} clusters")  # fmt: skip
+    hot_set = nb * round_up(hot_wanted, cluster) * m.bundle_stride
+    pf = predicted_fraction(m)
+    cold_floor = (
+        int(2 * pf * F) * m.full_len
+    )  # the predicted neurons of two blocks: no block split into waves
+    hot_bytes = max(0, min(hot_set, cache - cold_floor))
+    if hot_bytes >= hot_set and cache:
+        # 3% headroom (the engine's own fixed region may come out a little larger than estimated): the
+        # engine gives what the hot set does not use to the cold region, so rounding up costs nothing.
+        share = min(1.0, math.ceil(min(cache - cold_floor, hot_set * 1.03) / cache * 100) / 100)
+    else:
+        share = math.floor(hot_bytes / cache * 100) / 100 if cache else 0.0
+    p_hot = (1 - m.measured.get("sparsity", 0.9)) * cov / hf
+    p_cold = (1 - m.measured.get("sparsity", 0.9)) * (1 - cov) / (1 - hf)
+    why.append(f"hot set = the hottest {hf:.0%} of each block (they carry {cov:.0%} of activations, measured): "
+               f"each is active ~{p_hot / max(p_cold, 1e-9):.0f}x as often as a cold neuron, so it is cached first")  # fmt: skip
+    if hot_bytes >= hot_set:
+        why.append(f"hot_share {share}: the whole hot set ({fmt_bytes(hot_set)}) fits; the other "
+                   f"{fmt_bytes(cache - hot_set)} is the cold LRU region")  # fmt: skip
+    else:
+        why.append(f"hot_share {share}: the hot set ({fmt_bytes(hot_set)}) does not fit; the cold region keeps "
+                   f"{fmt_bytes(cache - hot_bytes)} (at least the predicted neurons of 2 blocks, "
+                   f"{fmt_bytes(cold_floor)}), the hot set shrinks to the rest")  # fmt: skip
+    hot, cold = engine_hot_sizing(m, cache, hf, share, cluster)
+    return CacheSplit(cache, False, round(hf, 4), share, cluster, hot, cold, why=why)
+
+
+# ------------------------------------------------------------------------------------------- the cores
+def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
+    """threads / affinity / io_threads / io_affinity from the profile's core clusters."""
+    count = int(profile["cores"]["count"])
+    clusters = [c for c in profile["cores"].get("clusters") or [] if c.get("cpus")]
+    if threads is not None and threads < 1:
+        raise Pi2Error(f"--threads must be at least 1, got {threads}")
+    if threads is not None and threads > count:
+        raise Pi2Error(f"--threads {threads}: the device has {count} cores")
+    if len(clusters) <= 1:
+        t = threads or count
+        how = "one max frequency" if clusters else "no cpufreq information"
+        return {"threads": t}, [f"threads {t}: the {count} cores are all alike ({how}): no pinning, the "
+                                f"scheduler places compute and I/O threads"]  # fmt: skip
+    fastest = [cpu for c in sorted(clusters, key=lambda c: -c["max_mhz"]) for cpu in sorted(c["cpus"])]
+    slowest = sorted(clusters, key=lambda c: c["max_mhz"])[0]
+    t = threads or max(1, len(fastest) - len(slowest["cpus"]))
+    compute = fastest[:t]
+    mhz = {cpu: c["max_mhz"] for c in clusters for cpu in c["cpus"]}
+    out = {"threads": t, "affinity": ",".join(map(str, compute))}
+    why = [f"threads {t} on the fastest cores {out['affinity']} "
+           f"({'/'.join(str(mhz[c]) for c in compute)} MHz)"]  # fmt: skip
+    io = fastest[t:]
+    if io:
+        out["io_threads"] = len(io)
+        out["io_affinity"] = ",".join(map(str, sorted(io)))
+        why.append(f"I/O threads on the other cores {out['io_affinity']} ({'/'.join(str(mhz[c]) for c in sorted(io))}"
+                   f" MHz; used by the pread pool: io_uring runs no threads of its own)")  # fmt: skip
+    else:
+        why.append("every core computes: no cores left for I/O threads")
+    return out, why
+
+
+# -------------------------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    settings: dict  # the engine flags, in SETTINGS order
+    info: dict  # predicted_* / measured_* scalars
+    why: list[str]
+    model: str
+    device: str
+
+    def to_json(self) -> dict:
+        out = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "created_by": f"pi2 plan {__version__}",
+               "model": self.model, "device": self.device}  # fmt: skip
+        out.update({k: self.settings[k] for k in SETTINGS if k in self.settings})
+        out.update(self.info)
+        out["why"] = "\n".join(self.why)
+        return out
+
+
+def pick_membw(profile: dict, threads: int) -> float:
+    rows = sorted(profile["membw"], key=lambda r: r["threads"])
+    fit = [r for r in rows if r["threads"] <= threads]
+    return float((fit[-1] if fit else rows[0])["gb_per_s"]) * 1e9
+
+
+def make_plan(
+    m: ModelFacts,
+    profile: dict,
+    budget: int,
+    *,
+    threads: int | None = None,
+    ctx: int = DEFAULT_CTX,
+    pred_threshold: float | None = None,
+    model_path: str = "",
+) -> Plan:
+    if budget < MiB:
+        raise Pi2Error(f"--memory-budget {budget}: too small (at least 1M)")
+    if ctx < 1:
+        raise Pi2Error(f"--ctx must be at least 1, got {ctx}")
+    from pi2cli.profile import validate_profile
+
+    validate_profile(profile)
+    curve = profile["storage"]["curve"]
+    why: list[str] = []
+    settings: dict = {}
+    sparse = m.has_predictor
+    settings["policy"] = "powerinfer2" if sparse else "dense"
+    why.append("policy powerinfer2: the model has activation predictors" if sparse else
+               "policy dense: the model has no activation predictors, so the sparse engine cannot choose "
+               "neurons (convert or synthesize a model with predictors for powerinfer2)")  # fmt: skip
+    settings["memory_budget"] = int(budget)
+    cores, core_why = choose_cores(profile, threads)
+    settings.update(cores)
+    nthreads = cores["threads"]
+    fixed = fixed_region_estimate(m, budget, ctx, nthreads, sparse)
+    if fixed["total"] >= budget:
+        raise Pi2Error(f"--memory-budget {fmt_bytes(budget)} is too small for {m.name}: the fixed region needs "
+                       f"~{fmt_bytes(fixed['total'])} (resident weights {fmt_bytes(fixed['resident'])}, KV cache "
+                       f"for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch {fmt_bytes(fixed['scratch'])}, "
+                       f"margin {fmt_bytes(fixed['margin'])})")  # fmt: skip
+    raw = budget - fixed["total"]
+    cache = raw - raw // m.full_len * SLOT_BOOKKEEPING
+    why.append(f"budget {fmt_bytes(budget)} = fixed ~{fmt_bytes(fixed['total'])} (resident "
+               f"{fmt_bytes(fixed['resident'])}, KV cache for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch "
+               f"{fmt_bytes(fixed['scratch'])}, margin {fmt_bytes(fixed['margin'])}) + neuron cache "
+               f"~{fmt_bytes(cache)} (the engine measures the fixed region itself when it opens)")  # fmt: skip
+    info: dict = {"predicted_fixed_bytes": int(fixed["total"]), "predicted_cache_bytes": int(cache),
+                  "predicted_for_ctx": ctx}  # fmt: skip
+    membw = pick_membw(profile, nthreads)
+    info["measured_membw_gb_per_s"] = round(membw / 1e9, 3)
+    info["measured_io_method"] = str(profile["storage"].get("method", "?"))
+    info["measured_iops_4k_qd32"] = next((round(p["iops"]) for p in curve if p["block"] == 4096), None)
+    if info["measured_iops_4k_qd32"] is None:
+        del info["measured_iops_4k_qd32"]
+    reads = 0.0
+    per_miss = 0.0
+    if sparse:
+        split = split_cache(m, cache)
+        costs = miss_costs(m, curve)
+        us = lambda s: f"{s * 1e6:.1f} us"  # noqa: E731
+        if not m.two_phase_applies:
+            per_miss = costs.whole_s
+            why.append(f"two_phase not set: it does not apply to this model ({m.ffn_act} activation, "
+                       f"{m.neuron_type} neurons; it needs ReLU-family and Q4 bundles): cold bundles are read whole")  # fmt: skip
+        else:
+            settings["two_phase"] = costs.two_phase_wins
+            per_miss = min(costs.whole_s, costs.two_phase_s)
+            prec = f"precision {costs.precision:.2f}" + (
+                "" if costs.precision_measured else " (assumed: not measured)"
+            )
+            verdict = ("two-phase reads (gate part first) are cheaper: storage is bound by bandwidth here"
+                       if costs.two_phase_wins else
+                       "whole-bundle reads are cheaper: storage is bound by requests per second here")  # fmt: skip
+            why.append(f"two_phase {str(costs.two_phase_wins).lower()}: a cold miss costs t({m.full_len} B) = "
+                       f"{us(costs.whole_s)} read whole vs t({m.gate_len} B) + {prec} x t({m.rest_len} B) = "
+                       f"{us(costs.two_phase_s)} in two phases (t from the storage curve at QD "
+                       f"{curve[0].get('qd', '?')}): {verdict}" + ("; moot while everything is preloaded" if split.preload else ""))  # fmt: skip
+        why.extend(split.why)
+        if not split.preload:
+            settings.update(hot_fraction=split.hot_fraction, hot_share=split.hot_share, cluster=split.cluster)
+            pf = predicted_fraction(m)
+            per_block = pf * m.n_ff
+            hot_hits = per_block * coverage(m, split.hot_neurons / m.n_ff)
+            cold_total = m.n_blocks * (m.n_ff - split.hot_neurons)
+            cold_hit = min(1.0, split.cold_slots / cold_total) if cold_total else 1.0
+            misses = (per_block - hot_hits) * (1 - cold_hit)
+            reads = misses * m.blocks_per_token
+            info["predicted_hot_neurons_per_block"] = int(split.hot_neurons)
+            info["predicted_hit_rate"] = round(1 - misses / per_block, 4) if per_block else 1.0
+            info["predicted_reads_per_token"] = round(reads, 1)
+        info["predicted_whole_bundle_us"] = round(costs.whole_s * 1e6, 2)
+        if m.two_phase_applies:
+            info["predicted_two_phase_us"] = round(costs.two_phase_s * 1e6, 2)
+        sparsity = m.measured.get("sparsity", 0.9)
+        mem_bytes = (
+            m.per_token_resident_bytes + (1 - sparsity) * m.ffn_bytes * m.blocks_per_token / m.n_blocks
+        )
+        io_s = reads * per_miss
+    else:
+        mem_bytes = m.per_token_resident_bytes + m.ffn_bytes
+        resident_ffn = max(0, budget - fixed["total"])
+        paged = max(0, m.ffn_bytes - resident_ffn)
+        best_bw = max(float(p["mb_per_s"]) for p in curve) * 1e6
+        io_s = paged / best_bw
+        if paged:
+            why.append(f"dense under this budget pages ~{fmt_bytes(paged)} of FFN weights from storage per token "
+                       f"(estimate at the best bandwidth measured, {best_bw / 1e6:.0f} MB/s: optimistic)")  # fmt: skip
+    why.extend(core_why)
+    if pred_threshold is not None:
+        if not sparse:
+            raise Pi2Error("--pred-threshold needs a model with activation predictors")
+        if not 0 < pred_threshold < 1:
+            raise Pi2Error(f"--pred-threshold must be a probability in (0, 1), got {pred_threshold}")
+        settings["pred_threshold"] = pred_threshold
+        why.append(f"pred_threshold {pred_threshold}: given on the command line (overrides the model's per-layer "
+                   f"thresholds)")  # fmt: skip
+    mem_s = mem_bytes / membw
+    tbt = max(mem_s, io_s)
+    info["predicted_memory_ms"] = round(mem_s * 1e3, 2)
+    info["predicted_storage_ms"] = round(io_s * 1e3, 2)
+    info["predicted_tbt_ms"] = round(tbt * 1e3, 2)
+    info["predicted_tok_s"] = round(1 / tbt, 2) if tbt > 0 else None
+    bound = "memory" if mem_s >= io_s else "storage"
+    why.append(f"estimate (a bound, not a measurement): {tbt * 1e3:.0f} ms per token = max(memory "
+               f"{mem_s * 1e3:.0f} ms: {mem_bytes / 1e9:.2f} GB at {membw / 1e9:.1f} GB/s, storage {io_s * 1e3:.0f} ms"
+               + (f": {reads:.0f} cold misses at {per_miss * 1e6:.1f} us" if sparse else "")
+               + f"), {bound}-bound; compute and reads assumed perfectly overlapped")  # fmt: skip
+    info = {k: v for k, v in info.items() if v is not None}
+    device = str((profile.get("target") or {}).get("name") or "?")
+    if (profile.get("target") or {}).get("emulated"):
+        why.append("the profile is from an emulated target: its timings are not the hardware's")
+    return Plan(settings=settings, info=info, why=why, model=model_path or m.name, device=device)
+
+
+# ------------------------------------------------------------------------------------------ plan files
+def load_plan(path: str | Path) -> dict:
+    """Read and check a plan file as the engine will (known keys only, each the right type)."""
+    import json
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise Pi2Error(f"plan {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise Pi2Error(f"plan {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    validate_plan(data, str(path))
+    return data
+
+
+def validate_plan(data: object, where: str = "plan") -> None:
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise Pi2Error(f'{where}: not a pi2 plan (no "format": "{PLAN_FORMAT}"; write one with `pi2 plan`)')
+    if data.get("version") != PLAN_VERSION:
+        raise Pi2Error(f"{where}: plan version {data.get('version')!r}, this pi2 reads {PLAN_VERSION}")
+    num = (int, float)
+    types = {"policy": str, "memory_budget": (str, int), "threads": int, "affinity": str, "hot_fraction": num,
+             "hot_share": num, "cluster": int, "two_phase": bool, "lookahead": bool, "io": str, "io_threads": int,
+             "io_affinity": str, "pred_threshold": num, "model": str, "device": str, "why": str,
+             "created_by": str, "format": str, "version": int}  # fmt: skip
+    for key, value in data.items():
+        if key.startswith(("predicted_", "measured_")):
+            if not isinstance(value, str | int | float | bool):
+                raise Pi2Error(f"{where}: {key} must be a scalar")
+            continue
+        if key not in types:
+            raise Pi2Error(f"{where}: unknown key {key!r}")
+        want = types[key]
+        bad_bool = isinstance(value, bool) and want is not bool
+        if bad_bool or not isinstance(value, want):
+            raise Pi2Error(f"{where}: {key} has the wrong type ({type(value).__name__})")
+    for key in ("hot_fraction", "hot_share"):
+        if key in data and not 0 <= data[key] <= 1:
+            raise Pi2Error(f"{where}: {key} must be between 0 and 1")
+    if "pred_threshold" in data and not 0 < data["pred_threshold"] < 1:
+        raise Pi2Error(f"{where}: pred_threshold must be in (0, 1)")
+    if "io" in data and data["io"] not in IO_METHODS:
+        raise Pi2Error(f"{where}: io must be one of {', '.join(IO_METHODS)}")

@@ -1,0 +1,269 @@
+"""`pi2 profile`: measure a target's hardware with pi2-probe and write the profile `pi2 plan` reads.
+
+What is measured (pi2-probe, native/src/main_probe.c, run ON the target):
+  - memory read bandwidth with 1 thread and with every core (`pi2-probe membw`);
+  - random-read storage throughput over a large file (the model file is the natural one) at the block
+    sizes in STORAGE_BLOCKS with queue depth 32, plus 4 KiB at queue depth 1 (`pi2-probe storage`),
+    through the engine's own reader (io_uring or a pread pool, O_DIRECT when the file system allows);
+  - the cores (count, and per cluster their max frequency from cpufreq, so big and little cores can be
+    told apart) and the total memory, from the target's facts (pi2cli/targets).
+
+The profile is one JSON object (docs/PLAN.md lists its fields). It is written to NAME.partial and renamed
+when complete, so a failed or interrupted probe never leaves a file that looks like a profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pi2cli import __version__
+from pi2cli.errors import Pi2Error
+
+PROFILE_FORMAT = "pi2-profile"
+PROFILE_VERSION = 1
+STORAGE_BLOCKS = (4096, 8192, 16384, 65536)  # bytes, queue depth STORAGE_QD
+STORAGE_QD = 32
+LATENCY_BLOCK, LATENCY_QD = 4096, 1
+DEFAULT_SECONDS = 2.0
+DEFAULT_MEMBW_MIB = 256
+MEMBW_PASSES = 3
+STORAGE_ROUNDS = 2
+
+# run(argv) -> stdout of a pi2-probe command on the target; raises Pi2Error when it fails.
+ProbeRunner = Callable[[list[str]], str]
+# step(index, total, description) before each probe: the command's progress bar.
+StepCallback = Callable[[int, int, str], None]
+
+
+def probe_steps(threads_all: int, rounds: int = STORAGE_ROUNDS) -> list[tuple[str, list[str]]]:
+    """(description, pi2-probe arguments without --file/--seconds) for every measurement, in order. The
+    storage curve is measured in `rounds` interleaved rounds (each block size's best round is kept), so a
+    burst of someone else's I/O spoils one point of one round rather than the shape of the curve."""
+    steps = [("memory bandwidth, 1 thread", ["membw", "--threads", "1"])]
+    if threads_all > 1:
+        steps.append((f"memory bandwidth, {threads_all} threads", ["membw", "--threads", str(threads_all)]))
+    for r in range(rounds):
+        for block in STORAGE_BLOCKS:
+            steps.append((f"storage {block // 1024} KiB reads, QD {STORAGE_QD} (round {r + 1}/{rounds})",
+                          ["storage", "--block", str(block), "--qd", str(STORAGE_QD)]))  # fmt: skip
+    steps.append((f"storage {LATENCY_BLOCK // 1024} KiB reads, QD {LATENCY_QD}",
+                  ["storage", "--block", str(LATENCY_BLOCK), "--qd", str(LATENCY_QD)]))  # fmt: skip
+    return steps
+
+
+def parse_probe_json(text: str, what: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if isinstance(out, dict):
+                return out
+    raise Pi2Error(f"pi2-probe {what} printed no JSON result (got {text.strip()[:120]!r})")
+
+
+def measure(
+    run: ProbeRunner,
+    file: str,
+    cores: int,
+    seconds: float = DEFAULT_SECONDS,
+    membw_mib: int = DEFAULT_MEMBW_MIB,
+    step: StepCallback | None = None,
+) -> dict:
+    """Every probe through `run`; returns {"membw": [...], "storage": {...}}."""
+    if not seconds > 0:
+        raise Pi2Error(f"--seconds must be positive, got {seconds}")
+    if membw_mib < 1:
+        raise Pi2Error(f"--membw-mib must be at least 1, got {membw_mib}")
+    membw, best, latency = [], {}, None
+    steps = probe_steps(max(1, cores))
+    per_point = seconds / STORAGE_ROUNDS
+    for i, (desc, args) in enumerate(steps):
+        if step:
+            step(i, len(steps), desc)
+        if args[0] == "membw":
+            out = parse_probe_json(run([*args, "--mib", str(membw_mib), "--passes", str(MEMBW_PASSES), "--json"]),
+                                   desc)  # fmt: skip
+            membw.append({"threads": out["threads"], "gb_per_s": out["gb_per_s"],
+                          "mib_per_thread": out["mib_per_thread"]})  # fmt: skip
+            continue
+        latency_probe = args[4] == str(LATENCY_QD)
+        secs = seconds if latency_probe else per_point
+        out = parse_probe_json(run([*args, "--file", file, "--seconds", f"{secs:g}", "--json"]), desc)
+        point = {k: out[k] for k in ("block", "qd", "iops", "mb_per_s", "lat_p50_us", "lat_p99_us", "reads")}
+        point.update(method=out["method"], o_direct=out["o_direct"], file_bytes=out["file_bytes"])
+        if latency_probe:
+            latency = point
+        elif point["block"] not in best or point["iops"] > best[point["block"]]["iops"]:
+            best[point["block"]] = point
+    curve = [best[b] for b in sorted(best)]
+    first = curve[0]
+    storage = {"file": file, "file_bytes": first["file_bytes"], "method": first["method"],
+               "o_direct": first["o_direct"], "seconds_per_point": per_point, "rounds": STORAGE_ROUNDS,
+               "curve": [{k: v for k, v in p.items() if k not in ("method", "o_direct", "file_bytes")}
+                         for p in curve],
+               "qd1": {k: v for k, v in latency.items() if k not in ("method", "o_direct", "file_bytes")}}  # fmt: skip
+    return {"membw": membw, "storage": storage}
+
+
+def build_profile(facts: dict, measured: dict) -> dict:
+    """The profile object from the target's facts and the probes' results."""
+    clusters = facts.get("clusters") or []
+    cores = facts.get("cores") or sum(len(c["cpus"]) for c in clusters) or 1
+    profile = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "created_by": f"pi2 profile {__version__}",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target": {
+            k: facts.get(k)
+            for k in ("name", "kind", "arch", "emulated", "cpu_model", "soc", "model", "storage")
+        },  # fmt: skip
+        "cores": {"count": int(cores), "clusters": clusters},
+        "memory": {"total_bytes": facts.get("ram_bytes")},
+        **measured,
+    }
+    if facts.get("emulated"):
+        profile["note"] = "emulated target: timings are the emulator's, not the hardware's"
+    return profile
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write to PATH.partial and rename, so PATH is either absent, the old file, or complete."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text(json.dumps(obj, indent=1) + "\n")
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise Pi2Error(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# ------------------------------------------------------------------------------------------- targets
+def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> ProbeRunner:
+    """A runner for pi2-probe on `target`: the host build here, the arm64 build under qemu, or the binary
+    pushed (content-checked, skipped when already there) to WORKDIR/bin on an adb device."""
+    from pi2cli.push import collect_items, engine_files, push_files
+    from pi2cli.targets import TargetError
+
+    found = [p for p in engine_files(target) if p.name == "pi2-probe"]
+    if not found:
+        raise Pi2Error(f"the engine build for {target.name} has no pi2-probe: rebuild it (make engine)")
+    local = found[0]
+    if target.kind in ("local", "qemu"):
+        exe = [*target.command_prefix(), str(local)]
+    else:
+        items = collect_items(target, target.workdir, engine=[local])
+        if push_reporter:
+            push_reporter(f"making sure {local.name} is on {target.name}")
+        push_files(target, items, target.workdir)
+        exe = [items[0].remote]
+
+    def run(args: list[str]) -> str:
+        seconds = float(args[args.index("--seconds") + 1]) if "--seconds" in args else 0.0
+        try:
+            done = target.sh(" ".join(shlex.quote(a) for a in [*exe, *args]), timeout=seconds + 120)
+        except TargetError as exc:
+            raise Pi2Error(str(exc)) from None
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise Pi2Error(f"pi2-probe {args[0]} on {target.name} failed: "
+                           f"{(lines[-1] if lines else f'exit {done.returncode}').removeprefix('pi2-probe: ')}")  # fmt: skip
+        return done.stdout
+
+    return run
+
+
+def check_file(target, file: str) -> None:
+    """The storage probe's file must exist on the target; say which machine it was looked for on."""
+    if target.kind in ("local", "qemu"):
+        p = Path(file)
+        if not p.is_file():
+            raise Pi2Error(f"--file {file}: no such file")
+        if p.stat().st_size < 2 * max(STORAGE_BLOCKS):
+            raise Pi2Error(f"--file {file}: too small to probe storage (use a large file, e.g. the model)")
+    elif not target.exists(file):
+        raise Pi2Error(f"--file {file}: no such file on {target.name} (it is a path on the device; "
+                       f"`pi2 push -m MODEL` puts models in {target.workdir}/models/)")  # fmt: skip
+
+
+def profile_target(
+    device: str | None,
+    file: str,
+    seconds: float = DEFAULT_SECONDS,
+    membw_mib: int = DEFAULT_MEMBW_MIB,
+    step: StepCallback | None = None,
+    message: Callable[[str], None] | None = None,
+) -> dict:
+    """Probe `device` (local, qemu-arm64 or an adb serial) and return its profile."""
+    from pi2cli.targets import TargetError, get_target
+
+    try:
+        target = get_target(device)
+        facts = target.facts()
+    except TargetError as exc:
+        raise Pi2Error(str(exc)) from None
+    check_file(target, file)
+    run = probe_runner(target, message)
+    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step)
+    return build_profile(facts, measured)
+
+
+# --------------------------------------------------------------------------------------------- reading
+def load_profile(path: str | os.PathLike) -> dict:
+    """A profile written by `pi2 profile`, checked enough that the planner can trust its fields."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise Pi2Error(f"profile {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise Pi2Error(f"profile {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    validate_profile(data, str(path))
+    return data
+
+
+def validate_profile(data: object, where: str = "profile") -> None:
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise Pi2Error(f"{where}: not a pi2 hardware profile (no \"format\": \"{PROFILE_FORMAT}\"; "
+                       f"write one with `pi2 profile`)")  # fmt: skip
+    if data.get("version") != PROFILE_VERSION:
+        raise Pi2Error(f"{where}: profile version {data.get('version')!r}, this pi2 reads {PROFILE_VERSION}")
+
+    def positive(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+
+    cores = data.get("cores")
+    if not isinstance(cores, dict) or not isinstance(cores.get("count"), int) or cores["count"] < 1:
+        raise Pi2Error(f"{where}: cores.count must be a positive integer")
+    for c in cores.get("clusters") or []:
+        if not (isinstance(c, dict) and isinstance(c.get("cpus"), list) and positive(c.get("max_mhz"))):
+            raise Pi2Error(f"{where}: each of cores.clusters needs cpus (a list) and max_mhz")
+    membw = data.get("membw")
+    if (
+        not isinstance(membw, list)
+        or not membw
+        or not all(
+            isinstance(m, dict) and positive(m.get("gb_per_s")) and positive(m.get("threads")) for m in membw
+        )
+    ):
+        raise Pi2Error(f"{where}: membw must list {{threads, gb_per_s}} measurements")
+    storage = data.get("storage")
+    curve = storage.get("curve") if isinstance(storage, dict) else None
+    if not isinstance(curve, list) or not curve:
+        raise Pi2Error(f"{where}: storage.curve is missing (profile with `pi2 profile --file MODEL`)")
+    for p in curve:
+        if not (isinstance(p, dict) and positive(p.get("block")) and positive(p.get("iops"))
+                and positive(p.get("mb_per_s"))):  # fmt: skip
+            raise Pi2Error(f"{where}: each storage.curve point needs block, iops and mb_per_s > 0")
+    blocks = [p["block"] for p in curve]
+    if len(set(blocks)) != len(blocks):
+        raise Pi2Error(f"{where}: storage.curve measures block {max(blocks, key=blocks.count)} twice")
