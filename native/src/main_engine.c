@@ -14,6 +14,7 @@
 #include "forward.h"
 #include "kernels.h"
 #include "model.h"
+#include "plan.h"
 #include "sampler.h"
 #include "sparse.h"
 #include "threadpool.h"
@@ -26,8 +27,9 @@ static void usage(FILE *out) {
             "commands:\n"
             "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [-n N] [--temperature T] [--top-p P] [--seed S]\n"
             "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
-            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn]\n"
+            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn] [--plan PLAN.json]\n"
             "           generate text; only the generated text goes to stdout, as tokens come\n"
+            "           --plan: the settings of a plan from `pi2 plan` (docs/PLAN.md); later flags override it\n"
             "%s"
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
             "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
@@ -393,15 +395,7 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "--version")) {
-        printf("pi2-engine %s\n", PI2_VERSION);
-        return 0;
-    }
+static int run_command(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "chat")) return pi2_chat_main(argc, argv); /* multi-turn, KV kept: chat.c */
     if (strcmp(cmd, "generate") && strcmp(cmd, "eval") && strcmp(cmd, "info")) {
@@ -422,4 +416,25 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(&o);
     if (!strcmp(cmd, "eval")) return cmd_eval(&o);
     return cmd_generate(&o);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("pi2-engine %s\n", PI2_VERSION);
+        return 0;
+    }
+    /* "--plan FILE" stands for the flags the plan sets (plan.h); flags after it override them */
+    int n = 0;
+    char **args = NULL;
+    if (pi2_plan_expand_args(argc, argv, &n, &args) != 0) {
+        fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
+        return 2;
+    }
+    const int rc = run_command(n, args);
+    pi2_plan_free_args(n, args);
+    return rc;
 }
