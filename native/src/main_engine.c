@@ -105,44 +105,6 @@ static int parse_options(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* "0,1,4" -> cpus; returns the count or -1. */
-static int parse_list(const char *flag, const char *text, int32_t *out, int max) {
-    int n = 0;
-    const char *s = text;
-    while (*s) {
-        char *end = NULL;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',') || n >= max) {
-            pi2_set_error("%s: bad list '%s' (expected e.g. 0,1,2)", flag, text);
-            return -1;
-        }
-        out[n++] = (int32_t)v;
-        s = *end ? end + 1 : end;
-    }
-    if (!n) { pi2_set_error("%s: empty list", flag); return -1; }
-    return n;
-}
-
-static pi2_pool *make_pool(const options *o, int *n_threads) {
-    int cpus[1024];
-    int n_aff = 0;
-    if (o->affinity) {
-        int32_t tmp[1024];
-        n_aff = parse_list("--affinity", o->affinity, tmp, 1024);
-        if (n_aff < 0) return NULL;
-        for (int i = 0; i < n_aff; i++) cpus[i] = tmp[i];
-    }
-    int n = o->threads ? o->threads : (n_aff ? n_aff : (int)sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 1) n = 1;
-    if (n_aff && n_aff != n) {
-        pi2_set_error("--affinity lists %d cpus for %d threads (give one per thread)", n_aff, n);
-        return NULL;
-    }
-    *n_threads = n;
-    return pi2_pool_create(n, n_aff ? cpus : NULL);
-}
-
 static int die(void) {
     fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
     return 1;
@@ -202,12 +164,12 @@ static int cmd_eval(const options *o) {
     }
     int32_t *ids = malloc(sizeof(int32_t) * 65536);
     if (!ids) return die();
-    int n = parse_list("--tokens", o->tokens, ids, 65536);
+    int n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536);
     if (n < 0) { free(ids); return die(); }
     pi2_model m;
     if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) { free(ids); return die(); }
     int n_threads = 1, rc = 1;
-    pi2_pool *pool = make_pool(o, &n_threads);
+    pi2_pool *pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads);
     int batch = o->n_batch ? o->n_batch : n;
     pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
     pi2_sparse *sp = NULL;
@@ -279,7 +241,7 @@ static int cmd_generate(const options *o) {
     if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */
         ids = malloc(sizeof(int32_t) * 65536);
         if (!ids) goto done;
-        if ((n_prompt = parse_list("--tokens", o->tokens, ids, 65536)) < 0) goto done;
+        if ((n_prompt = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536)) < 0) goto done;
         goto tokenized;
     }
     size_t plen = strlen(o->prompt);
@@ -306,7 +268,7 @@ tokenized:
         goto done;
     }
     int batch = o->n_batch ? o->n_batch : (n_prompt < 256 ? n_prompt : 256);
-    if (!(pool = make_pool(o, &n_threads))) goto done;
+    if (!(pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads))) goto done;
     if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
     if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;
     if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;

@@ -197,17 +197,10 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
         return -1;
     }
     /* --io-affinity */
-    int n = 0;
-    for (const char *s = v; *s;) {
-        char *end = NULL;
-        long cpu = strtol(s, &end, 10);
-        if (end == s || cpu < 0 || cpu > 4095 || (*end && *end != ',') || n >= 64) {
-            pi2_set_error("--io-affinity: bad list '%s' (expected e.g. 0,1)", v);
-            return -1;
-        }
-        cfg->io_cpus[n++] = (int)cpu;
-        s = *end ? end + 1 : end;
-    }
+    int32_t cpus[64];
+    const int n = pi2_parse_int_list(a, v, 4095, cpus, 64);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++) cfg->io_cpus[i] = cpus[i];
     cfg->io.n_cpus = n;
     return 2;
 }
