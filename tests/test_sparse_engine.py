@@ -200,6 +200,35 @@ def test_bad_flags_and_budgets_fail_with_one_line(dense_arch, tmp_path):
     assert len(small.stderr.strip().splitlines()) == 1
 
 
+def test_plan_file_stands_for_its_flags(ffn_heavy, tmp_path):
+    # `--plan F` is the plan's settings as flags, in place: the run equals the same flags typed, the
+    # summary shows them, a later flag overrides the plan, and a bad plan is one error line.
+    budget = ffn_heavy.stat().st_size - 12 * 2**20
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "format": "pi2-plan", "version": 1, "model": ffn_heavy.name, "why": "test", "measured_iops": 1e5,
+        "policy": "powerinfer2", "memory_budget": budget, "hot_fraction": 0.1, "cluster": 16, "two_phase": False,
+        "io": "pread", "io_threads": 2, "pred_threshold": 0.4,
+    }))  # fmt: skip
+    sample = ("--temperature", "0.8", "--seed", "3")
+    planned, s = _generate(ffn_heavy, tmp_path, "--plan", str(plan), *sample, n=16)
+    assert (
+        s["policy"] == "powerinfer2" and s["memory_budget_bytes"] == budget and s["peak_rss_bytes"] <= budget
+    )
+    assert s["two_phase"] is False and s["cluster"] == 16 and s["io_method"] == "pread"
+    assert s["pred_threshold"] == pytest.approx(0.4)
+    typed, _ = _generate(ffn_heavy, tmp_path, "--policy", "powerinfer2", "--memory-budget", str(budget),
+                         "--hot-fraction", "0.1", "--cluster", "16", "--no-two-phase", "--io", "pread",
+                         "--io-threads", "2", "--pred-threshold", "0.4", *sample, n=16)  # fmt: skip
+    assert planned == typed
+    _, o = _generate(ffn_heavy, tmp_path, "--plan", str(plan), "--policy", "cache", *sample, n=8)
+    assert o["policy"] == "cache"
+    plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "hot_fractoin": 0.2}))
+    bad = run_engine("generate", "-m", ffn_heavy, "-p", "hi", "--plan", plan, check=False)
+    assert bad.returncode == 2 and 'unknown key "hot_fractoin"' in bad.stderr and str(plan) in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_sparse_policy_without_predictors_says_how_to_proceed(tmp_path, smollm2_gguf):
     from pi2cli.convert import convert_gguf
 

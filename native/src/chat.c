@@ -97,32 +97,6 @@ static int parse_chat_options(int argc, char **argv, chat_options *o) {
     return 0;
 }
 
-static pi2_pool *chat_pool(const chat_options *o, int *n_threads) {
-    int cpus[1024], n_aff = 0;
-    if (o->affinity) {
-        const char *s = o->affinity;
-        while (*s) {
-            char *end = NULL;
-            errno = 0;
-            long v = strtol(s, &end, 10);
-            if (end == s || errno || v < 0 || v > 1 << 20 || (*end && *end != ',') || n_aff >= 1024) {
-                pi2_set_error("--affinity: bad list '%s' (expected e.g. 0,1,2)", o->affinity);
-                return NULL;
-            }
-            cpus[n_aff++] = (int)v;
-            s = *end ? end + 1 : end;
-        }
-    }
-    int n = o->threads ? o->threads : (n_aff ? n_aff : (int)sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 1) n = 1;
-    if (n_aff && n_aff != n) {
-        pi2_set_error("--affinity lists %d cpus for %d threads (give one per thread)", n_aff, n);
-        return NULL;
-    }
-    *n_threads = n;
-    return pi2_pool_create(n, n_aff ? cpus : NULL);
-}
-
 /* The session: everything that lives from the model load to the end of input. */
 typedef struct {
     pi2_model m;
@@ -287,7 +261,7 @@ static int open_session(chat_session *s, const chat_options *o) {
     }
     s->n_batch = o->n_batch ? o->n_batch : 256;
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
-    if (!(s->pool = chat_pool(o, &s->n_threads))) return -1;
+    if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
     if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
     if (o->sparse.policy != PI2_POLICY_DENSE && !(s->sparse = pi2_sparse_open(&s->m, s->ctx, s->pool, &o->sparse)))
         return -1;

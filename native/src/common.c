@@ -61,6 +61,26 @@ int pi2_parse_int_arg(const char *flag, const char *value, long lo, long hi, int
     return 0;
 }
 
+int pi2_parse_int_list(const char *flag, const char *text, long hi, int32_t *out, int max) {
+    int n = 0;
+    for (const char *s = text; *s;) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > hi || (*end && *end != ',') || n >= max) {
+            pi2_set_error("%s: bad list '%s' (expected e.g. 0,1,2; at most %d values up to %ld)", flag, text, max, hi);
+            return -1;
+        }
+        out[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    if (!n) {
+        pi2_set_error("%s: empty list", flag);
+        return -1;
+    }
+    return n;
+}
+
 int pi2_parse_float_arg(const char *flag, const char *value, float *out) {
     char *end = NULL;
     errno = 0;

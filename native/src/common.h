@@ -19,6 +19,9 @@ int pi2_parse_size(const char *text, uint64_t *out);
  * A NULL value (the flag was last on the line) is an error too. */
 int pi2_parse_int_arg(const char *flag, const char *value, long lo, long hi, int *out);
 int pi2_parse_float_arg(const char *flag, const char *value, float *out);
+/* A comma-separated list of integers in [0, hi] ("0,1,4": token ids, CPU numbers) into out[0..max):
+ * the count, or -1 with an error naming the flag. */
+int pi2_parse_int_list(const char *flag, const char *text, long hi, int32_t *out, int max);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t pi2_now_ns(void);

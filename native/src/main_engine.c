@@ -14,6 +14,7 @@
 #include "forward.h"
 #include "kernels.h"
 #include "model.h"
+#include "plan.h"
 #include "sampler.h"
 #include "sparse.h"
 #include "threadpool.h"
@@ -26,8 +27,9 @@ static void usage(FILE *out) {
             "commands:\n"
             "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [-n N] [--temperature T] [--top-p P] [--seed S]\n"
             "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
-            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn]\n"
+            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn] [--plan PLAN.json]\n"
             "           generate text; only the generated text goes to stdout, as tokens come\n"
+            "           --plan: the settings of a plan from `pi2 plan` (docs/PLAN.md); later flags override it\n"
             "%s"
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
             "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
@@ -103,44 +105,6 @@ static int parse_options(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* "0,1,4" -> cpus; returns the count or -1. */
-static int parse_list(const char *flag, const char *text, int32_t *out, int max) {
-    int n = 0;
-    const char *s = text;
-    while (*s) {
-        char *end = NULL;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',') || n >= max) {
-            pi2_set_error("%s: bad list '%s' (expected e.g. 0,1,2)", flag, text);
-            return -1;
-        }
-        out[n++] = (int32_t)v;
-        s = *end ? end + 1 : end;
-    }
-    if (!n) { pi2_set_error("%s: empty list", flag); return -1; }
-    return n;
-}
-
-static pi2_pool *make_pool(const options *o, int *n_threads) {
-    int cpus[1024];
-    int n_aff = 0;
-    if (o->affinity) {
-        int32_t tmp[1024];
-        n_aff = parse_list("--affinity", o->affinity, tmp, 1024);
-        if (n_aff < 0) return NULL;
-        for (int i = 0; i < n_aff; i++) cpus[i] = tmp[i];
-    }
-    int n = o->threads ? o->threads : (n_aff ? n_aff : (int)sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 1) n = 1;
-    if (n_aff && n_aff != n) {
-        pi2_set_error("--affinity lists %d cpus for %d threads (give one per thread)", n_aff, n);
-        return NULL;
-    }
-    *n_threads = n;
-    return pi2_pool_create(n, n_aff ? cpus : NULL);
-}
-
 static int die(void) {
     fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
     return 1;
@@ -200,12 +164,12 @@ static int cmd_eval(const options *o) {
     }
     int32_t *ids = malloc(sizeof(int32_t) * 65536);
     if (!ids) return die();
-    int n = parse_list("--tokens", o->tokens, ids, 65536);
+    int n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536);
     if (n < 0) { free(ids); return die(); }
     pi2_model m;
     if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) { free(ids); return die(); }
     int n_threads = 1, rc = 1;
-    pi2_pool *pool = make_pool(o, &n_threads);
+    pi2_pool *pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads);
     int batch = o->n_batch ? o->n_batch : n;
     pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
     pi2_sparse *sp = NULL;
@@ -277,7 +241,7 @@ static int cmd_generate(const options *o) {
     if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */
         ids = malloc(sizeof(int32_t) * 65536);
         if (!ids) goto done;
-        if ((n_prompt = parse_list("--tokens", o->tokens, ids, 65536)) < 0) goto done;
+        if ((n_prompt = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536)) < 0) goto done;
         goto tokenized;
     }
     size_t plen = strlen(o->prompt);
@@ -304,7 +268,7 @@ tokenized:
         goto done;
     }
     int batch = o->n_batch ? o->n_batch : (n_prompt < 256 ? n_prompt : 256);
-    if (!(pool = make_pool(o, &n_threads))) goto done;
+    if (!(pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads))) goto done;
     if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
     if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;
     if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;
@@ -393,15 +357,7 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "--version")) {
-        printf("pi2-engine %s\n", PI2_VERSION);
-        return 0;
-    }
+static int run_command(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "chat")) return pi2_chat_main(argc, argv); /* multi-turn, KV kept: chat.c */
     if (strcmp(cmd, "generate") && strcmp(cmd, "eval") && strcmp(cmd, "info")) {
@@ -422,4 +378,25 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(&o);
     if (!strcmp(cmd, "eval")) return cmd_eval(&o);
     return cmd_generate(&o);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("pi2-engine %s\n", PI2_VERSION);
+        return 0;
+    }
+    /* "--plan FILE" stands for the flags the plan sets (plan.h); flags after it override them */
+    int n = 0;
+    char **args = NULL;
+    if (pi2_plan_expand_args(argc, argv, &n, &args) != 0) {
+        fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
+        return 2;
+    }
+    const int rc = run_command(n, args);
+    pi2_plan_free_args(n, args);
+    return rc;
 }

@@ -90,6 +90,7 @@ const char *pi2_sparse_usage(void) {
            "    --memory-budget SIZE     whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)\n"
            "    --predictor model|oracle  oracle = true activations (a correctness tool)   [model]\n"
            "    --check-predictor        also compute true activations: recall/precision per layer\n"
+           "    --pred-threshold P       predictor threshold in (0,1) for every layer   [the model file's]\n"
            "    --llmflash-window K      llmflash: keep neurons used by the last K tokens   [5]\n"
            "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
            "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
@@ -133,7 +134,8 @@ static int parse_fraction(const char *flag, const char *v, float *out) {
 
 int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
     static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
-                                   "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity"};
+                                   "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity",
+                                   "--pred-threshold"};
     if (!strcmp(a, "--check-predictor")) {
         cfg->check_predictor = 1;
         return 1;
@@ -174,6 +176,14 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
     if (!strcmp(a, "--llmflash-window")) return pi2_parse_int_arg(a, v, 1, 1 << 20, &cfg->llmflash_window) ? -1 : 2;
     if (!strcmp(a, "--hot-fraction")) return parse_fraction(a, v, &cfg->hot_fraction) ? -1 : 2;
     if (!strcmp(a, "--hot-share")) return parse_fraction(a, v, &cfg->hot_share) ? -1 : 2;
+    if (!strcmp(a, "--pred-threshold")) {
+        if (parse_fraction(a, v, &cfg->pred_threshold)) return -1;
+        if (cfg->pred_threshold <= 0 || cfg->pred_threshold >= 1) {
+            pi2_set_error("--pred-threshold must be strictly between 0 and 1, got '%s'", v);
+            return -1;
+        }
+        return 2;
+    }
     if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
     if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
     if (!strcmp(a, "--io")) {
@@ -187,17 +197,10 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
         return -1;
     }
     /* --io-affinity */
-    int n = 0;
-    for (const char *s = v; *s;) {
-        char *end = NULL;
-        long cpu = strtol(s, &end, 10);
-        if (end == s || cpu < 0 || cpu > 4095 || (*end && *end != ',') || n >= 64) {
-            pi2_set_error("--io-affinity: bad list '%s' (expected e.g. 0,1)", v);
-            return -1;
-        }
-        cfg->io_cpus[n++] = (int)cpu;
-        s = *end ? end + 1 : end;
-    }
+    int32_t cpus[64];
+    const int n = pi2_parse_int_list(a, v, 4095, cpus, 64);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++) cfg->io_cpus[i] = cpus[i];
     cfg->io.n_cpus = n;
     return 2;
 }
@@ -410,6 +413,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
+    if (cfg->pred_threshold > 0 && s->pred.thr_logit) /* the plan's threshold for every layer */
+        for (int b = 0; b < s->pred.n_blocks; b++)
+            s->pred.thr_logit[b] = logf(cfg->pred_threshold / (1.0f - cfg->pred_threshold));
     if (alloc_scratch(s) != 0) {
         pi2_set_error("out of memory for the sparse engine's scratch");
         goto fail;
@@ -891,6 +897,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
         io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
         st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
+    if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
         /* sparsity: the share of (token, neuron) pairs whose output is truly zero */

@@ -39,6 +39,7 @@ typedef struct {
     int cluster;            /* bundles per hot cluster */
     int no_two_phase;       /* powerinfer2: read cold bundles whole (when storage is IOPS-bound) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
+    float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
     pi2_io_config io;
     int io_cpus[64];
 } pi2_sparse_config;

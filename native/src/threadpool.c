@@ -151,6 +151,21 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
 
 int pi2_pool_size(const pi2_pool *pool) { return pool->n; }
 
+pi2_pool *pi2_pool_from_flags(int threads, const char *affinity, int *n_threads) {
+    int32_t listed[1024];
+    int cpus[1024], n_aff = 0;
+    if (affinity && (n_aff = pi2_parse_int_list("--affinity", affinity, 1 << 20, listed, 1024)) < 0) return NULL;
+    for (int i = 0; i < n_aff; i++) cpus[i] = listed[i];
+    int n = threads ? threads : (n_aff ? n_aff : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (n < 1) n = 1;
+    if (n_aff && n_aff != n) {
+        pi2_set_error("--affinity lists %d cpus for %d threads (give one per thread)", n_aff, n);
+        return NULL;
+    }
+    *n_threads = n;
+    return pi2_pool_create(n, n_aff ? cpus : NULL);
+}
+
 static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
     if (p->n == 1) {
         fn(ctx, 0, 1);

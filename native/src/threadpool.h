@@ -30,6 +30,11 @@ void pi2_pool_run_dynamic(pi2_pool *pool, pi2_pool_fn fn, void *ctx);
 
 int pi2_pool_size(const pi2_pool *pool);
 
+/* The pool the --threads/--affinity flags ask for: `threads` (0: one per CPU in `affinity`, else one
+ * per online CPU), pinned to the CPUs listed in `affinity` (NULL: unpinned; one CPU per thread).
+ * *n_threads gets the count. NULL with an error on a bad list or count. */
+pi2_pool *pi2_pool_from_flags(int threads, const char *affinity, int *n_threads);
+
 /* Stops and joins the workers; NULL is accepted. */
 void pi2_pool_free(pi2_pool *pool);
 

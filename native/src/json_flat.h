@@ -1,0 +1,20 @@
+/* A strict reader of one flat JSON object: {"key": value, ...} with string, number or boolean values
+ * (no nesting, no null). Shared by the chat requests (chat_request.c) and the execution plan
+ * (plan.c). Errors name the problem and its byte offset, prefixed by `what`. */
+#ifndef PI2_JSON_FLAT_H
+#define PI2_JSON_FLAT_H
+
+#include <stddef.h>
+
+typedef enum { PI2_JSON_STRING, PI2_JSON_NUMBER, PI2_JSON_TRUE, PI2_JSON_FALSE } pi2_json_kind;
+
+/* One member: key and value NUL-terminated; value is the decoded UTF-8 of a string, the literal text
+ * of a number, or "true"/"false". Return 0 to go on, -1 (after pi2_set_error) to stop. */
+typedef int (*pi2_json_member_fn)(void *user, const char *key, pi2_json_kind kind, const char *value,
+                                  size_t value_len);
+
+/* 0 when text[0..len) is one such object (surrounding whitespace allowed) and fn accepted every
+ * member; -1 with pi2_set_error otherwise. */
+int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user);
+
+#endif
