@@ -210,6 +210,7 @@ class BenchConfig:
     llmflash_window: int = 5  # llmflash: keep the neurons used by the last K tokens
     mlc_runner: str | None = None  # mlc-llm: the runner (URL or command); None: $PI2_MLC_RUNNER
     mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
+    plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
 
 
 @dataclass
@@ -318,10 +319,15 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
 
     workdir = target.workdir
     binaries = driver.binaries(target)
-    items = collect_items(target, workdir, engine=binaries, models=[local_model])
-    reporter.message(f"pushing {', '.join(p.name for p in [*binaries, local_model])} to {target.name}")
+    plans = [driver.plan_local] if getattr(driver, "plan_local", None) else []
+    items = collect_items(target, workdir, engine=binaries, models=[local_model], plans=plans)
+    reporter.message(
+        f"pushing {', '.join(p.name for p in [*binaries, local_model, *plans])} to {target.name}"
+    )
     report = push_files(target, items, workdir)
     copied = sum(1 for f in report.files if f.action == "copied")
+    if plans:
+        driver.plan_remote = f"{workdir.rstrip('/')}/plans/{plans[0].name}"
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
     return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
                     f"{workdir.rstrip('/')}/bin")  # fmt: skip
@@ -532,6 +538,21 @@ def apply_engine_options(drivers: list, cfg: BenchConfig) -> None:
             d.window = cfg.llmflash_window
         elif d.name == "mlc-llm":
             d.runner, d.model = cfg.mlc_runner or d.runner, cfg.mlc_model or d.model
+        if d.name == "pi2" and cfg.plan:
+            from pi2cli.plan import load_plan
+
+            d.use_plan(Path(cfg.plan), load_plan(cfg.plan))
+
+
+def plan_budget(cfg: BenchConfig) -> None:
+    """With --plan and no --memory-budget, the bench runs under the plan's budget (enforced as any)."""
+    if not cfg.plan or any(b is not None for b in cfg.budgets):
+        return
+    from pi2cli.plan import load_plan
+
+    value = load_plan(cfg.plan).get("memory_budget")
+    if value is not None:
+        cfg.budgets = [parse_size(str(value))]
 
 
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
@@ -549,7 +570,10 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     if cfg.mode not in MODES:
         raise Pi2Error(f"--mode {cfg.mode!r}: use one of {', '.join(MODES)}")
     drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
+    if cfg.plan and "pi2" not in [d.name for d in drivers]:
+        raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
     apply_engine_options(drivers, cfg)
+    plan_budget(cfg)
     if cfg.mode == "llama-bench":
         return run_llama_bench_mode(cfg, drivers, reporter)
     workloads = {name: load_workload(name, cfg.limit, cfg.seed) for name in dict.fromkeys(cfg.workloads)}

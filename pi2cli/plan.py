@@ -23,7 +23,7 @@ MiB = 1 << 20
 DIRECT_ALIGN = 512  # the smallest O_DIRECT unit: the engine rounds its reads to it
 DEFAULT_CTX = 4096  # pi2-engine chat's default context (and pi2 bench's)
 MAX_BATCH = 256  # pi2-engine chat's prefill batch
-PROCESS_OVERHEAD = 16 * MiB  # binary, libc, thread stacks, I/O ring: measured VmRSS beyond the weights
+PROCESS_OVERHEAD = 10 * MiB  # binary, libc, thread stacks, I/O ring: VmRSS beyond the weights (measured)
 SLOT_BOOKKEEPING = 48  # bytes per cache slot (native/src/sparse.c)
 ENGINE_DEFAULTS = {"hot_fraction": 0.2, "hot_share": 0.5, "cluster": 32}
 # The settings a plan file may carry, in file order (each is the pi2-engine flag with '-' for '_').
@@ -188,7 +188,9 @@ def fixed_region_estimate(m: ModelFacts, budget: int, ctx: int, threads: int, sp
     kv_cache = 2 * m.n_layer * ctx * kv * 2  # K and V in F16
     ctx_scratch = 4 * B * (6 * E + 2 * q + 2 * kv + 3 * F + 3 * ne) + 4 * threads * ctx + 4 * B * widest
     ctx_scratch += 4 * m.n_vocab + (0 if m.dense_down else 4 * threads * B * E)
-    sparse_scratch = (B * (E + 2 * F) + 8 * F * B + 35 * F) if sparse else 0
+    # activations, masks, gate and h values per token, per-neuron lists, and the predictors' own
+    # (inputs, hidden layer, one probability per neuron per token)
+    sparse_scratch = (B * (E + 2 * F) + 8 * F * B + 35 * F + B * (2 * E + 4 * 256 + 4 * F)) if sparse else 0
     parts = {
         "resident": m.resident_bytes + m.other_bytes + PROCESS_OVERHEAD,
         "kv_cache": kv_cache,
@@ -379,6 +381,11 @@ def make_plan(
         raise Pi2Error(f"--memory-budget {budget}: too small (at least 1M)")
     if ctx < 1:
         raise Pi2Error(f"--ctx must be at least 1, got {ctx}")
+    if pred_threshold is not None:
+        if not 0 < pred_threshold < 1:
+            raise Pi2Error(f"--pred-threshold must be a probability in (0, 1), got {pred_threshold}")
+        if not m.has_predictor:
+            raise Pi2Error("--pred-threshold needs a model with activation predictors")
     from pi2cli.profile import validate_profile
 
     validate_profile(profile)
@@ -469,10 +476,6 @@ def make_plan(
                        f"(estimate at the best bandwidth measured, {best_bw / 1e6:.0f} MB/s: optimistic)")  # fmt: skip
     why.extend(core_why)
     if pred_threshold is not None:
-        if not sparse:
-            raise Pi2Error("--pred-threshold needs a model with activation predictors")
-        if not 0 < pred_threshold < 1:
-            raise Pi2Error(f"--pred-threshold must be a probability in (0, 1), got {pred_threshold}")
         settings["pred_threshold"] = pred_threshold
         why.append(f"pred_threshold {pred_threshold}: given on the command line (overrides the model's per-layer "
                    f"thresholds)")  # fmt: skip

@@ -117,13 +117,17 @@ def print_table(console, outcomes) -> None:
 @click.option("--cool-below", type=float, default=None,
               help="Before each run wait until the device is below this many °C (default 45 on phones, no "
                    "waiting here; 0 never waits). Skipped when the target reports no temperature.")  # fmt: skip
+@click.option("--plan", "plan", type=click.Path(dir_okay=False), default=None,
+              help="pi2 only: run pi2-engine with this plan (`pi2 plan --out`); pushed to WORKDIR/plans/ on a "
+                   "device. --memory-budget and --threads override the plan's; without --memory-budget the "
+                   "plan's budget is the run's (enforced like any budget). Stored in the result's settings.")  # fmt: skip
 @click.option("--tag", "tags", multiple=True, help="Label stored with every run (e.g. nightly).")
 @results_dir_option
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
 def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit, seed,
-            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, tags, results_dir,
+            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, tags, results_dir,
             as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
@@ -140,6 +144,7 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
       pi2 bench -m models/smollm2/model.pi2 --device 127.0.0.1:5555 -w math --limit 1
       pi2 bench -m synth/model.pi2 -e pi2 -e llmflash --llmflash-window 5 --memory-budget 256M --limit 1
       pi2 bench -m models/smollm2/model.gguf -e llama.cpp --mode llama-bench -p 512 -n 128 --repeat 3
+      pi2 bench -m synth/model.pi2 -e pi2 --plan plan.json --limit 1
       PI2_MLC_RUNNER=http://127.0.0.1:8000 pi2 bench -m models/smollm2/model.pi2 -e mlc-llm --limit 1
     """
     from rich.console import Console
@@ -152,7 +157,7 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
-        mlc_model=mlc_model,
+        mlc_model=mlc_model, plan=plan,
     )  # fmt: skip
     console = Console(stderr=True)
     if console.is_terminal or not as_json:

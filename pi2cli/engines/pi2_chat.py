@@ -424,7 +424,7 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
 
 # ---------------------------------------------------------------------------------------- bench driver
 # each sparse flag with a value every engine that knows the flag accepts
-SPARSE_FLAGS = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5"}
+SPARSE_FLAGS = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5", "--plan": "none.json"}
 _flag_cache: dict[tuple, frozenset[str]] = {}
 
 
@@ -489,6 +489,18 @@ class Pi2BenchDriver:
 
     def __init__(self):
         self.extra_settings: dict = {}  # stored in the result's settings block
+        self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
+        self.plan_data: dict = {}
+        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
+
+    def use_plan(self, path: Path, data: dict) -> None:
+        """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
+        from pi2cli.plan import SETTINGS
+
+        self.plan_local, self.plan_data = Path(path), dict(data)
+        self.plan_remote = str(Path(path).resolve())
+        self.extra_settings["plan"] = {"file": Path(path).name,
+                                       **{k: data[k] for k in SETTINGS if k in data}}  # fmt: skip
 
     def supports(self, target) -> str | None:
         return None
@@ -509,11 +521,18 @@ class Pi2BenchDriver:
         self._sparse_flags = target_engine_flags(target, self.local_binary(target))
         sparse = "--policy" in self._sparse_flags
         self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
+        if self.plan_local is not None:
+            if "--plan" not in self._sparse_flags:
+                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
+                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
+            self.policy = str(self.plan_data.get("policy", self.policy))
 
     def engine_args(self, budget_bytes: int | None) -> list[str]:
         """The policy and budget flags for pi2-engine (none for a build that has no --policy)."""
         flags = getattr(self, "_sparse_flags", frozenset())
         args = ["--policy", self.policy] if "--policy" in flags else []
+        if self.plan_remote and "--plan" in flags:
+            args += ["--plan", self.plan_remote]  # after the policy (the plan's wins), before the budget
         if budget_bytes and "--memory-budget" in flags:
             args += ["--memory-budget", str(int(budget_bytes))]
         return args
@@ -521,8 +540,11 @@ class Pi2BenchDriver:
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
+        extra = self.engine_args(budget_bytes)
+        if threads and "--plan" in extra:
+            extra += ["--threads", str(threads)]  # the bench's --threads overrides the plan's
         return open_chat_session(target, binary, model, threads=threads, n_ctx=n_ctx, budget=budget, seed=seed,
-                                 extra=self.engine_args(budget_bytes))  # fmt: skip
+                                 extra=extra)  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__

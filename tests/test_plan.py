@@ -1,0 +1,411 @@
+"""`pi2 profile` and `pi2 plan`: the planner's rules on made-up hardware, the commands end to end, and a
+plan file driving pi2-engine (its summary shows the plan's settings) and `pi2 bench --plan`."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pi2cli.cli import cli
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import host_build_dir
+from pi2cli.plan import (
+    ModelFacts,
+    engine_hot_sizing,
+    load_plan,
+    make_plan,
+    model_facts,
+    read_time_s,
+    validate_plan,
+)
+from pi2cli.profile import load_profile, measure, probe_steps, validate_profile
+
+MiB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------- made-up inputs
+def mistral7b(**kw) -> ModelFacts:
+    """TurboSparse-Mistral-7B's shapes and measured statistics (as /work/models/tsm7b carries them)."""
+    base = dict(name="tsm7b", arch="llama", ffn_act="drelu", neuron_type="Q4_0", n_layer=32, n_embd=4096,
+                n_ff=14336, n_head=32, n_head_kv=8, head_dim=128, n_vocab=49152, has_predictor=True,
+                part_bytes=2304, bundle_stride=8192, resident_bytes=1059995648,
+                per_token_resident_bytes=859000000, other_bytes=1400000,
+                measured={"precision": 0.377, "recall": 0.944, "sparsity": 0.898, "hot_coverage": 0.798,
+                          "predicted_fraction": 0.256},
+                profiled_hot_fraction=0.2)  # fmt: skip
+    base.update(kw)
+    return ModelFacts(**base)
+
+
+def curve(points: dict[int, float]) -> list[dict]:
+    """block -> IOPS at queue depth 32."""
+    return [{"block": b, "qd": 32, "iops": iops, "mb_per_s": b * iops / 1e6, "lat_p50_us": 400.0,
+             "lat_p99_us": 900.0, "reads": 1000} for b, iops in sorted(points.items())]  # fmt: skip
+
+
+REQUEST_BOUND = curve({4096: 78000, 8192: 65000, 16384: 44000, 65536: 19000})  # this VM's virtio disk
+BANDWIDTH_BOUND = curve({b: 800e6 / b for b in (4096, 8192, 16384, 65536)})  # 800 MB/s at every size
+
+
+def profile(storage=REQUEST_BOUND, cores=2, clusters=(), membw=18.9) -> dict:
+    return {
+        "format": "pi2-profile", "version": 1, "target": {"name": "fake", "kind": "local", "arch": "x86_64"},
+        "cores": {"count": cores, "clusters": [dict(c) for c in clusters]},
+        "memory": {"total_bytes": 8 << 30},
+        "membw": [{"threads": 1, "gb_per_s": membw / 2}, {"threads": cores, "gb_per_s": membw}],
+        "storage": {"file": "m.pi2", "file_bytes": 5 << 30, "method": "io_uring", "o_direct": True, "curve": storage,
+                    "qd1": dict(storage[0], qd=1)},
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- storage model
+def test_read_time_follows_the_curve():
+    for p in REQUEST_BOUND:
+        assert read_time_s(REQUEST_BOUND, p["block"]) == pytest.approx(1 / p["iops"])
+    mid = read_time_s(REQUEST_BOUND, 6144)
+    assert 1 / 78000 < mid < 1 / 65000  # between its neighbours
+    # below the smallest block: request-bound storage charges about one request, bandwidth-bound the bytes
+    assert read_time_s(REQUEST_BOUND, 2560) == pytest.approx(1 / 78000, rel=0.1)
+    assert read_time_s(BANDWIDTH_BOUND, 2560) == pytest.approx(2560 / 800e6, rel=1e-6)
+    assert read_time_s(BANDWIDTH_BOUND, 1000) == read_time_s(BANDWIDTH_BOUND, 1024)  # 512-rounded
+
+
+def test_request_bound_storage_reads_whole_bundles():
+    plan = make_plan(mistral7b(), profile(REQUEST_BOUND), 2651 * MiB, ctx=64)
+    assert plan.settings["policy"] == "powerinfer2" and plan.settings["two_phase"] is False
+    assert plan.info["predicted_whole_bundle_us"] < plan.info["predicted_two_phase_us"]
+    assert any("whole-bundle reads are cheaper" in w for w in plan.why)
+
+
+def test_bandwidth_bound_storage_reads_in_two_phases():
+    plan = make_plan(mistral7b(), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
+    assert plan.settings["two_phase"] is True
+    assert any("two-phase reads (gate part first) are cheaper" in w for w in plan.why)
+
+
+def test_two_phase_is_not_set_where_it_cannot_apply():
+    plan = make_plan(mistral7b(ffn_act="swiglu"), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
+    assert "two_phase" not in plan.settings and any("does not apply" in w for w in plan.why)
+
+
+# ------------------------------------------------------------------------------------------ the cache
+def test_cache_split_puts_the_hot_set_first_and_matches_the_engines_sizing():
+    m = mistral7b()
+    plan = make_plan(m, profile(), 2651 * MiB, ctx=64)
+    s = plan.settings
+    assert (s["hot_fraction"], s["cluster"]) == (0.2, 32) and 0 < s["hot_share"] < 1
+    hot, cold = engine_hot_sizing(
+        m, plan.info["predicted_cache_bytes"], s["hot_fraction"], s["hot_share"], 32
+    )
+    assert hot == plan.info["predicted_hot_neurons_per_block"] == 2880  # the whole hot set fits
+    assert cold > 0 and any("the whole hot set" in w for w in plan.why)
+    # a smaller budget: the hot set shrinks, the cold region keeps room for two blocks' predicted neurons
+    small = make_plan(m, profile(), 1536 * MiB, ctx=64)
+    assert small.info["predicted_hot_neurons_per_block"] < 2880 and small.settings["hot_share"] < 1
+    assert any("does not fit" in w for w in small.why)
+    assert small.info["predicted_reads_per_token"] > plan.info["predicted_reads_per_token"]
+    # a longer context takes KV cache out of the same budget
+    assert (
+        make_plan(m, profile(), 2651 * MiB).info["predicted_cache_bytes"] < plan.info["predicted_cache_bytes"]
+    )
+
+
+def test_a_budget_holding_the_whole_ffn_preloads_it():
+    plan = make_plan(mistral7b(), profile(), 6 << 30, ctx=64)
+    assert not {"hot_fraction", "hot_share", "cluster"} & set(plan.settings)
+    assert any("everything preloaded" in w for w in plan.why) and plan.info["predicted_storage_ms"] == 0
+    assert "predicted_reads_per_token" not in plan.info
+
+
+def test_without_measured_coverage_the_engine_defaults_stay():
+    m = mistral7b(measured={"precision": 0.4}, profiled_hot_fraction=None)
+    plan = make_plan(m, profile(), 2651 * MiB, ctx=64)
+    assert (plan.settings["hot_fraction"], plan.settings["hot_share"], plan.settings["cluster"]) == (
+        0.2,
+        0.5,
+        32,
+    )
+    assert any("engine defaults" in w for w in plan.why)
+
+
+def test_a_model_without_predictors_runs_dense():
+    plan = make_plan(mistral7b(has_predictor=False), profile(), 2651 * MiB, ctx=64)
+    assert plan.settings["policy"] == "dense"
+    assert not {"two_phase", "hot_fraction", "hot_share", "cluster"} & set(plan.settings)
+    assert any("no activation predictors" in w for w in plan.why)
+    assert plan.info["predicted_storage_ms"] > 0  # the FFN does not fit: dense pages it in
+
+
+# ------------------------------------------------------------------------------------------ the cores
+BIG_LITTLE = ({"cpus": [0, 1, 2, 3], "max_mhz": 1800}, {"cpus": [4, 5, 6], "max_mhz": 2800},
+              {"cpus": [7], "max_mhz": 3200})  # fmt: skip
+
+
+def test_big_and_little_cores_split_compute_and_io():
+    plan = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64)
+    s = plan.settings
+    assert s["threads"] == 4 and s["affinity"] == "7,4,5,6"  # fastest first
+    assert s["io_threads"] == 4 and s["io_affinity"] == "0,1,2,3"
+    two = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, threads=2)
+    assert two.settings["affinity"] == "7,4" and two.settings["io_affinity"] == "0,1,2,3,5,6"
+    every = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, threads=8)
+    assert "io_affinity" not in every.settings and any("no cores left" in w for w in every.why)
+
+
+def test_alike_cores_are_not_pinned():
+    for clusters in ((), ({"cpus": [0, 1, 2, 3], "max_mhz": 2000},)):
+        plan = make_plan(mistral7b(), profile(cores=4, clusters=clusters), 2651 * MiB, ctx=64)
+        assert plan.settings["threads"] == 4 and not {"affinity", "io_affinity", "io_threads"} & set(
+            plan.settings
+        )
+        assert any("all alike" in w and "no pinning" in w for w in plan.why)
+
+
+# -------------------------------------------------------------------------------------- the plan file
+def test_plan_file_has_only_keys_the_engine_reads():
+    plan = make_plan(
+        mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, pred_threshold=0.3
+    )
+    data = plan.to_json()
+    validate_plan(data)
+    assert data["format"] == "pi2-plan" and data["version"] == 1 and data["pred_threshold"] == 0.3
+    assert data["memory_budget"] == 2651 * MiB and "\n" in data["why"]
+    assert data["predicted_tbt_ms"] > 0 and data["predicted_tok_s"] == pytest.approx(1e3 / data["predicted_tbt_ms"],
+                                                                                     rel=0.01)  # fmt: skip
+    assert all(not isinstance(v, dict | list) for v in data.values())  # flat
+    assert "pred_threshold" not in make_plan(mistral7b(), profile(), 2651 * MiB).settings  # only when asked
+    with pytest.raises(Pi2Error, match="unknown key 'hot_fractoin'"):
+        validate_plan({**data, "hot_fractoin": 0.2})
+    with pytest.raises(Pi2Error, match="two_phase has the wrong type"):
+        validate_plan({**data, "two_phase": "no"})
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"budget": 900 * MiB}, "is too small for tsm7b: the fixed region needs"),
+        ({"pred_threshold": 1.5}, "--pred-threshold must be a probability in (0, 1)"),
+        ({"threads": 3}, "--threads 3: the device has 2 cores"),
+        ({"profile": {"format": "pi2-profile", "version": 1}}, "cores.count"),
+        ({"profile": dict(profile(), storage={"curve": []})}, "storage.curve is missing"),
+        ({"profile": dict(profile(), format="x")}, "not a pi2 hardware profile"),
+        ({"model": mistral7b(has_predictor=False), "pred_threshold": 0.5}, "needs a model with activation"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors(kw, message):
+    args = {"model": mistral7b(), "profile": profile(), "budget": 2651 * MiB} | kw
+    with pytest.raises(Pi2Error) as err:
+        make_plan(args.pop("model"), args.pop("profile"), args.pop("budget"), **args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------- the profile
+def test_measure_keeps_each_block_sizes_best_round():
+    calls = []
+
+    def run(args):
+        calls.append(args)
+        if args[0] == "membw":
+            return json.dumps(
+                {"probe": "membw", "threads": int(args[2]), "mib_per_thread": 8, "gb_per_s": 10.0}
+            )
+        block, qd = int(args[args.index("--block") + 1]), int(args[args.index("--qd") + 1])
+        iops = 1000.0 * (2 if len([c for c in calls if "--block" in c and c[2] == str(block)]) == 2 else 1)
+        return json.dumps({"probe": "storage", "block": block, "qd": qd, "iops": iops, "mb_per_s": iops * block / 1e6,
+                           "lat_p50_us": 1.0, "lat_p99_us": 2.0, "reads": 10, "method": "pread", "o_direct": True,
+                           "file_bytes": 1 << 30})  # fmt: skip
+
+    steps = []
+    out = measure(run, "/m.pi2", cores=4, seconds=0.4, membw_mib=8, step=lambda i, n, d: steps.append((i, n)))
+    assert [m["threads"] for m in out["membw"]] == [1, 4]
+    assert [p["block"] for p in out["storage"]["curve"]] == [4096, 8192, 16384, 65536]
+    assert all(p["iops"] == 2000.0 for p in out["storage"]["curve"])  # round 2 was better: kept
+    assert out["storage"]["qd1"]["qd"] == 1 and out["storage"]["method"] == "pread"
+    assert steps == [(i, len(probe_steps(4))) for i in range(len(probe_steps(4)))]
+    assert all(
+        c[c.index("--seconds") + 1] == "0.2" for c in calls if "--qd" in c and c[c.index("--qd") + 1] == "32"
+    )
+
+
+def _probe_built() -> bool:
+    return (host_build_dir() / "pi2-probe").is_file()
+
+
+@pytest.mark.skipif(not _probe_built(), reason="pi2-probe is not built (make engine)")
+def test_profile_command_on_this_machine(tmp_path):
+    store = tmp_path / "store.bin"
+    store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(cli, ["profile", "--file", str(store), "--out", str(out), "--seconds", "0.1",
+                                      "--membw-mib", "4", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data == load_profile(out)
+    validate_profile(data)
+    assert data["cores"]["count"] >= 1 and data["memory"]["total_bytes"] > 0
+    assert [p["block"] for p in data["storage"]["curve"]] == [4096, 8192, 16384, 65536]
+    assert all(p["iops"] > 0 and p["qd"] == 32 for p in data["storage"]["curve"])
+    assert data["storage"]["qd1"]["qd"] == 1 and data["storage"]["file_bytes"] == 4 << 20
+    assert data["membw"][0]["threads"] == 1 and data["membw"][-1]["threads"] == data["cores"]["count"]
+    # a missing file: one line, no profile left behind
+    gone = tmp_path / "none.json"
+    bad = CliRunner().invoke(cli, ["profile", "--file", str(tmp_path / "nope"), "--out", str(gone)])
+    assert bad.exit_code == 1 and "no such file" in bad.output and not gone.exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+# ---------------------------------------------------------------------------- commands and the engine
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory, smollm2_gguf) -> Path:
+    """Two layers whose FFN (32 MiB) is most of the file, with predictors and measured statistics."""
+    from pi2cli.models import synth
+
+    out = tmp_path_factory.mktemp("plan-heavy")
+    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=32768, dense_down=False,
+                            calib_seqs=6, eval_seqs=2, tokenizer_gguf=smollm2_gguf)  # fmt: skip
+    synth.synthesize(cfg, out)
+    return out / "model.pi2"
+
+
+@pytest.fixture
+def profile_file(tmp_path) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile(REQUEST_BOUND)))
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
+    out = tmp_path / "plan.json"
+    result = invoke("plan", "-m", heavy, "--memory-budget", "56M", "--profile", profile_file, "--ctx", "16",
+                    "--out", out, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data == load_plan(out)
+    facts = model_facts(heavy)
+    assert facts.has_predictor and facts.measured["hot_coverage"] > 0.5
+    assert (
+        data["policy"] == "powerinfer2" and data["memory_budget"] == 56 * MiB and data["model"] == str(heavy)
+    )
+    assert data["two_phase"] is False and data["device"] == "fake"
+    table = invoke("plan", "-m", heavy, "--memory-budget", "56M", "--profile", profile_file, "--ctx", "16")
+    assert table.exit_code == 0 and "why" in table.stdout and "--hot-share" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memory-budget", "lots"], "not a size"),
+        (["--memory-budget", "16M"], "is too small for"),
+        (["--memory-budget", "56M", "--pred-threshold", "0"], "--pred-threshold must be a probability"),
+        (["--memory-budget", "56M", "--profile", "MISSING"], "No such file"),
+        (["--memory-budget", "56M", "--profile", "NOTJSON"], "not JSON"),
+    ],
+)
+def test_plan_command_bad_input(heavy, profile_file, tmp_path, args, message):
+    (tmp_path / "bad.json").write_text("{oops")
+    args = [str(tmp_path / "missing.json") if a == "MISSING" else str(tmp_path / "bad.json") if a == "NOTJSON" else a
+            for a in args]  # fmt: skip
+    if "--profile" not in args:
+        args += ["--profile", str(profile_file)]
+    out = tmp_path / "plan.json"
+    result = invoke("plan", "-m", heavy, *args, "--out", out)
+    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_plan_command_on_a_file_that_is_no_model(tmp_path, profile_file):
+    junk = tmp_path / "junk.pi2"
+    junk.write_bytes(b"not a model" * 100)
+    result = invoke("plan", "-m", junk, "--memory-budget", "1G", "--profile", profile_file)
+    assert (
+        result.exit_code == 1
+        and result.output.startswith("pi2: error: --model")
+        and "Traceback" not in result.output
+    )
+
+
+def _engine() -> Path:
+    path = host_build_dir() / "pi2-engine"
+    if not path.is_file():
+        pytest.fail(f"{path} is not built: run `make engine` first")
+    return path
+
+
+@pytest.mark.parametrize("budget", ["56M", "96M"])
+def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
+    # pi2 plan -> plan file -> pi2-engine generate --plan: the engine's summary shows the plan's settings.
+    # 56M leaves a cache of part of the FFN (hot/cold split), 96M holds it all (preloaded). The bundles are
+    # tiny (72-byte parts in one 512-byte read), so a gate-first read can only add requests: whole bundles.
+    plan_path = tmp_path / "plan.json"
+    result = invoke("plan", "-m", heavy, "-b", budget, "-P", profile_file, "--ctx", "16", "--out", plan_path)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_path)
+    assert plan["two_phase"] is False
+    events = tmp_path / "events.jsonl"
+    done = subprocess.run([str(_engine()), "generate", "-m", str(heavy), "--plan", str(plan_path), "-p", "Hello there",
+                           "-n", "6", "--ctx", "16", "--batch", "16", "--events", str(events)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = [json.loads(line) for line in events.read_text().splitlines() if '"summary"' in line][-1]
+    assert summary["policy"] == "powerinfer2" and summary["memory_budget_bytes"] == plan["memory_budget"]
+    assert summary["two_phase"] is False and summary["peak_rss_bytes"] <= plan["memory_budget"]
+    if budget == "96M":
+        assert "cluster" not in plan and "preload" in plan["why"]
+        assert (
+            summary["hot_neurons_per_block"] == 0 and summary["hit_rate"] == 1.0 and summary["preload_s"] > 0
+        )
+    else:
+        assert summary["cluster"] == plan["cluster"] and plan["hot_share"] > 0
+        # the planner sizes the regions as the engine does: from the cache the engine really got, the
+        # plan's hot share gives the engine's hot set exactly
+        hot, _ = engine_hot_sizing(model_facts(heavy), summary["cache_bytes"], plan["hot_fraction"], plan["hot_share"],
+                                   plan["cluster"])  # fmt: skip
+        assert summary["hot_neurons_per_block"] == hot > 0
+        # the planner's estimate of the cache is close to what the engine measured for itself
+        assert summary["cache_bytes"] == pytest.approx(plan["predicted_cache_bytes"], rel=0.25), summary[
+            "fixed_bytes"
+        ]
+
+
+def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
+    from pi2cli.results import store
+
+    plan_path = tmp_path / "plan.json"
+    assert (
+        invoke(
+            "plan", "-m", heavy, "-b", "320M", "-P", profile_file, "--ctx", "256", "-o", plan_path
+        ).exit_code
+        == 0
+    )
+    result = CliRunner().invoke(cli, ["bench", "-m", str(heavy), "-e", "pi2", "--plan", str(plan_path), "-w", "code",
+                                      "--limit", "1", "-n", "4", "--ctx", "256", "--results-dir", str(tmp_path / "r"),
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["runs"]
+    run = store.load_run(row["result_file"])
+    assert run["status"] == "ok" and run["engine"]["policy"] == "powerinfer2"
+    assert run["settings"]["plan"]["file"] == "plan.json" and run["settings"]["plan"]["two_phase"] is False
+    assert run["memory"]["budget_bytes"] == 320 * MiB  # the plan's budget became the run's
+    assert run["counters"]["memory_budget_bytes"] == 320 * MiB
+    bad = CliRunner().invoke(cli, ["bench", "-m", str(heavy), "-e", "llama.cpp", "--plan", str(plan_path)])
+    assert bad.exit_code == 1 and "--plan is for the pi2 engine" in bad.output
+
+
+def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
+    from pi2cli.engines.pi2_chat import Pi2BenchDriver
+    from pi2cli.targets import get_target
+
+    plan_path = tmp_path / "p.json"
+    plan_path.write_text(json.dumps({"format": "pi2-plan", "version": 1, "policy": "cache", "threads": 2}))
+    driver = Pi2BenchDriver()
+    driver.use_plan(plan_path, load_plan(plan_path))
+    driver.configure(get_target("local"), heavy)
+    assert driver.policy == "cache"  # the plan's policy is what the result records
+    assert driver.engine_args(1 << 30) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
+                                           "--memory-budget", str(1 << 30)]  # fmt: skip
