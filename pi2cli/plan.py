@@ -239,12 +239,16 @@ def predicted_fraction(m: ModelFacts) -> float:
 def engine_hot_sizing(
     m: ModelFacts, cache: int, hot_fraction: float, hot_share: float, cluster: int
 ) -> tuple[int, int]:
-    """(hot neurons per block, cold slots) exactly as native/src/sparse.c's size_cache() computes them."""
+    """(hot neurons per block, cold slots) exactly as native/src/sparse.c's size_cache() computes them
+    (its fractions are C floats: the same float32 rounding here, or a share's last bit moves a cluster)."""
+    import numpy as np
+
     F, nb = m.n_ff, m.n_blocks
     cluster = min(cluster, F)
-    hot = min(F, round_up(int(hot_fraction * F + 0.5), cluster))
+    f32 = np.float32
+    hot = min(F, round_up(int(f32(hot_fraction) * f32(F) + f32(0.5)), cluster))
     per_block = -(-hot // cluster)
-    hot_slots = int(cache * hot_share / (cluster * m.bundle_stride))
+    hot_slots = int(float(cache) * float(f32(hot_share)) / float(cluster * m.bundle_stride))
     fit = hot_slots // nb
     if fit < per_block:
         per_block, hot = fit, fit * cluster

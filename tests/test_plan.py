@@ -138,6 +138,16 @@ def test_a_model_without_predictors_runs_dense():
     assert plan.info["predicted_storage_ms"] > 0  # the FFN does not fit: dense pages it in
 
 
+def test_moe_reads_only_the_blocks_a_token_routes_to():
+    moe = mistral7b(name="mixtral", arch="moe", n_expert=8, n_expert_used=2, n_ff=14336)
+    dense = mistral7b()
+    a = make_plan(moe, profile(), 8 << 30, ctx=64)
+    b = make_plan(dense, profile(), 8 << 30, ctx=64)
+    assert a.settings["policy"] == "powerinfer2" and "hot_share" in a.settings  # 8 experts' FFN does not fit
+    assert moe.blocks_per_token == 2 * dense.blocks_per_token and moe.n_blocks == 8 * dense.n_blocks
+    assert a.info["predicted_memory_ms"] > b.info["predicted_memory_ms"]  # two experts' FFN per token
+
+
 # ------------------------------------------------------------------------------------------ the cores
 BIG_LITTLE = ({"cpus": [0, 1, 2, 3], "max_mhz": 1800}, {"cpus": [4, 5, 6], "max_mhz": 2800},
               {"cpus": [7], "max_mhz": 3200})  # fmt: skip
@@ -319,6 +329,15 @@ def test_plan_command_bad_input(heavy, profile_file, tmp_path, args, message):
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.skipif(not _probe_built(), reason="pi2-probe is not built (make engine)")
+def test_plan_command_probes_this_machine_without_a_profile(heavy):
+    result = invoke("plan", "-m", heavy, "-b", "56M", "--ctx", "16", "--seconds", "0.05", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "local" and data["measured_iops_4k_qd32"] > 0 and data["predicted_tbt_ms"] > 0
+    validate_plan(data)
+
+
 def test_plan_command_on_a_file_that_is_no_model(tmp_path, profile_file):
     junk = tmp_path / "junk.pi2"
     junk.write_bytes(b"not a model" * 100)
@@ -364,8 +383,10 @@ def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
         assert summary["cluster"] == plan["cluster"] and plan["hot_share"] > 0
         # the planner sizes the regions as the engine does: from the cache the engine really got, the
         # plan's hot share gives the engine's hot set exactly
-        hot, _ = engine_hot_sizing(model_facts(heavy), summary["cache_bytes"], plan["hot_fraction"], plan["hot_share"],
-                                   plan["cluster"])  # fmt: skip
+        facts = model_facts(heavy)
+        cache = plan["memory_budget"] - summary["fixed_bytes"]
+        cache -= cache // facts.full_len * 48  # the slots' bookkeeping, as the engine takes it
+        hot, _ = engine_hot_sizing(facts, cache, plan["hot_fraction"], plan["hot_share"], plan["cluster"])
         assert summary["hot_neurons_per_block"] == hot > 0
         # the planner's estimate of the cache is close to what the engine measured for itself
         assert summary["cache_bytes"] == pytest.approx(plan["predicted_cache_bytes"], rel=0.25), summary[
