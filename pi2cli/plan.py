@@ -415,8 +415,9 @@ def make_plan(
     cache = raw - raw // m.full_len * SLOT_BOOKKEEPING
     why.append(f"budget {fmt_bytes(budget)} = fixed ~{fmt_bytes(fixed['total'])} (resident "
                f"{fmt_bytes(fixed['resident'])}, KV cache for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch "
-               f"{fmt_bytes(fixed['scratch'])}, margin {fmt_bytes(fixed['margin'])}) + neuron cache "
-               f"~{fmt_bytes(cache)} (the engine measures the fixed region itself when it opens)")  # fmt: skip
+               f"{fmt_bytes(fixed['scratch'])}, margin {fmt_bytes(fixed['margin'])}) + "
+               + (f"neuron cache ~{fmt_bytes(cache)} (the engine measures the fixed region itself when it opens)"
+                  if sparse else f"~{fmt_bytes(raw)} for the FFN pages the page cache keeps"))  # fmt: skip
     info: dict = {"predicted_fixed_bytes": int(fixed["total"]), "predicted_cache_bytes": int(cache),
                   "predicted_for_ctx": ctx}  # fmt: skip
     membw = pick_membw(profile, nthreads)
