@@ -59,7 +59,8 @@ def command(device, file, out, seconds, membw_mib, as_json):
     --file with the engine's own reader (io_uring or a pread pool, O_DIRECT when the file system allows)
     at 4, 8, 16 and 64 KiB with 32 reads in flight, and 4 KiB with one in flight (latency). Cores come
     with their max frequency (cpufreq), so `pi2 plan` can put compute on big cores and I/O on little
-    ones. The machine should be otherwise idle: every figure is a throughput under contention.
+    ones. Keep the machine otherwise idle: other load lowers every figure (each storage point keeps
+    the better of two interleaved rounds, which absorbs a short burst, not a busy disk).
 
     \b
     Examples:
