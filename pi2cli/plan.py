@@ -156,6 +156,18 @@ def read_time_s(curve: list[dict], size: int) -> float:
     return max(lin, size / best_bw)
 
 
+def curve_anomalies(curve: list[dict]) -> str:
+    """What breaks the shape any storage has (larger reads: no more IOPS, no less bandwidth), beyond 15%."""
+    pts = sorted(curve, key=lambda p: p["block"])
+    out = []
+    for a, b in zip(pts, pts[1:], strict=False):
+        if b["iops"] > 1.15 * a["iops"]:
+            out.append(f"{b['block'] // 1024} KiB reads got more IOPS than {a['block'] // 1024} KiB")
+        if b["mb_per_s"] < a["mb_per_s"] / 1.15:
+            out.append(f"{b['block'] // 1024} KiB reads got less bandwidth than {a['block'] // 1024} KiB")
+    return "; ".join(out)
+
+
 @dataclass
 class Costs:
     whole_s: float  # one cold miss read as a whole bundle
@@ -395,6 +407,10 @@ def make_plan(
     validate_profile(profile)
     curve = profile["storage"]["curve"]
     why: list[str] = []
+    odd = curve_anomalies(curve)
+    if odd:
+        why.append(f"caution: the storage curve looks disturbed ({odd}); the disk was probably busy while "
+                   f"profiling: profile again on an idle device")  # fmt: skip
     settings: dict = {}
     sparse = m.has_predictor
     settings["policy"] = "powerinfer2" if sparse else "dense"

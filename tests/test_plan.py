@@ -85,6 +85,14 @@ def test_bandwidth_bound_storage_reads_in_two_phases():
     assert any("two-phase reads (gate part first) are cheaper" in w for w in plan.why)
 
 
+def test_a_disturbed_storage_curve_is_flagged():
+    assert not any("caution" in w for w in make_plan(mistral7b(), profile(), 2651 * MiB, ctx=64).why)
+    busy = curve({4096: 21000, 8192: 26000, 16384: 22000, 65536: 2000})  # someone else was reading
+    plan = make_plan(mistral7b(), profile(busy), 2651 * MiB, ctx=64)
+    assert any("caution" in w and "8 KiB reads got more IOPS than 4 KiB" in w for w in plan.why)
+    assert any("64 KiB reads got less bandwidth than 16 KiB" in w for w in plan.why)
+
+
 def test_two_phase_is_not_set_where_it_cannot_apply():
     plan = make_plan(mistral7b(ffn_act="swiglu"), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
     assert "two_phase" not in plan.settings and any("does not apply" in w for w in plan.why)
