@@ -262,6 +262,43 @@ static void rows512(int kind, pi2_dot_fn dot, const void *w, size_t rb, const in
     }
 }
 
+/* The packed activation of pi2_pack_act: the pairs, then the activation itself (the odd tail block
+ * and the Q4_1 per-block terms are read from it). */
+static size_t packed_size512(int kind, int64_t n) {
+    const int64_t nb = n / PI2_QK;
+    return (size_t)((nb + 1) / 2) * sizeof(act_pair) + (size_t)nb * act_block_bytes(kind);
+}
+
+static void pack512(int kind, const void *act, int64_t n, void *packed) {
+    const int64_t nb = n / PI2_QK;
+    pack_act(kind, act, nb, packed);
+    memcpy((uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair), act, (size_t)nb * act_block_bytes(kind));
+}
+
+static inline float dot_packed512(int kind, int64_t n, const void *row, const void *packed) {
+    const int64_t nb = n / PI2_QK;
+    const uint8_t *wr[1] = {row};
+    const uint8_t *raw = (const uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair);
+    float y;
+    switch (kind) {
+    case KIND_Q4_0_512: gemv_rows(KIND_Q4_0_512, 1, wr, nb, packed, raw, &y); break;
+    case KIND_Q4_1_512: gemv_rows(KIND_Q4_1_512, 1, wr, nb, packed, raw, &y); break;
+    default: gemv_rows(KIND_Q8_0_512, 1, wr, nb, packed, raw, &y); break;
+    }
+    return y;
+}
+
+#define PACKED(T, K)                                                                                      \
+    static size_t packed_size_##T(int64_t n) { return packed_size512(K, n); }                            \
+    static void pack_##T(const void *act, int64_t n, void *packed) { pack512(K, act, n, packed); }       \
+    static float dot_packed_##T(int64_t n, const void *row, const void *packed) {                        \
+        return dot_packed512(K, n, row, packed);                                                          \
+    }
+PACKED(q4_0, KIND_Q4_0_512)
+PACKED(q4_1, KIND_Q4_1_512)
+PACKED(q8_0, KIND_Q8_0_512)
+#undef PACKED
+
 static void rows_q4_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
                           float *y) {
     rows512(KIND_Q4_0_512, dot_q4_0_512, w, rb, idx, count, n, act, y);
@@ -448,4 +485,12 @@ void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     t->gemm[PI2_Q4_0] = gemm_q4_0_512;
     t->gemm[PI2_Q4_1] = gemm_q4_1_512;
     t->gemm[PI2_Q8_0] = gemm_q8_0_512;
+#define SET_PACKED(ID, T)               \
+    t->packed_size[ID] = packed_size_##T; \
+    t->pack[ID] = pack_##T;               \
+    t->dot_packed[ID] = dot_packed_##T;
+    SET_PACKED(PI2_Q4_0, q4_0)
+    SET_PACKED(PI2_Q4_1, q4_1)
+    SET_PACKED(PI2_Q8_0, q8_0)
+#undef SET_PACKED
 }
