@@ -317,8 +317,8 @@ static void rows_q8_0_512(const void *w, size_t rb, const int32_t *idx, int64_t 
  * one token's blocks in sequence, the order of the AVX2 gemm and of llama.cpp's own per-row dots, so
  * prefill keeps matching llama.cpp token for token where the AVX2 level does. Per tile of tokens, the
  * activations are packed once per token pair and block (pair_block: both tokens' 32 bytes, the
- * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 3
- * token pairs walks the blocks: each weight block is unpacked once for 6 tokens and each packed
+ * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 4
+ * token pairs walks the blocks: each weight block is unpacked once for 8 tokens and each packed
  * block is loaded once for 4 rows. Per row, token pair and block: one dpbusd, one conversion, one
  * multiply and one FMA for 64 products. */
 
@@ -328,7 +328,7 @@ typedef struct {
     __m512 d;    /* [d_t x 8, d_t+1 x 8] */
 } pair_block;
 
-#define TILE_PAIRS 3 /* token pairs per register tile */
+#define TILE_PAIRS 4 /* token pairs per register tile */
 
 static void pack_token_pair(int kind, const uint8_t *a0, const uint8_t *a1, int64_t nb, pair_block *out) {
     const size_t ablock = act_block_bytes(kind);
@@ -414,7 +414,7 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     /* a tile's packed activations: up to ~768 KiB, a multiple of the register tile's tokens */
     const size_t per_pair = (size_t)nb * sizeof(pair_block);
     int64_t tile = (int64_t)((768u << 10) / per_pair) * 2;
-    tile = tile < tile_tokens ? tile_tokens : tile > 60 ? 60 : tile / tile_tokens * tile_tokens;
+    tile = tile < tile_tokens ? tile_tokens : tile > 64 ? 64 : tile / tile_tokens * tile_tokens;
     pair_block *packed = aligned_alloc(64, per_pair * (size_t)(tile / 2));
     float *s8 = calloc((size_t)(tile / tile_tokens) * (size_t)nb * 8 + 1, sizeof(float));
     if (!packed || !s8) abort();
@@ -448,7 +448,7 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
                     switch (kind * 16 + nr1 * 4 + np - 1) {
 #define CASE(K, NR, NP) \
     case K * 16 + NR * 4 + NP - 1: gemm512_tile(K, NR, NP, wk, wblock, nb, tp, s8g, ntok, out + k, ldy); break;
-#define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3)
+#define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 1, 4) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3) CASE(K, 4, 4)
                         CASES(KIND_Q4_0_512) CASES(KIND_Q4_1_512) CASES(KIND_Q8_0_512)
 #undef CASES
 #undef CASE
