@@ -52,6 +52,14 @@ void pi2_prepare_act(pi2_type wt, const float *x, void *buf, int64_t n);
 /* dot(row, act) over n elements; act prepared by pi2_prepare_act(wt, ...). */
 float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act);
 
+/* Many dots against one activation (the sparse FFN's single neurons): pack it once, where a level
+ * has a faster layout for that (avx512), else the packed form is a copy. pi2_vec_dot_packed gives
+ * pi2_vec_dot's float bit for bit. `packed` holds pi2_packed_act_size bytes, 64-byte aligned; pack
+ * and dot at the same kernel level. */
+size_t pi2_packed_act_size(pi2_type wt, int64_t n);
+void pi2_pack_act(pi2_type wt, const void *act, int64_t n, void *packed);
+float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *packed);
+
 /* y[r] = dot(W[r], act) for r in [0, rows); W is rows x n, row-major, rows of pi2_row_size(wt, n). */
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y);
 

@@ -262,6 +262,43 @@ static void rows512(int kind, pi2_dot_fn dot, const void *w, size_t rb, const in
     }
 }
 
+/* The packed activation of pi2_pack_act: the pairs, then the activation itself (the odd tail block
+ * and the Q4_1 per-block terms are read from it). */
+static size_t packed_size512(int kind, int64_t n) {
+    const int64_t nb = n / PI2_QK;
+    return (size_t)((nb + 1) / 2) * sizeof(act_pair) + (size_t)nb * act_block_bytes(kind);
+}
+
+static void pack512(int kind, const void *act, int64_t n, void *packed) {
+    const int64_t nb = n / PI2_QK;
+    pack_act(kind, act, nb, packed);
+    memcpy((uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair), act, (size_t)nb * act_block_bytes(kind));
+}
+
+static inline float dot_packed512(int kind, int64_t n, const void *row, const void *packed) {
+    const int64_t nb = n / PI2_QK;
+    const uint8_t *wr[1] = {row};
+    const uint8_t *raw = (const uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair);
+    float y;
+    switch (kind) {
+    case KIND_Q4_0_512: gemv_rows(KIND_Q4_0_512, 1, wr, nb, packed, raw, &y); break;
+    case KIND_Q4_1_512: gemv_rows(KIND_Q4_1_512, 1, wr, nb, packed, raw, &y); break;
+    default: gemv_rows(KIND_Q8_0_512, 1, wr, nb, packed, raw, &y); break;
+    }
+    return y;
+}
+
+#define PACKED(T, K)                                                                                      \
+    static size_t packed_size_##T(int64_t n) { return packed_size512(K, n); }                            \
+    static void pack_##T(const void *act, int64_t n, void *packed) { pack512(K, act, n, packed); }       \
+    static float dot_packed_##T(int64_t n, const void *row, const void *packed) {                        \
+        return dot_packed512(K, n, row, packed);                                                          \
+    }
+PACKED(q4_0, KIND_Q4_0_512)
+PACKED(q4_1, KIND_Q4_1_512)
+PACKED(q8_0, KIND_Q8_0_512)
+#undef PACKED
+
 static void rows_q4_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
                           float *y) {
     rows512(KIND_Q4_0_512, dot_q4_0_512, w, rb, idx, count, n, act, y);
@@ -280,8 +317,8 @@ static void rows_q8_0_512(const void *w, size_t rb, const int32_t *idx, int64_t 
  * one token's blocks in sequence, the order of the AVX2 gemm and of llama.cpp's own per-row dots, so
  * prefill keeps matching llama.cpp token for token where the AVX2 level does. Per tile of tokens, the
  * activations are packed once per token pair and block (pair_block: both tokens' 32 bytes, the
- * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 3
- * token pairs walks the blocks: each weight block is unpacked once for 6 tokens and each packed
+ * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 4
+ * token pairs walks the blocks: each weight block is unpacked once for 8 tokens and each packed
  * block is loaded once for 4 rows. Per row, token pair and block: one dpbusd, one conversion, one
  * multiply and one FMA for 64 products. */
 
@@ -291,7 +328,7 @@ typedef struct {
     __m512 d;    /* [d_t x 8, d_t+1 x 8] */
 } pair_block;
 
-#define TILE_PAIRS 3 /* token pairs per register tile */
+#define TILE_PAIRS 4 /* token pairs per register tile */
 
 static void pack_token_pair(int kind, const uint8_t *a0, const uint8_t *a1, int64_t nb, pair_block *out) {
     const size_t ablock = act_block_bytes(kind);
@@ -377,7 +414,7 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     /* a tile's packed activations: up to ~768 KiB, a multiple of the register tile's tokens */
     const size_t per_pair = (size_t)nb * sizeof(pair_block);
     int64_t tile = (int64_t)((768u << 10) / per_pair) * 2;
-    tile = tile < tile_tokens ? tile_tokens : tile > 60 ? 60 : tile / tile_tokens * tile_tokens;
+    tile = tile < tile_tokens ? tile_tokens : tile > 64 ? 64 : tile / tile_tokens * tile_tokens;
     pair_block *packed = aligned_alloc(64, per_pair * (size_t)(tile / 2));
     float *s8 = calloc((size_t)(tile / tile_tokens) * (size_t)nb * 8 + 1, sizeof(float));
     if (!packed || !s8) abort();
@@ -411,7 +448,7 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
                     switch (kind * 16 + nr1 * 4 + np - 1) {
 #define CASE(K, NR, NP) \
     case K * 16 + NR * 4 + NP - 1: gemm512_tile(K, NR, NP, wk, wblock, nb, tp, s8g, ntok, out + k, ldy); break;
-#define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3)
+#define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 1, 4) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3) CASE(K, 4, 4)
                         CASES(KIND_Q4_0_512) CASES(KIND_Q4_1_512) CASES(KIND_Q8_0_512)
 #undef CASES
 #undef CASE
@@ -448,4 +485,12 @@ void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     t->gemm[PI2_Q4_0] = gemm_q4_0_512;
     t->gemm[PI2_Q4_1] = gemm_q4_1_512;
     t->gemm[PI2_Q8_0] = gemm_q8_0_512;
+#define SET_PACKED(ID, T)               \
+    t->packed_size[ID] = packed_size_##T; \
+    t->pack[ID] = pack_##T;               \
+    t->dot_packed[ID] = dot_packed_##T;
+    SET_PACKED(PI2_Q4_0, q4_0)
+    SET_PACKED(PI2_Q4_1, q4_1)
+    SET_PACKED(PI2_Q8_0, q8_0)
+#undef SET_PACKED
 }

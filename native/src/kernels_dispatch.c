@@ -161,6 +161,25 @@ float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act) {
     return pi2_kernels_table()->dot[wt](n, row, act);
 }
 
+size_t pi2_packed_act_size(pi2_type wt, int64_t n) {
+    check_weight("packed_act_size", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    return t->packed_size[wt] ? t->packed_size[wt](n) : pi2_row_size(pi2_act_type(wt), n);
+}
+
+void pi2_pack_act(pi2_type wt, const void *act, int64_t n, void *packed) {
+    check_weight("pack_act", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    if (t->pack[wt]) t->pack[wt](act, n, packed);
+    else memcpy(packed, act, pi2_row_size(pi2_act_type(wt), n));
+}
+
+float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *packed) {
+    check_weight("vec_dot_packed", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    return t->dot_packed[wt] ? t->dot_packed[wt](n, row, packed) : t->dot[wt](n, row, packed);
+}
+
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
     check_weight("gemv", wt, n);
     if (rows < 0) die("gemv", wt, n);

@@ -27,6 +27,10 @@ typedef struct {
     pi2_axpy_fn axpy[PI2_N_TYPES];
     pi2_gemm_fn gemm[PI2_N_TYPES];
     pi2_convert_fn act_q8_0, act_q8_1, act_f16; /* activation quantizers (llama.cpp's run-time rounding) */
+    /* optional (NULL: the packed form is a copy of the activation and dot_packed is dot) */
+    size_t (*packed_size[PI2_N_TYPES])(int64_t n);
+    void (*pack[PI2_N_TYPES])(const void *act, int64_t n, void *packed);
+    pi2_dot_fn dot_packed[PI2_N_TYPES];
     pi2_f16_mad_fn f16_mad;
     pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;

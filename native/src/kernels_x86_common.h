@@ -156,8 +156,17 @@ static float dot_f16(int64_t n, const void *row, const void *act) {
 
 /* ---- axpy: y += a * dequant(row) ---- */
 
-/* 32 int8 -> 4 x 8 floats, fma into y */
+/* 32 int8 -> floats, y += q * s + m (s, m: one value in every lane). 16 floats per instruction
+ * where AVX-512 is enabled, 8 otherwise; the same arithmetic per element either way. */
 static inline void axpy_block_s8(__m256i q, __m256 s, __m256 m, float *y) {
+#if defined(__AVX512F__)
+    const __m512 s16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(s));
+    const __m512 m16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(m));
+    const __m512 g0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+    const __m512 g1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), _mm512_fmadd_ps(g0, s16, m16)));
+    _mm512_storeu_ps(y + 16, _mm512_add_ps(_mm512_loadu_ps(y + 16), _mm512_fmadd_ps(g1, s16, m16)));
+#else
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
     __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
@@ -167,6 +176,7 @@ static inline void axpy_block_s8(__m256i q, __m256 s, __m256 m, float *y) {
     _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_loadu_ps(y + 8), _mm256_fmadd_ps(f1, s, m)));
     _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_loadu_ps(y + 16), _mm256_fmadd_ps(f2, s, m)));
     _mm256_storeu_ps(y + 24, _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_fmadd_ps(f3, s, m)));
+#endif
 }
 
 static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {

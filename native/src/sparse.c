@@ -39,6 +39,8 @@ struct pi2_sparse {
     /* scratch */
     uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
     size_t act_row;
+    uint8_t *pact; /* the same, packed for many dots (pi2_pack_act) [n_batch][pact_row], 64-aligned */
+    size_t pact_row;
     uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
     int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
     float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
@@ -233,6 +235,8 @@ static int alloc_scratch(pi2_sparse *s) {
     int ok = 1;
     s->act_row = pi2_row_size(pi2_act_type((pi2_type)s->m->h.neuron_type), s->E);
     s->act = zalloc(B * s->act_row, &ok);
+    s->pact_row = (pi2_packed_act_size((pi2_type)s->m->h.neuron_type, s->E) + 63) / 64 * 64;
+    if (!(s->pact = aligned_alloc(64, B * s->pact_row))) ok = 0;
     s->mask = zalloc(B * F, &ok);
     s->truth = zalloc(B * F, &ok);
     s->active = zalloc(F * sizeof(int32_t), &ok);
@@ -259,7 +263,7 @@ static int alloc_scratch(pi2_sparse *s) {
 static size_t scratch_bytes(const pi2_sparse *s) {
     const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
     (void)E;
-    return B * s->act_row + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
+    return B * (s->act_row + s->pact_row) + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
            pi2_predictors_scratch_bytes(&s->pred);
 }
 
@@ -485,7 +489,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     pi2_predictors_free(&s->pred);
-    void *ptrs[] = {s->look_in, s->look_mask, s->act, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
+    void *ptrs[] = {s->look_in, s->look_mask, s->act, s->pact, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
                     s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
                     s->layer_fn, s->layer_seen, s->wait_head, s->acq_wave};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
@@ -613,7 +617,7 @@ static int compute_unit(pi2_sparse *s, int i) {
         int need = 0;
         for (int t = 0; t < s->tokens; t++) {
             if (!s->mask[(size_t)t * s->F + k]) continue;
-            gates[t] = pi2_vec_dot(wt, s->E, bundle, s->act + (size_t)t * s->act_row);
+            gates[t] = pi2_vec_dot_packed(wt, s->E, bundle, s->pact + (size_t)t * s->pact_row);
             need |= gates[t] > 0.0f;
         }
         return need;
@@ -623,12 +627,12 @@ static int compute_unit(pi2_sparse *s, int i) {
     for (int t = 0; t < s->tokens; t++) {
         hv[t] = 0.0f;
         if (!s->mask[(size_t)t * s->F + k]) continue;
-        const uint8_t *a = s->act + (size_t)t * s->act_row;
-        const float g = s->phase[i] ? gates[t] : pi2_vec_dot(wt, s->E, bundle, a);
+        const uint8_t *a = s->pact + (size_t)t * s->pact_row;
+        const float g = s->phase[i] ? gates[t] : pi2_vec_dot_packed(wt, s->E, bundle, a);
         if (act == PI2_ACT_SWIGLU) {
-            hv[t] = silu(g) * pi2_vec_dot(wt, s->E, bundle + s->part, a);
+            hv[t] = silu(g) * pi2_vec_dot_packed(wt, s->E, bundle + s->part, a);
         } else if (g > 0.0f) {
-            const float u = pi2_vec_dot(wt, s->E, bundle + s->part, a);
+            const float u = pi2_vec_dot_packed(wt, s->E, bundle + s->part, a);
             hv[t] = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
         }
         live |= hv[t] != 0.0f;
@@ -794,6 +798,8 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
     const pi2_ffn_block *blk = &s->m->layers[layer].ffn[expert];
     s->tokens = tokens;
     pi2_par_prepare(s->pool, (pi2_type)s->m->h.neuron_type, in, E, E, tokens, s->act, s->act_row);
+    for (int t = 0; t < tokens; t++) /* every neuron's dots reuse it */
+        pi2_pack_act((pi2_type)s->m->h.neuron_type, s->act + (size_t)t * s->act_row, E, s->pact + (size_t)t * s->pact_row);
 
     /* Which neurons: the predictor's choice, or the truth. */
     if (s->cfg.oracle || s->cfg.check_predictor)

@@ -325,7 +325,8 @@ static void test_level(pi2_kernel_level level) {
     const int64_t ns[] = {32, 64, 160, 256, 4096 + 96};
     const int64_t row_counts[] = {1, 3, 7, 17};
     const int64_t token_counts[] = {1, 2, 5, 16, 19};
-    int bad_act = 0, bad_dot = 0, bad_gemv = 0, bad_gather = 0, bad_axpy = 0, bad_gemm = 0, bad_strided = 0;
+    int bad_act = 0, bad_dot = 0, bad_gemv = 0, bad_gather = 0, bad_axpy = 0, bad_gemm = 0, bad_strided = 0,
+        bad_packed = 0;
     for (int ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             int64_t rows = row_counts[(ti + k) % 4];
@@ -373,6 +374,16 @@ static void test_level(pi2_kernel_level level) {
                 if (y[r] != pi2_vec_dot(c.t, c.n, c.w + r * rs, acts_v)) bad_gemv++;
             }
             if (y[rows] != 12345.0f) bad_gemv++;
+            /* a packed activation gives vec_dot's float, bit for bit */
+            {
+                const size_t psz = pi2_packed_act_size(c.t, c.n);
+                uint8_t *packed = aligned_alloc(64, (psz + 63) / 64 * 64);
+                pi2_pack_act(c.t, acts_v, c.n, packed);
+                for (int64_t r = 0; r < rows; r++)
+                    if (pi2_vec_dot_packed(c.t, c.n, c.w + r * rs, packed) != pi2_vec_dot(c.t, c.n, c.w + r * rs, acts_v))
+                        bad_packed++;
+                free(packed);
+            }
             /* gather: a shuffled list with repeats */
             int32_t idx[40];
             int64_t count = rows * 2 + 1;
@@ -449,6 +460,7 @@ static void test_level(pi2_kernel_level level) {
     CHECK(bad_axpy == 0);
     CHECK(bad_gemm == 0);
     CHECK(bad_strided == 0);
+    CHECK(bad_packed == 0);
 }
 
 /* fp16 activations: every level converts exactly like the scalar code, including edge values. */
