@@ -12,7 +12,8 @@ The default budget holds half of the FFN: resident weights + 50% of the FFN (at 
 Runs, all in one invocation so the ratios come from the same machine state:
   - llama.cpp (llama-bench tg, --repack 0: weights stay mmapped) under the budget and in memory;
   - pi2-engine policies dense -> bundle -> cache -> powerinfer2 (the ablation ladder), powerinfer2 with
-    whole-bundle reads (--no-two-phase) and llmflash under the budget; powerinfer2 and dense in memory.
+    whole-bundle reads (--no-two-phase), powerinfer2 with a plan from `pi2 plan` (--plan FILE) and
+    llmflash under the budget; powerinfer2 and dense in memory.
 pi2 samples (temperature 0.8; one run per --seeds value, the median run reported): greedy decoding of a
 synthetic model loops over a few tokens whose neurons then sit in any cache. Its decode rate is the
 steady state: tokens after the first --warmup ones, over their time. llama.cpp's page cache cannot hold
@@ -80,14 +81,23 @@ def model_facts(pi2: Path) -> dict:
 
 
 def run_pi2(
-    model: Path, variant: str, budget: int | None, n: int, threads: int, warmup: int, seed: int
+    model: Path,
+    variant: str,
+    budget: int | None,
+    n: int,
+    threads: int,
+    warmup: int,
+    seed: int,
+    more: tuple[str, ...] = (),
 ) -> dict:
     policy, *extra = variant.split()
+    extra += more
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         cmd = [str(engine_binary()), "generate", "-m", str(model), "-p", PROMPT, "-n", str(n), "--temperature",
                str(TEMPERATURE), "--seed", str(seed), "--ignore-eos", "--threads", str(threads), "--policy", policy,
                "--events", str(events), *extra]  # fmt: skip
+        # the budget comes last: it overrides a plan's own (the same value when the plan was made for it)
         if budget:
             cmd += ["--memory-budget", str(budget)]
         t0 = time.monotonic()
@@ -153,6 +163,7 @@ def main() -> None:
         "--seeds", type=int, nargs="+", default=[1, 2], help="sampling seeds; the median run is reported"
     )
     ap.add_argument("--json", type=Path, help="also write every measurement here")
+    ap.add_argument("--plan", type=Path, help="also run powerinfer2 with this plan (pi2 plan ... --out FILE)")
     a = ap.parse_args()
     pi2, gguf = a.model_dir / "model.pi2", a.model_dir / "model.gguf"
     for p in (pi2, gguf):
@@ -176,11 +187,14 @@ def main() -> None:
 
     runs: dict[str, dict] = {}
     per_seed: dict[str, list[dict]] = {}
-    plan = [(v, "budget", budget) for v in VARIANTS if v != "dense" or not a.skip_dense]
-    plan += [("powerinfer2", "memory", roomy), ("dense", "memory", None)]
+    variants = [(v, "budget", budget) for v in VARIANTS if v != "dense" or not a.skip_dense]
+    if a.plan:  # the plan's settings (pi2 plan), under the same budget
+        variants.append(("powerinfer2 --plan", "budget", budget))
+    variants += [("powerinfer2", "memory", roomy), ("dense", "memory", None)]
     for seed in a.seeds:  # seeds outermost: each round sees every variant under the same machine state
-        for variant, where, limit in plan:
-            r = run_pi2(pi2, variant, limit, a.n, a.threads, a.warmup, seed)
+        for variant, where, limit in variants:
+            more = (str(a.plan),) if variant.endswith("--plan") else ()
+            r = run_pi2(pi2, variant, limit, a.n, a.threads, a.warmup, seed, more)
             per_seed.setdefault(f"{variant}@{where}", []).append(r)
             print(f"  seed {seed} pi2 {variant:28s} {where}: {r.get('decode_tps', 0):.2f} tok/s", flush=True)
     for name, rs in per_seed.items():
@@ -192,7 +206,11 @@ def main() -> None:
         print(f"  llama.cpp budget: {runs['llama.cpp@budget'].get('decode_tps', 0):.2f} tok/s", flush=True)
 
     best = max(
-        ("powerinfer2@budget", "powerinfer2 --no-two-phase@budget"),
+        [
+            k
+            for k in ("powerinfer2@budget", "powerinfer2 --no-two-phase@budget", "powerinfer2 --plan@budget")
+            if k in runs
+        ],
         key=lambda k: runs[k].get("decode_tps", 0),
     )
     pi = runs[best]
