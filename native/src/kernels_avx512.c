@@ -318,8 +318,8 @@ static void rows_q8_0_512(const void *w, size_t rb, const int32_t *idx, int64_t 
  * prefill keeps matching llama.cpp token for token where the AVX2 level does. Per tile of tokens, the
  * activations are packed once per token pair and block (pair_block: both tokens' 32 bytes, the
  * negated bias lanes the dpbusd starts from, the spread scales). A register tile of up to 4 rows x 4
- * token pairs walks the blocks: each weight block is unpacked once for 8 tokens and each packed
- * block is loaded once for 4 rows. Per row, token pair and block: one dpbusd, one conversion, one
+ * token pairs walks the blocks: each group of 4 weight rows is unpacked once per tile of tokens
+ * (unpack_rows) and each packed activation block is loaded once for 4 rows. Per row, token pair and block: one dpbusd, one conversion, one
  * multiply and one FMA for 64 products. */
 
 typedef struct {
@@ -348,8 +348,38 @@ static void pack_token_pair(int kind, const uint8_t *a0, const uint8_t *a1, int6
     }
 }
 
-static inline __attribute__((always_inline)) void gemm512_tile(int kind, int NR, int NP, const uint8_t *const *wr,
-                                                              size_t wblock, int64_t nb, const pair_block *const *tp,
+/* A group of up to 4 weight rows, unpacked once per tile of tokens: per row and block the 32 bytes the
+ * dpbusd takes (nibbles as bytes, or Q8_0 biased by 128), its scale d and, for Q4_1, its m. The
+ * register tiles then load them (broadcasts from memory cost no shuffle) for every group of tokens. */
+typedef struct {
+    __m256i *q; /* [4][nb] */
+    float *d, *m; /* [4][nb] */
+} row_group;
+
+static void unpack_rows(int kind, const uint8_t *const *wr, int nr, size_t wblock, int64_t nb, row_group *g) {
+    for (int r = 0; r < nr; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *wb = wr[r] + (size_t)b * wblock;
+            __m256i w8;
+            if (kind == KIND_Q4_0_512) {
+                w8 = unpack_nibbles(((const pi2_block_q4_0 *)wb)->qs);
+                g->d[r * nb + b] = h2f(((const pi2_block_q4_0 *)wb)->d);
+            } else if (kind == KIND_Q4_1_512) {
+                const pi2_block_q4_1 *x = (const pi2_block_q4_1 *)wb;
+                w8 = unpack_nibbles(x->qs);
+                g->d[r * nb + b] = h2f(x->d);
+                g->m[r * nb + b] = h2f(x->m);
+            } else {
+                w8 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const pi2_block_q8_0 *)wb)->qs),
+                                      _mm256_set1_epi8((char)0x80));
+                g->d[r * nb + b] = h2f(((const pi2_block_q8_0 *)wb)->d);
+            }
+            _mm256_store_si256(&g->q[r * nb + b], w8);
+        }
+}
+
+static inline __attribute__((always_inline)) void gemm512_tile(int kind, int NR, int NP, const row_group *g,
+                                                              int64_t nb, const pair_block *const *tp,
                                                               const float *s8, int ntok, float *out, int64_t ldo) {
     __m512 acc[4][TILE_PAIRS];
     __m256 corr[4]; /* Q4_1: m_w * s_a per token, up to 8 tokens in lanes */
@@ -364,24 +394,10 @@ static inline __attribute__((always_inline)) void gemm512_tile(int kind, int NR,
         __m512 dws[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            const uint8_t *wb = wr[r] + (size_t)b * wblock;
-            __m256i w8;
-            float dw;
-            if (kind == KIND_Q4_0_512) {
-                w8 = unpack_nibbles(((const pi2_block_q4_0 *)wb)->qs);
-                dw = h2f(((const pi2_block_q4_0 *)wb)->d);
-            } else if (kind == KIND_Q4_1_512) {
-                const pi2_block_q4_1 *x = (const pi2_block_q4_1 *)wb;
-                w8 = unpack_nibbles(x->qs);
-                dw = h2f(x->d);
-                corr[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x->m)), _mm256_loadu_ps(s8 + b * 8), corr[r]);
-            } else {
-                w8 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const pi2_block_q8_0 *)wb)->qs),
-                                      _mm256_set1_epi8((char)0x80));
-                dw = h2f(((const pi2_block_q8_0 *)wb)->d);
-            }
-            wq[r] = _mm512_broadcast_i64x4(w8);
-            dws[r] = _mm512_set1_ps(dw);
+            wq[r] = _mm512_broadcast_i64x4(_mm256_load_si256(&g->q[r * nb + b]));
+            dws[r] = _mm512_set1_ps(g->d[r * nb + b]);
+            if (kind == KIND_Q4_1_512)
+                corr[r] = _mm256_fmadd_ps(_mm256_set1_ps(g->m[r * nb + b]), _mm256_loadu_ps(s8 + b * 8), corr[r]);
         }
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
@@ -417,7 +433,10 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     tile = tile < tile_tokens ? tile_tokens : tile > 64 ? 64 : tile / tile_tokens * tile_tokens;
     pair_block *packed = aligned_alloc(64, per_pair * (size_t)(tile / 2));
     float *s8 = calloc((size_t)(tile / tile_tokens) * (size_t)nb * 8 + 1, sizeof(float));
-    if (!packed || !s8) abort();
+    row_group group = {aligned_alloc(64, ((size_t)4 * nb * sizeof(__m256i) + 63) / 64 * 64),
+                       calloc((size_t)8 * nb + 1, sizeof(float)), NULL};
+    if (!packed || !s8 || !group.q || !group.d) abort();
+    group.m = group.d + 4 * nb;
     const uint8_t *ab = acts;
     for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
         const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
@@ -434,6 +453,7 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
             const int nr = rows - r < 4 ? (int)(rows - r) : 4;
             const uint8_t *wr[4];
             for (int k = 0; k < nr; k++) wr[k] = (const uint8_t *)w + (size_t)(r + k) * row_bytes;
+            unpack_rows(kind, wr, nr, wblock, nb, &group);
             for (int64_t t = 0; t < tn; t += tile_tokens) {
                 const int ntok = tn - t < tile_tokens ? (int)(tn - t) : tile_tokens, np = (ntok + 1) / 2;
                 const pair_block *tp[TILE_PAIRS];
@@ -444,10 +464,10 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
                  * one at a time */
                 const int nr1 = nr == 4 ? 4 : 1;
                 for (int k = 0; k < nr; k += nr1) {
-                    const uint8_t *const *wk = wr + k;
+                    const row_group gk = {group.q + k * nb, group.d + k * nb, group.m + k * nb};
                     switch (kind * 16 + nr1 * 4 + np - 1) {
 #define CASE(K, NR, NP) \
-    case K * 16 + NR * 4 + NP - 1: gemm512_tile(K, NR, NP, wk, wblock, nb, tp, s8g, ntok, out + k, ldy); break;
+    case K * 16 + NR * 4 + NP - 1: gemm512_tile(K, NR, NP, &gk, nb, tp, s8g, ntok, out + k, ldy); break;
 #define CASES(K) CASE(K, 1, 1) CASE(K, 1, 2) CASE(K, 1, 3) CASE(K, 1, 4) CASE(K, 4, 1) CASE(K, 4, 2) CASE(K, 4, 3) CASE(K, 4, 4)
                         CASES(KIND_Q4_0_512) CASES(KIND_Q4_1_512) CASES(KIND_Q8_0_512)
 #undef CASES
@@ -459,6 +479,8 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     }
     free(packed);
     free(s8);
+    free(group.q);
+    free(group.d);
 }
 
 static void gemm_q4_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
