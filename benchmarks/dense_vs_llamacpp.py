@@ -76,6 +76,8 @@ def alternate(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, default=None, help="GGUF model (default: SmolLM2-135M Q4_1)")
+    ap.add_argument("--pi2", type=Path, default=None,
+                    help="the .pi2 of the same weights (default: converted from --gguf into the cache)")  # fmt: skip
     ap.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
     ap.add_argument("-p", type=int, default=64, help="prompt tokens for the prefill rate")
     ap.add_argument("-n", type=int, default=32, help="generated tokens for the decode rate")
@@ -88,8 +90,8 @@ def main() -> int:
 
         args.llamacpp_bin = ensure_built("host")
     gguf = args.gguf or smollm2_gguf()
-    model = cache_dir() / "models" / (gguf.stem + ".pi2")
-    if not model.exists() or model.stat().st_mtime < gguf.stat().st_mtime:
+    model = args.pi2 or cache_dir() / "models" / (gguf.stem + ".pi2")
+    if args.pi2 is None and (not model.exists() or model.stat().st_mtime < gguf.stat().st_mtime):
         convert_gguf(gguf, model)
     from pi2cli.pi2file import Pi2File
 
