@@ -77,6 +77,7 @@ def test_request_bound_storage_reads_whole_bundles():
     assert plan.settings["policy"] == "powerinfer2" and plan.settings["two_phase"] is False
     assert plan.info["predicted_whole_bundle_us"] < plan.info["predicted_two_phase_us"]
     assert any("whole-bundle reads are cheaper" in w for w in plan.why)
+    assert plan.settings["lookahead"] is True  # cold misses: read the next layer's during attention
 
 
 def test_bandwidth_bound_storage_reads_in_two_phases():
@@ -122,7 +123,7 @@ def test_cache_split_puts_the_hot_set_first_and_matches_the_engines_sizing():
 
 def test_a_budget_holding_the_whole_ffn_preloads_it():
     plan = make_plan(mistral7b(), profile(), 6 << 30, ctx=64)
-    assert not {"hot_fraction", "hot_share", "cluster"} & set(plan.settings)
+    assert not {"hot_fraction", "hot_share", "cluster", "lookahead"} & set(plan.settings)
     assert any("everything preloaded" in w for w in plan.why) and plan.info["predicted_storage_ms"] == 0
     assert "predicted_reads_per_token" not in plan.info
 
@@ -152,6 +153,7 @@ def test_moe_reads_only_the_blocks_a_token_routes_to():
     a = make_plan(moe, profile(), 8 << 30, ctx=64)
     b = make_plan(dense, profile(), 8 << 30, ctx=64)
     assert a.settings["policy"] == "powerinfer2" and "hot_share" in a.settings  # 8 experts' FFN does not fit
+    assert "lookahead" not in a.settings  # the router decides the next layer's experts: nothing to look ahead
     assert moe.blocks_per_token == 2 * dense.blocks_per_token and moe.n_blocks == 8 * dense.n_blocks
     assert a.info["predicted_memory_ms"] > b.info["predicted_memory_ms"]  # two experts' FFN per token
 
@@ -389,6 +391,7 @@ def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
         )
     else:
         assert summary["cluster"] == plan["cluster"] and plan["hot_share"] > 0
+        assert plan["lookahead"] is True and summary["lookahead"] is True
         # the planner sizes the regions as the engine does: from the cache the engine really got, the
         # plan's hot share gives the engine's hot set exactly
         facts = model_facts(heavy)
