@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
+from pi2cli.profile import check_format, read_json_file
 
 PLAN_FORMAT = "pi2-plan"
 PLAN_VERSION = 1
@@ -526,24 +527,13 @@ def make_plan(
 # ------------------------------------------------------------------------------------------ plan files
 def load_plan(path: str | Path) -> dict:
     """Read and check a plan file as the engine will (known keys only, each the right type)."""
-    import json
-
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise Pi2Error(f"plan {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise Pi2Error(f"plan {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json_file(path, "plan")
     validate_plan(data, str(path))
     return data
 
 
 def validate_plan(data: object, where: str = "plan") -> None:
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise Pi2Error(f'{where}: not a pi2 plan (no "format": "{PLAN_FORMAT}"; write one with `pi2 plan`)')
-    if data.get("version") != PLAN_VERSION:
-        raise Pi2Error(f"{where}: plan version {data.get('version')!r}, this pi2 reads {PLAN_VERSION}")
+    check_format(data, where, "plan", "pi2 plan", PLAN_FORMAT, PLAN_VERSION)
     num = (int, float)
     types = {"policy": str, "memory_budget": (str, int), "threads": int, "affinity": str, "hot_fraction": num,
              "hot_share": num, "cluster": int, "two_phase": bool, "lookahead": bool, "io": str, "io_threads": int,

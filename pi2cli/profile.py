@@ -218,25 +218,34 @@ def profile_target(
 
 
 # --------------------------------------------------------------------------------------------- reading
-def load_profile(path: str | os.PathLike) -> dict:
-    """A profile written by `pi2 profile`, checked enough that the planner can trust its fields."""
+def read_json_file(path: str | os.PathLike, kind: str) -> object:
+    """The JSON in a profile or plan file; a missing or malformed file is one Pi2Error line."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
-        raise Pi2Error(f"profile {path}: {exc.strerror or exc}") from None
+        raise Pi2Error(f"{kind} {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
-        raise Pi2Error(f"profile {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise Pi2Error(f"{kind} {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def check_format(data: object, where: str, kind: str, what: str, fmt: str, version: int) -> None:
+    """The "format" and "version" keys every profile and plan starts with."""
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise Pi2Error(f'{where}: not a {what} (no "format": "{fmt}"; write one with `pi2 {kind}`)')
+    if data.get("version") != version:
+        raise Pi2Error(f"{where}: {kind} version {data.get('version')!r}, this pi2 reads {version}")
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """A profile written by `pi2 profile`, checked enough that the planner can trust its fields."""
+    data = read_json_file(path, "profile")
     validate_profile(data, str(path))
     return data
 
 
 def validate_profile(data: object, where: str = "profile") -> None:
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise Pi2Error(f"{where}: not a pi2 hardware profile (no \"format\": \"{PROFILE_FORMAT}\"; "
-                       f"write one with `pi2 profile`)")  # fmt: skip
-    if data.get("version") != PROFILE_VERSION:
-        raise Pi2Error(f"{where}: profile version {data.get('version')!r}, this pi2 reads {PROFILE_VERSION}")
+    check_format(data, where, "profile", "pi2 hardware profile", PROFILE_FORMAT, PROFILE_VERSION)
 
     def positive(v) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
