@@ -29,7 +29,7 @@ from pi2cli.paths import host_build_dir
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer, TestDevice  # noqa: E402
+from adbd.harness import AdbServer  # noqa: E402
 
 ENGINE = host_build_dir() / "pi2-engine"
 needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
@@ -259,15 +259,12 @@ def test_gguf_model_is_converted_for_pi2(model_dir, tmp_path):
 @pytest.fixture
 def phone(tmp_path, monkeypatch):
     server = AdbServer(tmp_path / "adbhome")
-    device = TestDevice(tmp_path / "phone")
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     try:
-        server.connect(device.serial)
-        yield device
+        with server.device(tmp_path / "phone") as device:
+            yield device
     finally:
-        server.call("disconnect", device.serial, timeout=10)
         server.stop()
-        device.stop()
 
 
 @needs_engine

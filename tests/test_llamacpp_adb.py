@@ -52,13 +52,8 @@ def adb(tmp_path_factory):
 
 @pytest.fixture
 def phone(tmp_path, adb):
-    device = TestDevice(tmp_path / "phone")
-    try:
-        adb.connect(device.serial)
+    with adb.device(tmp_path / "phone") as device:
         yield device
-    finally:
-        adb.call("disconnect", device.serial, timeout=10)
-        device.stop()
 
 
 def servers_on(phone) -> list[psutil.Process]:

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer, TestDevice  # noqa: E402
+from adbd.harness import AdbServer  # noqa: E402
 
 from pi2cli.cli import cli  # noqa: E402
 from pi2cli.paths import host_build_dir  # noqa: E402
@@ -28,13 +28,10 @@ def device(tmp_path, monkeypatch):
     server = AdbServer(tmp_path / "adbhome")
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    dev = TestDevice(tmp_path / "dev")
     try:
-        server.connect(dev.serial)
-        yield dev
+        with server.device(tmp_path / "dev") as dev:
+            yield dev
     finally:
-        server.call("disconnect", dev.serial, timeout=10)
-        dev.stop()
         server.stop()
 
 

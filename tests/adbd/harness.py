@@ -88,6 +88,18 @@ class AdbServer:
                 raise RuntimeError(f"{serial} never became {want!r}: {self.call('devices')}")
             time.sleep(0.05)
 
+    @contextlib.contextmanager
+    def device(self, workdir: Path, *flags: str):
+        """A TestDevice connected to this server for the duration of the block, then disconnected and
+        stopped."""
+        dev = TestDevice(workdir, *flags)
+        try:
+            self.connect(dev.serial)
+            yield dev
+        finally:
+            self.call("disconnect", dev.serial, timeout=10)
+            dev.stop()
+
     def stop(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             self.call("kill-server", timeout=10)
