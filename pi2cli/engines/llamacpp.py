@@ -187,19 +187,29 @@ class LlamaServer:
             raise
         self.load_s = time.monotonic() - started
 
+    where = "llama-server"  # how messages name the server
+    health_timeout_s = 2.0  # per /health request
+
+    def raise_if_down(self, wait_s: float = 0.0) -> None:
+        """Raise (one Pi2Error line) if the server is gone while it should be loading or serving."""
+        if self.proc.poll() is not None:
+            raise Pi2Error(
+                f"llama-server exited with code {self.proc.returncode} while loading: {self.log_tail()}"
+            )
+
     def _wait_healthy(self, started: float) -> None:
         while time.monotonic() - started < self.start_timeout_s:
-            if self.proc.poll() is not None:
-                raise Pi2Error(
-                    f"llama-server exited with code {self.proc.returncode} while loading: {self.log_tail()}"
-                )
+            self.raise_if_down()
             with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    return
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.health_timeout_s)
+                try:
+                    conn.request("GET", "/health")
+                    if conn.getresponse().status == 200:
+                        return
+                finally:
+                    conn.close()
             time.sleep(0.05)
-        raise Pi2Error(f"llama-server did not become ready within {self.start_timeout_s:.0f} s")
+        raise Pi2Error(f"{self.where} did not become ready within {self.start_timeout_s:.0f} s")
 
     def log_tail(self, n: int = 3) -> str:
         if self._log is None:

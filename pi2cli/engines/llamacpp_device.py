@@ -22,7 +22,6 @@ How (also in every result's `measurement`):
 from __future__ import annotations
 
 import contextlib
-import http.client
 import re
 import shlex
 import threading
@@ -58,6 +57,12 @@ class DeviceLlamaServer(LlamaServer):
 
     Same interface as LlamaServer (start/stop, complete, apply_template, current_peak_rss, log_tail,
     proc with poll()/returncode/pid), so the bench session and run_conversation use either."""
+
+    health_timeout_s = 5.0  # the /health request crosses adb's forward
+
+    @property
+    def where(self) -> str:
+        return f"llama-server on {self.target.name}"
 
     def __init__(self, target, binary: str, model: str, *, threads: int | None = None, ctx_size: int = 4096,
                  load_mode: str = "mmap", repack: bool = False, extra_args: list[str] | None = None,
@@ -122,21 +127,6 @@ class DeviceLlamaServer(LlamaServer):
             self.stop()
             raise
         self.load_s = time.monotonic() - started
-
-    def _wait_healthy(self, started: float) -> None:
-        while time.monotonic() - started < self.start_timeout_s:
-            self.raise_if_down()
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                try:
-                    conn.request("GET", "/health")
-                    if conn.getresponse().status == 200:
-                        return
-                finally:
-                    conn.close()
-            time.sleep(0.05)
-        raise Pi2Error(f"llama-server on {self.target.name} did not become ready within "
-                       f"{self.start_timeout_s:.0f} s")  # fmt: skip
 
     def down_reason(self, wait_s: float = 0.0) -> Exception | None:
         """Why the server cannot answer, or None when it is up: a TargetError when the device is gone
