@@ -35,6 +35,25 @@ typedef struct {
     pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;
 
+/* Sets t's per-type entries and the F16 accumulator from the static functions that each level's file
+ * (kernels_scalar.c, kernels_x86_common.h, kernels_arm_common.h) defines under the same names:
+ * dot_T, rows_T, axpy_T, gemm_T for T in f32, f16, q4_0, q4_1, q8_0, and f16_mad, f16_scale. */
+#define PI2_KERNELS_SET_TYPE(t, ID, T) \
+    (t)->dot[ID] = dot_##T;           \
+    (t)->rows[ID] = rows_##T;         \
+    (t)->axpy[ID] = axpy_##T;         \
+    (t)->gemm[ID] = gemm_##T;
+#define PI2_KERNELS_SET_COMMON(t)                  \
+    do {                                           \
+        PI2_KERNELS_SET_TYPE(t, PI2_F32, f32)      \
+        PI2_KERNELS_SET_TYPE(t, PI2_F16, f16)      \
+        PI2_KERNELS_SET_TYPE(t, PI2_Q4_0, q4_0)    \
+        PI2_KERNELS_SET_TYPE(t, PI2_Q4_1, q4_1)    \
+        PI2_KERNELS_SET_TYPE(t, PI2_Q8_0, q8_0)    \
+        (t)->f16_mad = f16_mad;                    \
+        (t)->f16_scale = f16_scale;                \
+    } while (0)
+
 /* Each level starts from the level below it and overrides what it does better. */
 void pi2_kernels_fill_scalar(pi2_kernel_table *t);
 #if defined(__x86_64__) || defined(__i386__)

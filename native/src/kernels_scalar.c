@@ -151,20 +151,8 @@ SCALAR_DRIVERS(q8_0)
 
 void pi2_kernels_fill_scalar(pi2_kernel_table *t) {
     memset(t, 0, sizeof *t);
-#define SET(ID, T)           \
-    t->dot[ID] = dot_##T;    \
-    t->rows[ID] = rows_##T;  \
-    t->axpy[ID] = axpy_##T;  \
-    t->gemm[ID] = gemm_##T;
-    SET(PI2_F32, f32)
-    SET(PI2_F16, f16)
-    SET(PI2_Q4_0, q4_0)
-    SET(PI2_Q4_1, q4_1)
-    SET(PI2_Q8_0, q8_0)
-#undef SET
+    PI2_KERNELS_SET_COMMON(t);
     t->act_q8_0 = pi2_act_quantize_q8_0_scalar;
     t->act_q8_1 = pi2_act_quantize_q8_1_scalar;
     t->act_f16 = pi2_act_convert_f16_scalar;
-    t->f16_mad = f16_mad;
-    t->f16_scale = f16_scale;
 }

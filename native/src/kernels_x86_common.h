@@ -441,22 +441,10 @@ static void gemm_f16(const void *w, size_t rb, int64_t rows, int64_t n, const vo
 }
 
 static void x86_fill(pi2_kernel_table *t) {
-#define SET(ID, T)          \
-    t->dot[ID] = dot_##T;   \
-    t->rows[ID] = rows_##T; \
-    t->axpy[ID] = axpy_##T; \
-    t->gemm[ID] = gemm_##T;
-    SET(PI2_F32, f32)
-    SET(PI2_F16, f16)
-    SET(PI2_Q4_0, q4_0)
-    SET(PI2_Q4_1, q4_1)
-    SET(PI2_Q8_0, q8_0)
-#undef SET
+    PI2_KERNELS_SET_COMMON(t);
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;
-    t->f16_mad = f16_mad;
-    t->f16_scale = f16_scale;
 }
 
 #endif
