@@ -386,25 +386,13 @@ static void gemm_q8_0(const void *w, size_t rb, int64_t rows, int64_t n, const v
                       float *y, int64_t ldy) {
     gemm_quant(KIND_Q8_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
 }
-static void gemm_f32(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
-                     float *y, int64_t ldy) {
-    pi2_gemm_via_dot(dot_f32, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_f16(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
-                     float *y, int64_t ldy) {
-    pi2_gemm_via_dot(dot_f16, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-
-#define ARM_ROWS(T)                                                                                         \
-    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,            \
-                         const void *act, float *y) {                                                       \
-        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                            \
-    }
-ARM_ROWS(f32)
-ARM_ROWS(f16)
-ARM_ROWS(q4_0)
-ARM_ROWS(q4_1)
-ARM_ROWS(q8_0)
+PI2_GEMM_VIA_DOT(f32)
+PI2_GEMM_VIA_DOT(f16)
+PI2_ROWS_VIA_DOT(f32)
+PI2_ROWS_VIA_DOT(f16)
+PI2_ROWS_VIA_DOT(q4_0)
+PI2_ROWS_VIA_DOT(q4_1)
+PI2_ROWS_VIA_DOT(q8_0)
 
 static void arm_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);

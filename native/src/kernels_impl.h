@@ -81,6 +81,19 @@ void pi2_rows_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, const int
 void pi2_gemm_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, int64_t rows, int64_t n,
                       const void *acts, size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
 
+/* rows_T / gemm_T as the generic drivers over the level's dot_T, for types a level only speeds up the
+ * dot of. */
+#define PI2_ROWS_VIA_DOT(T)                                                                           \
+    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,      \
+                         const void *act, float *y) {                                                 \
+        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                      \
+    }
+#define PI2_GEMM_VIA_DOT(T)                                                                           \
+    static void gemm_##T(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, \
+                         int64_t tokens, float *y, int64_t ldy) {                                     \
+        pi2_gemm_via_dot(dot_##T, w, rb, rows, n, acts, ab, tokens, y, ldy);                          \
+    }
+
 /* Tokens per gemm tile: a tile's activations (tokens x act row) stay in L1/L2 while each weight row
  * is streamed from memory once per tile. */
 #define PI2_GEMM_TILE_TOKENS 16

@@ -133,15 +133,7 @@ void pi2_gemm_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, int64_t r
     }
 }
 
-#define SCALAR_DRIVERS(T)                                                                               \
-    static void rows_##T(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n,       \
-                         const void *act, float *y) {                                                  \
-        pi2_rows_via_dot(dot_##T, w, rb, idx, count, n, act, y);                                       \
-    }                                                                                                  \
-    static void gemm_##T(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, \
-                         int64_t tokens, float *y, int64_t ldy) {                                      \
-        pi2_gemm_via_dot(dot_##T, w, rb, rows, n, acts, ab, tokens, y, ldy);                           \
-    }
+#define SCALAR_DRIVERS(T) PI2_ROWS_VIA_DOT(T) PI2_GEMM_VIA_DOT(T)
 
 SCALAR_DRIVERS(f32)
 SCALAR_DRIVERS(f16)
