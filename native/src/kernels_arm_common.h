@@ -374,18 +374,9 @@ static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, 
     free(sd);
 }
 
-static void gemm_q4_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
-                      float *y, int64_t ldy) {
-    gemm_quant(KIND_Q4_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_q4_1(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
-                      float *y, int64_t ldy) {
-    gemm_quant(KIND_Q4_1, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_q8_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab, int64_t tokens,
-                      float *y, int64_t ldy) {
-    gemm_quant(KIND_Q8_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
+PI2_GEMM_OF_KIND(gemm_q4_0, gemm_quant, KIND_Q4_0)
+PI2_GEMM_OF_KIND(gemm_q4_1, gemm_quant, KIND_Q4_1)
+PI2_GEMM_OF_KIND(gemm_q8_0, gemm_quant, KIND_Q8_0)
 PI2_GEMM_VIA_DOT(f32)
 PI2_GEMM_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(f32)

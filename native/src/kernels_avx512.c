@@ -483,18 +483,9 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     free(group.d);
 }
 
-static void gemm_q4_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                          int64_t tokens, float *y, int64_t ldy) {
-    gemm512(KIND_Q4_0_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_q4_1_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                          int64_t tokens, float *y, int64_t ldy) {
-    gemm512(KIND_Q4_1_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_q8_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                          int64_t tokens, float *y, int64_t ldy) {
-    gemm512(KIND_Q8_0_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
+PI2_GEMM_OF_KIND(gemm_q4_0_512, gemm512, KIND_Q4_0_512)
+PI2_GEMM_OF_KIND(gemm_q4_1_512, gemm512, KIND_Q4_1_512)
+PI2_GEMM_OF_KIND(gemm_q8_0_512, gemm512, KIND_Q8_0_512)
 
 void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     x86_fill(t);

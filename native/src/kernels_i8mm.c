@@ -129,18 +129,9 @@ static void gemm_mmla(int kind, const void *w, size_t row_bytes, int64_t rows, i
     free(p.d);
 }
 
-static void gemm_mmla_q4_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                           int64_t tokens, float *y, int64_t ldy) {
-    gemm_mmla(KIND_Q4_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_mmla_q4_1(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                           int64_t tokens, float *y, int64_t ldy) {
-    gemm_mmla(KIND_Q4_1, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
-static void gemm_mmla_q8_0(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
-                           int64_t tokens, float *y, int64_t ldy) {
-    gemm_mmla(KIND_Q8_0, w, rb, rows, n, acts, ab, tokens, y, ldy);
-}
+PI2_GEMM_OF_KIND(gemm_mmla_q4_0, gemm_mmla, KIND_Q4_0)
+PI2_GEMM_OF_KIND(gemm_mmla_q4_1, gemm_mmla, KIND_Q4_1)
+PI2_GEMM_OF_KIND(gemm_mmla_q8_0, gemm_mmla, KIND_Q8_0)
 
 void pi2_kernels_fill_i8mm(pi2_kernel_table *t) {
     arm_fill(t);

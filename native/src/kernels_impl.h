@@ -94,6 +94,13 @@ void pi2_gemm_via_dot(pi2_dot_fn dot, const void *w, size_t row_bytes, int64_t r
         pi2_gemm_via_dot(dot_##T, w, rb, rows, n, acts, ab, tokens, y, ldy);                          \
     }
 
+/* A gemm_fn named NAME that calls a level's gemm driver DRIVER(KIND, ...) for one block type. */
+#define PI2_GEMM_OF_KIND(NAME, DRIVER, KIND)                                                          \
+    static void NAME(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,  \
+                     int64_t tokens, float *y, int64_t ldy) {                                         \
+        DRIVER(KIND, w, rb, rows, n, acts, ab, tokens, y, ldy);                                       \
+    }
+
 /* Tokens per gemm tile: a tile's activations (tokens x act row) stay in L1/L2 while each weight row
  * is streamed from memory once per tile. */
 #define PI2_GEMM_TILE_TOKENS 16
