@@ -102,6 +102,22 @@ def test_adb_target_facts_commands_and_memory(make_device):
     assert p.wait(10) != 0
 
 
+def test_chat_stream_write_after_the_device_vanished_is_a_target_error(make_device):
+    """The stream's reader closes the connection when the device goes; a request written after that
+    must be the same 'lost the device' TargetError as one written into a dead socket (the bench turns
+    it into a device_vanished record), not adbutils' own 'Connection is closed'."""
+    from pi2cli.engines.pi2_chat import adb_chat_process
+
+    dev = make_device()
+    process = adb_chat_process(get_target(dev.serial), ["sleep", "30"], cwd="/data/local/tmp")
+    dev.stop()
+    process.thread.join(10)  # the reader has seen the loss and closed the connection
+    assert process.lost and "lost the device" in process.lost
+    with pytest.raises(TargetError, match="lost the device"):
+        process.write(b'{"prompt": "hi"}\n')
+    process.close_stdin()  # closing a dead stream is quiet
+
+
 def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch):
     dev = make_device()
     monkeypatch.setenv("PI2_BUILD_ROOT", str(files["build_root"]))

@@ -102,13 +102,13 @@ class DeviceLlamaServer(LlamaServer):
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        from pi2cli.targets.adb import AdbProcess, _errors
+        from pi2cli.targets.adb import AdbProcess, adb_errors
 
         started = time.monotonic()
         try:
             self.proc = AdbProcess(self.target, watched_command([self.binary, *self.args], self.target.workdir),
                                    self._on_output)  # fmt: skip
-        except _errors() as exc:  # the shell could not even be opened: the device is gone
+        except adb_errors() as exc:  # the shell could not even be opened: the device is gone
             raise TargetError(
                 f"lost the device {self.target.name}: cannot start llama-server: {exc}"
             ) from None

@@ -115,7 +115,7 @@ class LocalChatProcess:
 
 def adb_chat_process(target, argv: list[str], cwd: str | None = None):
     """pi2-engine on an adb device through one shell-v2 stream whose stdin packets carry the requests."""
-    from pi2cli.targets.adb import AdbProcess
+    from pi2cli.targets.adb import AdbProcess, adb_errors
 
     if "shell_v2" not in getattr(target, "features", set()):
         raise Pi2Error(f"device {target.name} has no adb shell v2: cannot talk to pi2-engine chat on it")
@@ -148,14 +148,16 @@ def adb_chat_process(target, argv: list[str], cwd: str | None = None):
             self.stdout.put(None)
 
         def write(self, data: bytes) -> None:
+            # The reader thread closes the stream when the device goes away, so a write can meet
+            # a closed adbutils connection (AdbError) as well as a dead socket (OSError).
             try:
                 with self._write_lock:
                     self.conn.conn.sendall(struct.pack("<BI", STDIN, len(data)) + data)
-            except OSError as exc:
-                raise TargetError(f"lost the device {target.name}: {exc}") from None
+            except adb_errors() as exc:
+                raise TargetError(self.error or f"lost the device {target.name}: {exc}") from None
 
         def close_stdin(self) -> None:
-            with contextlib.suppress(OSError), self._write_lock:
+            with contextlib.suppress(*adb_errors()), self._write_lock:
                 self.conn.conn.sendall(struct.pack("<BI", CLOSE_STDIN, 0))
 
         def wait(self, timeout: float) -> int | None:

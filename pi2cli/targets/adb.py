@@ -67,7 +67,8 @@ def looks_like_network_serial(name: str) -> bool:
     return re.fullmatch(r"[\w.\-]+:\d{1,5}", name) is not None
 
 
-def _errors():
+def adb_errors():
+    """The exceptions that mean the device or its adb server went away."""
     import adbutils
 
     return (adbutils.AdbError, OSError, EOFError, struct.error)
@@ -111,7 +112,7 @@ class AdbProcess:
             self.returncode = read_shell_v2(self.conn, self._emit)
             if self.pid is None and self._stderr_head and self._on_output:
                 self._on_output("stderr", self._stderr_head)  # it died before exec (e.g. cd failed)
-        except _errors() as exc:
+        except adb_errors() as exc:
             self.error = f"lost the device {self.target.name} while the command ran: {exc}"
             self.returncode = -1
         finally:
@@ -160,7 +161,7 @@ class AdbTarget(ShellTarget):
         if serial not in states and looks_like_network_serial(serial):
             try:
                 connect_reply = adb_client().connect(serial, timeout=10).strip()
-            except _errors() as exc:
+            except adb_errors() as exc:
                 raise TargetError(f"cannot connect to {serial}: {exc}") from exc
             for _ in range(20):  # the server finishes the handshake in the background
                 states = {s: st for s, st, _tags in list_adb_devices()}
@@ -179,7 +180,7 @@ class AdbTarget(ShellTarget):
         try:
             self.features = set(self.device.get_features().split(","))
             self.arch = normalize_arch(self.sh("uname -m").stdout.strip())
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"device {serial} does not answer: {exc}") from exc
 
     # -- commands ---------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class AdbTarget(ShellTarget):
                 out = bytearray(head.encode())
         except TimeoutError as exc:
             raise TargetError(f"command timed out after {timeout} s on {self.name}") from exc
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"lost the device {self.name}: {exc}") from exc
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
@@ -221,7 +222,7 @@ class AdbTarget(ShellTarget):
             # The default cwd is the working directory, created on first use; a given cwd must exist.
             command = wrap_command(argv, env, cwd or self.workdir, make_cwd=cwd is None)
             return AdbProcess(self, command, on_output)
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"cannot start {argv[0]} on {self.name}: {exc}") from exc
 
     # -- port forwards ----------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class AdbTarget(ShellTarget):
                 port = conn.read_string_block().strip()
             finally:
                 conn.close()
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"cannot forward a port to {self.name}:{remote_port}: {exc}") from exc
         if not port.isdigit():
             raise TargetError(f"the adb server did not say which port it forwards to {self.name}: {port!r}")
@@ -247,7 +248,7 @@ class AdbTarget(ShellTarget):
         """This device's forwards (adbutils ForwardItem: serial, local, remote)."""
         try:
             return [f for f in adb_client().forward_list() if f.serial == self.name]
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"lost the device {self.name}: {exc}") from exc
 
     def remove_forward(self, local_port: int) -> None:
@@ -255,7 +256,7 @@ class AdbTarget(ShellTarget):
         device's forwards itself)."""
         try:
             self.device.forward_remove(f"tcp:{int(local_port)}", raise_non_found=False)
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TargetError(f"cannot remove the forward tcp:{local_port} of {self.name}: {exc}") from exc
 
     # -- files ------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ class AdbTarget(ShellTarget):
         """Sync SEND of one file. Raises TransferError if the device goes away or refuses it."""
         try:
             conn = self.device.open_transport(timeout=60)
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TransferError(f"lost the device {self.name}: {exc}") from exc
         sock = conn.conn
         try:
@@ -289,7 +290,7 @@ class AdbTarget(ShellTarget):
             sock.sendall(b"QUIT" + struct.pack("<I", 0))
         except TransferError:
             raise
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TransferError(f"lost the device {self.name} while copying to {remote}: {exc}") from exc
         finally:
             conn.close()
@@ -297,5 +298,5 @@ class AdbTarget(ShellTarget):
     def pull(self, remote: str, local: Path) -> None:
         try:
             self.device.sync.pull(remote, str(local))
-        except _errors() as exc:
+        except adb_errors() as exc:
             raise TransferError(f"copy from {self.name}:{remote} failed: {exc}") from exc
