@@ -202,8 +202,8 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
         if (!n_gen) t_first = now;
         t_last = now;
         pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
-        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"turn\": %d, \"i\": %d, \"id\": %d%s}",
-                        pi2_seconds(now), turn, n_gen, next, tok_json);
+        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, \"turn\": %d, \"i\": %d, \"id\": %d%s}",
+                        pi2_seconds(now), pi2_cpu_ns() / 1e9, turn, n_gen, next, tok_json);
         n_gen++;
         if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
             /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */

@@ -25,6 +25,8 @@ int pi2_parse_int_list(const char *flag, const char *text, long hi, int32_t *out
 
 /* Monotonic clock in nanoseconds. */
 uint64_t pi2_now_ns(void);
+/* CPU time of the whole process (every thread), which time stolen by a hypervisor does not count */
+uint64_t pi2_cpu_ns(void);
 
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t pi2_peak_rss_bytes(void);

@@ -298,8 +298,8 @@ tokenized:
         t_last = now;
         /* with the sparse engine: what the forward pass that produced this token's logits cost */
         pi2_sparse_token_json(sp, &st_prev, &st_cur, tok_json, sizeof tok_json);
-        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"i\": %d, \"id\": %d%s}", pi2_seconds(now), n_gen,
-                        next, tok_json);
+        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, \"i\": %d, \"id\": %d%s}",
+                        pi2_seconds(now), pi2_cpu_ns() / 1e9, n_gen, next, tok_json);
         if (!o->ignore_eos && pi2_token_is_eog(tok, next)) {
             n_gen++;
             break;
