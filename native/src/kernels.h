@@ -59,6 +59,11 @@ float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act);
 size_t pi2_packed_act_size(pi2_type wt, int64_t n);
 void pi2_pack_act(pi2_type wt, const void *act, int64_t n, void *packed);
 float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *packed);
+/* y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed) for r < count (1..4): rows anywhere in memory (the
+ * sparse FFN's neurons sit in random cache slots) go through the activation together, so it is read
+ * once per pass and the rows' memory streams overlap. The same floats as one dot at a time. */
+void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
+                             float *y);
 
 /* y[r] = dot(W[r], act) for r in [0, rows); W is rows x n, row-major, rows of pi2_row_size(wt, n). */
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y);

@@ -275,16 +275,25 @@ static void pack512(int kind, const void *act, int64_t n, void *packed) {
     memcpy((uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair), act, (size_t)nb * act_block_bytes(kind));
 }
 
-static inline float dot_packed512(int kind, int64_t n, const void *row, const void *packed) {
+/* up to 4 rows at once: gemv_rows on the rows' own pointers */
+static inline void dot_packed_rows512(int kind, int64_t n, const uint8_t *const *rows, int count, const void *packed,
+                                      float *y) {
     const int64_t nb = n / PI2_QK;
-    const uint8_t *wr[1] = {row};
     const uint8_t *raw = (const uint8_t *)packed + (size_t)((nb + 1) / 2) * sizeof(act_pair);
-    float y;
-    switch (kind) {
-    case KIND_Q4_0_512: gemv_rows(KIND_Q4_0_512, 1, wr, nb, packed, raw, &y); break;
-    case KIND_Q4_1_512: gemv_rows(KIND_Q4_1_512, 1, wr, nb, packed, raw, &y); break;
-    default: gemv_rows(KIND_Q8_0_512, 1, wr, nb, packed, raw, &y); break;
+    switch (kind * 8 + count) {
+#define CASE(K, NR) \
+    case K * 8 + NR: gemv_rows(K, NR, rows, nb, packed, raw, y); break;
+        CASE(KIND_Q4_0_512, 1) CASE(KIND_Q4_0_512, 2) CASE(KIND_Q4_0_512, 3) CASE(KIND_Q4_0_512, 4)
+        CASE(KIND_Q4_1_512, 1) CASE(KIND_Q4_1_512, 2) CASE(KIND_Q4_1_512, 3) CASE(KIND_Q4_1_512, 4)
+        CASE(KIND_Q8_0_512, 1) CASE(KIND_Q8_0_512, 2) CASE(KIND_Q8_0_512, 3) CASE(KIND_Q8_0_512, 4)
+#undef CASE
     }
+}
+
+static inline float dot_packed512(int kind, int64_t n, const void *row, const void *packed) {
+    const uint8_t *rows[1] = {row};
+    float y;
+    dot_packed_rows512(kind, n, rows, 1, packed, &y);
     return y;
 }
 
@@ -293,6 +302,10 @@ static inline float dot_packed512(int kind, int64_t n, const void *row, const vo
     static void pack_##T(const void *act, int64_t n, void *packed) { pack512(K, act, n, packed); }       \
     static float dot_packed_##T(int64_t n, const void *row, const void *packed) {                        \
         return dot_packed512(K, n, row, packed);                                                          \
+    }                                                                                                     \
+    static void dot_packed_rows_##T(int64_t n, const uint8_t *const *rows, int count, const void *packed, \
+                                    float *y) {                                                           \
+        dot_packed_rows512(K, n, rows, count, packed, y);                                                 \
     }
 PACKED(q4_0, KIND_Q4_0_512)
 PACKED(q4_1, KIND_Q4_1_512)
@@ -501,7 +514,8 @@ void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
 #define SET_PACKED(ID, T)               \
     t->packed_size[ID] = packed_size_##T; \
     t->pack[ID] = pack_##T;               \
-    t->dot_packed[ID] = dot_packed_##T;
+    t->dot_packed[ID] = dot_packed_##T; \
+    t->dot_packed_rows[ID] = dot_packed_rows_##T;
     SET_PACKED(PI2_Q4_0, q4_0)
     SET_PACKED(PI2_Q4_1, q4_1)
     SET_PACKED(PI2_Q8_0, q8_0)

@@ -180,6 +180,18 @@ float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *pa
     return t->dot_packed[wt] ? t->dot_packed[wt](n, row, packed) : t->dot[wt](n, row, packed);
 }
 
+void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
+                             float *y) {
+    check_weight("vec_dot_packed_rows", wt, n);
+    if (count < 1 || count > 4) die("vec_dot_packed_rows", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    if (t->dot_packed_rows[wt]) {
+        t->dot_packed_rows[wt](n, rows, count, packed, y);
+        return;
+    }
+    for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed);
+}
+
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
     check_weight("gemv", wt, n);
     if (rows < 0) die("gemv", wt, n);

@@ -31,6 +31,9 @@ typedef struct {
     size_t (*packed_size[PI2_N_TYPES])(int64_t n);
     void (*pack[PI2_N_TYPES])(const void *act, int64_t n, void *packed);
     pi2_dot_fn dot_packed[PI2_N_TYPES];
+    /* optional (NULL: one dot_packed per row) */
+    void (*dot_packed_rows[PI2_N_TYPES])(int64_t n, const uint8_t *const *rows, int count, const void *packed,
+                                         float *y);
     pi2_f16_mad_fn f16_mad;
     pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;

@@ -641,6 +641,47 @@ static int compute_unit(pi2_sparse *s, int i) {
     return 0;
 }
 
+/* Units units[0..cnt) (cnt <= 4) for a single token, their rows through the activation together
+ * (pi2_vec_dot_packed_rows: the same floats as compute_unit's one-at-a-time dots, so results do not
+ * depend on how units were grouped). rest[j] = 1 where compute_unit would have returned 1. */
+static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t *rest) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const uint32_t act = s->m->h.ffn_act;
+    const uint8_t *bundle[4], *rows[4];
+    float g[4], y[4];
+    int gate_only[4], pick[4], n = 0;
+    for (int j = 0; j < cnt; j++) {
+        const int i = units[j];
+        bundle[j] = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]);
+        gate_only[j] = pi2_ncache_state(s->cache, s->wave_h[i]) == PI2_SLOT_GATE;
+        rest[j] = 0;
+        if (s->phase[i]) g[j] = s->gates[(size_t)i * s->n_batch];
+        else rows[n] = bundle[j], pick[n++] = j;
+    }
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->pact, y);
+    for (int q = 0; q < n; q++) g[pick[q]] = y[q];
+    n = 0;
+    for (int j = 0; j < cnt; j++) {
+        const int i = units[j];
+        if (gate_only[j]) { /* phase one: keep the gate; the rest is read only if it is positive */
+            s->gates[(size_t)i * s->n_batch] = g[j];
+            rest[j] = g[j] > 0.0f;
+            continue;
+        }
+        s->hv[(size_t)i * s->n_batch] = 0.0f;
+        s->live[i] = 0;
+        if (act == PI2_ACT_SWIGLU || g[j] > 0.0f) rows[n] = bundle[j] + s->part, pick[n++] = j;
+    }
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->pact, y);
+    for (int q = 0; q < n; q++) {
+        const int j = pick[q], i = units[j];
+        const float u = y[q];
+        const float h = act == PI2_ACT_SWIGLU ? silu(g[j]) * u : act == PI2_ACT_RELU ? g[j] * u : (u > 0.0f ? g[j] * u : 0.0f);
+        s->hv[(size_t)i * s->n_batch] = h;
+        s->live[i] = h != 0.0f;
+    }
+}
+
 /* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
  * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
  * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
@@ -688,7 +729,7 @@ static void read_rest(pi2_sparse *s, int i) {
     if (first && submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
 }
 
-#define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores */
+#define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
 
 /* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
  * becoming the reaper (one thread at a time) while nothing else is ready. Thread 0 first issues the
@@ -704,7 +745,21 @@ static void wave_worker(void *p, int ith, int nth) {
     int finished = 0;
     for (;;) {
         const int t0 = atomic_fetch_add(&s->next_ticket, TICKETS);
-        for (int t = t0; t < t0 + TICKETS; t++) {
+        int t = t0;
+        if (s->tokens == 1) { /* decode: the tickets already filled go through the kernel together */
+            const int n_ready = atomic_load_explicit(&s->n_ready, memory_order_acquire);
+            const int cnt = n_ready - t0 < TICKETS ? n_ready - t0 : TICKETS;
+            if (cnt > 1) {
+                uint8_t rest[TICKETS];
+                compute_units_1tok(s, s->ready + t0, cnt, rest);
+                for (int j = 0; j < cnt; j++) {
+                    if (rest[j]) read_rest(s, s->ready[t0 + j]);
+                    else finished++;
+                }
+                t += cnt;
+            }
+        }
+        for (; t < t0 + TICKETS; t++) {
             for (;;) {
                 if (atomic_load_explicit(&s->failed, memory_order_relaxed)) return;
                 const int n_ready = atomic_load_explicit(&s->n_ready, memory_order_acquire);

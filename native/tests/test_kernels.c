@@ -382,6 +382,15 @@ static void test_level(pi2_kernel_level level) {
                 for (int64_t r = 0; r < rows; r++)
                     if (pi2_vec_dot_packed(c.t, c.n, c.w + r * rs, packed) != pi2_vec_dot(c.t, c.n, c.w + r * rs, acts_v))
                         bad_packed++;
+                /* and groups of up to 4 rows, in a shuffled order, give the same floats */
+                for (int count = 1; count <= 4 && count <= rows; count++) {
+                    const uint8_t *group[4];
+                    float yg[4];
+                    for (int j = 0; j < count; j++) group[j] = c.w + (size_t)((rows - 1 - j * 5 % rows + rows) % rows) * rs;
+                    pi2_vec_dot_packed_rows(c.t, c.n, group, count, packed, yg);
+                    for (int j = 0; j < count; j++)
+                        if (yg[j] != pi2_vec_dot_packed(c.t, c.n, group[j], packed)) bad_packed++;
+                }
                 free(packed);
             }
             /* gather: a shuffled list with repeats */
