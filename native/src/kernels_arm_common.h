@@ -44,29 +44,75 @@ static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
     *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
 }
 
-static float dot_q4_0(int64_t n, const void *row, const void *act) {
-    const pi2_block_q4_0 *w = row;
+/* NR rows (1..4) against one activation, each row with the float steps of a single dot: rows going
+ * through together share the activation loads and overlap their memory streams. */
+static inline __attribute__((always_inline)) void dot_q4_0_rows(int NR, const uint8_t *const *rows, int64_t n,
+                                                               const void *act, float *y) {
     const pi2_block_q8_0 *a = act;
-    float32x4_t acc0 = vdupq_n_f32(0), acc1 = vdupq_n_f32(0);
+    float32x4_t acc0[4], acc1[4];
     const int8x16_t eight = vdupq_n_s8(8);
     const int64_t nb = n / PI2_QK;
+    for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = vdupq_n_f32(0);
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
-        int8x16_t l0, h0, l1, h1;
-        unpack_q4(w[i].qs, &l0, &h0);
-        unpack_q4(w[i + 1].qs, &l1, &h1);
-        int32x4_t p0 = block_dot(vsubq_s8(l0, eight), vsubq_s8(h0, eight), a[i].qs);
-        int32x4_t p1 = block_dot(vsubq_s8(l1, eight), vsubq_s8(h1, eight), a[i + 1].qs);
-        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
-        acc1 = vmlaq_n_f32(acc1, vcvtq_f32_s32(p1), h2f(w[i + 1].d) * h2f(a[i + 1].d));
+        const int8x16_t a0l = vld1q_s8(a[i].qs), a0h = vld1q_s8(a[i].qs + 16);
+        const int8x16_t a1l = vld1q_s8(a[i + 1].qs), a1h = vld1q_s8(a[i + 1].qs + 16);
+        const float da0 = h2f(a[i].d), da1 = h2f(a[i + 1].d);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)rows[r];
+            int8x16_t l0, h0, l1, h1;
+            unpack_q4(w[i].qs, &l0, &h0);
+            unpack_q4(w[i + 1].qs, &l1, &h1);
+            int32x4_t p0 = dot16(dot16(vdupq_n_s32(0), vsubq_s8(l0, eight), a0l), vsubq_s8(h0, eight), a0h);
+            int32x4_t p1 = dot16(dot16(vdupq_n_s32(0), vsubq_s8(l1, eight), a1l), vsubq_s8(h1, eight), a1h);
+            acc0[r] = vmlaq_n_f32(acc0[r], vcvtq_f32_s32(p0), h2f(w[i].d) * da0);
+            acc1[r] = vmlaq_n_f32(acc1[r], vcvtq_f32_s32(p1), h2f(w[i + 1].d) * da1);
+        }
     }
-    for (; i < nb; i++) {
-        int8x16_t l0, h0;
-        unpack_q4(w[i].qs, &l0, &h0);
-        int32x4_t p0 = block_dot(vsubq_s8(l0, eight), vsubq_s8(h0, eight), a[i].qs);
-        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(a[i].d));
+    for (int r = 0; r < NR; r++) {
+        const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)rows[r];
+        for (int64_t j = i; j < nb; j++) {
+            int8x16_t l0, h0;
+            unpack_q4(w[j].qs, &l0, &h0);
+            int32x4_t p0 = block_dot(vsubq_s8(l0, eight), vsubq_s8(h0, eight), a[j].qs);
+            acc0[r] = vmlaq_n_f32(acc0[r], vcvtq_f32_s32(p0), h2f(w[j].d) * h2f(a[j].d));
+        }
+        y[r] = vaddvq_f32(vaddq_f32(acc0[r], acc1[r]));
     }
-    return vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+static float dot_q4_0(int64_t n, const void *row, const void *act) {
+    const uint8_t *rows[1] = {row};
+    float y;
+    dot_q4_0_rows(1, rows, n, act, &y);
+    return y;
+}
+
+/* the packed activation is the activation itself at the arm levels */
+static void dot_packed_rows_q4_0(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y) {
+    switch (count) {
+    case 1: dot_q4_0_rows(1, rows, n, packed, y); break;
+    case 2: dot_q4_0_rows(2, rows, n, packed, y); break;
+    case 3: dot_q4_0_rows(3, rows, n, packed, y); break;
+    default: dot_q4_0_rows(4, rows, n, packed, y); break;
+    }
+}
+
+/* the dense GEMV: rows four at a time (the same floats as dot_q4_0 per row) */
+static void rows_q4_0(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
+                      float *y) {
+    const uint8_t *base = w;
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        const uint8_t *rows[4];
+        for (int r = 0; r < 4; r++) rows[r] = base + (size_t)(idx ? idx[i + r] : i + r) * rb;
+        dot_q4_0_rows(4, rows, n, act, y + i);
+    }
+    for (; i < count; i++) {
+        const uint8_t *rows[1] = {base + (size_t)(idx ? idx[i] : i) * rb};
+        dot_q4_0_rows(1, rows, n, act, y + i);
+    }
 }
 
 static float dot_q4_1(int64_t n, const void *row, const void *act) {
@@ -381,12 +427,12 @@ PI2_GEMM_VIA_DOT(f32)
 PI2_GEMM_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(f32)
 PI2_ROWS_VIA_DOT(f16)
-PI2_ROWS_VIA_DOT(q4_0)
 PI2_ROWS_VIA_DOT(q4_1)
 PI2_ROWS_VIA_DOT(q8_0)
 
 static void arm_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
+    t->dot_packed_rows[PI2_Q4_0] = dot_packed_rows_q4_0;
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;
