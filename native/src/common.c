@@ -93,17 +93,15 @@ int pi2_parse_float_arg(const char *flag, const char *value, float *out) {
     return 0;
 }
 
-uint64_t pi2_now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t pi2_cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+uint64_t pi2_now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+uint64_t pi2_cpu_ns(void) { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
 
 static uint64_t status_kib(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");

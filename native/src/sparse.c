@@ -603,6 +603,12 @@ void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* A neuron's output from its gate and up dots (the up dot is only computed when this can be non-zero:
+ * always for SwiGLU, for a positive gate otherwise). */
+static float neuron_output(uint32_t act, float g, float u) {
+    return act == PI2_ACT_SWIGLU ? silu(g) * u : act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
+}
+
 /* Unit i: neuron wave_k[i] for every token whose mask asks for it. Returns 1 when the unit needs a
  * second read (two-phase: a gate came out positive and only the gate part is in memory). */
 static int compute_unit(pi2_sparse *s, int i) {
@@ -629,12 +635,8 @@ static int compute_unit(pi2_sparse *s, int i) {
         if (!s->mask[(size_t)t * s->F + k]) continue;
         const uint8_t *a = s->pact + (size_t)t * s->pact_row;
         const float g = s->phase[i] ? gates[t] : pi2_vec_dot_packed(wt, s->E, bundle, a);
-        if (act == PI2_ACT_SWIGLU) {
-            hv[t] = silu(g) * pi2_vec_dot_packed(wt, s->E, bundle + s->part, a);
-        } else if (g > 0.0f) {
-            const float u = pi2_vec_dot_packed(wt, s->E, bundle + s->part, a);
-            hv[t] = act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
-        }
+        if (act == PI2_ACT_SWIGLU || g > 0.0f)
+            hv[t] = neuron_output(act, g, pi2_vec_dot_packed(wt, s->E, bundle + s->part, a));
         live |= hv[t] != 0.0f;
     }
     s->live[i] = live;
@@ -675,8 +677,7 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->pact, y);
     for (int q = 0; q < n; q++) {
         const int j = pick[q], i = units[j];
-        const float u = y[q];
-        const float h = act == PI2_ACT_SWIGLU ? silu(g[j]) * u : act == PI2_ACT_RELU ? g[j] * u : (u > 0.0f ? g[j] * u : 0.0f);
+        const float h = neuron_output(act, g[j], y[q]);
         s->hv[(size_t)i * s->n_batch] = h;
         s->live[i] = h != 0.0f;
     }
