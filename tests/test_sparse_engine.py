@@ -69,6 +69,29 @@ def _assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 
 
+def _kernel_level(model: Path, tmp: Path) -> str:
+    events = tmp / "level.jsonl"
+    run_engine("generate", "-m", model, "--tokens", "1", "-n", "1", "--events", events)
+    return json.loads(events.read_text().splitlines()[0])["kernels"]
+
+
+def test_repacked_attention_rows_give_the_batched_floats(dense_arch, tmp_path):
+    # Attention and output rows interleaved by four (where the kernel level has that layout, avx512)
+    # go through a kernel that repeats the plain GEMM's float steps for any number of tokens: batched
+    # passes give the same bits as without it, and single tokens give the batched pass's bits (the
+    # plain GEMV rounds otherwise). Elsewhere --no-repack changes nothing.
+    x4 = _kernel_level(dense_arch, tmp_path) == "avx512"
+    plain = {
+        b: engine_logits(dense_arch, TOKENS, tmp_path, "--batch", b, "--no-repack") for b in ("16", "3", "1")
+    }
+    packed = {b: engine_logits(dense_arch, TOKENS, tmp_path, "--batch", b) for b in ("16", "3", "1")}
+    assert np.array_equal(packed["16"], plain["16"])
+    assert np.array_equal(packed["3"][:15], plain["3"][:15])  # the 16th token of batches of 3 is alone
+    assert np.array_equal(packed["1"], plain["16"] if x4 else plain["1"])
+    if x4:
+        assert not np.array_equal(plain["1"], plain["16"])  # so the line above tells the layouts apart
+
+
 @pytest.mark.parametrize("policy", SPARSE_POLICIES)
 def test_oracle_logits_match_dense(dense_arch, tmp_path, policy):
     # One batch for the whole prompt (the union of 16 tokens' neurons: several waves through a cache

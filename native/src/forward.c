@@ -287,6 +287,19 @@ static void axpy_worker(void *p, int ith, int nth) {
     int64_t b, e;
     pi2_split_range(F, ith, nth, &b, &e);
     const pi2_mat *d = &j->b->down_cols;
+    if (j->tokens == 1) { /* decode: four columns per pass over the accumulator, the same sums */
+        const uint8_t *cols[4];
+        float a[4];
+        int n = 0;
+        for (int64_t k = b; k < e; k++) {
+            if (c->h[k] == 0.0f) continue;
+            cols[n] = d->data + (size_t)k * d->stride;
+            a[n++] = c->h[k];
+            if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc), n = 0;
+        }
+        if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc);
+        return;
+    }
     for (int64_t k = b; k < e; k++) {
         const uint8_t *col = d->data + (size_t)k * d->stride;
         for (int t = 0; t < j->tokens; t++) {

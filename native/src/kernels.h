@@ -75,6 +75,23 @@ void pi2_gather_gemv(pi2_type wt, const void *w, int64_t n, const int32_t *idx, 
 /* y[0..n) += a * dequant(row): down-projection columns stored as rows, scaled by a neuron's output. */
 void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
 
+/* y[0..n) += a[r] * dequant(rows[r]) for r = 0, 1, .. count-1 (1..4) in that order: the sparse FFN's
+ * down columns of a group of neurons, y read and written once per group rather than once per row.
+ * The same floats as count pi2_axpy calls in a row. */
+void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
+
+/* Rows interleaved by four ("x4"): a matrix whose rows are a multiple of 4, stored group by group of
+ * 4 rows and block by block, each record holding the 4 rows' quants and then their scales (Q4_0: 4 x
+ * 16 bytes, 4 F16 scales). A level that has a kernel for it multiplies such a matrix with far fewer
+ * shuffles per byte than row by row (decode's dense GEMVs are compute-bound otherwise on cores that
+ * split 512-bit work in two). pi2_x4_supported: whether this level has one for wt (Q4_0 at avx512);
+ * pi2_x4_pack: the layout (same size as the rows); pi2_x4_gemm: y[t * ldy + r] = dot(row r, acts[t])
+ * for rows r of the packed matrix w (from a group boundary), tokens >= 1, acts as for pi2_gemm. */
+int pi2_x4_supported(pi2_type wt);
+void pi2_x4_pack(pi2_type wt, const void *w, int64_t rows, int64_t n, void *out);
+void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                 int64_t ldy);
+
 /* Attention's V accumulator, kept in F16 as llama.cpp's CPU flash attention keeps it:
  * f16_mad:   y[i] = f16(f32(y[i]) + f32(x[i]) * v), the multiply-add fused (one rounding, then F16);
  * f16_scale: y[i] = f16(f32(y[i]) * v).

@@ -205,6 +205,31 @@ static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
     }
 }
 
+/* y += a[0] * row 0 + ... (count <= 4 rows, in order), y kept in registers per block: the same floats
+ * as axpy_q4_0 one row after another (y + (q * s + 0)), with y read and written once per group. */
+static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+    const int8x16_t eight = vdupq_n_s8(8);
+    const float32x4_t zero = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        float32x4_t acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = vld1q_f32(y + 4 * k);
+        for (int r = 0; r < count; r++) {
+            const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)rows[r] + i;
+            int8x16_t lo, hi;
+            unpack_q4(w->qs, &lo, &hi);
+            const float32x4_t vs = vdupq_n_f32(a[r] * h2f(w->d));
+            const int8x16_t q[2] = {vsubq_s8(lo, eight), vsubq_s8(hi, eight)};
+            for (int h = 0; h < 2; h++) {
+                const int16x8_t l = vmovl_s8(vget_low_s8(q[h])), u = vmovl_high_s8(q[h]);
+                const float32x4_t f[4] = {vcvtq_f32_s32(vmovl_s16(vget_low_s16(l))), vcvtq_f32_s32(vmovl_high_s16(l)),
+                                          vcvtq_f32_s32(vmovl_s16(vget_low_s16(u))), vcvtq_f32_s32(vmovl_high_s16(u))};
+                for (int k = 0; k < 4; k++) acc[4 * h + k] = vaddq_f32(acc[4 * h + k], vfmaq_f32(zero, f[k], vs));
+            }
+        }
+        for (int k = 0; k < 8; k++) vst1q_f32(y + 4 * k, acc[k]);
+    }
+}
+
 static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
     const pi2_block_q4_1 *w = row;
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
@@ -433,6 +458,7 @@ PI2_ROWS_VIA_DOT(q8_0)
 static void arm_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
     t->dot_packed_rows[PI2_Q4_0] = dot_packed_rows_q4_0;
+    t->axpy_rows[PI2_Q4_0] = axpy_rows_q4_0;
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;

@@ -8,9 +8,10 @@
  * VPDPBUSD multiplies unsigned by signed bytes. Q4_1 nibbles are unsigned already. Q4_0 nibbles are
  * used as they are (0..15) and Q8_0 weights are biased by +128; the bias times the activations'
  * 4-byte group sums is subtracted in int32. Each int32 lane thus holds exactly what the AVX2 path's
- * lane holds (the sum of 4 products), and the float steps repeat the AVX2 order, so dots and gemv give
- * the AVX2 dots' floats bit for bit and the gemm gives the AVX2 gemm's (Q4_0 aside, whose AVX2 gemm
- * corrects the offset in float). */
+ * lane holds (the sum of 4 products), and the float steps repeat the AVX2 order, so Q4_1 and Q8_0 dots
+ * and gemv give the AVX2 dots' floats bit for bit and the gemm gives the AVX2 gemm's (Q4_0 aside, whose
+ * AVX2 gemm corrects the offset in float). Q4_0's single rows go four blocks a step instead (quad_rows,
+ * their own order), and matrices repacked by four rows have their own kernel (x4_gemm_q4_0). */
 #include "kernels_x86_common.h"
 
 /* Two blocks' packed nibbles -> 64 bytes [lo(q0) hi(q0) lo(q1) hi(q1)], the element order of two
@@ -312,15 +313,10 @@ static inline float dot_packed512(int kind, int64_t n, const void *row, const vo
                                     float *y) {                                                           \
         dot_packed_rows512(K, n, rows, count, packed, y);                                                 \
     }
-PACKED(q4_0, KIND_Q4_0_512)
 PACKED(q4_1, KIND_Q4_1_512)
 PACKED(q8_0, KIND_Q8_0_512)
 #undef PACKED
 
-static void rows_q4_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
-                          float *y) {
-    rows512(KIND_Q4_0_512, dot_q4_0_512, w, rb, idx, count, n, act, y);
-}
 static void rows_q4_1_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
                           float *y) {
     rows512(KIND_Q4_1_512, dot_q4_1_512, w, rb, idx, count, n, act, y);
@@ -328,6 +324,134 @@ static void rows_q4_1_512(const void *w, size_t rb, const int32_t *idx, int64_t 
 static void rows_q8_0_512(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
                           float *y) {
     rows512(KIND_Q8_0_512, dot_q8_0_512, w, rb, idx, count, n, act, y);
+}
+
+/* ---- Q4_0 rows four blocks at a time ----
+ * Decode's single rows (the sparse FFN's gate and up rows, the dense path's packed FFN rows) take
+ * 72 bytes per step: one word permute lifts the four blocks' quant bytes into a block per 128-bit
+ * lane, another their four scales, so the per-block shuffles and scalar scale loads of the pair
+ * loop above are gone. Each lane accumulates one 4-byte group of every fourth block (low nibbles in
+ * one register, high in another); a row's float is then the fixed sum of those 32 lanes. Every Q4_0
+ * entry point of this level (vec_dot, gemv, the packed dots) goes through it, so they agree bit for
+ * bit; the gemm, and rows interleaved by four, keep the per-block order of the AVX2 gemm. Word
+ * permutes only (AVX512BW): no VBMI needed. */
+
+typedef struct {
+    __m512i lo, hi;         /* activation bytes 0..15 and 16..31 of 4 blocks, a block per 128-bit lane */
+    __m512i off_lo, off_hi; /* -8 * each 4-byte group's sum (the bias of unsigned nibbles) */
+    __m512 d;               /* each block's scale, in its 4 lanes */
+} act_quad;
+
+/* nb blocks of Q8_0 activation -> ceil(nb / 4) quads; a last partial quad's missing blocks are zero */
+static void pack_quads(const pi2_block_q8_0 *a, int64_t nb, act_quad *out) {
+    for (int64_t q = 0; q < (nb + 3) / 4; q++) {
+        int8_t lo[64] = {0}, hi[64] = {0};
+        int32_t ol[16] = {0}, oh[16] = {0};
+        float d[16] = {0};
+        for (int k = 0; k < 4 && 4 * q + k < nb; k++) {
+            const pi2_block_q8_0 *b = a + 4 * q + k;
+            memcpy(lo + 16 * k, b->qs, 16);
+            memcpy(hi + 16 * k, b->qs + 16, 16);
+            for (int j = 0; j < 4; j++) {
+                ol[4 * k + j] = -8 * (b->qs[4 * j] + b->qs[4 * j + 1] + b->qs[4 * j + 2] + b->qs[4 * j + 3]);
+                oh[4 * k + j] = -8 * (b->qs[16 + 4 * j] + b->qs[17 + 4 * j] + b->qs[18 + 4 * j] + b->qs[19 + 4 * j]);
+                d[4 * k + j] = h2f(b->d);
+            }
+        }
+        out[q].lo = _mm512_loadu_si512(lo);
+        out[q].hi = _mm512_loadu_si512(hi);
+        out[q].off_lo = _mm512_loadu_si512(ol);
+        out[q].off_hi = _mm512_loadu_si512(oh);
+        out[q].d = _mm512_loadu_ps(d);
+    }
+}
+
+/* y[r] = dot(row r, activation) for NR rows of nb Q4_0 blocks */
+static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_t *const *wr, int64_t nb,
+                                                           const act_quad *aq, float *y) {
+    /* word m of the quant bytes: block m / 8's word 1 + m % 8 (a block is 9 words: scale, 8 of quants) */
+    static const uint16_t qs_words[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                          19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+    static const uint16_t d_words[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
+    const __m512i qs_idx = _mm512_loadu_si512(qs_words), d_idx = _mm512_loadu_si512(d_words);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 lo[4], hi[4];
+    for (int r = 0; r < NR; r++) lo[r] = hi[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 4, aq++) {
+        const int nblk = nb - b < 4 ? (int)(nb - b) : 4;
+        /* bytes of this step: 72, or 18 per block of a partial last step (masked: nothing past the row) */
+        const __mmask64 m0 = nblk == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (18 * nblk)) - 1);
+        const __mmask64 m1 = nblk == 4 ? 0xff : 0;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *w = wr[r] + (size_t)b * sizeof(pi2_block_q4_0);
+            __builtin_prefetch(w + PF_DIST, 0, 3);
+            __builtin_prefetch(w + PF_DIST + 71, 0, 3);
+            const __m512i v0 = _mm512_maskz_loadu_epi8(m0, w), v1 = _mm512_maskz_loadu_epi8(m1, w + 64);
+            const __m512i q = _mm512_permutex2var_epi16(v0, qs_idx, v1);
+            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(d_idx, v0)));
+            const __m512 sc = _mm512_mul_ps(dw, aq->d);
+            const __m512i sl = _mm512_dpbusd_epi32(aq->off_lo, _mm512_and_si512(q, m4), aq->lo);
+            const __m512i sh = _mm512_dpbusd_epi32(aq->off_hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), aq->hi);
+            lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sc, lo[r]);
+            hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sc, hi[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        const __m512 s = _mm512_add_ps(lo[r], hi[r]);
+        y[r] = hsum8(_mm256_add_ps(lo8(s), hi8(s)));
+    }
+}
+
+static inline void quad_rows_n(int count, const uint8_t *const *wr, int64_t nb, const act_quad *aq, float *y) {
+    switch (count) {
+    case 1: quad_rows(1, wr, nb, aq, y); break;
+    case 2: quad_rows(2, wr, nb, aq, y); break;
+    case 3: quad_rows(3, wr, nb, aq, y); break;
+    default: quad_rows(4, wr, nb, aq, y); break;
+    }
+}
+
+#define QUADS_MAX 256 /* packed on the stack: rows up to 32768 */
+
+static float dot_q4_0_quad(int64_t n, const void *row, const void *act) {
+    const int64_t nb = n / PI2_QK;
+    if ((nb + 3) / 4 > QUADS_MAX) return dot_q4_0_512(n, row, act);
+    act_quad aq[QUADS_MAX];
+    pack_quads(act, nb, aq);
+    const uint8_t *wr[1] = {row};
+    float y;
+    quad_rows(1, wr, nb, aq, &y);
+    return y;
+}
+
+static void rows_q4_0_quad(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
+                           float *y) {
+    const int64_t nb = n / PI2_QK;
+    if ((nb + 3) / 4 > QUADS_MAX) {
+        pi2_rows_via_dot(dot_q4_0_512, w, rb, idx, count, n, act, y);
+        return;
+    }
+    act_quad aq[QUADS_MAX];
+    pack_quads(act, nb, aq);
+    for (int64_t i = 0; i < count; i += 4) {
+        const int nr = count - i < 4 ? (int)(count - i) : 4;
+        const uint8_t *wr[4];
+        for (int r = 0; r < nr; r++) wr[r] = (const uint8_t *)w + (size_t)(idx ? idx[i + r] : i + r) * rb;
+        quad_rows_n(nr, wr, nb, aq, y + i);
+    }
+}
+
+static size_t packed_size_q4_0_quad(int64_t n) { return (size_t)((n / PI2_QK + 3) / 4) * sizeof(act_quad); }
+static void pack_q4_0_quad(const void *act, int64_t n, void *packed) { pack_quads(act, n / PI2_QK, packed); }
+static float dot_packed_q4_0_quad(int64_t n, const void *row, const void *packed) {
+    const uint8_t *wr[1] = {row};
+    float y;
+    quad_rows(1, wr, n / PI2_QK, packed, &y);
+    return y;
+}
+static void dot_packed_rows_q4_0_quad(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y) {
+    quad_rows_n(count, rows, n / PI2_QK, packed, y);
 }
 
 /* ---- gemm ----
@@ -505,23 +629,114 @@ PI2_GEMM_OF_KIND(gemm_q4_0_512, gemm512, KIND_Q4_0_512)
 PI2_GEMM_OF_KIND(gemm_q4_1_512, gemm512, KIND_Q4_1_512)
 PI2_GEMM_OF_KIND(gemm_q8_0_512, gemm512, KIND_Q8_0_512)
 
+/* ---- Q4_0 rows interleaved by four (pi2_x4_pack) ----
+ * One 72-byte record per group of 4 rows and block: the rows' 16 quant bytes (one zmm, a row per
+ * 128-bit lane), then their 4 F16 scales. A record's low nibbles meet the block's first 16 activation
+ * bytes broadcast to every lane, the high nibbles the last 16, so each row's 8 int32 lanes are
+ * gemm512's (one per 4-byte group) without any shuffle of weights, and one scale conversion serves
+ * four rows. Per row and token the float steps are gemm512's (lane by lane FMA over the blocks, then
+ * hsum8's order), so the results equal pi2_gemm's bit for bit, for one token as for many. */
+
+#define X4_RECORD (4 * sizeof(pi2_block_q4_0)) /* 72 */
+
+typedef struct {
+    int32_t off[8]; /* -8 * each 4-byte group's sum: the bias of unsigned nibbles, as in gemm512 */
+    float d;
+} x4_act;
+
+static void x4_pack_act(const pi2_block_q8_0 *a, int64_t nb, x4_act *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        for (int j = 0; j < 8; j++)
+            out[b].off[j] = -8 * (a[b].qs[4 * j] + a[b].qs[4 * j + 1] + a[b].qs[4 * j + 2] + a[b].qs[4 * j + 3]);
+        out[b].d = h2f(a[b].d);
+    }
+}
+
+static inline __m512i bcast16(const void *p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)); }
+
+/* y[t * ldy + r] for the group's 4 rows and NT tokens */
+static inline __attribute__((always_inline)) void x4_tile(int NT, const uint8_t *g, int64_t nb,
+                                                         const pi2_block_q8_0 *const *a, const x4_act *const *pa,
+                                                         float *y, int64_t ldy) {
+    __m512 lo[4], hi[4];
+    for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t b = 0; b < nb; b++, g += X4_RECORD) {
+        __builtin_prefetch(g + PF_DIST, 0, 3);
+        const __m512i w = _mm512_loadu_si512(g);
+        const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        const __m512 dw = _mm512_permutexvar_ps(
+            spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 64)))));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const pi2_block_q8_0 *ab = a[t] + b;
+            const x4_act *p = pa[t] + b;
+            const __m512i sl = _mm512_dpbusd_epi32(bcast16(p->off), wl, bcast16(ab->qs));
+            const __m512i sh = _mm512_dpbusd_epi32(bcast16(p->off + 4), wh, bcast16(ab->qs + 16));
+            const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(p->d));
+            lo[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), s, lo[t]);
+            hi[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), s, hi[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) { /* per row: lanes j + (j + 4), then (0 + 2) + (1 + 3): hsum8 */
+        const __m512 s = _mm512_add_ps(lo[t], hi[t]);
+        const __m512 u = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+        const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+        float lanes[16];
+        _mm512_storeu_ps(lanes, v);
+        for (int r = 0; r < 4; r++) y[t * ldy + r] = lanes[4 * r];
+    }
+}
+
+#define X4_STACK_BLOCKS 1024 /* activation records kept on the stack: 4 tokens of rows up to 32768 */
+
+static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                         int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    const size_t ab = (size_t)nb * sizeof(pi2_block_q8_0);
+    x4_act stack[X4_STACK_BLOCKS], *pa = stack;
+    if (tokens * nb > X4_STACK_BLOCKS && !(pa = malloc(sizeof(x4_act) * (size_t)(tokens * nb)))) abort();
+    for (int64_t t = 0; t < tokens; t++) x4_pack_act((const pi2_block_q8_0 *)((const uint8_t *)acts + t * ab), nb, pa + t * nb);
+    /* each group's records (nb * 72 bytes) stay in L1 while the tokens go by four at a time */
+    for (int64_t r = 0; r < rows; r += 4) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 4) * nb * X4_RECORD;
+        for (int64_t t = 0; t < tokens; t += 4) {
+            const int nt = tokens - t < 4 ? (int)(tokens - t) : 4;
+            const pi2_block_q8_0 *a[4];
+            const x4_act *p[4];
+            for (int k = 0; k < nt; k++)
+                a[k] = (const pi2_block_q8_0 *)((const uint8_t *)acts + (t + k) * ab), p[k] = pa + (t + k) * nb;
+            float *out = y + t * ldy + r;
+            switch (nt) {
+            case 1: x4_tile(1, g, nb, a, p, out, ldy); break;
+            case 2: x4_tile(2, g, nb, a, p, out, ldy); break;
+            case 3: x4_tile(3, g, nb, a, p, out, ldy); break;
+            default: x4_tile(4, g, nb, a, p, out, ldy); break;
+            }
+        }
+    }
+    if (pa != stack) free(pa);
+}
+
 void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     x86_fill(t);
-    t->dot[PI2_Q4_0] = dot_q4_0_512;
+    t->dot[PI2_Q4_0] = dot_q4_0_quad;
     t->dot[PI2_Q4_1] = dot_q4_1_512;
     t->dot[PI2_Q8_0] = dot_q8_0_512;
-    t->rows[PI2_Q4_0] = rows_q4_0_512;
+    t->rows[PI2_Q4_0] = rows_q4_0_quad;
     t->rows[PI2_Q4_1] = rows_q4_1_512;
     t->rows[PI2_Q8_0] = rows_q8_0_512;
     t->gemm[PI2_Q4_0] = gemm_q4_0_512;
     t->gemm[PI2_Q4_1] = gemm_q4_1_512;
     t->gemm[PI2_Q8_0] = gemm_q8_0_512;
+    t->x4_gemm[PI2_Q4_0] = x4_gemm_q4_0;
 #define SET_PACKED(ID, T)               \
     t->packed_size[ID] = packed_size_##T; \
     t->pack[ID] = pack_##T;               \
     t->dot_packed[ID] = dot_packed_##T; \
     t->dot_packed_rows[ID] = dot_packed_rows_##T;
-    SET_PACKED(PI2_Q4_0, q4_0)
+    SET_PACKED(PI2_Q4_0, q4_0_quad) /* Q4_0's single rows: four blocks a step; its gemm stays gemm512 */
     SET_PACKED(PI2_Q4_1, q4_1)
     SET_PACKED(PI2_Q8_0, q8_0)
 #undef SET_PACKED

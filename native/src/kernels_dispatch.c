@@ -210,6 +210,43 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
     pi2_kernels_table()->axpy[wt](n, a, row, y);
 }
 
+void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+    check_weight("axpy_rows", wt, n);
+    if (count < 1 || count > 4) die("axpy_rows", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    if (t->axpy_rows[wt]) {
+        t->axpy_rows[wt](n, a, rows, count, y);
+        return;
+    }
+    for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y);
+}
+
+int pi2_x4_supported(pi2_type wt) {
+    return (unsigned)wt < PI2_N_TYPES && pi2_kernels_table()->x4_gemm[wt] != NULL;
+}
+
+void pi2_x4_pack(pi2_type wt, const void *w, int64_t rows, int64_t n, void *out) {
+    check_weight("x4_pack", wt, n);
+    if (wt != PI2_Q4_0 || rows % 4) die("x4_pack", wt, n);
+    const int64_t nb = n / PI2_QK;
+    const pi2_block_q4_0 *src = w;
+    uint8_t *rec = out;
+    for (int64_t g = 0; g < rows / 4; g++)
+        for (int64_t b = 0; b < nb; b++, rec += 4 * sizeof(pi2_block_q4_0))
+            for (int r = 0; r < 4; r++) {
+                const pi2_block_q4_0 *x = src + (g * 4 + r) * nb + b;
+                memcpy(rec + 16 * r, x->qs, 16);
+                memcpy(rec + 64 + 2 * r, &x->d, 2);
+            }
+}
+
+void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                 int64_t ldy) {
+    check_weight("x4_gemm", wt, n);
+    if (!pi2_x4_supported(wt) || rows % 4 || tokens < 1) die("x4_gemm", wt, n);
+    pi2_kernels_table()->x4_gemm[wt](w, rows, n, acts, tokens, y, ldy);
+}
+
 void pi2_f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
     if (n < 0) die("f16_mad", PI2_F16, n);
     pi2_kernels_table()->f16_mad(n, y, x, v);

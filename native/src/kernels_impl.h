@@ -34,6 +34,11 @@ typedef struct {
     /* optional (NULL: one dot_packed per row) */
     void (*dot_packed_rows[PI2_N_TYPES])(int64_t n, const uint8_t *const *rows, int count, const void *packed,
                                          float *y);
+    /* optional (NULL: one axpy per row) */
+    void (*axpy_rows[PI2_N_TYPES])(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
+    /* optional: GEMM over rows interleaved by four (pi2_x4_pack); NULL: no such layout at this level */
+    void (*x4_gemm[PI2_N_TYPES])(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                                 int64_t ldy);
     pi2_f16_mad_fn f16_mad;
     pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;

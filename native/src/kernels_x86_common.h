@@ -187,6 +187,42 @@ static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
                       _mm256_setzero_ps(), y);
 }
 
+/* y += a[0] * row 0 + ... + a[count-1] * row count-1 (count <= 4), block by block with y held in
+ * registers: the rows are added in order exactly as axpy_q4_0 adds them one call after another (y +
+ * (q * s + 0) per row), so the floats are the same, but y is read and written once per group. */
+static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+#if defined(__AVX512F__)
+        const __m512 zero = _mm512_setzero_ps();
+        __m512 y0 = _mm512_loadu_ps(y), y1 = _mm512_loadu_ps(y + 16);
+        for (int r = 0; r < count; r++) {
+            const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)rows[r] + i;
+            const __m256i q = _mm256_sub_epi8(unpack_nibbles(w->qs), eight);
+            const __m512 s = _mm512_set1_ps(a[r] * h2f(w->d));
+            y0 = _mm512_add_ps(y0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), s, zero));
+            y1 = _mm512_add_ps(y1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), s, zero));
+        }
+        _mm512_storeu_ps(y, y0);
+        _mm512_storeu_ps(y + 16, y1);
+#else
+        const __m256 zero = _mm256_setzero_ps();
+        __m256 acc[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm256_loadu_ps(y + 8 * k);
+        for (int r = 0; r < count; r++) {
+            const pi2_block_q4_0 *w = (const pi2_block_q4_0 *)rows[r] + i;
+            const __m256i q = _mm256_sub_epi8(unpack_nibbles(w->qs), eight);
+            const __m256 s = _mm256_set1_ps(a[r] * h2f(w->d));
+            const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+            const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            for (int k = 0; k < 4; k++)
+                acc[k] = _mm256_add_ps(acc[k], _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])), s, zero));
+        }
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + 8 * k, acc[k]);
+#endif
+    }
+}
+
 static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
     const pi2_block_q4_1 *w = row;
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK)
@@ -421,6 +457,7 @@ PI2_GEMM_VIA_DOT(f16)
 
 static void x86_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
+    t->axpy_rows[PI2_Q4_0] = axpy_rows_q4_0;
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;

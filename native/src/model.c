@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "kernels.h"
 
 #define FAIL(...)                                           \
     do {                                                    \
@@ -183,6 +184,35 @@ int pi2_model_pack_ffn(pi2_model *m) {
     return 0;
 }
 
+static int repack_mat(pi2_model *m, pi2_mat *w) {
+    if (w->x4 || w->rows % 4 || w->stride != w->row_bytes || !pi2_x4_supported(w->type)) return 0;
+    const size_t bytes = (size_t)w->rows * w->row_bytes;
+    void *buf = malloc(bytes);
+    if (!buf) {
+        pi2_set_error("%s: out of memory repacking the attention weights (run with --no-repack)", m->file.path);
+        return -1;
+    }
+    pi2_x4_pack(w->type, w->data, w->rows, w->cols, buf);
+    /* the rows are read from here on: give the mapping's pages back (it stays valid) */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)w->data + page - 1) / page * page,
+                    e = ((uintptr_t)w->data + bytes) / page * page;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    w->data = buf;
+    w->x4 = 1;
+    return 0;
+}
+
+int pi2_model_repack(pi2_model *m) {
+    if (!(m->h.flags & PI2_FLAG_TIED) && repack_mat(m, &m->output) != 0) return -1;
+    for (uint32_t l = 0; l < m->h.n_layer; l++) {
+        pi2_layer *L = &m->layers[l];
+        pi2_mat *mats[4] = {&L->wq, &L->wk, &L->wv, &L->wo};
+        for (int k = 0; k < 4; k++)
+            if (repack_mat(m, mats[k]) != 0) return -1;
+    }
+    return 0;
+}
+
 void pi2_model_free(pi2_model *m) {
     if (m->layers)
         for (uint32_t l = 0; l < m->h.n_layer; l++) {
@@ -192,8 +222,13 @@ void pi2_model_free(pi2_model *m) {
                     if (b->gate.stride == b->gate.row_bytes) free((void *)b->gate.data);
                     if (b->up.stride == b->up.row_bytes) free((void *)b->up.data);
                 }
-            free(m->layers[l].ffn);
+            pi2_layer *L = &m->layers[l];
+            const pi2_mat *mats[4] = {&L->wq, &L->wk, &L->wv, &L->wo};
+            for (int k = 0; k < 4; k++)
+                if (mats[k]->x4) free((void *)mats[k]->data);
+            free(L->ffn);
         }
+    if (m->output.x4) free((void *)m->output.data);
     free(m->layers);
     m->layers = NULL;
     pi2_file_close(&m->file);

@@ -15,6 +15,7 @@ typedef struct {
     pi2_type type;
     int64_t rows, cols;
     size_t row_bytes, stride;
+    int x4;                /* rows interleaved by four (pi2_x4_pack) in a malloc'ed copy: pi2_model_repack */
 } pi2_mat;
 
 typedef struct {
@@ -49,6 +50,12 @@ int pi2_model_load(pi2_model *m, const char *path, int verify_neurons);
  * neuron region is then dropped from this process's memory (madvise), so RSS grows by nothing.
  * -1 with an error when memory runs out. */
 int pi2_model_pack_ffn(pi2_model *m);
+/* Decode's dense products (attention and output weights) into rows interleaved by four, where the
+ * kernel level has a kernel for that layout (kernels.h, pi2_x4_supported): each matrix is copied into
+ * anonymous memory and its pages in the mapping are dropped, so RSS stays the same. Matrices of other
+ * types, with a row count not a multiple of 4, or shared with the token embedding stay as they are.
+ * -1 with an error when memory runs out (the model stays usable, partly repacked). */
+int pi2_model_repack(pi2_model *m);
 void pi2_model_free(pi2_model *m);
 
 #endif

@@ -1,5 +1,7 @@
 #include "parmat.h"
 
+#include "kernels.h"
+
 void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
     if (pool) pi2_pool_run(pool, fn, job);
     else fn(job, 0, 1);
@@ -47,6 +49,10 @@ typedef struct {
 static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     const pi2_mat *w = j->w;
     const uint8_t *base = w->data + (size_t)r0 * w->stride;
+    if (w->x4) { /* chunks are multiples of 16 rows: they start at a group of four */
+        pi2_x4_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+        return;
+    }
     if (w->stride == w->row_bytes) {
         if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
         else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);

@@ -99,6 +99,7 @@ const char *pi2_sparse_usage(void) {
            "    --cluster N              bundles per hot cluster   [32]\n"
            "    --no-two-phase           powerinfer2: read cold bundles whole, not gate part first\n"
            "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
+           "    --no-repack              keep attention/output rows as stored (no interleaving by four)\n"
            "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
            "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
 }
@@ -148,6 +149,10 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
     }
     if (!strcmp(a, "--lookahead")) {
         cfg->lookahead = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--no-repack")) {
+        cfg->no_repack = 1;
         return 1;
     }
     int known = 0;
@@ -213,6 +218,10 @@ int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int n
     /* Packing copies gate/up into anonymous memory: fast in memory, but under a budget the dense
      * policy must page from the file like llama.cpp with mmap, and sparse policies read bundles. */
     if (!sparse && !no_pack && !cfg->memory_budget && pi2_model_pack_ffn(m) != 0) {
+        pi2_model_free(m);
+        return -1;
+    }
+    if ((sparse || !cfg->memory_budget) && !cfg->no_repack && pi2_model_repack(m) != 0) {
         pi2_model_free(m);
         return -1;
     }
@@ -694,6 +703,20 @@ static void down_worker(void *p, int ith, int nth) {
     pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
     if (d0 >= d1) return;
     const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    if (s->tokens == 1) { /* decode: live columns four at a time through one pass over the output slice */
+        const uint8_t *cols[4];
+        float a[4];
+        int n = 0;
+        for (int i = 0; i < s->wave_len; i++) {
+            if (!s->live[i]) continue;
+            cols[n] = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;
+            __builtin_prefetch(cols[n], 0, 3);
+            a[n++] = s->hv[(size_t)i * s->n_batch];
+            if (n == 4) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + d0), n = 0;
+        }
+        if (n) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + d0);
+        return;
+    }
     for (int i = 0; i < s->wave_len; i++) {
         if (!s->live[i]) continue;
         const uint8_t *col = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;

@@ -40,6 +40,7 @@ typedef struct {
     int no_two_phase;       /* powerinfer2: read cold bundles whole (when storage is IOPS-bound) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
+    int no_repack;          /* keep attention and output rows as the file has them (pi2_model_repack) */
     pi2_io_config io;
     int io_cpus[64];
 } pi2_sparse_config;
@@ -62,7 +63,9 @@ typedef struct {
 } pi2_sparse_stats;
 
 /* pi2_model_load as the policy reads the model: sparse policies never touch the neuron region (no
- * checksum pass over it, no packed copy); dense packs gate/up rows unless no_pack or a budget is set. */
+ * checksum pass over it, no packed copy); dense packs gate/up rows unless no_pack or a budget is set.
+ * The attention and output weights are repacked (pi2_model_repack) unless cfg->no_repack, or the
+ * policy is dense under a budget (which pages every weight from the file, as llama.cpp with mmap). */
 int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg);
 
 typedef struct pi2_sparse pi2_sparse;

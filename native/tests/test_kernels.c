@@ -446,6 +446,21 @@ static void test_level(pi2_kernel_level level) {
                     if (!close_to(yb[i], ya[i], 3e-7 * (fabs(c.x[i]) + fabs(a) * 2 * bmax) + 1e-30)) bad_axpy++;
                 }
             }
+            /* axpy_rows: groups of up to 4 rows in a shuffled order give the floats of one axpy per
+             * row in that order, bit for bit, at this level */
+            for (int count = 1; count <= 4 && count <= rows; count++) {
+                const uint8_t *group[4];
+                float a[4];
+                for (int j = 0; j < count; j++) {
+                    group[j] = c.w + (size_t)((rows - 1 - j * 5 % rows + rows) % rows) * rs;
+                    a[j] = rnd_gauss();
+                }
+                memcpy(ya, c.x, sizeof(float) * c.n);
+                memcpy(yb, c.x, sizeof(float) * c.n);
+                for (int j = 0; j < count; j++) pi2_axpy(c.t, c.n, a[j], group[j], ya);
+                pi2_axpy_rows(c.t, c.n, a, group, count, yb);
+                if (memcmp(ya, yb, sizeof(float) * c.n)) bad_axpy++;
+            }
             free(ya);
             free(yb);
             free(y);
@@ -516,6 +531,45 @@ static void test_f16_accumulator(pi2_kernel_level level) {
     CHECK(bad == 0);
 }
 
+/* Rows interleaved by four: where a level has the kernel, the packed matrix gives pi2_gemm's floats on
+ * the plain rows bit for bit, for one token and for many; elsewhere the level says it has none. */
+static void test_x4(pi2_kernel_level level) {
+    if (!pi2_x4_supported(PI2_Q4_0)) {
+        CHECK(level != PI2_KERNELS_AVX512); /* the level that has it must say so */
+        return;
+    }
+    const int64_t ns[] = {32, 96, 4096};
+    const int64_t tokens_list[] = {1, 2, 3, 5, 9};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t rows = 12 + 8 * (int64_t)k, n = ns[k];
+        struct case_data c;
+        make_case(&c, PI2_Q4_0, n, rows);
+        const size_t rs = pi2_row_size(PI2_Q4_0, n), as = pi2_row_size(PI2_Q8_0, n);
+        uint8_t *packed = malloc(rs * rows), *acts = malloc(as * 9);
+        float *x = malloc(sizeof(float) * n * 9), *ya = malloc(sizeof(float) * rows * 9 * 2),
+              *yb = malloc(sizeof(float) * rows * 9 * 2);
+        fill_gauss(x, n * 9, 1.0f);
+        for (int t = 0; t < 9; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+        pi2_x4_pack(PI2_Q4_0, c.w, rows, n, packed);
+        for (size_t ti = 0; ti < sizeof tokens_list / sizeof tokens_list[0]; ti++) {
+            const int64_t tokens = tokens_list[ti], ldy = rows + 3;
+            for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = yb[i] = -555.0f;
+            pi2_gemm(PI2_Q4_0, c.w, rows, n, acts, tokens, ya, ldy);
+            pi2_x4_gemm(PI2_Q4_0, packed, rows, n, acts, tokens, yb, ldy);
+            if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
+            /* from a group boundary inside the matrix: the last 4 rows alone */
+            pi2_x4_gemm(PI2_Q4_0, packed + (rows - 4) * rs, 4, n, acts, tokens, yb, ldy);
+            for (int64_t t = 0; t < tokens; t++)
+                if (memcmp(ya + t * ldy + rows - 4, yb + t * ldy, 4 * sizeof(float))) bad++;
+        }
+        free(packed), free(acts), free(x), free(ya), free(yb);
+        free_case(&c);
+    }
+    if (bad) fprintf(stderr, "%s: x4 gemm %d mismatches\n", pi2_kernel_level_name(level), bad);
+    CHECK(bad == 0);
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -530,6 +584,7 @@ int main(void) {
         test_level((pi2_kernel_level)level);
         test_f16_act_edges((pi2_kernel_level)level);
         test_f16_accumulator((pi2_kernel_level)level);
+        test_x4((pi2_kernel_level)level);
         levels_tested++;
     }
     CHECK(levels_tested >= 1);
