@@ -10,7 +10,10 @@ memory cgroup (page cache counted) entered after the model files are evicted fro
 The default budget holds half of the FFN: resident weights + 50% of the FFN (at its GGUF size) + 128 MiB.
 
 Runs, all in one invocation so the ratios come from the same machine state:
-  - llama.cpp (llama-bench tg, --repack 0: weights stay mmapped) under the budget and in memory;
+  - llama.cpp (llama-bench tg) under the budget with --repack 0 (weights stay mmapped, so the page cache
+    under the cgroup holds what it can), and in memory both with --repack 0 and with its default
+    --repack 1 (weights copied into its interleaved CPU layout, as pi2 repacks attention rows): the
+    faster of the two is the in-memory baseline;
   - pi2-engine policies dense -> bundle -> cache -> powerinfer2 (the ablation ladder), powerinfer2 with
     whole-bundle reads (--no-two-phase), powerinfer2 with a plan from `pi2 plan` (--plan FILE) and
     llmflash under the budget; powerinfer2 and dense in memory.
@@ -21,7 +24,8 @@ the model under the budget; in memory it is warmed by a first run. Also printed:
 tokens, I/O vs compute share, hit rate, bytes read per token, peak RSS, and the fraction of the bound:
   bound time per token = max(resident bytes read per token + active FFN bytes) / memory bandwidth,
                              reads per token / IOPS at their mean size)
-(compute and reads perfectly overlapped), with bandwidth and IOPS measured in the same run by pi2-probe.
+(compute and reads perfectly overlapped), with bandwidth and IOPS measured in the same run by pi2-probe
+(IOPS: the faster of a probe before the runs and one after them, as the disk's speed drifts).
 Targets (issue 6): >= 20x llama.cpp and >= 3.5x llmflash under the budget, >= 2x llama.cpp in memory,
 >= 85% of the bound. Not a test.
 """
@@ -76,6 +80,7 @@ def model_facts(pi2: Path) -> dict:
         "n_layer": h.n_layer, "n_embd": h.n_embd, "n_ff": h.n_ff, "neuron_type": h.neuron_type,
         "resident_bytes": sec["resident"], "neuron_region_bytes": sec["neurons"], "ffn_bytes": ffn_gguf,
         "per_token_resident_bytes": per_token_resident, "sparsity": measured.get("sparsity", 0.9),
+        "part_bytes": h.part_bytes,
         "synthetic": bool(f.metadata.get("synthetic")),
     }  # fmt: skip
 
@@ -131,17 +136,17 @@ def median_run(rs: list[dict]) -> dict:
     return out
 
 
-def run_llamacpp(gguf: Path, budget: int | None, n: int, threads: int, warm: bool) -> dict:
+def run_llamacpp(gguf: Path, budget: int | None, n: int, threads: int, warm: bool, repack: int = 0) -> dict:
     exe = default_bin_dir("host") / "llama-bench"
-    cmd = [str(exe), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "1", "--repack", "0",
-           "-lm", "mmap", "-o", "json"]  # fmt: skip
+    cmd = [str(exe), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "1", "--repack",
+           str(repack), "-lm", "mmap", "-o", "json"]  # fmt: skip
     if warm:  # in memory: a first run reads the file into the page cache
         subprocess.run(cmd, capture_output=True, text=True, check=True)
     done = run_budgeted(cmd, budget, evict=[] if warm else [gguf], timeout=7200)
     if done.returncode != 0:
         return {"engine": "llama.cpp", "error": done.stderr.strip().splitlines()[-1:]}
     row = next(r for r in json.loads(done.stdout) if r["n_gen"] == n)
-    return {"engine": "llama.cpp", "policy": "mmap", "decode_tps": row["avg_ts"], "budget": done.budget,
+    return {"engine": "llama.cpp", "policy": "mmap", "repack": repack, "decode_tps": row["avg_ts"], "budget": done.budget,
             "llama_bench": {k: row[k] for k in ("build_commit", "n_threads", "avg_ts", "stddev_ts", "samples_ns")}}  # fmt: skip
 
 
@@ -182,6 +187,12 @@ def main() -> None:
 
     membw = probe(["membw", "--threads", str(a.threads)])
     storage = probe(["storage", "--file", str(pi2), "--block", "8192", "--qd", "32", "--seconds", "3"])
+    # IOPS at a whole bundle's read size, now and again after the runs: this VM's disk speed drifts with
+    # its neighbours over minutes, and the bound takes the faster of the two (the stricter bound)
+    bundle_read = (3 * facts["part_bytes"] + 511) // 512 * 512
+    miss_before = probe(
+        ["storage", "--file", str(pi2), "--block", str(bundle_read), "--qd", "64", "--seconds", "3"]
+    )
     print(f"memory read {membw['gb_per_s']:.1f} GB/s, storage {storage['mb_per_s']:.0f} MB/s "
           f"({storage['method']}, 8 KiB random reads, queue depth 32)", flush=True)  # fmt: skip
 
@@ -200,8 +211,14 @@ def main() -> None:
     for name, rs in per_seed.items():
         runs[name] = median_run([r for r in rs if "error" not in r] or rs)
     if not a.skip_llamacpp:
-        runs["llama.cpp@memory"] = run_llamacpp(gguf, None, a.n, a.threads, warm=True)
-        print(f"  llama.cpp memory: {runs['llama.cpp@memory'].get('decode_tps', 0):.2f} tok/s", flush=True)
+        for repack in (0, 1):
+            r = run_llamacpp(gguf, None, a.n, a.threads, warm=True, repack=repack)
+            runs[f"llama.cpp --repack {repack}@memory"] = r
+            print(f"  llama.cpp --repack {repack} memory: {r.get('decode_tps', 0):.2f} tok/s", flush=True)
+        # the in-memory baseline: llama.cpp's faster layout
+        runs["llama.cpp@memory"] = max(
+            (runs[f"llama.cpp --repack {k}@memory"] for k in (0, 1)), key=lambda r: r.get("decode_tps", 0)
+        )
         runs["llama.cpp@budget"] = run_llamacpp(gguf, budget, a.llama_n, a.threads, warm=False)
         print(f"  llama.cpp budget: {runs['llama.cpp@budget'].get('decode_tps', 0):.2f} tok/s", flush=True)
 
@@ -219,7 +236,8 @@ def main() -> None:
     reads = pi.get("reads_per_token", 0) or 0
     mean_read = int(pi.get("storage_bytes_per_token", 0) / reads) if reads else 8192
     block = max(512, (mean_read + 511) // 512 * 512)
-    miss_probe = probe(["storage", "--file", str(pi2), "--block", str(block), "--qd", "64", "--seconds", "3"])
+    miss_after = probe(["storage", "--file", str(pi2), "--block", str(block), "--qd", "64", "--seconds", "3"])
+    miss_probe = max(miss_before, miss_after, key=lambda p: p["iops"])
     mem_bytes = facts["per_token_resident_bytes"] + (1 - facts["sparsity"]) * facts["ffn_bytes"]
     mem_s, io_s = mem_bytes / (membw["gb_per_s"] * 1e9), reads / miss_probe["iops"]
     bound_s = max(mem_s, io_s)  # compute and reads perfectly overlapped: the slower of the two
@@ -244,17 +262,18 @@ def main() -> None:
     achieved = pi.get("decode_tps", 0)
     print(f"\nbound for {best}: {1 / bound_s:.2f} tok/s = 1 / max(memory {mem_s * 1e3:.0f} ms: "
           f"{mem_bytes / 1e9:.2f} GB at {membw['gb_per_s']:.1f} GB/s, storage {io_s * 1e3:.0f} ms: {reads:.0f} reads "
-          f"of {mean_read} B at {miss_probe['iops']:.0f} IOPS); achieved {achieved:.2f} tok/s = "
+          f"of {mean_read} B at {miss_probe['iops']:.0f} IOPS, the faster of {miss_before['iops']:.0f} before and "
+          f"{miss_after['iops']:.0f} after the runs); achieved {achieved:.2f} tok/s = "
           f"{achieved * bound_s:.0%} of the bound")  # fmt: skip
     # The miss probe runs once, after every run: a disk that slowed down (a busy neighbour) only for the
     # probe makes a bound the runs already beat. Such a fraction means nothing; say so instead.
     bound_valid = achieved * bound_s <= 1.0
     if not bound_valid:
-        print(f"warning: {best} ran faster than its bound: the storage probe after the runs saw "
-              f"{miss_probe['iops']:.0f} IOPS, less than the runs had; the achieved fraction is meaningless "
+        print(f"warning: {best} ran faster than its bound: the storage probes before and after the runs saw "
+              f"at most {miss_probe['iops']:.0f} IOPS, less than the runs had; the achieved fraction is meaningless "
               f"for this run (repeat it when the machine is quieter)")  # fmt: skip
     if a.json:
-        out = {"facts": facts, "budget_bytes": budget, "membw": membw, "storage": storage, "miss_storage": miss_probe,
+        out = {"facts": facts, "budget_bytes": budget, "membw": membw, "storage": storage, "miss_storage": miss_probe, "miss_storage_before": miss_before, "miss_storage_after": miss_after,
                "runs": runs, "per_seed": per_seed, "bound_tps": 1 / bound_s, "bound_run": best,
                "bound_valid": bound_valid, "threads": a.threads,
                "n": a.n, "warmup": a.warmup, "prompt": PROMPT, "temperature": TEMPERATURE, "seeds": a.seeds}  # fmt: skip
