@@ -11,7 +11,7 @@
  * lane holds (the sum of 4 products), and the float steps repeat the AVX2 order, so Q4_1 and Q8_0 dots
  * and gemv give the AVX2 dots' floats bit for bit and the gemm gives the AVX2 gemm's (Q4_0 aside, whose
  * AVX2 gemm corrects the offset in float). Q4_0's single rows go four blocks a step instead (quad_rows,
- * their own order), and matrices repacked by four rows have their own kernel (x4_gemm_q4_0). */
+ * their own order, for every size), and matrices repacked by four rows have their own kernel (x4_gemm_q4_0). */
 #include "kernels_x86_common.h"
 
 /* Two blocks' packed nibbles -> 64 bytes [lo(q0) hi(q0) lo(q1) hi(q1)], the element order of two
@@ -60,28 +60,6 @@ static inline __m512 spread02(__m128 v) {
 
 static inline __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
 static inline __m256 hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
-
-static float dot_q4_0_512(int64_t n, const void *row, const void *act) {
-    const pi2_block_q4_0 *w = row;
-    const pi2_block_q8_0 *a = act;
-    const int64_t nb = n / PI2_QK;
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        const __m512i aq = load2(a[i].qs, a[i + 1].qs);
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(w[i].qs, w[i + 1].qs), aq);
-        p = _mm512_sub_epi32(p, bias_lanes(aq, 8));
-        const __m128 s = _mm_mul_ps(f16x2(w[i].d, w[i + 1].d), f16x2(a[i].d, a[i + 1].d));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), spread2(s), acc);
-    }
-    __m256 acc0 = lo8(acc), acc1 = hi8(acc);
-    if (i < nb) {
-        __m256i w0 = _mm256_sub_epi8(unpack_nibbles(w[i].qs), _mm256_set1_epi8(8));
-        __m256 p0 = dot_s8s8(w0, _mm256_loadu_si256((const __m256i *)a[i].qs));
-        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0);
-    }
-    return hsum8(_mm256_add_ps(acc0, acc1));
-}
 
 static float dot_q8_0_512(int64_t n, const void *row, const void *act) {
     const pi2_block_q8_0 *w = row, *a = act;
@@ -139,7 +117,7 @@ static float dot_q4_1_512(int64_t n, const void *row, const void *act) {
     return q4_1_finish(acc0, acc1, ms);
 }
 
-/* ---- gemv over many rows ----
+/* ---- gemv over many rows (Q4_1, Q8_0; Q4_0 has quad_rows below) ----
  * The activation is packed once per call (act_pair, below: its bytes, bias lanes and spread scales),
  * and rows go 4 at a time, so the per-row cost is the weight unpack and four vector operations per
  * block pair. Each row's float steps are those of the dots above, so gemv and vec_dot agree bit for
@@ -147,7 +125,7 @@ static float dot_q4_1_512(int64_t n, const void *row, const void *act) {
 
 typedef struct {
     __m512i q;   /* activation bytes of a block pair */
-    __m512i off; /* -bias * group sums (Q4_0: 8, Q8_0: 128; Q4_1: unused) */
+    __m512i off; /* -128 * group sums (Q8_0; Q4_1: unused) */
     __m512 d;    /* [d0 x 8, d1 x 8] */
     __m128 ds;   /* Q4_1: [d0, s0, d1, s1] */
 } act_pair;
@@ -168,7 +146,6 @@ static inline size_t weight_block_bytes(int kind) {
 static void pack_act(int kind, const uint8_t *a, int64_t nb, act_pair *out) {
     const size_t ablock = act_block_bytes(kind);
     const size_t qs_off = kind == KIND_Q4_1_512 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
-    const int bias = kind == KIND_Q4_0_512 ? 8 : 0x80;
     static const int8_t zero_qs[32];
     for (int64_t p = 0; p < (nb + 1) / 2; p++) {
         const uint8_t *a0 = a + (size_t)(2 * p) * ablock, *a1 = a0 + ablock;
@@ -178,7 +155,7 @@ static void pack_act(int kind, const uint8_t *a, int64_t nb, act_pair *out) {
         memcpy(&d0, a0, sizeof d0);
         if (has1) memcpy(&d1, a1, sizeof d1);
         out[p].q = q;
-        out[p].off = _mm512_sub_epi32(_mm512_setzero_si512(), bias_lanes(q, bias));
+        out[p].off = _mm512_sub_epi32(_mm512_setzero_si512(), bias_lanes(q, 0x80)); /* Q8_0's; Q4_1 has none */
         out[p].d = spread2(f16x2(d0, d1));
         out[p].ds = f16_pairs2(a0, has1 ? (const void *)a1 : (const void *)zero_qs);
     }
@@ -201,11 +178,7 @@ static inline __attribute__((always_inline)) void gemv_rows(int kind, int NR, co
         for (int r = 0; r < NR; r++) {
             const uint8_t *w0 = wr[r] + (size_t)i * wblock, *w1 = w0 + wblock;
             __builtin_prefetch(w0 + PF_DIST, 0, 3);
-            if (kind == KIND_Q4_0_512) {
-                const pi2_block_q4_0 *x0 = (const pi2_block_q4_0 *)w0, *x1 = (const pi2_block_q4_0 *)w1;
-                const __m512i p = _mm512_dpbusd_epi32(ap->off, nibbles2(x0->qs, x1->qs), ap->q);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(spread2(f16x2(x0->d, x1->d)), ap->d), acc[r]);
-            } else if (kind == KIND_Q8_0_512) {
+            if (kind == KIND_Q8_0_512) {
                 const pi2_block_q8_0 *x0 = (const pi2_block_q8_0 *)w0, *x1 = (const pi2_block_q8_0 *)w1;
                 const __m512i wq = _mm512_xor_si512(load2(x0->qs, x1->qs), _mm512_set1_epi8((char)0x80));
                 const __m512i p = _mm512_dpbusd_epi32(ap->off, wq, ap->q);
@@ -223,11 +196,7 @@ static inline __attribute__((always_inline)) void gemv_rows(int kind, int NR, co
             const __m256i aq = _mm256_loadu_si256((const __m256i *)(ab + qs_off));
             pi2_f16 da;
             memcpy(&da, ab, sizeof da);
-            if (kind == KIND_Q4_0_512) {
-                const pi2_block_q4_0 *x = (const pi2_block_q4_0 *)wb;
-                const __m256 p0 = dot_s8s8(_mm256_sub_epi8(unpack_nibbles(x->qs), _mm256_set1_epi8(8)), aq);
-                acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(x->d) * h2f(da)), acc0);
-            } else if (kind == KIND_Q8_0_512) {
+            if (kind == KIND_Q8_0_512) {
                 const pi2_block_q8_0 *x = (const pi2_block_q8_0 *)wb;
                 const __m256 p0 = dot_s8s8(_mm256_loadu_si256((const __m256i *)x->qs), aq);
                 acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(h2f(x->d) * h2f(da)), acc0);
@@ -260,7 +229,6 @@ static void rows512(int kind, pi2_dot_fn dot, const void *w, size_t rb, const in
         switch (kind * 8 + nr) { /* constant kind and row count keep the accumulators in registers */
 #define CASE(K, NR) \
     case K * 8 + NR: gemv_rows(K, NR, wr, nb, packed, act, y + i); break;
-            CASE(KIND_Q4_0_512, 1) CASE(KIND_Q4_0_512, 2) CASE(KIND_Q4_0_512, 3) CASE(KIND_Q4_0_512, 4)
             CASE(KIND_Q4_1_512, 1) CASE(KIND_Q4_1_512, 2) CASE(KIND_Q4_1_512, 3) CASE(KIND_Q4_1_512, 4)
             CASE(KIND_Q8_0_512, 1) CASE(KIND_Q8_0_512, 2) CASE(KIND_Q8_0_512, 3) CASE(KIND_Q8_0_512, 4)
 #undef CASE
@@ -289,7 +257,6 @@ static inline void dot_packed_rows512(int kind, int64_t n, const uint8_t *const 
     switch (kind * 8 + count) {
 #define CASE(K, NR) \
     case K * 8 + NR: gemv_rows(K, NR, rows, nb, packed, raw, y); break;
-        CASE(KIND_Q4_0_512, 1) CASE(KIND_Q4_0_512, 2) CASE(KIND_Q4_0_512, 3) CASE(KIND_Q4_0_512, 4)
         CASE(KIND_Q4_1_512, 1) CASE(KIND_Q4_1_512, 2) CASE(KIND_Q4_1_512, 3) CASE(KIND_Q4_1_512, 4)
         CASE(KIND_Q8_0_512, 1) CASE(KIND_Q8_0_512, 2) CASE(KIND_Q8_0_512, 3) CASE(KIND_Q8_0_512, 4)
 #undef CASE
@@ -342,6 +309,9 @@ typedef struct {
     __m512 d;               /* each block's scale, in its 4 lanes */
 } act_quad;
 
+/* -8 * the sum of 4 activation bytes: what unsigned nibbles (0..15 for -8..7) add to a 4-byte group */
+static inline int32_t nibble_bias(const int8_t *q) { return -8 * (q[0] + q[1] + q[2] + q[3]); }
+
 /* nb blocks of Q8_0 activation -> ceil(nb / 4) quads; a last partial quad's missing blocks are zero */
 static void pack_quads(const pi2_block_q8_0 *a, int64_t nb, act_quad *out) {
     for (int64_t q = 0; q < (nb + 3) / 4; q++) {
@@ -353,8 +323,8 @@ static void pack_quads(const pi2_block_q8_0 *a, int64_t nb, act_quad *out) {
             memcpy(lo + 16 * k, b->qs, 16);
             memcpy(hi + 16 * k, b->qs + 16, 16);
             for (int j = 0; j < 4; j++) {
-                ol[4 * k + j] = -8 * (b->qs[4 * j] + b->qs[4 * j + 1] + b->qs[4 * j + 2] + b->qs[4 * j + 3]);
-                oh[4 * k + j] = -8 * (b->qs[16 + 4 * j] + b->qs[17 + 4 * j] + b->qs[18 + 4 * j] + b->qs[19 + 4 * j]);
+                ol[4 * k + j] = nibble_bias(b->qs + 4 * j);
+                oh[4 * k + j] = nibble_bias(b->qs + 16 + 4 * j);
                 d[4 * k + j] = h2f(b->d);
             }
         }
@@ -412,27 +382,14 @@ static inline void quad_rows_n(int count, const uint8_t *const *wr, int64_t nb, 
     }
 }
 
-#define QUADS_MAX 256 /* packed on the stack: rows up to 32768 */
+#define QUADS_STACK 256 /* packed on the stack for rows up to 32768, on the heap beyond */
 
-static float dot_q4_0_quad(int64_t n, const void *row, const void *act) {
-    const int64_t nb = n / PI2_QK;
-    if ((nb + 3) / 4 > QUADS_MAX) return dot_q4_0_512(n, row, act);
-    act_quad aq[QUADS_MAX];
-    pack_quads(act, nb, aq);
-    const uint8_t *wr[1] = {row};
-    float y;
-    quad_rows(1, wr, nb, aq, &y);
-    return y;
-}
-
+/* rows 0..count-1 of w (or rows idx[0..count)) against one activation, 4 at a time */
 static void rows_q4_0_quad(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act,
                            float *y) {
     const int64_t nb = n / PI2_QK;
-    if ((nb + 3) / 4 > QUADS_MAX) {
-        pi2_rows_via_dot(dot_q4_0_512, w, rb, idx, count, n, act, y);
-        return;
-    }
-    act_quad aq[QUADS_MAX];
+    act_quad stack[QUADS_STACK], *aq = stack;
+    if ((nb + 3) / 4 > QUADS_STACK && !(aq = aligned_alloc(64, sizeof(act_quad) * (size_t)((nb + 3) / 4)))) abort();
     pack_quads(act, nb, aq);
     for (int64_t i = 0; i < count; i += 4) {
         const int nr = count - i < 4 ? (int)(count - i) : 4;
@@ -440,6 +397,13 @@ static void rows_q4_0_quad(const void *w, size_t rb, const int32_t *idx, int64_t
         for (int r = 0; r < nr; r++) wr[r] = (const uint8_t *)w + (size_t)(idx ? idx[i + r] : i + r) * rb;
         quad_rows_n(nr, wr, nb, aq, y + i);
     }
+    if (aq != stack) free(aq);
+}
+
+static float dot_q4_0_quad(int64_t n, const void *row, const void *act) {
+    float y;
+    rows_q4_0_quad(row, 0, NULL, 1, n, act, &y);
+    return y;
 }
 
 static size_t packed_size_q4_0_quad(int64_t n) { return (size_t)((n / PI2_QK + 3) / 4) * sizeof(act_quad); }
@@ -646,8 +610,7 @@ typedef struct {
 
 static void x4_pack_act(const pi2_block_q8_0 *a, int64_t nb, x4_act *out) {
     for (int64_t b = 0; b < nb; b++) {
-        for (int j = 0; j < 8; j++)
-            out[b].off[j] = -8 * (a[b].qs[4 * j] + a[b].qs[4 * j + 1] + a[b].qs[4 * j + 2] + a[b].qs[4 * j + 3]);
+        for (int j = 0; j < 8; j++) out[b].off[j] = nibble_bias(a[b].qs + 4 * j);
         out[b].d = h2f(a[b].d);
     }
 }
