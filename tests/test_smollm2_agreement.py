@@ -1,14 +1,17 @@
 """The real-model check: SmolLM2-135M-Instruct (Q4_1 GGUF: token_embd Q8_0, matrices Q4_1, tied
-output) converted to .pi2 generates, greedily, the same 32 tokens as llama.cpp (llama-simple, its
-defaults: flash attention on) on the same GGUF, and its first-token logits match the numpy reference.
+output) converted to .pi2 chooses, greedily, the tokens llama.cpp chooses (llama-simple, its defaults:
+flash attention on) on the same GGUF, and its first-token logits match the numpy reference.
 
-Token agreement: pi2-engine's text equals llama-simple's, and llama-tokenize of that text gives
-pi2-engine's token ids. pi2-engine mirrors llama.cpp's roundings (Q8 activations, F16 KV cache, flash
-attention's F16 accumulator), not its exact float summation order or its vectorized exp; SmolLM2 at
-Q4_1 amplifies such last-bit differences, so on some prompts greedy paths part after a few dozen
-tokens (llama.cpp parts from itself the same way: -fa on vs off on "Once upon a time, in a small
-village," gives different text after 11 tokens). The prompts below agree for all 32 tokens;
-measured on 10 prompts, 5 agree fully, the other 5 part after 2-24 tokens.
+Token agreement, teacher-forced: llama-simple's 32 greedy tokens (llama-tokenize of its text) go through
+pi2-engine's batched pass; at every position llama.cpp's token must be pi2-engine's top token or within
+a near-tie of it (NEAR_TIE of the largest |logit|). pi2-engine mirrors llama.cpp's roundings
+(Q8 activations, F16 KV cache, flash attention's F16 accumulator), not its exact float summation order
+or its vectorized exp, and llama.cpp's own AVX2 and AVX-512 builds sum differently: these prompts'
+greedy texts agreed for all 32 tokens against an AVX-512 build (Sapphire Rapids, Zen 4) but part after
+6-14 tokens against an AVX2 build (Zen 3), always at a near-tie, so free-running text equality is a
+property of the build pair, not of the engine. Measured on Zen 3: llama.cpp's token is pi2's top token
+at 102 of 108 positions, and its worst gap is 1.96% of the largest |logit|; an engine with attention
+scores scaled by 1.1 (a real bug) reaches 4.7%.
 
 Logits tolerance (last prompt position, vs pi2cli.reference with emulated roundings): same top token,
 max |diff| <= 5% of max |logit| and KL(reference || engine) < 0.05 nats. Measured: 2.7% and 0.009;
@@ -64,18 +67,28 @@ def llamacpp_tokenize(bindir, gguf, text: str) -> list[int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# Of the largest |logit|: where float summation order alone can swap the top two (measured above).
+NEAR_TIE = 0.025
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_tokens_match_llamacpp(prompt, smollm2_pi2, smollm2_gguf, llamacpp_bindir, tmp_path):
     events = tmp_path / "events.jsonl"
-    done = run_engine("generate", "-m", smollm2_pi2, "-p", prompt, "-n", N, "--temperature", "0",
-                      "--threads", "2", "--events", events)  # fmt: skip
-    ours = [json.loads(line) for line in events.read_text().splitlines()]
-    ids = [e["id"] for e in ours if e["event"] == "token"]
-    theirs = llamacpp_greedy(llamacpp_bindir, smollm2_gguf, prompt)
-    assert done.stdout == theirs, f"pi2: {done.stdout!r}\nllama.cpp: {theirs!r}"
-    # Generation may stop early at an end-of-turn token, which prints nothing.
-    printed = [i for i in ids if i not in (1, 2)]
-    assert llamacpp_tokenize(llamacpp_bindir, smollm2_gguf, theirs) == printed
+    run_engine("generate", "-m", smollm2_pi2, "-p", prompt, "-n", 1, "--temperature", "0",
+               "--threads", "2", "--events", events)  # fmt: skip
+    start = json.loads(events.read_text().splitlines()[0])
+    prompt_ids = start["prompt_ids"]
+    theirs_text = llamacpp_greedy(llamacpp_bindir, smollm2_gguf, prompt)
+    theirs = llamacpp_tokenize(llamacpp_bindir, smollm2_gguf, theirs_text)
+    assert theirs, f"llama.cpp generated nothing for {prompt!r}"
+    logits = engine_logits(smollm2_pi2, prompt_ids + theirs, tmp_path, "--threads", "2")
+    for j, token in enumerate(theirs):
+        row = logits[len(prompt_ids) - 1 + j]
+        gap = float(row.max() - row[token])
+        assert gap <= NEAR_TIE * float(np.abs(row).max()), (
+            f"after {j} tokens llama.cpp's token {token} is {gap:.3f} logits below pi2's top token "
+            f"{int(row.argmax())} (not a near-tie)\nllama.cpp: {theirs_text!r}"
+        )
 
 
 def test_first_token_logits_match_reference(smollm2_pi2, tmp_path):
