@@ -177,17 +177,97 @@ def test_every_policy_reads_from_storage_within_the_budget(ffn_heavy, tmp_path, 
         assert s["hit_rate"] == 0
     if policy in ("cache", "powerinfer2"):
         assert s["hot_neurons_per_block"] > 0
-    assert s["two_phase"] == (policy == "powerinfer2") and s["pipeline"] == (policy == "powerinfer2")
+    assert s["pipeline"] == (policy == "powerinfer2")
+    if policy == "powerinfer2":  # two-phase or whole bundles: whichever the storage probe at open says pays
+        assert s["two_phase_source"] == "storage probe" and s["probe_rand_reads_per_s"] > 0
+        want = (
+            1 / s["probe_gate_reads_per_s"] + 0.5 / s["probe_rest_reads_per_s"]
+            < 1 / s["probe_rand_reads_per_s"]
+        )
+        assert s["two_phase"] == want
+    else:
+        assert s["two_phase"] is False
 
 
-def test_token_events_carry_io_and_cache_counters(dense_arch, tmp_path):
-    _generate(dense_arch, tmp_path, "--policy", "cache", n=8)
+def test_two_phase_flags_override_the_probe(ffn_heavy, tmp_path):
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
+    for flag, want in (("--two-phase", True), ("--no-two-phase", False)):
+        _, s = _generate(ffn_heavy, tmp_path, "--policy", "powerinfer2", "--memory-budget", budget, flag, n=4)
+        assert s["two_phase"] is want and s["two_phase_source"] == "flag"
+
+
+def test_rank_insertion_keeps_more_hits_than_plain_lru(ffn_heavy, tmp_path):
+    # Same neurons computed either way (the text is the same); only what the cold region keeps differs.
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
+    sample = ("--policy", "powerinfer2", "--memory-budget", budget, "--temperature", "0.8", "--seed", "4")
+    text, ranked = _generate(ffn_heavy, tmp_path, *sample, n=32)
+    lru_text, lru = _generate(ffn_heavy, tmp_path, *sample, "--lru-only", n=32)
+    assert text == lru_text and lru["admit_rank"] == 32768 > ranked["admit_rank"]
+    assert ranked["hit_rate"] > lru["hit_rate"] and ranked["storage_reads"] < lru["storage_reads"]
+
+
+LONG_PROMPT = (
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who loved the stars"
+)
+
+
+def test_batches_are_dense_and_streaming_changes_no_float(ffn_heavy, tmp_path):
+    # powerinfer2 computes a batch of 8+ tokens over every neuron, from the resident FFN, from a stream
+    # of whole blocks, or through the cache's waves: the same floats, so the same sampled text. (The
+    # long prompt's batch needs more scratch: this budget still holds only a fifth of the FFN.)
+    budget = str(ffn_heavy.stat().st_size + 8 * 2**20)
+    sample = ("-p", LONG_PROMPT, "--policy", "powerinfer2", "--temperature", "0.8", "--seed", "9")
+    texts = {}
+    for name, extra in (("resident", ()), ("stream", ("--memory-budget", budget, "--prefill-stream", "on")),
+                        ("waves", ("--memory-budget", budget, "--prefill-stream", "off"))):  # fmt: skip
+        texts[name], s = _generate(ffn_heavy, tmp_path, *sample, *extra, n=16)
+        blocks = 2  # two layers
+        if name == "resident":
+            assert s["dense_batch_blocks"] == blocks and s["bytes_read_after_load"] == 0
+        elif name == "stream":
+            assert s["streamed_blocks"] == blocks and s["peak_rss_bytes"] <= int(budget)
+        else:
+            assert s["streamed_blocks"] == 0 and s["dense_batch_blocks"] == 0
+    assert len(set(texts.values())) == 1, texts
+
+
+def test_token_events_carry_io_and_cache_counters(ffn_heavy, tmp_path):
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)  # below the FFN: the cache starts empty
+    _generate(ffn_heavy, tmp_path, "--policy", "cache", "--memory-budget", budget, n=8)
     tokens = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     tokens = [e for e in tokens if e["event"] == "token"]
     assert len(tokens) == 8
     for e in tokens:
         assert {"bytes_read", "reads", "hits", "misses", "io_wait_s", "compute_s"} <= e.keys()
     assert tokens[0]["misses"] > 0  # the prefill starts from an empty cache
+
+
+def _token_events(tmp: Path) -> list[dict]:
+    events = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
+    return [e for e in events if e["event"] == "token"]
+
+
+@pytest.mark.parametrize("model", ["dense_arch", "moe_arch"])
+@pytest.mark.parametrize("policy", ["cache", "powerinfer2"])
+def test_no_budget_keeps_the_whole_model_resident(request, tmp_path, model, policy):
+    # Without --memory-budget a model that fits in memory is read once, at load, in large sequential
+    # reads, and never again: every FFN block is a hit from the first token on.
+    path = request.getfixturevalue(model)
+    _, s = _generate(path, tmp_path, "--policy", policy, n=16)
+    assert s["memory_budget_source"] == "none: whole model resident"
+    assert s["bytes_read_after_load"] == 0 and s["storage_bytes_read"] == s["preload_bytes"] > 0
+    assert sum(e["bytes_read"] + e["reads"] + e["misses"] for e in _token_events(tmp_path)) == 0
+    assert s["hit_rate"] == 1.0 and s["misses_hot"] + s["misses_cold"] == 0
+    assert s["memory_budget_bytes"] >= s["fixed_bytes"] + s["cache_bytes"]
+
+
+def test_no_budget_gives_the_text_a_budget_gives(ffn_heavy, tmp_path):
+    # Resident from the preload or read on demand, the neurons and their order are the same.
+    sample = ("--policy", "powerinfer2", "--temperature", "0.8", "--seed", "3")
+    resident, _ = _generate(ffn_heavy, tmp_path, *sample, n=24)
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
+    paged, s = _generate(ffn_heavy, tmp_path, *sample, "--memory-budget", budget, n=24)
+    assert s["bytes_read_after_load"] > 0 and resident == paged
 
 
 def test_check_predictor_measures_recall_and_precision(dense_arch, tmp_path):

@@ -121,3 +121,63 @@ static uint64_t status_kib(const char *key) {
 
 uint64_t pi2_peak_rss_bytes(void) { return status_kib("VmHWM:"); }
 uint64_t pi2_rss_bytes(void) { return status_kib("VmRSS:"); }
+
+/* First number after `key` in a text file (`key` "" reads the first line), or UINT64_MAX. */
+static uint64_t file_number(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return UINT64_MAX;
+    char line[256];
+    const size_t n = strlen(key);
+    uint64_t v = UINT64_MAX;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, n) == 0) {
+            char *end;
+            unsigned long long x = strtoull(line + n, &end, 10);
+            if (end != line + n) v = x; /* "max" (no limit) stays UINT64_MAX */
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* What this process's memory cgroup still allows, or UINT64_MAX without a limit. */
+static uint64_t cgroup_headroom(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return UINT64_MAX;
+    char line[512], v1[400] = "", v2[400] = "";
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        *c1 = *c2 = 0; /* hierarchy:controllers:path */
+        const char *controllers = c1 + 1, *path = c2 + 1;
+        if (!strcmp(line, "0") && !*controllers) snprintf(v2, sizeof v2, "%s", path);
+        else if (strstr(controllers, "memory")) snprintf(v1, sizeof v1, "%s", path);
+    }
+    fclose(f);
+    char a[512], b[512];
+    uint64_t limit = UINT64_MAX, usage = 0;
+    if (v1[0]) {
+        snprintf(a, sizeof a, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", v1);
+        snprintf(b, sizeof b, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", v1);
+    } else if (v2[0]) {
+        snprintf(a, sizeof a, "/sys/fs/cgroup%s/memory.max", v2);
+        snprintf(b, sizeof b, "/sys/fs/cgroup%s/memory.current", v2);
+    } else {
+        return UINT64_MAX;
+    }
+    limit = file_number(a, "");
+    if (limit == UINT64_MAX || limit >= (1ull << 60)) return UINT64_MAX; /* v1 says "no limit" as ~2^63 */
+    usage = file_number(b, "");
+    if (usage == UINT64_MAX) usage = 0;
+    return limit > usage ? limit - usage : 0;
+}
+
+uint64_t pi2_available_memory_bytes(void) {
+    uint64_t avail = file_number("/proc/meminfo", "MemAvailable:");
+    if (avail == UINT64_MAX) return 0;
+    avail *= 1024;
+    const uint64_t cg = cgroup_headroom();
+    return cg < avail ? cg : avail;
+}

@@ -32,5 +32,9 @@ uint64_t pi2_cpu_ns(void);
 uint64_t pi2_peak_rss_bytes(void);
 /* Resident set size now (VmRSS), 0 if unknown. */
 uint64_t pi2_rss_bytes(void);
+/* Memory this process can still take without pushing others out: MemAvailable (/proc/meminfo), capped
+ * by what its memory cgroup's limit leaves (v2 memory.max - memory.current, v1 limit_in_bytes -
+ * usage_in_bytes). 0 when unknown (not Linux). */
+uint64_t pi2_available_memory_bytes(void);
 
 #endif

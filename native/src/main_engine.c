@@ -271,6 +271,7 @@ tokenized:
     if (!(pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads))) goto done;
     if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
     if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;
+    pi2_sparse_snapshot(sp, &st_prev); /* token events count from here: the preload is part of the load */
     if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;
     if (pi2_events_open(&ev, o->events) != 0) goto done;
     uint64_t t0 = pi2_now_ns();

@@ -238,6 +238,17 @@ void pi2_ncache_touch(pi2_ncache *c, int64_t h, int64_t token) {
     }
 }
 
+void pi2_ncache_demote(pi2_ncache *c, int64_t h) {
+    int64_t s;
+    region *r = region_of(c, h, &s);
+    if (r->head == s) return;
+    list_unlink(r, s); /* to the least recently used end: the next slot to go */
+    r->prev[s] = -1;
+    r->next[s] = (int32_t)r->head;
+    if (r->head >= 0) r->prev[r->head] = (int32_t)s; else r->tail = s;
+    r->head = s;
+}
+
 static void drop(pi2_ncache *c, region *r, int64_t s) {
     list_unlink(r, s);
     forget(c, r, s);

@@ -56,6 +56,10 @@ int64_t pi2_ncache_find(const pi2_ncache *c, int b, int k);
  * recently used. -1 when every slot of the region is pinned (or the region is empty). */
 int64_t pi2_ncache_acquire(pi2_ncache *c, int b, int k);
 
+/* Slot h to the least recently used end of its region: taken first by the next acquire unless touched
+ * before (insertion at the cold end, for content not expected back soon). */
+void pi2_ncache_demote(pi2_ncache *c, int64_t h);
+
 /* Bundle k's bytes inside slot h (h must hold k's neuron or cluster). */
 uint8_t *pi2_ncache_bundle(const pi2_ncache *c, int64_t h, int k);
 /* The whole slot: for a hot slot the cluster's first bundle, *bytes = cluster bytes; the file

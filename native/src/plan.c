@@ -23,7 +23,7 @@ static const struct {
     {"cluster", "--cluster", SET_NUMBER},       {"two_phase", "--no-two-phase", SET_TWO_PHASE},
     {"lookahead", "--lookahead", SET_LOOKAHEAD}, {"io", "--io", SET_STRING},
     {"io_threads", "--io-threads", SET_NUMBER}, {"io_affinity", "--io-affinity", SET_STRING},
-    {"pred_threshold", "--pred-threshold", SET_NUMBER},
+    {"pred_threshold", "--pred-threshold", SET_NUMBER}, {"prefill_stream", "--prefill-stream", SET_STRING},
 };
 
 /* Informational keys: read by people and the host, not by the engine. */
@@ -97,7 +97,7 @@ static int member(void *user, const char *key, pi2_json_kind kind, const char *v
                                                : "true or false");
             return -1;
         }
-        if (want == SET_TWO_PHASE) return kind == PI2_JSON_FALSE ? push(r, settings[i].flag) : 0;
+        if (want == SET_TWO_PHASE) return push(r, kind == PI2_JSON_FALSE ? "--no-two-phase" : "--two-phase");
         if (want == SET_LOOKAHEAD) return kind == PI2_JSON_TRUE ? push(r, settings[i].flag) : 0;
         return push(r, settings[i].flag) || push(r, v) ? -1 : 0;
     }

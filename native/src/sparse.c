@@ -13,62 +13,8 @@
 #include "forward.h"
 #include "neuron_cache.h"
 #include "parmat.h"
+#include "sparse_internal.h"
 #include "sparse_predict.h"
-
-/* Read kinds: a whole bundle, its gate part (two-phase, phase one), the rest (phase two), a cluster. */
-enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
-
-struct pi2_sparse {
-    const pi2_model *m;
-    pi2_ctx *ctx;
-    pi2_pool *pool;
-    pi2_sparse_config cfg;
-    int nth, n_batch, n_blocks;
-    int64_t E, F;
-    int two_phase, pipeline, prefetch, keep, lookahead;
-    float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
-    uint8_t *look_mask;
-    size_t part, ra, gate_len, rest_off, rest_len, full_len;
-    uint64_t *block_off; /* file offset of each block's first bundle */
-    pi2_io *io;
-    pi2_ncache *cache;
-    pi2_predictors pred;
-    int64_t step;
-    uint64_t fixed_bytes, preload_ns;
-
-    /* scratch */
-    uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
-    size_t act_row;
-    uint8_t *pact; /* the same, packed for many dots (pi2_pack_act) [n_batch][pact_row], 64-aligned */
-    size_t pact_row;
-    uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
-    int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
-    float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
-    float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
-    uint8_t *live;         /* [F]: unit has a non-zero output for some token */
-    float *out;            /* the block's output being accumulated [n_batch][E] */
-
-    /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
-    int tokens, wave_len;
-    int32_t *wave_k;
-    int64_t *wave_h;
-    uint8_t *phase;       /* 1: gate computed, rest in flight */
-    int32_t *wait_head;   /* per slot handle: first unit waiting for its read, -1 none */
-    int32_t *acq_wave;    /* per slot handle: the wave that acquired it (hit/miss counting) */
-    int32_t wave_serial;
-    int32_t *wait_next;   /* per unit */
-    int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
-    _Atomic int n_ready, next_ticket, pending;
-    int64_t *to_read;     /* slot handles to read for this wave, with their kind */
-    uint8_t *to_read_kind;
-    int n_to_read;
-    pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
-    _Atomic int failed;
-    char error[300];
-
-    pi2_sparse_stats st;
-    uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen; /* --check-predictor, per layer */
-};
 
 /* ---- configuration --------------------------------------------------------------------------- */
 
@@ -97,7 +43,11 @@ const char *pi2_sparse_usage(void) {
            "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
            "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
            "    --cluster N              bundles per hot cluster   [32]\n"
-           "    --no-two-phase           powerinfer2: read cold bundles whole, not gate part first\n"
+           "    --two-phase, --no-two-phase   powerinfer2: cold INT4 bundles gate part first / whole   [auto: from\n"
+           "                             a storage probe at open: on where a gate-part read costs under half a whole one]\n"
+           "    --prefill-stream auto|on|off   powerinfer2 batches of 8+ tokens under a budget: read each block\n"
+           "                             whole in large sequential reads (auto: when the storage probe says it pays)\n"
+           "    --lru-only               cache, powerinfer2: plain LRU for cold misses, not insertion by rank\n"
            "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
            "    --no-repack              keep attention/output rows as stored (no interleaving by four)\n"
            "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
@@ -138,13 +88,17 @@ static int parse_fraction(const char *flag, const char *v, float *out) {
 int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
     static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
                                    "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity",
-                                   "--pred-threshold"};
+                                   "--pred-threshold", "--prefill-stream"};
     if (!strcmp(a, "--check-predictor")) {
         cfg->check_predictor = 1;
         return 1;
     }
-    if (!strcmp(a, "--no-two-phase")) {
-        cfg->no_two_phase = 1;
+    if (!strcmp(a, "--no-two-phase") || !strcmp(a, "--two-phase")) {
+        cfg->two_phase = a[2] == 'n' ? -1 : 1;
+        return 1;
+    }
+    if (!strcmp(a, "--lru-only")) {
+        cfg->lru_only = 1;
         return 1;
     }
     if (!strcmp(a, "--lookahead")) {
@@ -190,6 +144,16 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
             return -1;
         }
         return 2;
+    }
+    if (!strcmp(a, "--prefill-stream")) {
+        static const char *names[] = {"off", "auto", "on"};
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(v, names[i])) {
+                cfg->prefill_stream = i - 1;
+                return 2;
+            }
+        pi2_set_error("--prefill-stream: expected auto, on or off, got '%s'", v);
+        return -1;
     }
     if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
     if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
@@ -269,11 +233,16 @@ static int alloc_scratch(pi2_sparse *s) {
     return ok ? 0 : -1;
 }
 
+/* Batches may be streamed (sparse_batch.c): powerinfer2, exact neurons not asked for. */
+static int may_stream(const pi2_sparse *s) {
+    return s->pipeline && s->n_batch >= PI2_DENSE_BATCH && !s->cfg.oracle && !s->cfg.check_predictor &&
+           s->cfg.prefill_stream >= 0;
+}
+
 static size_t scratch_bytes(const pi2_sparse *s) {
-    const size_t B = (size_t)s->n_batch, F = (size_t)s->F, E = (size_t)s->E;
-    (void)E;
+    const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
     return B * (s->act_row + s->pact_row) + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
-           pi2_predictors_scratch_bytes(&s->pred);
+           pi2_predictors_scratch_bytes(&s->pred) + (may_stream(s) ? pi2_sparse_stream_bytes(s) : 0);
 }
 
 /* How the cache's bytes split into regions for this policy; 0 or -1 with an error. */
@@ -327,65 +296,134 @@ static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc
     return 0;
 }
 
-/* Preload when cold slots are smaller than the file's stride: one read per bundle, many in flight. */
-static int preload_bundles(pi2_sparse *s) {
-    const uint64_t t0 = pi2_now_ns();
-    uint64_t tags[64];
-    for (int b = 0; b < s->n_blocks; b++) {
-        for (int k = 0; k < s->F; k++) {
-            int64_t h = pi2_ncache_acquire(s->cache, b, k);
-            size_t bytes;
-            int block, k0;
-            uint8_t *dst = pi2_ncache_slot_data(s->cache, h, &bytes, &block, &k0);
-            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k * s->m->h.bundle_stride, s->full_len, dst,
-                              (uint64_t)h) != 0)
-                return -1;
+static uint64_t io_bytes(const pi2_sparse *s) {
+    pi2_io_stats st;
+    pi2_io_stats_get(s->io, &st);
+    return st.bytes;
+}
+
+/* The cache holds every bundle: read the neuron region block by block in large sequential reads and
+ * hand each bundle to its slot, so decode starts with everything in memory and never reads again (the
+ * model-fits-in-memory case). Slots of the file's stride are read into directly (slots come off the
+ * free stack in order, so a chunk's bundles fill contiguous slots); smaller slots (a bundle without its
+ * alignment padding) are filled from two staging buffers, one copied out while the next is read. */
+static int preload(pi2_sparse *s) {
+    const size_t stride = s->m->h.bundle_stride, slot = pi2_ncache_cfg(s->cache)->cold_bytes;
+    const int per_chunk = stride < ((size_t)4 << 20) ? (int)(((size_t)4 << 20) / stride) : 1;
+    const size_t chunk = (size_t)per_chunk * stride, align = s->ra > 4096 ? s->ra : 4096;
+    const int direct = slot == stride, chunks_per_block = (int)((s->F + per_chunk - 1) / per_chunk);
+    const int64_t n_chunks = (int64_t)s->n_blocks * chunks_per_block;
+    const uint64_t t0 = pi2_now_ns(), bytes0 = io_bytes(s);
+    uint8_t *stage[2] = {NULL, NULL};
+    if (!direct && (!(stage[0] = aligned_alloc(align, chunk)) || !(stage[1] = aligned_alloc(align, chunk)))) {
+        free(stage[0]);
+        pi2_set_error("out of memory for the preload's staging buffers");
+        return -1;
+    }
+    int rc = 0;
+    int arrived[2] = {0, 0}; /* chunk c has arrived: arrived[c & 1] (at most two are in flight) */
+    for (int64_t c = 0; rc == 0 && c <= n_chunks; c++) {
+        if (c < n_chunks) { /* issue chunk c */
+            const int b = (int)(c / chunks_per_block), k0 = (int)(c % chunks_per_block) * per_chunk;
+            const int n = s->F - k0 < per_chunk ? (int)(s->F - k0) : per_chunk;
+            uint8_t *dst = stage[c & 1];
+            if (direct) {
+                int64_t h0 = -1;
+                for (int k = 0; k < n && rc == 0; k++) {
+                    const int64_t h = pi2_ncache_acquire(s->cache, b, k0 + k);
+                    if (h0 < 0) h0 = h;
+                    if (h != h0 + k) {
+                        pi2_set_error("preload: cache slots are not contiguous");
+                        rc = -1;
+                    }
+                }
+                size_t len;
+                int blk, kk;
+                if (rc == 0) dst = pi2_ncache_slot_data(s->cache, h0, &len, &blk, &kk);
+            }
+            arrived[c & 1] = 0;
+            if (rc == 0) rc = pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, dst, (uint64_t)c);
+            if (rc == 0) rc = pi2_io_flush(s->io);
+        }
+        if (rc != 0 || c == 0) continue;
+        const int64_t p = c - 1; /* finish chunk p: wait for it (completions come in any order) */
+        while (rc == 0 && !arrived[p & 1]) {
+            uint64_t tags[4];
+            const int got = pi2_io_reap(s->io, tags, 4, 1);
+            if (got < 0) rc = -1;
+            for (int i = 0; i < got; i++) arrived[tags[i] & 1] = 1;
+        }
+        if (rc != 0) break;
+        const int b = (int)(p / chunks_per_block), k0 = (int)(p % chunks_per_block) * per_chunk;
+        const int n = s->F - k0 < per_chunk ? (int)(s->F - k0) : per_chunk;
+        for (int k = 0; k < n; k++) {
+            int64_t h = direct ? pi2_ncache_find(s->cache, b, k0 + k) : pi2_ncache_acquire(s->cache, b, k0 + k);
+            if (!direct) {
+                size_t len;
+                int blk, kk;
+                memcpy(pi2_ncache_slot_data(s->cache, h, &len, &blk, &kk), stage[p & 1] + (size_t)k * stride, slot);
+            }
             pi2_ncache_set_state(s->cache, h, PI2_SLOT_READY);
             pi2_ncache_unpin(s->cache, h);
         }
-        pi2_io_flush(s->io);
     }
-    while (pi2_io_in_flight(s->io) > 0)
-        if (pi2_io_reap(s->io, tags, 64, 1) < 0) return -1;
+    if (rc != 0) /* a failed read: collect what is still in flight before the buffers go */
+        while (pi2_io_in_flight(s->io) > 0) {
+            uint64_t tags[4];
+            if (pi2_io_reap(s->io, tags, 4, 1) < 0 && pi2_io_in_flight(s->io) == 0) break;
+        }
+    free(stage[0]);
+    free(stage[1]);
     s->preload_ns = pi2_now_ns() - t0;
+    s->preload_bytes = io_bytes(s) - bytes0;
+    return rc;
+}
+
+/* After a preload: the block bases when every block's bundles sit in consecutive slots (the preload
+ * takes slots off the free stack in order, so they do), with the batch's up-dot buffer. */
+static int find_resident(pi2_sparse *s) {
+    const size_t slot = pi2_ncache_cfg(s->cache)->cold_bytes;
+    for (int b = 0; b < s->n_blocks; b++) {
+        const uint8_t *base = pi2_ncache_bundle(s->cache, pi2_ncache_find(s->cache, b, 0), 0);
+        for (int k = 1; k < s->F; k++)
+            if (pi2_ncache_bundle(s->cache, pi2_ncache_find(s->cache, b, k), k) != base + (size_t)k * slot) return 0;
+    }
+    s->block_base = malloc(sizeof(*s->block_base) * (size_t)s->n_blocks);
+    s->up_out = malloc(sizeof(float) * (size_t)s->n_batch * (size_t)s->F);
+    if (!s->block_base || !s->up_out) {
+        pi2_set_error("out of memory for the resident FFN's tables");
+        return -1;
+    }
+    for (int b = 0; b < s->n_blocks; b++)
+        s->block_base[b] = pi2_ncache_bundle(s->cache, pi2_ncache_find(s->cache, b, 0), 0);
+    s->res_stride = slot;
     return 0;
 }
 
-/* The budget holds every bundle: read the neuron region block by block in large sequential reads,
- * so decode starts with everything in memory (the model-fits-in-memory case). Slots come off the free
- * stack in order, so block b's bundles fill one contiguous run of slots. */
-static int preload(pi2_sparse *s) {
-    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)4 << 20;
-    if (pi2_ncache_cfg(s->cache)->cold_bytes != stride) return preload_bundles(s);
-    const uint64_t t0 = pi2_now_ns();
-    for (int b = 0; b < s->n_blocks; b++) {
-        int64_t first = -1;
-        for (int k = 0; k < s->F; k++) {
-            int64_t h = pi2_ncache_acquire(s->cache, b, k);
-            if (first < 0) first = h;
-            if (h != first + k) {
-                pi2_set_error("preload: cache slots are not contiguous");
-                return -1;
-            }
-        }
-        size_t bytes, dummy_n;
-        int block, k0;
-        uint8_t *dst = pi2_ncache_slot_data(s->cache, first, &dummy_n, &block, &k0);
-        bytes = (size_t)s->F * stride;
-        for (size_t off = 0; off < bytes; off += chunk) {
-            size_t len = bytes - off < chunk ? bytes - off : chunk;
-            if (pi2_io_submit(s->io, s->block_off[b] + off, len, dst + off, UINT64_MAX) != 0) return -1;
-        }
-        pi2_io_flush(s->io);
-        uint64_t tags[64];
-        while (pi2_io_in_flight(s->io) > 0)
-            if (pi2_io_reap(s->io, tags, 64, 1) < 0) return -1;
-        for (int k = 0; k < s->F; k++) {
-            pi2_ncache_set_state(s->cache, first + k, PI2_SLOT_READY);
-            pi2_ncache_unpin(s->cache, first + k);
-        }
+/* No --memory-budget: the model in memory when it fits, else a budget the machine can hold.
+ * Fits means the fixed region, every bundle and the cache's bookkeeping take at most 90% of the memory
+ * this process can still have (pi2_available_memory_bytes): then the budget is exactly that, so the
+ * cache holds the whole FFN, preloads it and never reads again. Otherwise the budget is 90% of the
+ * available memory and the engine says so in one line: a run that would be killed or thrash becomes a
+ * run under a budget, reported as chosen. */
+static int budget_for(pi2_sparse *s, uint64_t fixed_now, uint64_t ffn_bytes) {
+    /* the cache pays 48 bytes of bookkeeping per slot out of its bytes (pi2_sparse_open) */
+    const uint64_t cache = ffn_bytes / (s->full_len - 48) * s->full_len + s->full_len;
+    const uint64_t up_out = s->n_batch > 1 ? (uint64_t)s->n_batch * (uint64_t)s->F * sizeof(float) : 0;
+    const uint64_t whole = fixed_now + cache + up_out, avail = pi2_available_memory_bytes();
+    /* the margin is 4 MiB + 1% of the budget: solve budget = whole + 4 MiB + budget / 100 */
+    const uint64_t resident = (whole + (4u << 20)) / 99 * 100 + 100;
+    if (!avail || resident <= avail / 10 * 9) {
+        s->cfg.memory_budget = resident;
+        s->budget_source = "none: whole model resident";
+        return 0;
     }
-    s->preload_ns = pi2_now_ns() - t0;
+    s->cfg.memory_budget = avail / 10 * 9;
+    s->budget_source = "chosen: 90% of available memory";
+    fprintf(stderr,
+            "pi2-engine: no --memory-budget and the model needs %.2f GiB in memory but %.2f GiB is available: "
+            "running under a budget of %.2f GiB (90%% of it)\n",
+            resident / 1073741824.0, avail / 1073741824.0, s->cfg.memory_budget / 1073741824.0);
     return 0;
 }
 
@@ -416,13 +454,18 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->E = h->n_embd;
     s->F = h->n_ff;
     s->part = h->part_bytes;
+    /* a streamed chunk: PI2_STREAM_CHUNK, or 1/64 of a small budget (two are staged) */
+    const uint64_t chunk = cfg->memory_budget && cfg->memory_budget / 64 < PI2_STREAM_CHUNK ? cfg->memory_budget / 64
+                                                                                           : PI2_STREAM_CHUNK;
+    s->stream_n = chunk > h->bundle_stride ? (int)(chunk / h->bundle_stride) : 1;
+    if (s->stream_n > s->F) s->stream_n = (int)s->F;
     const pi2_policy p = cfg->policy;
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
     s->lookahead = s->prefetch && cfg->lookahead && !cfg->oracle;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
-    s->two_phase = p == PI2_POLICY_POWERINFER2 && !cfg->no_two_phase && h->ffn_act != PI2_ACT_SWIGLU &&
+    s->two_phase = p == PI2_POLICY_POWERINFER2 && cfg->two_phase >= 0 && h->ffn_act != PI2_ACT_SWIGLU &&
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
@@ -453,27 +496,35 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     /* The fixed region: everything this process holds now, what the context reserved but has not
      * touched yet (KV cache), our scratch, and a margin for the allocator, stacks and I/O rings. */
     const uint64_t rss = pi2_rss_bytes(), ctx_bytes = pi2_ctx_bytes(ctx), scratch = scratch_bytes(s);
-    const uint64_t margin = (4u << 20) + (cfg->memory_budget / 100);
+    const uint64_t ffn_bytes = (uint64_t)s->n_blocks * s->F * s->full_len;
+    s->budget_source = "given";
+    if (!cfg->memory_budget && budget_for(s, rss + ctx_bytes + scratch, ffn_bytes) != 0) goto fail;
+    const uint64_t budget = s->cfg.memory_budget;
+    const uint64_t margin = (4u << 20) + (budget / 100);
     s->fixed_bytes = rss + ctx_bytes + scratch + margin;
-    uint64_t ffn_bytes = (uint64_t)s->n_blocks * s->F * h->bundle_stride;
-    uint64_t cache_bytes;
-    if (cfg->memory_budget) {
-        if (cfg->memory_budget <= s->fixed_bytes) {
-            pi2_set_error("--memory-budget %.1f MiB is too small: the fixed region needs %.1f MiB before any neuron is "
-                          "cached (resident now %.1f, context and KV cache %.1f, scratch %.1f, margin %.1f MiB)",
-                          cfg->memory_budget / 1048576.0, s->fixed_bytes / 1048576.0, rss / 1048576.0,
-                          ctx_bytes / 1048576.0, scratch / 1048576.0, margin / 1048576.0);
-            goto fail;
-        }
-        cache_bytes = cfg->memory_budget - s->fixed_bytes;
-    } else {
-        cache_bytes = ffn_bytes / 4;
+    if (budget <= s->fixed_bytes) {
+        pi2_set_error("--memory-budget %.1f MiB is too small: the fixed region needs %.1f MiB before any neuron is "
+                      "cached (resident now %.1f, context and KV cache %.1f, scratch %.1f, margin %.1f MiB)",
+                      budget / 1048576.0, s->fixed_bytes / 1048576.0, rss / 1048576.0, ctx_bytes / 1048576.0,
+                      scratch / 1048576.0, margin / 1048576.0);
+        goto fail;
     }
+    uint64_t cache_bytes = budget - s->fixed_bytes;
     /* Each region's slots come with bookkeeping (~40 bytes a slot): pay it out of the same budget. */
     cache_bytes -= cache_bytes / s->full_len * 48;
     pi2_ncache_config cc;
     if (size_cache(s, cache_bytes, &cc) != 0) goto fail;
     if (!(s->cache = pi2_ncache_create(&cc))) goto fail;
+    /* Bundles are stored hottest first, so a neuron's rank in its block stands for how often it fires.
+     * The cold region holds cold_slots / n_blocks neurons per block: those ranked just after the hot
+     * set are the ones worth keeping; a miss ranked beyond them goes in at the cold end of the LRU list,
+     * taken first by the next miss unless it is used again before (then it moves up like any hit).
+     * Plain LRU let one-off misses push out neurons that come back every few tokens. */
+    s->admit_limit = (int)s->F;
+    if ((p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2) && !cfg->lru_only) {
+        const int64_t per_block = cc.cold_slots / s->n_blocks;
+        s->admit_limit = cc.hot_neurons + per_block < s->F ? (int)(cc.hot_neurons + per_block) : (int)s->F;
+    }
     int64_t handles = cc.cold_slots + cc.hot_slots;
     s->wait_head = malloc(sizeof(int32_t) * (size_t)handles);
     s->acq_wave = calloc((size_t)handles, sizeof(int32_t));
@@ -482,9 +533,25 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
         goto fail;
     }
     for (int64_t i = 0; i < handles; i++) s->wait_head[i] = -1;
-    if (cc.cold_slots == (int64_t)s->n_blocks * s->F && s->keep && cfg->policy != PI2_POLICY_LLMFLASH &&
-        preload(s) != 0)
-        goto fail;
+    if (cc.cold_slots == (int64_t)s->n_blocks * s->F && s->keep && cfg->policy != PI2_POLICY_LLMFLASH) {
+        if (preload(s) != 0) goto fail;
+        /* the batched path's up dots: within the budget when none was given (it was sized for them) or
+         * when what the cache left over holds them */
+        const size_t up_bytes = (size_t)s->n_batch * s->F * sizeof(float);
+        const uint64_t left = cache_bytes - (uint64_t)cc.cold_slots * cc.cold_bytes;
+        if (s->n_batch > 1 && (strcmp(s->budget_source, "given") || left >= up_bytes) && find_resident(s) != 0)
+            goto fail;
+    }
+    if (!s->block_base && s->pipeline) { /* reads will happen: measure what they cost here */
+        const uint64_t bytes0 = io_bytes(s);
+        if (pi2_sparse_probe_storage(s) != 0 || (may_stream(s) && pi2_sparse_stream_open(s) != 0)) goto fail;
+        s->preload_bytes += io_bytes(s) - bytes0;
+        /* Two-phase costs a gate-part read, then the rest for about half the neurons (those whose gate
+         * comes out positive): it pays where that is cheaper than one whole read (storage bound by
+         * bandwidth, the paper's UFS), not where every request costs the same (IOPS-bound disks). */
+        if (s->two_phase && cfg->two_phase == 0)
+            s->two_phase = 1.0 / s->probe_gate_reads_per_s + 0.5 / s->probe_rest_reads_per_s < 1.0 / s->rand_reads_per_s;
+    }
     pi2_ctx_set_sparse(ctx, s);
     return s;
 fail:
@@ -497,6 +564,9 @@ void pi2_sparse_close(pi2_sparse *s) {
     if (s->ctx) pi2_ctx_set_sparse(s->ctx, NULL);
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
+    free(s->block_base);
+    free(s->up_out);
+    pi2_sparse_stream_close(s);
     pi2_predictors_free(&s->pred);
     void *ptrs[] = {s->look_in, s->look_mask, s->act, s->pact, s->mask, s->truth, s->active, s->hv, s->live, s->gates, s->wave_k, s->wave_h, s->phase,
                     s->wait_next, s->ready, s->to_read, s->to_read_kind, s->block_off, s->layer_tp, s->layer_fp,
@@ -556,6 +626,12 @@ static int reap(pi2_sparse *s, int wait) {
     return n;
 }
 
+void pi2_sparse_drain(pi2_sparse *s) {
+    pthread_mutex_lock(&s->lock);
+    while (pi2_io_in_flight(s->io) > 0 && reap(s, 1) >= 0) {}
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void add_waiter(pi2_sparse *s, int64_t hdl, int unit) {
     s->wait_next[unit] = s->wait_head[hdl];
     s->wait_head[hdl] = unit;
@@ -610,14 +686,6 @@ void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens
 
 /* ---- computing one neuron -------------------------------------------------------------------- */
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* A neuron's output from its gate and up dots (the up dot is only computed when this can be non-zero:
- * always for SwiGLU, for a positive gate otherwise). */
-static float neuron_output(uint32_t act, float g, float u) {
-    return act == PI2_ACT_SWIGLU ? silu(g) * u : act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
-}
-
 /* Unit i: neuron wave_k[i] for every token whose mask asks for it. Returns 1 when the unit needs a
  * second read (two-phase: a gate came out positive and only the gate part is in memory). */
 static int compute_unit(pi2_sparse *s, int i) {
@@ -645,7 +713,7 @@ static int compute_unit(pi2_sparse *s, int i) {
         const uint8_t *a = s->pact + (size_t)t * s->pact_row;
         const float g = s->phase[i] ? gates[t] : pi2_vec_dot_packed(wt, s->E, bundle, a);
         if (act == PI2_ACT_SWIGLU || g > 0.0f)
-            hv[t] = neuron_output(act, g, pi2_vec_dot_packed(wt, s->E, bundle + s->part, a));
+            hv[t] = pi2_neuron_output(act, g, pi2_vec_dot_packed(wt, s->E, bundle + s->part, a));
         live |= hv[t] != 0.0f;
     }
     s->live[i] = live;
@@ -686,7 +754,7 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->pact, y);
     for (int q = 0; q < n; q++) {
         const int j = pick[q], i = units[j];
-        const float h = neuron_output(act, g[j], y[q]);
+        const float h = pi2_neuron_output(act, g[j], y[q]);
         s->hv[(size_t)i * s->n_batch] = h;
         s->live[i] = h != 0.0f;
     }
@@ -717,17 +785,27 @@ static void down_worker(void *p, int ith, int nth) {
         if (n) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + d0);
         return;
     }
-    for (int i = 0; i < s->wave_len; i++) {
-        if (!s->live[i]) continue;
-        const uint8_t *col = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;
-        for (int j = i + 1; j < s->wave_len && j < i + 4; j++)
-            if (s->live[j]) {
-                __builtin_prefetch(pi2_ncache_bundle(s->cache, s->wave_h[j], s->wave_k[j]) + skip, 0, 3);
-                break;
-            }
-        const float *hv = s->hv + (size_t)i * s->n_batch;
-        for (int t = 0; t < s->tokens; t++)
-            if (hv[t] != 0.0f) pi2_axpy(wt, d1 - d0, hv[t], col, s->out + (size_t)t * s->E + d0);
+    /* a batch: four live columns at a time, each token's slice of the output read and written once per
+     * group while the four columns stay in L1 across tokens. A token whose four outputs are all zero
+     * is skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
+    const uint8_t *cols[4];
+    const float *hv[4];
+    int n = 0;
+    for (int i = 0; i <= s->wave_len; i++) {
+        if (i < s->wave_len) {
+            if (!s->live[i]) continue;
+            cols[n] = pi2_ncache_bundle(s->cache, s->wave_h[i], s->wave_k[i]) + skip;
+            hv[n++] = s->hv + (size_t)i * s->n_batch;
+            if (n < 4) continue;
+        }
+        if (!n) break;
+        for (int t = 0; t < s->tokens; t++) {
+            float a[4];
+            int any = 0;
+            for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
+            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + (size_t)t * s->E + d0);
+        }
+        n = 0;
     }
 }
 
@@ -848,7 +926,8 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
             s->to_read[s->n_to_read] = hdl;
             s->to_read_kind[s->n_to_read++] = (uint8_t)kind;
         }
-        pi2_ncache_touch(s->cache, hdl, s->step);
+        if (!hit && !hot && k >= s->admit_limit) pi2_ncache_demote(s->cache, hdl); /* see admit_limit */
+        else pi2_ncache_touch(s->cache, hdl, s->step);
         /* A neuron of a cluster this wave is reading is a miss too, like the neuron that asked for it;
          * one of a cluster a prefetch is reading is a hit (that read was not on demand). */
         if (!hit) s->acq_wave[hdl] = s->wave_serial;
@@ -880,19 +959,37 @@ int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int to
     for (int t = 0; t < tokens; t++) /* every neuron's dots reuse it */
         pi2_pack_act((pi2_type)s->m->h.neuron_type, s->act + (size_t)t * s->act_row, E, s->pact + (size_t)t * s->pact_row);
 
-    /* Which neurons: the predictor's choice, or the truth. */
-    if (s->cfg.oracle || s->cfg.check_predictor)
-        pi2_true_activations(s->pool, s->m, blk, s->act, s->act_row, tokens, s->truth);
+    /* Which neurons: the predictor's choice, or the truth; for powerinfer2's batches of at least
+     * PI2_DENSE_BATCH tokens, every neuron (the paper's prefill is dense). Those come from the resident
+     * FFN or a stream of the block when that costs less than reading the missing bundles one by one
+     * (sparse_batch.c), else through the waves below: the same floats either way, so the text never
+     * depends on the budget or on what the storage probe measured. */
+    const int exact = s->cfg.oracle || s->cfg.check_predictor;
+    const int dense = s->pipeline && tokens >= PI2_DENSE_BATCH && !exact;
+    if (exact) pi2_true_activations(s->pool, s->m, blk, s->act, s->act_row, tokens, s->truth);
     if (s->cfg.oracle) memcpy(s->mask, s->truth, (size_t)tokens * F);
+    else if (dense) memset(s->mask, 1, (size_t)tokens * F);
     else pi2_predict(&s->pred, s->pool, b, in, tokens, s->mask);
     if (s->cfg.check_predictor) count_check(s, layer, tokens);
     int n_active = 0;
     for (int64_t k = 0; k < F; k++) {
         uint8_t any = 0;
-        for (int t = 0; t < tokens; t++) any |= s->mask[(size_t)t * F + k];
+        for (int t = 0; t < tokens && !any; t++) any |= s->mask[(size_t)t * F + k];
         if (any) s->active[n_active++] = (int32_t)k;
     }
     s->st.neurons_visited += (uint64_t)F * tokens;
+    int missing = 0;
+    if (dense && !s->block_base)
+        for (int64_t k = 0; k < F; k++) missing += pi2_ncache_find(s->cache, b, (int)k) < 0;
+    const int stream = s->cfg.prefill_stream > 0 || (s->cfg.prefill_stream == 0 && pi2_sparse_stream_pays(s, missing));
+    if (dense && (s->block_base || (s->stage[0] && stream))) {
+        s->st.neurons_computed += (uint64_t)F * tokens;
+        memset(out, 0, (size_t)tokens * E * sizeof(float));
+        s->out = out;
+        if (pi2_sparse_dense_batch(s, b) != 0) goto failed;
+        s->st.ffn_ns += pi2_now_ns() - t0;
+        return 0;
+    }
     for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->mask[i];
 
     memset(out, 0, (size_t)tokens * E * sizeof(float));
@@ -953,8 +1050,10 @@ void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st) {
 void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
     size_t o = 0;
 #define OUT(...) o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__)
-    OUT(", \"policy\": \"%s\", \"predictor\": \"%s\", \"memory_budget_bytes\": %llu", pi2_policy_name(cfg->policy),
-        cfg->oracle ? "oracle" : "model", (unsigned long long)cfg->memory_budget);
+    OUT(", \"policy\": \"%s\", \"predictor\": \"%s\", \"memory_budget_bytes\": %llu, \"memory_budget_source\": \"%s\"",
+        pi2_policy_name(cfg->policy), cfg->oracle ? "oracle" : "model",
+        (unsigned long long)(s ? s->cfg.memory_budget : cfg->memory_budget),
+        s ? s->budget_source : cfg->memory_budget ? "given" : "none: mmap, the page cache decides");
     if (!s) {
         OUT(", \"io_method\": \"mmap\", \"o_direct\": false");
         return;
@@ -971,7 +1070,10 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"lookahead_reads\": %llu, "
         "\"hits_hot\": %llu, \"hits_cold\": %llu, \"misses_hot\": %llu, \"misses_cold\": %llu, \"hit_rate\": %.6f, "
         "\"io_wait_s\": %.6f, \"ffn_s\": %.6f, \"compute_s\": %.6f, \"io_share\": %.6f, \"active_fraction\": %.6f, "
-        "\"preload_s\": %.6f",
+        "\"preload_s\": %.6f, \"preload_bytes\": %llu, \"bytes_read_after_load\": %llu, "
+        "\"dense_batch_blocks\": %llu, \"streamed_blocks\": %llu, \"probe_rand_reads_per_s\": %.0f, "
+        "\"probe_gate_reads_per_s\": %.0f, \"probe_rest_reads_per_s\": %.0f, \"probe_seq_bytes_per_s\": %.0f, "
+        "\"two_phase_source\": \"%s\", \"admit_rank\": %d",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
@@ -981,7 +1083,11 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)st.misses_hot, (unsigned long long)st.misses_cold,
         lookups ? (double)(st.hits_hot + st.hits_cold) / lookups : 0.0, io_s, ffn_s, compute_s,
         io_s + compute_s > 0 ? io_s / (io_s + compute_s) : 0.0,
-        st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9);
+        st.neurons_visited ? (double)st.neurons_computed / st.neurons_visited : 0.0, s->preload_ns / 1e9,
+        (unsigned long long)s->preload_bytes, (unsigned long long)(st.bytes_read - s->preload_bytes),
+        (unsigned long long)s->dense_blocks, (unsigned long long)s->streamed_blocks, s->rand_reads_per_s,
+        s->probe_gate_reads_per_s, s->probe_rest_reads_per_s, s->seq_bytes_per_s,
+        cfg->two_phase ? "flag" : s->rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
@@ -1017,8 +1123,11 @@ void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const
 }
 
 void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
-    char budget[64] = "no budget";
-    if (cfg->memory_budget) snprintf(budget, sizeof budget, "budget %.0f MiB", cfg->memory_budget / 1048576.0);
+    char budget[96] = "no budget";
+    if (s && strcmp(s->budget_source, "given"))
+        snprintf(budget, sizeof budget, "budget %.0f MiB (%s)", s->cfg.memory_budget / 1048576.0, s->budget_source);
+    else if (cfg->memory_budget)
+        snprintf(budget, sizeof budget, "budget %.0f MiB", cfg->memory_budget / 1048576.0);
     if (!s) {
         snprintf(buf, n, "policy %s, %s (mmap)", pi2_policy_name(cfg->policy), budget);
         return;

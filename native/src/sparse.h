@@ -30,14 +30,16 @@ typedef enum { PI2_POLICY_DENSE = 0, PI2_POLICY_BUNDLE, PI2_POLICY_LLMFLASH, PI2
 
 typedef struct {
     pi2_policy policy;
-    uint64_t memory_budget; /* bytes; 0 = none (cache = 25% of the FFN) */
+    uint64_t memory_budget; /* bytes; 0 = none: the whole model resident when it fits (docs/SPARSE.md) */
     int oracle;             /* --predictor oracle: compute the true activations instead of predicting */
     int check_predictor;    /* also compute the true activations and count recall/precision */
     int llmflash_window;    /* tokens */
     float hot_fraction;     /* of each block's bundles (hottest first) */
     float hot_share;        /* of the cache, for the hot region */
     int cluster;            /* bundles per hot cluster */
-    int no_two_phase;       /* powerinfer2: read cold bundles whole (when storage is IOPS-bound) */
+    int two_phase;          /* powerinfer2: 0 auto (from the storage probe at open), 1 on, -1 off (whole bundles) */
+    int prefill_stream;     /* powerinfer2 batches: 0 auto (stream a block when the probe says it pays), 1 always, -1 never */
+    int lru_only;           /* cache, powerinfer2: cold misses always at the MRU end (no insertion by rank) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
     int no_repack;          /* keep attention and output rows as the file has them (pi2_model_repack) */

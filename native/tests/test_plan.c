@@ -58,11 +58,12 @@ int main(void) {
                   "pi2-engine generate -m x.pi2 --policy powerinfer2 --memory-budget 2G --threads 4 --affinity 4,5,6,7 "
                   "--hot-fraction 0.25 --hot-share 0.5 --cluster 16 --no-two-phase --lookahead --io uring "
                   "--io-threads 2 --io-affinity 0,1 --pred-threshold 0.45 --threads 2"));
-    /* true two_phase and false lookahead are the defaults: no flag; a byte count for the budget */
+    /* true two_phase forces it on (absent: the engine's storage probe decides); false lookahead is the
+     * default: no flag; a byte count for the budget; a prefill-stream mode */
     write_plan("{\"format\": \"pi2-plan\", \"version\": 1, \"two_phase\": true, \"lookahead\": false, "
-               "\"memory_budget\": 1073741824}");
+               "\"memory_budget\": 1073741824, \"prefill_stream\": \"off\"}");
     const char *argv2[] = {"pi2-engine", "chat", "--plan", path};
-    CHECK(!strcmp(expand(argv2, 4), "pi2-engine chat --memory-budget 1073741824"));
+    CHECK(!strcmp(expand(argv2, 4), "pi2-engine chat --two-phase --memory-budget 1073741824 --prefill-stream off"));
     /* no plan: argv unchanged */
     const char *argv3[] = {"pi2-engine", "info", "-m", "x.pi2"};
     CHECK(!strcmp(expand(argv3, 4), "pi2-engine info -m x.pi2"));

@@ -23,8 +23,8 @@ def print_plan(console, plan, out: Path | None) -> None:
             shown = f"{value / 2**20:.0f} MiB"
         flag = "" if key.startswith(("predicted_", "measured_")) else f"--{key.replace('_', '-')}"
         if key == "two_phase":
-            flag = "" if value else "--no-two-phase"
-        table.add_row(key, shown, flag, style="dim" if not flag and key != "two_phase" else None)
+            flag = "--two-phase" if value else "--no-two-phase"
+        table.add_row(key, shown, flag, style="dim" if not flag else None)
     console.print(table)
     console.print("[bold]why[/bold]")
     for line in plan.why:

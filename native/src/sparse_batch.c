@@ -1,0 +1,212 @@
+/* Batches computed densely over every neuron of a block: the paper's prefill (PowerInfer-2 runs it as
+ * one big dense cluster, on the NPU on phones). A batch's predicted union is most of the block, so
+ * predicting saves little there, and neuron-by-neuron dots read each row once per token where the GEMM
+ * reads it once per tile of tokens. ReLU-family neurons that are off add nothing: this is the exact FFN.
+ *
+ * Two sources of rows:
+ *  - resident: the cache holds every bundle in consecutive slots, so a block is one strided matrix;
+ *  - streamed (powerinfer2 under a budget): the block is read in chunks of stream_n bundles with large
+ *    sequential reads into two staging buffers, each chunk computed while the next one is read. It is
+ *    taken when that costs less than reading the batch's missing bundles one by one, judged from two
+ *    points of the storage curve measured at open on the neuron region itself.
+ * Both add neurons in ascending order, each row's dots the same whatever the span, so a streamed batch
+ * gives the resident batch's floats. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels.h"
+#include "parmat.h"
+#include "sparse_internal.h"
+
+#define STREAM_TAG (1ull << 63)        /* tags of streamed reads, apart from cache slot handles */
+
+typedef struct {
+    pi2_sparse *s;
+    const uint8_t *base;
+    size_t stride;
+    int n;
+} span_job;
+
+/* The down columns of the span's live neurons, four at a time per token (pi2_axpy_rows), each thread
+ * owning a slice of the output: the sum runs in neuron order whatever thread did what. A zero output in
+ * a group adds q * 0 = 0, which leaves the sum as it was. */
+static void span_down_worker(void *p, int ith, int nth) {
+    const span_job *j = p;
+    pi2_sparse *s = j->s;
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    int64_t d0, d1;
+    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    if (d0 >= d1) return;
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    const uint8_t *cols[4];
+    int idx[4], n = 0;
+    for (int k = 0; k <= j->n; k++) {
+        if (k < j->n) {
+            if (!s->live[k]) continue;
+            cols[n] = j->base + (size_t)k * j->stride + skip;
+            idx[n++] = k;
+            if (n < 4) continue;
+        }
+        if (!n) break;
+        for (int t = 0; t < s->tokens; t++) {
+            const float *h = s->gates + (size_t)t * j->n;
+            float a[4];
+            int any = 0;
+            for (int r = 0; r < n; r++) any |= (a[r] = h[idx[r]]) != 0.0f;
+            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + (size_t)t * s->E + d0);
+        }
+        n = 0;
+    }
+}
+
+/* s->out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
+static void dense_span(pi2_sparse *s, const uint8_t *base, size_t stride, int n) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const uint32_t act = s->m->h.ffn_act;
+    pi2_mat w = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E), .stride = stride};
+    pi2_par_matmul(s->pool, &w, s->act, s->tokens, s->gates, n);
+    w.data += s->part;
+    pi2_par_matmul(s->pool, &w, s->act, s->tokens, s->up_out, n);
+    memset(s->live, 0, (size_t)n);
+    for (int t = 0; t < s->tokens; t++)
+        for (int k = 0; k < n; k++) {
+            float *h = s->gates + (size_t)t * n + k;
+            const float g = *h;
+            *h = act == PI2_ACT_SWIGLU || g > 0.0f ? pi2_neuron_output(act, g, s->up_out[(size_t)t * n + k]) : 0.0f;
+            s->live[k] |= *h != 0.0f;
+        }
+    span_job j = {s, base, stride, n};
+    pi2_pool_run_or_inline(s->pool, span_down_worker, &j);
+}
+
+/* Wait until the streamed read with tag STREAM_TAG | c has arrived; reads of slots finish as usual. */
+static int wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
+    while (!arrived[c & 1]) {
+        uint64_t tags[8];
+        const int got = pi2_io_reap(s->io, tags, 8, 1);
+        if (got < 0) {
+            snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+            atomic_store(&s->failed, 1);
+            return -1;
+        }
+        for (int i = 0; i < got; i++) arrived[tags[i] & 1] = 1;
+    }
+    return 0;
+}
+
+int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
+    if (s->block_base) {
+        dense_span(s, s->block_base[b], s->res_stride, (int)s->F);
+        s->dense_blocks++;
+        return 0;
+    }
+    pi2_sparse_drain(s); /* prefetched clusters land in the cache; then only streamed reads fly */
+    if (atomic_load(&s->failed)) return -1;
+    const size_t stride = s->m->h.bundle_stride;
+    const int per = s->stream_n, n_chunks = (int)((s->F + per - 1) / per);
+    int arrived[2] = {0, 0};
+    for (int c = 0; c <= n_chunks; c++) {
+        if (c < n_chunks) { /* read chunk c while chunk c - 1 computes */
+            const int n = s->F - (int64_t)c * per < per ? (int)(s->F - (int64_t)c * per) : per;
+            arrived[c & 1] = 0;
+            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)c * per * stride, (size_t)n * stride, s->stage[c & 1],
+                              STREAM_TAG | (uint64_t)c) != 0 ||
+                pi2_io_flush(s->io) != 0) {
+                snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+                atomic_store(&s->failed, 1);
+                return -1;
+            }
+        }
+        if (c == 0) continue;
+        if (wait_chunk(s, c - 1, arrived) != 0) return -1;
+        const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
+        dense_span(s, s->stage[(c - 1) & 1], stride, n);
+    }
+    s->streamed_blocks++;
+    return 0;
+}
+
+int pi2_sparse_stream_pays(const pi2_sparse *s, int missing) {
+    if (!s->stage[0] || missing <= 0) return 0;
+    const double t_rand = missing / s->rand_reads_per_s;
+    const double t_seq = (double)s->F * s->m->h.bundle_stride / s->seq_bytes_per_s;
+    return t_seq < t_rand;
+}
+
+size_t pi2_sparse_stream_bytes(const pi2_sparse *s) {
+    const size_t stride = s->m->h.bundle_stride;
+    return 2 * (size_t)s->stream_n * stride + (size_t)s->n_batch * s->stream_n * sizeof(float);
+}
+
+/* Seconds to read n extents of len bytes at offs[] into dst (one after another in memory), all at once. */
+static double timed_reads(pi2_sparse *s, const uint64_t *offs, int n, size_t len, uint8_t *dst) {
+    const uint64_t t0 = pi2_now_ns();
+    for (int i = 0; i < n; i++)
+        if (pi2_io_submit(s->io, offs[i], len, dst + (size_t)i * len, STREAM_TAG | (uint64_t)i) != 0) return -1;
+    if (pi2_io_flush(s->io) != 0) return -1;
+    int done = 0;
+    while (done < n) {
+        uint64_t tags[64];
+        const int got = pi2_io_reap(s->io, tags, 64, 1);
+        if (got < 0) return -1;
+        done += got;
+    }
+    return (pi2_now_ns() - t0) / 1e9;
+}
+
+int pi2_sparse_stream_open(pi2_sparse *s) {
+    const size_t chunk = (size_t)s->stream_n * s->m->h.bundle_stride, align = s->ra > 4096 ? s->ra : 4096;
+    const size_t bytes = (chunk + align - 1) / align * align;
+    if (!(s->stage[0] = aligned_alloc(align, bytes)) || !(s->stage[1] = aligned_alloc(align, bytes)) ||
+        !(s->up_out = malloc((size_t)s->n_batch * s->stream_n * sizeof(float)))) {
+        pi2_set_error("out of memory for the streamed prefill's staging buffers");
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads per second of `n` random extents of `len` bytes (at offset `skip` into bundles spread over the
+ * whole neuron region, as a wave's misses are), all in flight at once; -1 on a failed read. */
+static double random_rate(pi2_sparse *s, int n, size_t skip, size_t len, uint8_t *buf) {
+    const int64_t bundles = (int64_t)s->n_blocks * s->F;
+    uint64_t offs[128], x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t k = (int64_t)((x >> 17) % (uint64_t)bundles);
+        offs[i] = s->block_off[k / s->F] + (uint64_t)(k % s->F) * s->m->h.bundle_stride + skip;
+    }
+    const double t = timed_reads(s, offs, n, len, buf);
+    return t < 0 ? -1 : n / (t > 1e-6 ? t : 1e-6);
+}
+
+int pi2_sparse_probe_storage(pi2_sparse *s) {
+    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)s->stream_n * stride;
+    const size_t align = s->ra > 4096 ? s->ra : 4096, bytes = (128 * s->full_len > chunk ? 128 * s->full_len : chunk);
+    uint8_t *buf = aligned_alloc(align, (bytes + align - 1) / align * align);
+    if (!buf) {
+        pi2_set_error("out of memory for the storage probe");
+        return -1;
+    }
+    /* whole bundles, two-phase's gate part and rest at random; then whole chunks one after another, as
+     * a stream reads them (the last block's first two) */
+    s->rand_reads_per_s = random_rate(s, 128, 0, s->full_len, buf);
+    s->probe_gate_reads_per_s = random_rate(s, 128, 0, s->gate_len, buf);
+    s->probe_rest_reads_per_s = random_rate(s, 128, s->rest_off, s->rest_len, buf);
+    const uint64_t b = (uint64_t)s->n_blocks - 1;
+    const size_t len = s->F > s->stream_n ? chunk : (size_t)s->F * stride;
+    const uint64_t offs[2] = {s->block_off[b], s->block_off[b] + chunk};
+    const double t = timed_reads(s, offs, 1, len, buf) + (s->F > s->stream_n ? timed_reads(s, offs + 1, 1, len, buf) : 0);
+    free(buf);
+    if (s->rand_reads_per_s < 0 || s->probe_gate_reads_per_s < 0 || s->probe_rest_reads_per_s < 0 || t < 0)
+        return -1; /* the failed read's error names the file, offset and why */
+    s->seq_bytes_per_s = (double)(s->F > s->stream_n ? 2 : 1) * len / (t > 1e-6 ? t : 1e-6);
+    return 0;
+}
+
+void pi2_sparse_stream_close(pi2_sparse *s) {
+    free(s->stage[0]);
+    free(s->stage[1]);
+    s->stage[0] = s->stage[1] = NULL;
+}

@@ -1,0 +1,117 @@
+/* The sparse engine's state, shared by its files: sparse.c (options, opening, the per-block waves of
+ * predicted neurons, stats) and sparse_batch.c (batches computed densely: a resident FFN, or one
+ * streamed from storage in large sequential reads). Not part of the engine's interface (sparse.h). */
+#ifndef PI2_SPARSE_INTERNAL_H
+#define PI2_SPARSE_INTERNAL_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "forward.h"
+#include "neuron_cache.h"
+#include "sparse.h"
+#include "sparse_predict.h"
+
+/* Read kinds: a whole bundle, its gate part (two-phase, phase one), the rest (phase two), a cluster. */
+enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
+
+struct pi2_sparse {
+    const pi2_model *m;
+    pi2_ctx *ctx;
+    pi2_pool *pool;
+    pi2_sparse_config cfg;
+    int nth, n_batch, n_blocks;
+    int64_t E, F;
+    int two_phase, pipeline, prefetch, keep, lookahead;
+    float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
+    uint8_t *look_mask;
+    size_t part, ra, gate_len, rest_off, rest_len, full_len;
+    uint64_t *block_off; /* file offset of each block's first bundle */
+    int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */
+    pi2_io *io;
+    pi2_ncache *cache;
+    pi2_predictors pred;
+    int64_t step;
+    uint64_t fixed_bytes, preload_ns, preload_bytes;
+    const char *budget_source; /* how the budget was set: see budget_for() */
+    /* Dense batches (sparse_batch.c). Resident (the cache holds every bundle, preloaded block by block
+     * into consecutive slots): block b's bundle k sits at block_base[b] + k * res_stride, so a batch's
+     * gate and up rows go through the GEMM as one strided matrix. Streamed (powerinfer2 under a
+     * budget): two staging chunks of stream_n bundles, and the storage rates measured at open. */
+    const uint8_t **block_base;
+    size_t res_stride;
+    uint8_t *stage[2];
+    int stream_n;
+    double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
+    double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
+    uint64_t streamed_blocks, dense_blocks;
+    float *up_out; /* a dense batch's up dots [n_batch][span] (the gate dots, then outputs: `gates`) */
+
+    /* scratch */
+    uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
+    size_t act_row;
+    uint8_t *pact; /* the same, packed for many dots (pi2_pack_act) [n_batch][pact_row], 64-aligned */
+    size_t pact_row;
+    uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
+    int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
+    float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
+    float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
+    uint8_t *live;         /* [F]: unit has a non-zero output for some token */
+    float *out;            /* the block's output being accumulated [n_batch][E] */
+
+    /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
+    int tokens, wave_len;
+    int32_t *wave_k;
+    int64_t *wave_h;
+    uint8_t *phase;       /* 1: gate computed, rest in flight */
+    int32_t *wait_head;   /* per slot handle: first unit waiting for its read, -1 none */
+    int32_t *acq_wave;    /* per slot handle: the wave that acquired it (hit/miss counting) */
+    int32_t wave_serial;
+    int32_t *wait_next;   /* per unit */
+    int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
+    _Atomic int n_ready, next_ticket, pending;
+    int64_t *to_read;     /* slot handles to read for this wave, with their kind */
+    uint8_t *to_read_kind;
+    int n_to_read;
+    pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
+    _Atomic int failed;
+    char error[300];
+
+    pi2_sparse_stats st;
+    uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen; /* --check-predictor, per layer */
+};
+
+/* powerinfer2 computes a batch of at least this many tokens over every neuron (sparse_batch.c): by 8
+ * tokens the union of the tokens' predicted neurons is most of a block (1 - 0.8^8 = 83% at 20%
+ * predicted per token), so predicting saves little and the exact FFN costs little more. */
+#define PI2_DENSE_BATCH 8
+
+/* Bytes a streamed read takes: where a storage curve has flattened (UFS ~4 GB/s from 512 KiB). */
+#define PI2_STREAM_CHUNK ((size_t)4 << 20)
+
+/* A neuron's output from its gate and up dots (the up dot is only computed when this can be non-zero:
+ * always for SwiGLU, for a positive gate otherwise). */
+static inline float pi2_neuron_output(uint32_t act, float g, float u) {
+    return act == PI2_ACT_SWIGLU ? g / (1.0f + expf(-g)) * u : act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
+}
+
+/* sparse.c: collect every read in flight into the cache (blocking). */
+void pi2_sparse_drain(pi2_sparse *s);
+
+/* sparse_batch.c: a batch (tokens > 1) computed densely over every neuron of block b, the paper's
+ * prefill. From the resident FFN when there is one (s->block_base), else streamed from storage in
+ * chunks while the previous chunk computes. Adds into s->out; 0 or -1 with s->error set. */
+int pi2_sparse_dense_batch(pi2_sparse *s, int b);
+/* Whether block b's batch is cheaper streamed whole than read neuron by neuron: `missing` bundles at
+ * the random-read rate measured at open against the block's bytes at the measured sequential rate. */
+int pi2_sparse_stream_pays(const pi2_sparse *s, int missing);
+/* At open, for powerinfer2 under a budget: the staging buffers. 0 or -1 with an error. */
+int pi2_sparse_stream_open(pi2_sparse *s);
+/* The rates above, measured on the neuron region (~10 ms of reads). 0 or -1 with an error. */
+int pi2_sparse_probe_storage(pi2_sparse *s);
+size_t pi2_sparse_stream_bytes(const pi2_sparse *s); /* the staging memory it will take */
+void pi2_sparse_stream_close(pi2_sparse *s);
+
+#endif
