@@ -62,13 +62,20 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check pi2cli tests benchmarks workloads
 
 # The main job end to end on this machine: a small synthetic sparse model (TurboSparse-Mistral shapes
-# scaled down, dReLU, measured sparsity), pi2 vs llama.cpp on the same weights and prompts, the
-# comparison table and a report. Everything lands in build/demo (results kept out of results/).
+# scaled down, dReLU, measured sparsity), pi2 against the baselines on the same weights, prompts and
+# lengths, twice: in memory (pi2 vs llama.cpp), and under a memory budget the model does not fit in
+# (pi2 vs LLM in a Flash vs llama.cpp, one cgroup each, page cache counted). Then the comparison table
+# and a report. Everything lands in build/demo (results kept out of results/).
 DEMO := build/demo
+DEMO_MODEL := $(DEMO)/model/model.pi2
+DEMO_BUDGET ?= 150M
+DEMO_RUN = --model $(DEMO_MODEL) --workload multi-turn --limit 2 --n-gen 32 --threads $(JOBS) --results-dir $(DEMO)/results
 demo: setup
-	$(PI2) models synth --like turbosparse-mistral-7b --layers 4 --hidden 1024 --ffn 4096 --out $(DEMO)/model
-	$(PI2) bench --model $(DEMO)/model/model.pi2 --engine pi2 --engine llama.cpp --workload multi-turn \
-	    --limit 2 --n-gen 32 --threads $(JOBS) --results-dir $(DEMO)/results
+	$(PI2) models synth --like turbosparse-mistral-7b --layers 8 --hidden 1024 --ffn 8192 --no-dense-down --out $(DEMO)/model
+	@echo "== in memory: the whole model resident in every engine =="
+	$(PI2) bench $(DEMO_RUN) --engine pi2 --engine llama.cpp
+	@echo "== under a $(DEMO_BUDGET) budget: the model does not fit (same cgroup for every engine) =="
+	$(PI2) bench $(DEMO_RUN) --engine pi2 --engine llmflash --engine llama.cpp --memory-budget $(DEMO_BUDGET)
 	$(PI2) compare --results-dir $(DEMO)/results --baseline llama.cpp
 	$(PI2) report --results-dir $(DEMO)/results --out $(DEMO)/report
 	@echo "report: $(DEMO)/report/index.html ($(DEMO)/report/report.md)"

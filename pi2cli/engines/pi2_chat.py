@@ -208,7 +208,8 @@ class EventsTail:
 # What the sparse engine's `summary` event reports (SPARSE_SPEC / docs/ENGINE.md), kept in the result's
 # counters under the engine's own names. Dense runs of an engine without them simply lack the keys.
 SPARSE_SUMMARY_FIELDS = (
-    "policy", "predictor", "memory_budget_bytes", "io_method", "o_direct", "storage_bytes_read",
+    "policy", "predictor", "memory_budget_bytes", "memory_budget_source", "preload_bytes",
+    "bytes_read_after_load", "io_method", "o_direct", "storage_bytes_read",
     "storage_reads", "cache_bytes", "hot_bytes", "cold_bytes", "fixed_bytes", "hits_hot", "hits_cold",
     "misses_hot", "misses_cold", "hit_rate", "io_wait_s", "compute_s", "io_share", "active_fraction",
     "predictor_recall", "predictor_precision",

@@ -113,7 +113,7 @@ def target_info(name: str, kind: str, **facts: Any) -> dict:
 
 
 def memory_info(budget_bytes: int | None = None, *, enforced: bool = False, how: str | None = None) -> dict:
-    """The memory budget (None: unlimited) and whether and how it was enforced (e.g. "cgroup memory.max")."""
+    """The memory budget (None: none, the model in memory) and whether and how it was enforced (e.g. "cgroup memory.max")."""
     return {"budget_bytes": budget_bytes, "enforced": bool(enforced), "how": how}
 
 
@@ -616,8 +616,8 @@ def model_label(run: dict) -> str:
 
 
 def budget_label(budget_bytes: int | None) -> str:
-    if budget_bytes is None:
-        return "unlimited"
+    if budget_bytes is None:  # each engine holds the model in memory (pi2: resident; llama.cpp: mmap)
+        return "none (in memory)"
     return f"{budget_bytes / 2**30:.3g} GiB"
 
 
