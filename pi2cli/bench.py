@@ -113,6 +113,19 @@ def convert_for_pi2(gguf: Path, reporter: Reporter | None = None) -> Path:
     return out
 
 
+def context_for(conversations: list[Conversation], template: ChatTemplate, n_gen: int | None) -> int:
+    """KV cache tokens that hold the longest conversation, so no engine reserves memory a run never uses
+    (under a budget, a 4096-token cache took memory the neuron cache needed). An upper bound: a token is
+    at least one byte of the rendered text (byte-level BPE and byte fallback), each answer is its token
+    budget plus 16 for the template's markers; rounded up to 256, between 512 and DEFAULT_CTX."""
+    need = 0
+    for conv in conversations:
+        budgets = [n_gen or m for m in conv.max_new_tokens]
+        text = template.render(conv.messages_for_turn(len(conv.turns) - 1, [""] * (len(conv.turns) - 1)))
+        need = max(need, len(text.encode()) + sum(b + 16 for b in budgets))
+    return min(DEFAULT_CTX, max(512, (need + 255) // 256 * 256))
+
+
 # -------------------------------------------------------------------------------------------- reporting
 class Reporter:
     """What the bench tells a user. The base class says nothing (tests, --json without a terminal)."""
@@ -198,7 +211,7 @@ class BenchConfig:
     repeat: int | None = 1  # None: 1, or 3 in llama-bench mode
     threads: int | None = None
     n_gen: int | None = None  # tokens per turn; None: the workload's max_new_tokens of each turn
-    ctx: int = DEFAULT_CTX
+    ctx: int | None = None  # KV cache tokens of every engine; None: what the workload needs (context_for)
     ignore_eos: bool = True  # every engine generates exactly the same number of tokens
     results_dir: str | None = None
     cool_below: float | None = None  # None: 45 on phones, no waiting elsewhere; 0: never wait
@@ -589,6 +602,8 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         cfg.cool_below = DEFAULT_COOL_BELOW_PHONE if target.kind == "adb" else 0
     model = resolve_model(cfg.model, convert_missing_pi2=any(d.model_suffix == ".pi2" for d in drivers),
                           reporter=reporter)  # fmt: skip
+    if cfg.ctx is None:
+        cfg.ctx = max(context_for(c, model.template, cfg.n_gen) for c in workloads.values())
     try:
         facts = target.facts()
         prepared = [prepare_engine(d, target, model, reporter) for d in drivers]

@@ -259,7 +259,9 @@ static int open_session(chat_session *s, const chat_options *o) {
         s->n_ctx = DEFAULT_CTX;
         if (s->m.h.n_ctx_train && s->m.h.n_ctx_train < (uint32_t)s->n_ctx) s->n_ctx = (int)s->m.h.n_ctx_train;
     }
-    s->n_batch = o->n_batch ? o->n_batch : 256;
+    /* A batch's scratch grows with its tokens (~10 bytes per FFN neuron and ~4 per activation each):
+     * under a budget 64 keeps it a small share, and prefill batches still stream a block per 64 tokens. */
+    s->n_batch = o->n_batch ? o->n_batch : o->sparse.memory_budget ? 64 : 256;
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
     if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
     if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;

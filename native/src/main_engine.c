@@ -267,7 +267,8 @@ tokenized:
         pi2_set_error("--ctx %d is too small for %d prompt + %d generated tokens", n_ctx, n_prompt, o->n_predict);
         goto done;
     }
-    int batch = o->n_batch ? o->n_batch : (n_prompt < 256 ? n_prompt : 256);
+    const int max_batch = o->sparse.memory_budget ? 64 : 256; /* as chat's (chat.c) */
+    int batch = o->n_batch ? o->n_batch : (n_prompt < max_batch ? n_prompt : max_batch);
     if (!(pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads))) goto done;
     if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
     if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;

@@ -211,7 +211,7 @@ static int alloc_scratch(pi2_sparse *s) {
     s->pact_row = (pi2_packed_act_size((pi2_type)s->m->h.neuron_type, s->E) + 63) / 64 * 64;
     if (!(s->pact = aligned_alloc(64, B * s->pact_row))) ok = 0;
     s->mask = zalloc(B * F, &ok);
-    s->truth = zalloc(B * F, &ok);
+    if (s->cfg.oracle || s->cfg.check_predictor) s->truth = zalloc(B * F, &ok);
     s->active = zalloc(F * sizeof(int32_t), &ok);
     s->gates = zalloc(F * B * sizeof(float), &ok);
     s->look_in = zalloc((size_t)s->E * sizeof(float), &ok);
@@ -241,7 +241,8 @@ static int may_stream(const pi2_sparse *s) {
 
 static size_t scratch_bytes(const pi2_sparse *s) {
     const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
-    return B * (s->act_row + s->pact_row) + 2 * B * F + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
+    const size_t truth = s->cfg.oracle || s->cfg.check_predictor ? B * F : 0;
+    return B * (s->act_row + s->pact_row) + B * F + truth + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
            pi2_predictors_scratch_bytes(&s->pred) + (may_stream(s) ? pi2_sparse_stream_bytes(s) : 0);
 }
 
