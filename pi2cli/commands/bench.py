@@ -110,7 +110,9 @@ def print_table(console, outcomes) -> None:
               help="Tokens generated per turn (default: each turn's max_new_tokens from the workload; "
                    "llama-bench mode: the tg test's length, default 128).")  # fmt: skip
 @click.option(
-    "--ctx", type=click.IntRange(16, 1 << 20), default=None,
+    "--ctx",
+    type=click.IntRange(16, 1 << 20),
+    default=None,
     help="KV cache size (tokens) of every engine.  [default: what the longest conversation needs, up to 4096]",
 )
 @click.option("--stop-at-eos", is_flag=True,
