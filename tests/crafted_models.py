@@ -6,7 +6,8 @@ A tiny model has everything a real one has: a SentencePiece vocabulary, predicto
 thresholds), neuron bundles, a dense down copy, MoE experts when asked. It is ~90 KB, nearly all
 page padding.
 
-    python tests/crafted_models.py seeds DIR   # writes the fuzz seed corpus (DIR/pi2file, plan, chat)
+    python tests/crafted_models.py seeds DIR     # the fuzz seed corpus (DIR/pi2file, DIR/plan, DIR/chat)
+    python tests/crafted_models.py crafted DIR   # the crafted files (run-sanitize.sh feeds them to ASan)
 """
 
 from __future__ import annotations
@@ -197,7 +198,18 @@ def write_seeds(out: Path) -> None:
             (out / target / name).write_text(json.dumps(obj) + ("\n" if target == "chat" else ""))
 
 
+def write_crafted(out: Path) -> list[Path]:
+    """The crafted files the engine must refuse with one line each (native/tests/run-sanitize.sh)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        craft_overflowing_threshold(out / "overflowing_threshold.pi2"),
+        craft_overflowing_norm(out / "overflowing_norm.pi2"),
+        craft_many_tensors(out / "duplicate_among_100k.pi2", duplicate=True),
+    ]
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "seeds":
-        sys.exit("usage: python tests/crafted_models.py seeds DIR")
-    write_seeds(Path(sys.argv[2]))
+    commands = {"seeds": write_seeds, "crafted": write_crafted}
+    if len(sys.argv) != 3 or sys.argv[1] not in commands:
+        sys.exit("usage: python tests/crafted_models.py seeds|crafted DIR")
+    commands[sys.argv[1]](Path(sys.argv[2]))

@@ -2,9 +2,14 @@
 data placed past the end of the mapping, 100k tensors), corrupted sections and bad flags each get
 exactly one error line and a non-zero exit, never a signal."""
 
+import gzip
+import json
+import os
 import struct
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from crafted_models import (
@@ -55,6 +60,21 @@ def test_crafted_files_are_refused_with_one_line(tmp_path, kind):
     assert info.stdout == ""
     gen = _engine("generate", "-m", model, "-p", "hello", "-n", "2", "--policy", "powerinfer2")
     _one_error_line(gen, needle)
+
+
+REGRESSIONS = Path(__file__).parent / "fuzz" / "regressions" / "pi2file"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in REGRESSIONS.glob("*.pi2.gz")))
+def test_fuzz_regression_inputs_are_refused_with_one_line(tmp_path, name):
+    # inputs pi2-fuzz found crashing the engine (docs/FUZZ.md)
+    model = tmp_path / name.removesuffix(".gz")
+    model.write_bytes(gzip.decompress((REGRESSIONS / name).read_bytes()))
+    line = _one_error_line(_engine("info", "-m", model), str(model))
+    assert "overflows 64 bits" in line or "more than 2^64 bytes" in line, line
+    fuzz = engine_bin().parent / "pi2-fuzz"
+    done = subprocess.run([str(fuzz), "pi2file", "--replay", str(model)], capture_output=True, text=True)
+    assert done.returncode == 0 and "refused: " in done.stdout, done.stdout + done.stderr
 
 
 def test_100k_tensors_load_in_well_under_a_second(tmp_path):
@@ -109,3 +129,68 @@ def test_plan_memory_budget_goes_through_the_same_parser(tmp_path):
     plan.write_text('{"format": "pi2-plan", "version": 1, "policy": "cache", "memory_budget": 1e40}')
     done = _engine("generate", "-m", model, "-p", "hi", "-n", "1", "--plan", plan)
     _one_error_line(done, "--memory-budget: expected a size", "'1e40'")
+
+
+# ---- a failing flash: the neuron store's fault-injection hook (PI2_IO_FAULT, native/src/neuron_io.c) ----
+
+
+@pytest.fixture(scope="module")
+def ffn_model(tmp_path_factory, smollm2_gguf) -> Path:
+    """Two layers of 8192 neurons: under a budget most bundles are read from storage per token."""
+    from pi2cli.models import synth
+
+    out = tmp_path_factory.mktemp("ffn")
+    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=8192,
+                            tokenizer_gguf=smollm2_gguf, calib_seqs=1, eval_seqs=1)  # fmt: skip
+    synth.synthesize(cfg, out)
+    return out / "model.pi2"
+
+
+def _sparse_generate(
+    model: Path, tmp: Path, fault: str | None
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    events = tmp / "events.jsonl"
+    env = dict(os.environ)
+    env.pop("PI2_IO_FAULT", None)
+    if fault:
+        env["PI2_IO_FAULT"] = fault
+    done = _engine("generate", "-m", model, "-p", "The capital of France is", "-n", "24", "--ignore-eos",
+                   "--policy", "powerinfer2", "--memory-budget", "26M", "--events", events, env=env)  # fmt: skip
+    return done, [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+
+
+@pytest.mark.parametrize("kind,why", [("eio", "Input/output error"), ("eof", "short read at end of file")])
+def test_a_failed_neuron_read_mid_decode_ends_the_run_with_one_line(ffn_model, tmp_path, kind, why):
+    done, events = _sparse_generate(ffn_model, tmp_path, None)
+    assert done.returncode == 0, done.stderr
+    tokens = [e for e in events if e["event"] == "token"]
+    reads = events[-1]["storage_reads"]
+    prefill_reads = tokens[0]["reads"]
+    assert reads > prefill_reads + 100  # decode reads from storage: the fault lands there
+    at = (prefill_reads + reads) // 2
+    t0 = time.monotonic()
+    done, events = _sparse_generate(ffn_model, tmp_path, f"{kind}:{at}")
+    assert time.monotonic() - t0 < 30  # no hang on the reads still in flight
+    line = _one_error_line(done, str(ffn_model), why)
+    assert "read of " in line
+    assert 1 < sum(e["event"] == "token" for e in events) < len(tokens)  # it failed in the middle of decode
+
+
+def test_a_resumed_short_read_changes_nothing(ffn_model, tmp_path):
+    clean, _ = _sparse_generate(ffn_model, tmp_path, None)
+    short, _ = _sparse_generate(ffn_model, tmp_path, "short:50")
+    assert short.returncode == 0, short.stderr
+    assert short.stdout == clean.stdout
+
+
+def test_bench_records_a_failed_neuron_read_as_a_failed_run(ffn_model, tmp_path):
+    env = dict(os.environ, PI2_IO_FAULT="eio:3000")
+    cmd = [sys.executable, "-m", "pi2cli", "bench", "--model", str(ffn_model), "--engine", "pi2",
+           "--workload", "multi-turn", "--limit", "1", "--n-gen", "16", "--memory-budget", "92M",
+           "--results-dir", str(tmp_path / "results")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stderr
+    (run_file,) = (tmp_path / "results" / "runs").glob("*.json")
+    run = json.loads(run_file.read_text())
+    assert run["status"] == "failed"
+    assert "Input/output error" in run["error"] and str(ffn_model) in run["error"], run["error"]

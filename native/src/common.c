@@ -19,6 +19,10 @@ void pi2_set_error(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* One line, whatever the message quotes from its input (a key with an escaped newline, a
+     * tensor name with a tab): control characters become '?'. */
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     memcpy(last_error, msg, sizeof msg);
 }
 

@@ -36,6 +36,10 @@ int main(void) {
     pi2_set_error("bad blob: offset %d beyond the end", 12);
     pi2_set_error("%s: tokenizer section: %s", "m.pi2", pi2_last_error());
     CHECK(strcmp(pi2_last_error(), "m.pi2: tokenizer section: bad blob: offset 12 beyond the end") == 0);
+    /* whatever an error quotes from its input, it stays one line */
+    pi2_set_error("plan %s: version %s is not supported", "p.json", "\nA\tB\x7f\r");
+    CHECK(strcmp(pi2_last_error(), "plan p.json: version ?A?B?? is not supported") == 0);
+    pi2_set_error("%s: tokenizer section: %s", "m.pi2", "bad blob: offset 12 beyond the end");
     pi2_set_error("%s, again: %s", pi2_last_error(), pi2_last_error());
     CHECK(strncmp(pi2_last_error(), "m.pi2: tokenizer section: bad blob: offset 12 beyond the end, again: m.pi2:", 75) == 0);
     int i = 0;
