@@ -249,7 +249,7 @@ static int replay(const fuzz_target *t, int n, char **paths) {
         if (!data) return fprintf(stderr, "pi2-fuzz: cannot read %s\n", paths[i]), 2;
         const int ok = t->run(data, len);
         accepted += ok;
-        printf("%s: %s%s%s\n", paths[i], ok ? "accepted" : "refused: ", ok ? "" : pi2_last_error(), "");
+        printf("%s: %s%s\n", paths[i], ok ? "accepted" : "refused: ", ok ? "" : pi2_last_error());
         free(data);
     }
     printf("pi2-fuzz: %s: replayed %d inputs, %d accepted, no crash\n", t->name, n, accepted);
