@@ -2,7 +2,7 @@
  * reach) and "chat" (one `pi2-engine chat` request line through chat_request.c), both on the strict
  * flat-object reader json_flat.c. The mutator knows JSON's tokens: it swaps values for numbers, sizes
  * and strings that broke parsers before (1e40, 0x1p30, lone surrogates, NUL escapes), renames and
- * duplicates keys, nests, truncates and injects invalid UTF-8. */
+ * repeats keys, nests, truncates and injects invalid UTF-8. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +131,7 @@ static size_t mutate_json(fuzz_rng *r, uint8_t *b, size_t len, size_t cap) {
                          (unsigned long long)fuzz_interesting(r, 0));
         return splice(b, len, cap, s, e, tmp, (size_t)n);
     }
-    case 4: { /* a key renamed (duplicates, unknown keys, escapes in keys) */
+    case 4: { /* a key renamed (repeated keys, unknown keys, escapes in keys) */
         if (find_token(b, len, fuzz_next(r), 1, &s, &e)) break;
         int n = snprintf(tmp, sizeof tmp, "\"%s\"", keys[fuzz_below(r, sizeof keys / sizeof keys[0])]);
         return splice(b, len, cap, s, e, tmp, (size_t)n);

@@ -7,7 +7,7 @@
  *
  * mutate: edits that know the layout: header fields, section offsets/sizes, table entries' types,
  * shapes (including shapes whose byte counts wrap 64 bits, with nbytes set to the wrapped value),
- * offsets, names (duplicates, missing NUL, control characters), the vocabulary blob's header,
+ * offsets, names (a repeated name, missing NUL, control characters), the vocabulary blob's header,
  * special floats in weights, geometry changes with the derived fields recomputed, truncation, byte
  * flips. finish repairs file_bytes and every checksum most of the time, so inputs get past the CRCs
  * to the checks behind them. */
