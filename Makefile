@@ -2,6 +2,8 @@
 #   make setup   virtualenv + editable install + OS packages + native build
 #   make test    native unit tests (host + arm64 under qemu) and pytest (sets up first when needed)
 #   make lint    ruff
+#   make test-sanitize   native tests + engine runs under ASan+UBSan (build/asan)
+#   make fuzz    bounded fuzz run of the engine's readers under ASan+UBSan (FUZZ_SECONDS, default 120)
 #   make engine  build native/ for this host
 #   make demo    the main job end to end on this machine
 #   make clean   remove build outputs (keeps ~/.cache/pi2)
@@ -17,7 +19,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
              aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium git:git
 
-.PHONY: setup test test-python test-native test-arm64 lint engine llamacpp demo clean os-packages
+.PHONY: setup test test-python test-native test-arm64 test-sanitize fuzz lint engine llamacpp demo clean os-packages
 
 setup: os-packages $(VENV)/.installed engine llamacpp
 
@@ -53,6 +55,19 @@ test-native: engine
 # arm64 cross build, unit tests under qemu-aarch64 on three CPUs (i8mm, dotprod, plain NEON fallback)
 test-arm64:
 	PI2_JOBS=$(JOBS) sh native/tests/run-arm64.sh build/arm64
+
+# ASan+UBSan build: native unit tests, sparse generates under a budget, a failing neuron read, crafted
+# files (native/tests/run-sanitize.sh; docs/FUZZ.md). Then pi2-fuzz on every target from that build.
+ASAN_BUILD   := build/asan
+FUZZ_SECONDS ?= 120
+FUZZ_SEED    ?= 1
+test-sanitize: $(VENV)/.installed
+	PI2_JOBS=$(JOBS) sh native/tests/run-sanitize.sh $(ASAN_BUILD) $(PY)
+
+fuzz: $(VENV)/.installed
+	cmake -S native -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPI2_SANITIZE=ON >/dev/null
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	sh native/fuzz/run-fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_SEED) $(PY)
 
 test-python: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -11,42 +11,67 @@
 static _Thread_local char last_error[512];
 
 void pi2_set_error(const char *fmt, ...) {
+    /* Format into a copy first: callers add context to the error before, as in
+     * pi2_set_error("%s: tokenizer section: %s", path, pi2_last_error()), and vsnprintf into the
+     * buffer an argument points into is undefined (glibc printed the prefix twice, the reason lost). */
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* One line, whatever the message quotes from its input (a key with an escaped newline, a
+     * tensor name with a tab): control characters become '?'. */
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    memcpy(last_error, msg, sizeof msg);
 }
 
 const char *pi2_last_error(void) { return last_error[0] ? last_error : "unknown error"; }
 
-int pi2_parse_size(const char *text, uint64_t *out) {
-    if (!text || !*text) {
-        pi2_set_error("empty size");
-        return -1;
+/* Strict on purpose (strtod took "1e3", "0x1p30", " 2G", "inf"): digits, at most one fractional
+ * part of up to 6 digits with a unit, a unit K/M/G/T (powers of 1024, any case) with an optional
+ * "B" or "iB", nothing else; whole bytes computed in integers, at least 1 and at most PI2_SIZE_MAX. */
+int pi2_parse_size(const char *flag, const char *text, uint64_t *out) {
+    const char *p = text ? text : "";
+    uint64_t whole = 0, frac = 0, frac_div = 1, unit = 1;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        whole = whole * 10 + (uint64_t)(*p - '0');
+        if (whole > PI2_SIZE_MAX) goto too_large;
     }
-    errno = 0;
-    char *end = NULL;
-    double value = strtod(text, &end);
-    if (end == text || errno || value < 0) {
-        pi2_set_error("bad size '%s' (expected e.g. 4096, 512K, 2G)", text);
-        return -1;
+    if (!digits) goto bad;
+    int frac_digits = 0;
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++, frac_digits++) {
+            if (frac_digits == 6) goto bad;
+            frac = frac * 10 + (uint64_t)(*p - '0');
+            frac_div *= 10;
+        }
+        if (!frac_digits) goto bad;
     }
-    double scale = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': scale = 1024.0; end++; break;
-    case 'M': scale = 1024.0 * 1024; end++; break;
-    case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
-    case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
+    switch (*p) {
+    case 'k': case 'K': unit = 1ull << 10; p++; break;
+    case 'm': case 'M': unit = 1ull << 20; p++; break;
+    case 'g': case 'G': unit = 1ull << 30; p++; break;
+    case 't': case 'T': unit = 1ull << 40; p++; break;
+    default: if (frac_digits) goto bad; /* "1.5" bytes */
     }
-    if (toupper((unsigned char)*end) == 'I') end++;
-    if (toupper((unsigned char)*end) == 'B') end++;
-    if (*end != '\0' || value * scale > 1.8e19) {
-        pi2_set_error("bad size '%s' (expected e.g. 4096, 512K, 2G)", text);
-        return -1;
-    }
-    *out = (uint64_t)(value * scale);
+    if (unit > 1 && (*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b')) p += 2;
+    else if (*p == 'B' || *p == 'b') p++;
+    if (*p) goto bad;
+    /* whole <= 2^50 and unit <= 2^40: compare before multiplying; frac * unit < 10^6 * 2^40 < 2^60 */
+    if (whole > PI2_SIZE_MAX / unit) goto too_large;
+    const uint64_t bytes = whole * unit + frac * unit / frac_div;
+    if (bytes > PI2_SIZE_MAX) goto too_large;
+    if (bytes < 1) goto bad;
+    *out = bytes;
     return 0;
+too_large:
+    pi2_set_error("%s: size '%s' is larger than the most this engine takes (1P = 2^50 bytes)", flag, text);
+    return -1;
+bad:
+    pi2_set_error("%s: expected a size such as 2G, 1536M, 1.5GiB or 4294967296, got '%s'", flag, text ? text : "");
+    return -1;
 }
 
 int pi2_parse_int_arg(const char *flag, const char *value, long lo, long hi, int *out) {

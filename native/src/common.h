@@ -12,8 +12,12 @@
 void pi2_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *pi2_last_error(void);
 
-/* Parse "4096", "512K", "2G", "1.5G" (powers of 1024; optional trailing "B"/"iB"). -1 on bad input. */
-int pi2_parse_size(const char *text, uint64_t *out);
+/* The one size parser (--memory-budget, plan files): "4096", "512K", "2G", "1.5GiB" (powers of
+ * 1024; unit K/M/G/T in any case, optional "B"/"iB"; a fraction only with a unit, up to 6 digits).
+ * Nothing else: no spaces, signs, exponents or hex. Between 1 byte and PI2_SIZE_MAX. 0, or -1 with
+ * an error naming the flag. */
+#define PI2_SIZE_MAX (1ull << 50)
+int pi2_parse_size(const char *flag, const char *text, uint64_t *out);
 
 /* Command-line values: an integer in [lo, hi] / a finite float, else -1 with an error naming the flag.
  * A NULL value (the flag was last on the line) is an error too. */

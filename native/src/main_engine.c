@@ -17,6 +17,7 @@
 #include "plan.h"
 #include "sampler.h"
 #include "sparse.h"
+#include "sparse_predict.h"
 #include "threadpool.h"
 #include "tokenizer.h"
 #include "vocab_blob.h"
@@ -116,6 +117,15 @@ static int cmd_info(const options *o) {
     pi2_model m;
     if (pi2_model_load(&m, o->model, o->verify) != 0) return die();
     const pi2_header *h = &m.h;
+    if (h->flags & PI2_FLAG_PREDICTOR) { /* bind them as a sparse run would: "info ok" means they load */
+        pi2_predictors p;
+        const int bad = pi2_predictors_bind(&p, &m, 1, 0);
+        pi2_predictors_free(&p);
+        if (bad) {
+            pi2_model_free(&m);
+            return die();
+        }
+    }
     char path[1100];
     pi2_json_string(path, sizeof path, o->model);
     if (o->json) {

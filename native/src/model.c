@@ -24,7 +24,8 @@ static int bind_mat(pi2_model *m, pi2_mat *out, const char *name, int64_t cols, 
     if (!t) FAIL("tensor '%s' is missing", name);
     if (t->region != PI2_SEC_RESIDENT || !pi2_type_valid_weight(t->type))
         FAIL("tensor '%s' must be a resident weight (F32/F16/Q4_0/Q4_1/Q8_0)", name);
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1 ||
+        !pi2_tensor_holds(t, (uint64_t)rows * pi2_row_size((pi2_type)t->type, cols)))
         FAIL("tensor '%s' is [%lld, %lld], expected [%lld, %lld]", name, (long long)t->ne[0], (long long)t->ne[1],
              (long long)cols, (long long)rows);
     out->data = t->data;
@@ -38,7 +39,9 @@ static int bind_mat(pi2_model *m, pi2_mat *out, const char *name, int64_t cols, 
 static int bind_vec_f32(pi2_model *m, const float **out, const char *name, int64_t n) {
     const pi2_tensor *t = pi2_file_find(&m->file, name);
     if (!t) FAIL("tensor '%s' is missing", name);
-    if (t->type != PI2_F32 || t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1 || t->region != PI2_SEC_RESIDENT)
+    /* each dimension on its own: their product can overflow (UBSan caught ne[1] * ne[2] * ne[3]) */
+    if (t->type != PI2_F32 || t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1 ||
+        t->region != PI2_SEC_RESIDENT || !pi2_tensor_holds(t, (uint64_t)n * 4))
         FAIL("tensor '%s' must be F32 [%lld]", name, (long long)n);
     *out = (const float *)t->data;
     return 0;
@@ -53,7 +56,8 @@ static int bind_ffn(pi2_model *m, pi2_ffn_block *b, int layer, int expert) {
     const pi2_tensor *t = pi2_file_find(&m->file, name);
     if (!t) FAIL("tensor '%s' is missing", name);
     uint64_t want_off = ((uint64_t)layer * m->n_ffn_blocks + expert) * h->ffn_block_bytes;
-    if (t->region != PI2_SEC_NEURONS || t->ne[1] != h->n_ff || t->offset != want_off)
+    if (t->region != PI2_SEC_NEURONS || t->ne[1] != h->n_ff || t->offset != want_off ||
+        !pi2_tensor_holds(t, (uint64_t)h->n_ff * h->bundle_stride))
         FAIL("bundles '%s' must be [n_embd, n_ff] at neuron-region offset %llu", name, (unsigned long long)want_off);
     pi2_mat rows = {.data = t->data, .type = (pi2_type)h->neuron_type, .rows = h->n_ff, .cols = h->n_embd,
                     .row_bytes = h->part_bytes, .stride = h->bundle_stride};
@@ -66,7 +70,8 @@ static int bind_ffn(pi2_model *m, pi2_ffn_block *b, int layer, int expert) {
     snprintf(name, sizeof name, "blk.%d.ffn_order%s", layer, suffix);
     t = pi2_file_find(&m->file, name);
     if (!t) FAIL("tensor '%s' is missing", name);
-    if (t->type != PI2_TYPE_I32 || t->ne[0] != h->n_ff || t->n_dims != 1) FAIL("'%s' must be I32 [n_ff]", name);
+    if (t->type != PI2_TYPE_I32 || t->ne[0] != h->n_ff || t->n_dims != 1 || !pi2_tensor_holds(t, (uint64_t)h->n_ff * 4))
+        FAIL("'%s' must be I32 [n_ff]", name);
     b->order = (const int32_t *)t->data;
     /* A permutation, or the scatter in the dense path would write out of bounds. */
     uint8_t *seen = calloc(h->n_ff, 1);

@@ -69,6 +69,9 @@ struct pi2_io {
     int n_threads /* started */, n_started /* have read their index */, *queue, q_head, q_n, stopping;
     const int *cpus;
     int n_cpus;
+    /* the fault-injection test hook (PI2_IO_FAULT, see fault_from_env) */
+    int fault_kind;
+    uint64_t fault_at, n_results;
     /* io_uring */
     int ring_fd, unflushed, kernel_waiter;
     void *sq_map, *cq_map;
@@ -98,9 +101,50 @@ static void free_message(char *m) {
     if (m != oom_message) free(m);
 }
 
+/* Test hook: PI2_IO_FAULT=KIND:N, read once at open, makes the N-th read result of this store (1 =
+ * the first; io_uring completions and pread calls alike, counted where both are accounted) fail:
+ *   eio:N    the read fails with EIO (a dying flash chip)
+ *   eof:N    the read returns 0 bytes (the file was truncated under the engine)
+ *   short:N  the read returns half its bytes, the rest is read again (must give the same result)
+ * so tests can check that a failed neuron read ends the run with one error line and no hang. Compiled
+ * out with -DPI2_NO_TEST_HOOKS; without the variable it costs one branch a read. */
+enum { FAULT_NONE, FAULT_EIO, FAULT_EOF, FAULT_SHORT };
+
+static void fault_from_env(pi2_io *io) {
+#ifndef PI2_NO_TEST_HOOKS
+    const char *v = getenv("PI2_IO_FAULT");
+    if (!v || !*v) return;
+    static const char *kinds[] = {"eio:", "eof:", "short:"};
+    for (int k = 0; k < 3; k++) {
+        size_t n = strlen(kinds[k]);
+        char *end = NULL;
+        if (strncmp(v, kinds[k], n) == 0) {
+            unsigned long long at = strtoull(v + n, &end, 10);
+            if (at > 0 && end && !*end) {
+                io->fault_kind = FAULT_EIO + k;
+                io->fault_at = at;
+                return;
+            }
+        }
+    }
+    fprintf(stderr, "pi2: warning: PI2_IO_FAULT='%s' ignored (expected eio:N, eof:N or short:N)\n", v);
+#else
+    (void)io;
+#endif
+}
+
+static long inject_fault(pi2_io *io, long r) {
+    if (!io->fault_kind || __atomic_add_fetch(&io->n_results, 1, __ATOMIC_RELAXED) != io->fault_at) return r;
+    if (io->fault_kind == FAULT_EIO) return -EIO;
+    if (io->fault_kind == FAULT_EOF) return 0;
+    long half = r > 0 ? (long)((size_t)(r / 2) / io->align * io->align) : 0;
+    return half > 0 ? half : r;
+}
+
 /* Accounts the result r of one read system call (-errno on failure) to slot s. 1: the read is done
  * (or failed: s->err), 0: the rest must be read (a short read, or EINTR/EAGAIN). */
 static int slot_advance(pi2_io *io, io_slot *s, long r) {
+    r = inject_fault(io, r);
     if (r == -EINTR || r == -EAGAIN) return 0;
     if (r < 0) return fail_slot(io, s, strerror((int)-r)), 1;
     if (r == 0) return fail_slot(io, s, "short read at end of file"), 1;
@@ -326,6 +370,7 @@ pi2_io *pi2_io_open(const char *path, const pi2_io_config *cfg) {
     }
     for (int i = 0; i < io->qd; i++) io->free_slots[i] = io->qd - 1 - i;
     io->n_free = io->qd;
+    fault_from_env(io);
 
     int want_direct = !c.no_direct && c.method != PI2_IO_BUFFERED;
     io->fd = open(path, O_RDONLY | O_CLOEXEC | (want_direct ? O_DIRECT : 0));

@@ -129,10 +129,14 @@ static int parse_header(pi2_file *f) {
                 FAIL("sections %s and %s overlap", section_names[t], section_names[s]);
         }
     }
-    uint64_t n_blocks = h->arch == PI2_ARCH_MOE ? h->n_expert : 1;
-    if (h->sections[PI2_SEC_NEURONS].size != h->n_layer * n_blocks * block)
+    /* The bounds above keep this under 2^58 (1024 layers x 256 experts x 2^20 neurons x 1 MiB
+     * bundles); checked all the same, so a looser bound later cannot make it wrap. */
+    uint64_t n_blocks = h->arch == PI2_ARCH_MOE ? h->n_expert : 1, neuron_bytes;
+    if (__builtin_mul_overflow(h->n_layer * n_blocks, block, &neuron_bytes))
+        FAIL("the dimensions need a neuron region of more than 2^64 bytes");
+    if (h->sections[PI2_SEC_NEURONS].size != neuron_bytes)
         FAIL("neuron region is %llu bytes, the dimensions need %llu",
-             (unsigned long long)h->sections[PI2_SEC_NEURONS].size, (unsigned long long)(h->n_layer * n_blocks * block));
+             (unsigned long long)h->sections[PI2_SEC_NEURONS].size, (unsigned long long)neuron_bytes);
     if (h->sections[PI2_SEC_TABLE].size != (uint64_t)h->n_tensors * 128)
         FAIL("tensor table is %llu bytes, %u entries need %llu", (unsigned long long)h->sections[PI2_SEC_TABLE].size,
              h->n_tensors, (unsigned long long)h->n_tensors * 128);
@@ -172,10 +176,32 @@ int pi2_file_verify_section(const pi2_file *f, int s) {
     return 0;
 }
 
+/* Tensor names are looked up through an open-addressing hash of their indices (FNV-1a, linear
+ * probing, at most half full): a file may hold up to 1M entries, and both the duplicate check here and
+ * every pi2_file_find must stay O(1), not a scan of the table (100k entries took 18 s that way). */
+static uint32_t name_hash(const char *s) {
+    uint32_t x = 2166136261u;
+    for (; *s; s++) x = (x ^ (uint8_t)*s) * 16777619u;
+    return x;
+}
+
+/* The slot holding `name`, or the empty slot where it would go. */
+static uint32_t *name_slot(const pi2_file *f, const char *name) {
+    uint32_t i = name_hash(name) & f->name_mask;
+    for (;; i = (i + 1) & f->name_mask) {
+        uint32_t *slot = &f->name_index[i];
+        if (!*slot || strcmp(f->tensors[*slot - 1].name, name) == 0) return slot; /* slots hold index + 1 */
+    }
+}
+
 static int parse_table(pi2_file *f) {
     const pi2_header *h = &f->h;
     f->tensors = calloc(h->n_tensors, sizeof *f->tensors);
-    if (!f->tensors) FAIL("out of memory for %u tensor entries", h->n_tensors);
+    uint32_t cap = 2;
+    while (cap < 2 * h->n_tensors) cap *= 2;
+    f->name_index = calloc(cap, sizeof *f->name_index);
+    f->name_mask = cap - 1;
+    if (!f->tensors || !f->name_index) FAIL("out of memory for %u tensor entries", h->n_tensors);
     const uint8_t *tab = f->map + h->sections[PI2_SEC_TABLE].offset;
     for (uint32_t i = 0; i < h->n_tensors; i++) {
         const uint8_t *e = tab + 128 * (size_t)i;
@@ -185,13 +211,18 @@ static int parse_table(pi2_file *f) {
         t->type = (int)rd32(e + 64);
         t->n_dims = (int)rd32(e + 68);
         if (t->n_dims < 1 || t->n_dims > 4) FAIL("tensor '%s' has %d dims (1..4 allowed)", t->name, t->n_dims);
+        /* Every product below is checked: shapes of up to 2^32 per dimension multiply past 2^64
+         * (1 x 2^32 x 2^32 wrapped to 0 rows, so a tensor could claim 0 bytes at the end of a
+         * region and be read past the mapping). */
         uint64_t rows = 1;
         for (int d = 0; d < 4; d++) {
             uint64_t ne = rd64(e + 72 + 8 * d);
             if (ne < 1 || ne > (1ull << 32) || (d >= t->n_dims && ne != 1))
                 FAIL("tensor '%s' has a bad dimension %d (%llu)", t->name, d, (unsigned long long)ne);
             t->ne[d] = (int64_t)ne;
-            if (d > 0) rows *= ne;
+            if (d > 0 && __builtin_mul_overflow(rows, ne, &rows))
+                FAIL("tensor '%s': shape [%lld, %lld, %lld, %lld] overflows 64 bits", t->name, (long long)t->ne[0],
+                     (long long)rd64(e + 80), (long long)rd64(e + 88), (long long)rd64(e + 96));
         }
         t->region = (int)rd32(e + 104);
         t->offset = rd64(e + 112);
@@ -200,7 +231,10 @@ static int parse_table(pi2_file *f) {
             FAIL("tensor '%s' names region %d (only the neuron and resident regions hold tensors)", t->name, t->region);
         uint64_t rb = row_bytes(t->type, t->ne[0]);
         if (!rb) FAIL("tensor '%s': type %d with rows of %lld elements is invalid", t->name, t->type, (long long)t->ne[0]);
-        uint64_t want = t->region == PI2_SEC_NEURONS ? (uint64_t)t->ne[1] * h->bundle_stride : rb * rows;
+        uint64_t want;
+        if (__builtin_mul_overflow(t->region == PI2_SEC_NEURONS ? (uint64_t)t->ne[1] : rows,
+                                   t->region == PI2_SEC_NEURONS ? h->bundle_stride : rb, &want))
+            FAIL("tensor '%s': its shape needs more than 2^64 bytes", t->name);
         if (t->region == PI2_SEC_NEURONS && (t->n_dims != 2 || t->type != (int)h->neuron_type || t->ne[0] != h->n_embd))
             FAIL("bundle tensor '%s' must be [n_embd, n_ff] of the neuron type", t->name);
         if (t->nbytes != want)
@@ -211,8 +245,9 @@ static int parse_table(pi2_file *f) {
         if (t->nbytes > sec->size || t->offset > sec->size - t->nbytes)
             FAIL("tensor '%s' extends past the end of the %s", t->name, section_names[t->region]);
         t->data = f->map + sec->offset + t->offset;
-        for (uint32_t j = 0; j < i; j++)
-            if (strcmp(f->tensors[j].name, t->name) == 0) FAIL("tensor '%s' appears twice", t->name);
+        uint32_t *slot = name_slot(f, t->name);
+        if (*slot) FAIL("tensor '%s' appears twice", t->name);
+        *slot = i + 1;
     }
     return 0;
 }
@@ -254,12 +289,14 @@ fail:
 void pi2_file_close(pi2_file *f) {
     if (f->map) munmap((void *)f->map, f->size);
     free(f->tensors);
+    free(f->name_index);
     f->map = NULL;
     f->tensors = NULL;
+    f->name_index = NULL;
 }
 
 const pi2_tensor *pi2_file_find(const pi2_file *f, const char *name) {
-    for (uint32_t i = 0; i < f->h.n_tensors; i++)
-        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
-    return NULL;
+    if (!f->name_index) return NULL;
+    const uint32_t *slot = name_slot(f, name);
+    return *slot ? &f->tensors[*slot - 1] : NULL;
 }

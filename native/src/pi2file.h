@@ -51,6 +51,7 @@ typedef struct {
     size_t size;
     pi2_header h;
     pi2_tensor *tensors;
+    uint32_t *name_index, name_mask; /* hash of tensor names: slot -> index + 1, 0 = empty */
     const char *metadata; /* JSON, not NUL-terminated */
     size_t metadata_len;
     const uint8_t *tokenizer;
@@ -64,6 +65,11 @@ void pi2_file_close(pi2_file *f);
 
 /* The tensor with this name, or NULL. */
 const pi2_tensor *pi2_file_find(const pi2_file *f, const char *name);
+
+/* 1 when the tensor's data holds at least `bytes` (its validated extent inside the file): what
+ * binding code checks before it reads `bytes` from t->data, so a shape check that misses a
+ * dimension cannot turn into a read past the mapping. */
+static inline int pi2_tensor_holds(const pi2_tensor *t, uint64_t bytes) { return bytes <= t->nbytes; }
 
 /* Verify one section's checksum: 0 ok, -1 with an error naming the section. */
 int pi2_file_verify_section(const pi2_file *f, int section);

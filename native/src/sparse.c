@@ -54,28 +54,6 @@ const char *pi2_sparse_usage(void) {
            "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
 }
 
-static int parse_size(const char *flag, const char *v, uint64_t *out) {
-    char *end = NULL;
-    double x = strtod(v, &end);
-    if (end == v || !(x >= 0)) goto bad;
-    double mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1024.0; end++; break;
-    case 'm': case 'M': mult = 1048576.0; end++; break;
-    case 'g': case 'G': mult = 1073741824.0; end++; break;
-    case 't': case 'T': mult = 1099511627776.0; end++; break;
-    default: break;
-    }
-    if (*end == 'i') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end || x * mult < 1 || x * mult > 1e18) goto bad;
-    *out = (uint64_t)(x * mult);
-    return 0;
-bad:
-    pi2_set_error("%s: expected a size such as 2G, 1536M or 4294967296, got '%s'", flag, v);
-    return -1;
-}
-
 static int parse_fraction(const char *flag, const char *v, float *out) {
     if (pi2_parse_float_arg(flag, v, out) != 0) return -1;
     if (!(*out >= 0 && *out <= 1)) {
@@ -125,7 +103,7 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
         pi2_set_error("--policy: unknown policy '%s' (dense, bundle, llmflash, cache, powerinfer2)", v);
         return -1;
     }
-    if (!strcmp(a, "--memory-budget")) return parse_size(a, v, &cfg->memory_budget) ? -1 : 2;
+    if (!strcmp(a, "--memory-budget")) return pi2_parse_size(a, v, &cfg->memory_budget) ? -1 : 2;
     if (!strcmp(a, "--predictor")) {
         if (strcmp(v, "model") && strcmp(v, "oracle")) {
             pi2_set_error("--predictor: expected model or oracle, got '%s'", v);

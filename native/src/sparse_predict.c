@@ -16,7 +16,8 @@ static int bind_pred_mat(const pi2_model *m, pi2_mat *out, const char *name, int
         return -1;
     }
     if (t->region != PI2_SEC_RESIDENT || !pi2_type_valid_weight(t->type) || t->ne[0] != cols || t->ne[2] != 1 ||
-        t->ne[3] != 1 || (rows_or_0 && t->ne[1] != rows_or_0)) {
+        t->ne[3] != 1 || (rows_or_0 && t->ne[1] != rows_or_0) ||
+        !pi2_tensor_holds(t, (uint64_t)t->ne[1] * pi2_row_size((pi2_type)t->type, cols))) {
         pi2_set_error("%s: predictor tensor '%s' must be a resident weight [%lld, %lld]", m->file.path, name,
                       (long long)cols, (long long)(rows_or_0 ? rows_or_0 : t->ne[1]));
         return -1;
@@ -46,7 +47,8 @@ int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int 
     for (uint32_t l = 0; l < h->n_layer; l++) {
         snprintf(name, sizeof name, "blk.%u.pred_threshold", l);
         const pi2_tensor *t = pi2_file_find(&m->file, name);
-        if (!t || t->type != PI2_F32 || t->ne[0] != nb || t->region != PI2_SEC_RESIDENT) {
+        if (!t || t->type != PI2_F32 || t->ne[0] != nb || t->n_dims != 1 || t->region != PI2_SEC_RESIDENT ||
+            !pi2_tensor_holds(t, (uint64_t)nb * 4)) {
             pi2_set_error("%s: predictor tensor '%s' must be F32 [%d]", m->file.path, name, nb);
             return -1;
         }

@@ -3,6 +3,7 @@
  * in flight at close. A method the system refuses (io_uring under qemu-user) is skipped with the why. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -180,6 +181,40 @@ static void test_close_in_flight(pi2_io *io) {
     free(buf);
 }
 
+/* PI2_IO_FAULT (the test hook): the chosen read fails with its reason and alone, the others arrive,
+ * nothing stays in flight; a short read is resumed and gives the same bytes. */
+static void test_fault(pi2_io_method m, const char *fault, const char *why) {
+    setenv("PI2_IO_FAULT", fault, 1);
+    pi2_io_config cfg = {.method = m, .queue_depth = 4, .n_threads = 2};
+    pi2_io *io = pi2_io_open(path, &cfg);
+    unsetenv("PI2_IO_FAULT");
+    if (!io) { /* io_uring where the kernel refuses it */
+        CHECK(m == PI2_IO_URING);
+        return;
+    }
+    enum { N = 12 };
+    uint8_t *buf = aligned_alloc(4096, N * 8192);
+    for (int i = 0; i < N; i++) CHECK(pi2_io_submit(io, (uint64_t)i * 12288, 8192, buf + i * 8192, (uint64_t)i) == 0);
+    CHECK(pi2_io_flush(io) == 0);
+    int failures = 0, good = 0;
+    for (int k = 0; k < 4 * N && pi2_io_in_flight(io) > 0; k++) {
+        uint64_t tags[N];
+        int n = pi2_io_reap(io, tags, N, 1);
+        if (n < 0) {
+            failures++;
+            CHECK(strstr(pi2_last_error(), path) == pi2_last_error());
+            CHECK(why && strstr(pi2_last_error(), why) != NULL);
+            CHECK(strchr(pi2_last_error(), '\n') == NULL);
+        }
+        for (int i = 0; i < n; i++) good += bytes_ok(buf + tags[i] * 8192, tags[i] * 12288, 8192);
+    }
+    CHECK(pi2_io_in_flight(io) == 0);
+    CHECK(failures == (why ? 1 : 0));
+    CHECK(good == N - failures);
+    pi2_io_close(io);
+    free(buf);
+}
+
 static void test_method(pi2_io_method m, int no_direct) {
     pi2_io_config cfg = {.method = m, .queue_depth = QD, .n_threads = 2, .no_direct = no_direct};
     pi2_io *io = pi2_io_open(path, &cfg);
@@ -223,6 +258,13 @@ int main(void) {
     test_method(PI2_IO_URING, 1);
     test_method(PI2_IO_PREAD, 0);
     test_method(PI2_IO_BUFFERED, 0);
+    const pi2_io_method fault_methods[] = {PI2_IO_URING, PI2_IO_PREAD, PI2_IO_BUFFERED};
+    for (int i = 0; i < 3; i++) {
+        test_fault(fault_methods[i], "eio:3", "Input/output error");
+        test_fault(fault_methods[i], "eof:5", "short read at end of file");
+        test_fault(fault_methods[i], "short:2", NULL);
+        test_fault(fault_methods[i], "short:1", NULL);
+    }
     unlink(path);
     return pi2_test_summary("test_neuron_io");
 }

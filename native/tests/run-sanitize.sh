@@ -1,0 +1,71 @@
+#!/bin/sh
+# The engine under AddressSanitizer + UndefinedBehaviorSanitizer (and LeakSanitizer at every exit):
+# builds native/ with PI2_SANITIZE=ON, runs the native unit tests, then the engine end to end: sparse
+# generates under a memory budget on a small synthetic model (every policy's read path, the pipeline
+# with lookahead), a neuron read failing mid-decode (PI2_IO_FAULT), and the crafted files that must be
+# refused with one line. Any sanitizer report fails the run. docs/FUZZ.md.
+# Usage: native/tests/run-sanitize.sh [build-dir] [python]   (default build/asan, .venv/bin/python)
+set -eu
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-build/asan}
+py=${2:-$root/.venv/bin/python}
+case $build in /*) ;; *) build=$root/$build ;; esac
+export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+start=$(date +%s)
+cmake -S "$root/native" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPI2_SANITIZE=ON >/dev/null
+cmake --build "$build" -j "${PI2_JOBS:-2}"
+echo "== native unit tests under ASan+UBSan"
+ctest --test-dir "$build" --output-on-failure
+engine=$build/pi2-engine
+work=$build/sanitize
+rm -rf "$work" && mkdir -p "$work"
+
+# one error line, a plain non-zero exit (no signal, no sanitizer report)
+expect_one_line() {
+    what=$1; shift
+    rc=0; "$@" >"$work/out" 2>"$work/err" || rc=$?
+    lines=$(wc -l <"$work/err")
+    if [ "$rc" -eq 0 ] || [ "$rc" -gt 2 ] || [ "$lines" -ne 1 ] || ! grep -q "^pi2-engine: error: " "$work/err"; then
+        echo "run-sanitize.sh: $what: expected one error line and exit 1 or 2, got exit $rc:" >&2
+        cat "$work/err" >&2; exit 1
+    fi
+    echo "$what: $(cat "$work/err")"
+}
+
+echo "== a small synthetic sparse model (2 layers of 8192 neurons), sparse generate under a budget"
+model=$work/model/model.pi2
+"$py" -m pi2cli models synth --like turbosparse-mistral-7b --layers 2 --hidden 128 --ffn 8192 \
+    --calib-seqs 1 --eval-seqs 1 --out "$work/model" >/dev/null
+# The budget: the smallest of these that holds the fixed region (larger under ASan: shadow memory),
+# so the neuron cache holds part of the FFN and decode reads from storage.
+budget=""
+for b in 34M 40M 48M 64M 96M 128M; do
+    if "$engine" generate -m "$model" -p "hi" -n 1 --policy powerinfer2 --memory-budget "$b" >/dev/null 2>"$work/err"; then
+        budget=$b; break
+    fi
+    grep -q "is too small" "$work/err" || { cat "$work/err" >&2; exit 1; }
+done
+[ -n "$budget" ] || { echo "run-sanitize.sh: no budget up to 128M holds the fixed region" >&2; exit 1; }
+for args in "--policy powerinfer2 --lookahead" "--policy powerinfer2 --io pread --check-predictor" \
+            "--policy cache --io buffered" "--policy llmflash" "--policy bundle --batch 3"; do
+    # shellcheck disable=SC2086
+    "$engine" generate -m "$model" -p "The capital of France is" -n 24 --ignore-eos --memory-budget "$budget" \
+        $args --events "$work/events.jsonl" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
+    echo "generate $args --memory-budget $budget: $(tail -1 "$work/err")"
+done
+expect_one_line "neuron read failing mid-decode (PI2_IO_FAULT=eio:2000)" \
+    env PI2_IO_FAULT=eio:2000 "$engine" generate -m "$model" -p "The capital of France is" -n 24 --ignore-eos \
+    --policy powerinfer2 --memory-budget "$budget"
+
+echo "== crafted files: one error line each"
+"$py" "$root/tests/crafted_models.py" crafted "$work/crafted"
+for f in "$work"/crafted/*.pi2; do
+    expect_one_line "info $(basename "$f")" "$engine" info -m "$f"
+    expect_one_line "generate $(basename "$f")" "$engine" generate -m "$f" -p hi -n 2 --policy powerinfer2
+done
+for f in "$root"/tests/fuzz/regressions/pi2file/*.pi2.gz; do
+    gzip -dc "$f" >"$work/regression.pi2"
+    expect_one_line "info $(basename "$f")" "$engine" info -m "$work/regression.pi2"
+done
+echo "run-sanitize.sh: passed in $(( $(date +%s) - start )) s"
