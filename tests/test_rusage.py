@@ -51,9 +51,8 @@ def measured_run(cmd: list[str], popen=subprocess.Popen, **kwargs):
 
 @pytest.mark.parametrize("mib", [16, 96])
 def test_a_50ms_run_is_measured_to_within_a_few_mib(helper, wrapper, mib):
-    start = time.monotonic()
     usage, out, _ = measured_run([str(helper), str(mib)])
-    assert time.monotonic() - start < 1.0 and usage.wall_s < 0.5
+    assert usage.wall_s >= 0.05  # its 50 ms sleep, then the peak in its last instant
     assert usage.returncode == 0 and usage.exit_code == 0 and usage.signal is None and "decode" in out
     assert mib * MiB <= usage.maxrss_bytes <= (mib + 3) * MiB, usage.maxrss_bytes / MiB
 
@@ -181,3 +180,18 @@ def gone_within(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_without_pi2_rusage_nothing_runs_and_the_error_is_one_line(tmp_path, smollm2_gguf, monkeypatch):
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    monkeypatch.setenv("PI2_BUILD_DIR", str(tmp_path / "empty-build"))
+    for args in (["-e", "llama.cpp", "--mode", "llama-bench"], ["-e", "mlc-llm", "--mlc-runner", "true"]):
+        result = CliRunner().invoke(cli, ["bench", "-m", str(smollm2_gguf), *args, "--results-dir",
+                                          str(tmp_path / "results")])  # fmt: skip
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "pi2-rusage is not built (run `make engine`)" in lines[0], lines
+    assert not (tmp_path / "results").exists()

@@ -27,7 +27,9 @@ from pi2cli.engines.mlc import (
     run_command_runner,
     stream_chat,
 )
+from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_WRAPPER
+from pi2cli.rusage import wrapper_binary
 
 MODEL_ENV = "PI2_MLC_MODEL"
 
@@ -154,6 +156,10 @@ class MlcBenchDriver:
             cmd = shlex.split(runner)
             if not cmd or not shutil.which(cmd[0]):
                 return f"the MLC runner command does not exist or is not executable: {cmd[0] if cmd else runner!r}"
+            try:
+                wrapper_binary()  # a command runner runs under pi2-rusage, which measures its peak memory
+            except Pi2Error as exc:
+                return str(exc)
         if target.kind != "local":
             return ("mlc-llm is benched from this machine (--device local): point the runner at the phone "
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
