@@ -4,10 +4,12 @@ One run = one engine x one workload x one memory budget. For every conversation 
 every --repeat), each user turn's prompt is the whole conversation so far, rendered with the model's
 own chat template, including the engine's OWN earlier answers; the engine process lives for the whole
 run and keeps its KV cache across turns (pi2-engine chat; llama-server with cache_prompt). While it
-runs, a sampler thread reads the engine process's memory (VmRSS/VmHWM, PSS where smaps_rollup exists)
-through the target. Before each run the bench waits for the device to cool below --cool-below where
-it reports a temperature. Every run is saved with pi2cli.results.store.save_run, also when it fails
-(status aborted / device_vanished / failed, with the turns finished so far).
+runs, a sampler thread reads the engine process's memory (VmRSS, PSS where smaps_rollup exists) through
+the target for the memory curve; the peak comes from the kernel, never from those polls
+(counters.peak_rss_source says from where). Before each run the bench waits for the device to cool
+below --cool-below where it reports a temperature. Every run is saved with
+pi2cli.results.store.save_run, also when it fails (status aborted / device_vanished / failed, with the
+turns finished so far).
 
 The functions here are plain; pi2cli/commands/bench.py is the click front. `Reporter` is how the
 bench talks to a user (rich progress in the command, silence in tests).
@@ -143,19 +145,22 @@ class Reporter:
 
 # ------------------------------------------------------------------------------------------- sampling
 class MemorySampler:
-    """Reads the engine process's memory through the target every `interval_s` in a thread."""
+    """Reads the engine process's memory through the target every `interval_s` in a thread: the memory
+    curve (memory_samples). Never the peak: a poll misses whatever happened between two reads.
 
-    def __init__(self, target, pid: int | None, interval_s: float = 0.5):
-        self.target, self.pid, self.interval_s = target, pid, interval_s
+    wrapper=True: `pid` is pi2-rusage (pi2cli.rusage), and the process sampled is the command it started."""
+
+    def __init__(self, target, pid: int | None, interval_s: float = 0.5, wrapper: bool = False):
+        self.target, self.interval_s = target, interval_s
+        self.pid, self.wrapper_pid = (None, pid) if wrapper else (pid, None)
         self.samples: list[tuple[float, int, int | None]] = []  # (t_s, rss, pss)
-        self.peak_hwm = 0
         self.error: str | None = None
         self._stop = threading.Event()
         self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> MemorySampler:
-        if self.pid:
+        if self.pid or self.wrapper_pid:
             self._thread.start()
         return self
 
@@ -163,9 +168,14 @@ class MemorySampler:
         usage = self.target.read_memory(self.pid)
         if usage is not None:
             self.samples.append((round(time.monotonic() - self._t0, 3), usage.rss_bytes, usage.pss_bytes))
-            self.peak_hwm = max(self.peak_hwm, usage.hwm_bytes)
 
     def _loop(self) -> None:
+        from pi2cli.rusage import engine_pid
+
+        while self.pid is None and not self._stop.is_set():  # the wrapper has not forked the engine yet
+            self.pid = engine_pid(self.wrapper_pid)
+            if self.pid is None:
+                self._stop.wait(0.002)
         while not self._stop.is_set():
             try:
                 self.sample_once()
@@ -262,6 +272,7 @@ class RunOutcome:
             "decode_tps": None if decode is None else round(decode, 3),
             "prefill_tps": None if s["prefill_avg_ts"] is None else round(s["prefill_avg_ts"], 3),
             "peak_rss_bytes": s["peak_rss_bytes"],
+            "peak_rss_source": s.get("peak_rss_source"),
             "hit_rate": counters.get("hit_rate"),
             "io_share": counters.get("io_share"),
             "storage_bytes_read": counters.get("storage_bytes_read"),
@@ -466,8 +477,7 @@ def run_one(
             counters = session.close()
             session = None
             budget_record = budget.record() if local_budget else budget_record
-        S.set_counters(run, **{k: v for k, v in counters.items() if v is not None},
-                       peak_hwm_bytes=sampler.peak_hwm or None)  # fmt: skip
+        S.set_counters(run, **{k: v for k, v in counters.items() if v is not None})
         if budget_record and budget_record.get("peak_bytes") is not None:
             S.set_counters(run, budget_peak_bytes=budget_record["peak_bytes"])
     except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
@@ -517,10 +527,7 @@ def _finish_samples(run: dict, sampler: MemorySampler | None) -> None:
     sampler.stop()
     for t_s, rss, pss in sampler.samples:
         S.add_memory_sample(run, t_s, rss, pss)
-    if sampler.peak_hwm:
-        peak = run["counters"].get("peak_rss_bytes") or 0
-        S.set_counters(run, peak_rss_bytes=max(peak, sampler.peak_hwm))
-    pss = [p for _, _, p in sampler.samples if p is not None]
+    pss = [p for _, _, p in sampler.samples if p is not None]  # no kernel peak of PSS exists: polled
     if pss:
         S.set_counters(run, peak_pss_bytes=max(pss))
 
@@ -625,6 +632,7 @@ DEFAULT_LLAMA_BENCH_REPEAT = 3
 
 def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) -> list[RunOutcome]:
     """`--mode llama-bench`: llama.cpp's own pp/tg benchmark on the GGUF, one run per memory budget."""
+    from pi2cli.rusage import wrapper_binary
     from pi2cli.targets import get_target
 
     others = [d.name for d in drivers if d.name != "llama.cpp"]
@@ -642,6 +650,7 @@ def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) ->
             f"--mode llama-bench runs on this machine only (target {target.name} is {target.kind})"
         )
     model = resolve_model(cfg.model, convert_missing_pi2=False, reporter=reporter)
+    wrapper_binary()  # measures llama-bench's peak memory: missing, nothing runs
     (driver,) = drivers
     return [
         llama_bench_run(cfg, target, target.facts(), driver, model, budget, reporter)
@@ -651,10 +660,12 @@ def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) ->
 
 def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelFiles, budget_bytes: int | None,
                     reporter: Reporter) -> RunOutcome:  # fmt: skip
-    """One llama-bench process (inside the budget's cgroup, model evicted first; memory sampled like any
-    engine's) -> one result: a turn per test and repetition (pp: n_prompt and prefill_ts; tg: n_gen and
-    decode_ts; llama-bench times no first token, so TTFT and TBT stay unknown) and llama-bench's own
-    JSON records, unchanged, in run["llama_bench"]."""
+    """One llama-bench process (inside the budget's cgroup, model evicted first; its memory curve sampled
+    like any engine's, its peak RSS the kernel's ru_maxrss through pi2-rusage) -> one result: a turn per
+    test and repetition (pp: n_prompt and prefill_ts; tg: n_gen and decode_ts; llama-bench times no first
+    token, so TTFT and TBT stay unknown) and llama-bench's own JSON records, unchanged, in
+    run["llama_bench"]."""
+    import os
     import subprocess
 
     from pi2cli.budget import Budget
@@ -665,6 +676,7 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
         parse_llama_bench_json,
     )
     from pi2cli.results import store
+    from pi2cli.rusage import Measured
 
     n_gen = DEFAULT_LLAMA_BENCH_N_GEN if cfg.n_gen is None else cfg.n_gen
     reps = cfg.repeat
@@ -691,15 +703,19 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     reporter.turn_started(label, f"pp{cfg.n_prompt}/tg{n_gen}", 1, 1)
     proc = sampler = None
     budget_record = None
+    measured = None
     try:
         with Budget(budget_bytes, evict=[gguf] if budget_bytes else []) as budget:
-            proc = budget.popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)  # fmt: skip
-            sampler = MemorySampler(target, proc.pid).start()
+            measured = Measured(cmd)  # pi2-rusage joins the cgroup, and llama-bench with it
+            proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+            sampler = MemorySampler(target, proc.pid, wrapper=True).start()
             out, err = proc.communicate()
             sampler.stop()
             budget_record = budget.record() if budget_bytes else None
-        check_llama_bench_exit(proc.returncode, err)
+        usage = measured.usage()
+        S.set_counters(run, peak_rss_bytes=usage.maxrss_bytes, peak_rss_source=S.PEAK_RSS_WRAPPER)
+        check_llama_bench_exit(usage.returncode, err)
         records = parse_llama_bench_json(out)
         add_llama_bench_turns(run, records)
         run["llama_bench"] = records
@@ -708,10 +724,13 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     except (KeyboardInterrupt, Pi2Error, OSError) as exc:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError):
-                proc.kill()
+                os.killpg(proc.pid, 9)  # pi2-rusage and llama-bench (its own session)
                 proc.wait(10)
         return save_failed_run(exc, run, sampler, target, budget_bytes, budget_record, cfg, reporter, label,
                                driver.name, workload)  # fmt: skip
+    finally:
+        if measured is not None:
+            measured.cleanup()
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
     path = store.save_run(run, cfg.results_dir)

@@ -90,6 +90,9 @@ def test_bench_code_both_engines_locally(env, model_dir):
         assert run["memory_samples"] and run["summary"]["peak_rss_bytes"] >= max(
             m["rss_bytes"] for m in run["memory_samples"]
         )
+        # ... and it is the kernel's high-water mark, never a poll
+        source = {"pi2": "engine VmHWM at exit", "llama.cpp": "VmHWM before stop"}[row["engine"]]
+        assert run["counters"]["peak_rss_source"] == row["peak_rss_source"] == source
     assert len(store.list_runs(env)) == 2
 
 

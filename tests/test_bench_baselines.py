@@ -103,7 +103,11 @@ def test_llama_bench_mode_keeps_its_json_fields_under_a_budget(tmp_path, smollm2
     assert run["memory"]["budget_bytes"] == budget and run["memory"]["enforced"] == usable
     if usable:
         assert 0 < run["counters"]["budget_peak_bytes"] <= budget
-    assert run["memory_samples"] and run["summary"]["peak_rss_bytes"] > 50 << 20  # sampled while it ran
+    # The run takes well under a second: its peak is the kernel's ru_maxrss (pi2-rusage), never a poll,
+    # and llama-bench maps and reads every weight of the model. The curve is sampled from llama-bench.
+    assert run["counters"]["peak_rss_source"] == row["peak_rss_source"] == "rusage maxrss via wrapper"
+    assert run["summary"]["peak_rss_bytes"] > 0.9 * smollm2_gguf.stat().st_size
+    assert run["memory_samples"]
 
 
 def test_llama_bench_mode_rejects_other_engines_and_devices(tmp_path, smollm2_gguf):
@@ -168,7 +172,8 @@ def test_mlc_bench_with_a_command_runner_printing_the_stats_line(tmp_path, smoll
         assert all(m["content"] == turn["extra"]["text"] for m in req["messages"] if m["role"] == "assistant")
         assert req["model"] == str(smollm2_gguf)  # a command runner gets the GGUF when no --mlc-model
     assert run["settings"]["mlc_runner"] == runner and "command runner" in run["measurement"]
-    assert run["counters"]["peak_rss_bytes"] > 1 << 20  # the runner process's own VmHWM
+    assert run["counters"]["peak_rss_bytes"] > 1 << 20  # the runner's ru_maxrss (pi2-rusage)
+    assert run["counters"]["peak_rss_source"] == "rusage maxrss via wrapper"
     if detect_cgroup().usable:  # every turn ran inside the budget's cgroup
         assert run["memory"]["enforced"] and all("pi2-budget" in r["cgroup"] for r in requests)
 

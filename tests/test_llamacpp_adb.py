@@ -112,6 +112,7 @@ def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
     assert all(t["extra"]["n_prompt_cached"] > 0 for t in turns[1:])
     # memory read on the device: the server's VmHWM (and PSS from smaps_rollup, which the host kernel has)
     assert row["peak_rss_bytes"] > 16 << 20 and run["memory_samples"]
+    assert run["counters"]["peak_rss_source"] == "device VmHWM via shell"
     assert run["counters"]["peak_pss_bytes"] > 0
     pushed = phone.root / "pi2"
     assert (pushed / "bin" / "llama-server").is_file() and (pushed / "models" / "model.gguf").is_file()

@@ -76,6 +76,7 @@ def test_llama_bench_keeps_its_json_fields(llamacpp_bindir, smollm2_gguf):
     assert pp["avg_ts"] > 0 and tg["avg_ts"] > 0
     assert pp["load_mode"] == "mmap" and pp["repack"] is False
     assert "--repack" in out["cmd"] and out["budget"]["enforced"] is False
+    assert out["peak_rss_bytes"] > 0.9 * smollm2_gguf.stat().st_size  # every weight mapped and read
 
 
 def test_llama_bench_json_errors_are_clear():

@@ -95,10 +95,29 @@ def test_summary_figures():
     assert s["ttft_avg_ns"] == 2_000_000_000
     assert s["cache_hit_rate"] == pytest.approx(40 / 60)
     assert s["io_share"] == pytest.approx(0.25) and s["compute_share"] == pytest.approx(0.75)
-    assert s["peak_rss_bytes"] == 300 and s["peak_pss_bytes"] == 90
-    S.set_counters(run, cache_hits=1, cache_misses=1, peak_rss_bytes=1000)
+    # the peak RSS is the kernel's, never the polled samples' (PSS has no kernel peak: polled)
+    assert s["peak_rss_bytes"] is None and s["peak_rss_source"] is None and s["peak_pss_bytes"] == 90
+    S.set_counters(run, cache_hits=1, cache_misses=1, peak_rss_bytes=1000, peak_rss_source=S.PEAK_RSS_WRAPPER)
     s = S.summarize(run)
     assert s["cache_hit_rate"] == 0.5 and s["peak_rss_bytes"] == 1000
+    assert s["peak_rss_source"] == "rusage maxrss via wrapper"
+
+
+def test_peak_rss_source_is_one_of_the_known_sources():
+    run = fake_run(turns=1)
+    with pytest.raises(ValueError, match="peak_rss_source must be one of"):
+        S.set_counters(run, peak_rss_bytes=1, peak_rss_source="sampled")
+    run["counters"].update(peak_rss_bytes=5, peak_rss_source="polled VmHWM")
+    with pytest.raises(S.ResultSchemaError, match="run.counters.peak_rss_source: must be one of"):
+        S.validate(run)
+    for source in S.PEAK_RSS_SOURCES:
+        run["counters"]["peak_rss_source"] = source
+        S.validate(run)
+    del run["counters"]["peak_rss_source"]  # results from before the field stay valid
+    S.validate(run)
+    run["turns"][0]["peak_rss_bytes"] = 9  # a turn's figure above the counters' has no recorded source
+    run["counters"]["peak_rss_source"] = S.PEAK_RSS_ENGINE
+    assert S.summarize(run)["peak_rss_bytes"] == 9 and run["summary"]["peak_rss_source"] is None
 
 
 def test_turn_from_generate_result_uses_token_times():

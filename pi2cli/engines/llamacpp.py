@@ -10,8 +10,10 @@ How it measures (also stored in every result's `how`):
     TBT = differences of consecutive arrivals. Prefill and decode tok/s are the server's own `timings`
     (prompt_per_second, predicted_per_second), which exclude HTTP; the host-side decode rate is kept
     next to them in `extra` for comparison.
-  * Peak memory = the server process's VmHWM (/proc/PID/status: peak resident set, including the
-    mmapped weights that were resident); with a budget also the cgroup's peak (page cache included).
+  * Peak memory = the server process's VmHWM (/proc/PID/status: the kernel's peak resident set,
+    including the mmapped weights that were resident), read while it serves and once more right before
+    it is stopped; with a budget also the cgroup's peak (page cache included). llama-bench, which runs
+    to completion, runs under pi2-rusage instead: its peak is wait4's ru_maxrss (pi2cli.rusage).
   * Multi-turn conversations keep the KV cache: one server slot, and each turn's prompt is the whole
     conversation so far rendered with the model's chat template (the server's /apply-template). The
     server reuses the longest common prefix of what it already has in the KV cache (cache_prompt), so a
@@ -32,11 +34,12 @@ from pathlib import Path
 from pi2cli.budget import Budget
 from pi2cli.engines.base import GenerateRequest, GenerateResult
 from pi2cli.errors import Pi2Error
+from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
 
 HOW = (
     "llama-server (llama.cpp {commit}) on 127.0.0.1, streaming /completion: TTFT and per-token times "
     "stamped on the host as tokens arrive; prefill/decode tok/s from the server's timings; peak RSS = "
-    "server VmHWM; load mode {load_mode}, repack {repack}"
+    "server VmHWM, last read right before it is stopped; load mode {load_mode}, repack {repack}"
 )
 
 
@@ -135,7 +138,12 @@ def server_args(model: str, port: int, *, ctx_size: int = 4096, load_mode: str =
 
 
 class LlamaServer:
-    """A llama-server process on a free loopback port; a context manager that always stops it."""
+    """A llama-server process on a free loopback port; a context manager that always stops it.
+
+    Its peak RSS is VmHWM, read while it serves (current_peak_rss) and once more right before stop()
+    ends it: the kernel's high-water mark up to then, not a poll."""
+
+    peak_rss_source = PEAK_RSS_BEFORE_STOP  # what counters.peak_rss_source says for its peak
 
     def __init__(
         self,
@@ -520,27 +528,34 @@ def run_llama_bench(
 ) -> dict:
     """llama.cpp's own benchmark (`llama-bench -o json`): prefill (pp) and decode (tg) throughput.
 
-    Returns {"records": [...], "budget": {...}, "cmd": [...], "how": "..."}; records are llama-bench's
-    JSON objects unchanged (n_prompt, n_gen, avg_ts, stddev_ts, samples_ts, load_mode, repack, ...),
-    one per test: the pp test has n_gen 0 and the tg test n_prompt 0. With budget_bytes the model is
-    evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
+    Returns {"records": [...], "budget": {...}, "cmd": [...], "how": "...", "peak_rss_bytes": N}; records
+    are llama-bench's JSON objects unchanged (n_prompt, n_gen, avg_ts, stddev_ts, samples_ts, load_mode,
+    repack, ...), one per test: the pp test has n_gen 0 and the tg test n_prompt 0. With budget_bytes
+    the model is evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
+    peak_rss_bytes is the kernel's ru_maxrss for llama-bench (it runs under pi2-rusage).
     """
     from pi2cli.budget import run_budgeted
+    from pi2cli.rusage import Measured
 
     model = Path(model)
     cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,
                               repetitions=repetitions, load_mode=load_mode, repack=repack,
                               extra_args=extra_args)  # fmt: skip
-    run = run_budgeted(cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s)
-    check_llama_bench_exit(run.returncode, run.stderr)
+    with Measured(cmd) as measured:
+        run = run_budgeted(
+            measured.cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s
+        )
+        usage = measured.usage()
+    check_llama_bench_exit(usage.returncode, run.stderr)
     records = parse_llama_bench_json(run.stdout)
-    return {"records": records, "budget": run.budget, "cmd": cmd, "how": LLAMA_BENCH_HOW}
+    return {"records": records, "budget": run.budget, "cmd": cmd, "how": LLAMA_BENCH_HOW,
+            "peak_rss_bytes": usage.maxrss_bytes}  # fmt: skip
 
 
 LLAMA_BENCH_HOW = (
     "llama-bench -o json (llama.cpp's own pp/tg timing: one untimed warm-up run, then each repetition "
     "timed around llama_decode; pp = prompt tokens / time, tg = generated tokens / time; no TTFT or "
-    "per-token times); load mode mmap, repack 0"
+    "per-token times); load mode mmap, repack 0; peak RSS = llama-bench's ru_maxrss (run under pi2-rusage)"
 )
 
 

@@ -64,7 +64,9 @@ class LlamaCppSession:
     def close(self) -> dict:
         peak = self.server.current_peak_rss()
         self.server.stop()
-        return {"peak_rss_bytes": max(peak, self.server.peak_rss_bytes) or None, "load_s": self.server.load_s}
+        peak = max(peak, self.server.peak_rss_bytes) or None
+        return {"peak_rss_bytes": peak, "load_s": self.server.load_s,
+                "peak_rss_source": self.server.peak_rss_source if peak else None}  # fmt: skip
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):

@@ -30,6 +30,7 @@ from collections import deque
 
 from pi2cli.engines.llamacpp import LlamaServer, server_args
 from pi2cli.errors import Pi2Error
+from pi2cli.results.schema import PEAK_RSS_DEVICE
 from pi2cli.targets.base import TargetError
 
 LISTENING = re.compile(r"listening on https?://[^\s:]+:(\d+)")
@@ -59,6 +60,7 @@ class DeviceLlamaServer(LlamaServer):
     proc with poll()/returncode/pid), so the bench session and run_conversation use either."""
 
     health_timeout_s = 5.0  # the /health request crosses adb's forward
+    peak_rss_source = PEAK_RSS_DEVICE  # VmHWM read through the device's shell, last right before stop
 
     @property
     def where(self) -> str:

@@ -19,6 +19,7 @@ from and, in URL mode, that TTFT and per-token times were also stamped on the ho
 """
 
 import contextlib
+import errno
 import http.client
 import json
 import os
@@ -198,65 +199,56 @@ def resolve_runner(runner: str | None = None) -> str:
 class RunnerRun:
     stdout: str
     wall_s: float
-    peak_rss_bytes: int  # the runner process's own peak VmHWM (sampled every 10 ms); 0 when unknown
+    # the runner's peak RSS, the kernel's ru_maxrss through pi2-rusage (pi2cli.rusage): the runner's own
+    # or that of any child it waited for, whichever was higher
+    peak_rss_bytes: int
 
 
 def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) -> RunnerRun:
     """Run a command runner once: the request as one JSON object on stdin, its stdout back.
-    popen: how to start it (pi2cli.budget.Budget.popen to run it inside a memory budget)."""
+    popen: how to start it (pi2cli.budget.Budget.popen to run it inside a memory budget). It runs
+    under pi2-rusage, so its peak RSS is the kernel's figure however short the run."""
+    from pi2cli.rusage import Measured
+
     cmd = shlex.split(runner)
     if not cmd or (os.sep in cmd[0] and not Path(cmd[0]).exists()):
         raise Pi2Error(f"the MLC runner command does not exist: {cmd[0] if cmd else runner!r}")
-    started = time.monotonic()
-    try:
-        proc = (popen or subprocess.Popen)(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    with Measured(cmd) as measured:
+        started = time.monotonic()
+        proc = (popen or subprocess.Popen)(measured.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    except FileNotFoundError as err:
-        raise Pi2Error(f"the MLC runner command was not found: {cmd[0]}") from err
-    except PermissionError as err:
-        raise Pi2Error(f"the MLC runner command cannot be run: {cmd[0]} ({err.strerror})") from err
-    out: list[str] = []
-    err: list[str] = []
-    threads = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
-               threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]  # fmt: skip
-    for t in threads:
-        t.start()
-    try:
-        with contextlib.suppress(BrokenPipeError):  # a runner may exit without reading its request
-            proc.stdin.write(json.dumps(body))
-            proc.stdin.close()
-        status, peak = _wait_sampling_hwm(proc, timeout_s)
-    except BaseException:  # timeout, Ctrl-C: never leave the runner behind
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, 9)
-        with contextlib.suppress(ChildProcessError):
-            proc.wait()
-        raise
-    for t in threads:
-        t.join(10)
-    proc.returncode = status
-    wall = time.monotonic() - started
-    if status != 0:
+        out: list[str] = []
+        err: list[str] = []
+        threads = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+                   threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]  # fmt: skip
+        for t in threads:
+            t.start()
+        try:
+            with contextlib.suppress(BrokenPipeError):  # a runner may exit without reading its request
+                proc.stdin.write(json.dumps(body))
+                proc.stdin.close()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                raise Pi2Error(f"the MLC runner took longer than {timeout_s:.0f} s") from None
+        except BaseException:  # timeout, Ctrl-C: never leave the runner behind (pi2-rusage's group)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            with contextlib.suppress(ChildProcessError):
+                proc.wait()
+            raise
+        for t in threads:
+            t.join(10)
+        wall = time.monotonic() - started
+        usage = measured.usage()
+    if usage.exec_errno == errno.ENOENT:
+        raise Pi2Error(f"the MLC runner command was not found: {cmd[0]}")
+    if usage.exec_errno:
+        raise Pi2Error(f"the MLC runner command cannot be run: {cmd[0]} ({os.strerror(usage.exec_errno)})")
+    if usage.returncode != 0:
         tail = " | ".join("".join(err).strip().splitlines()[-3:])[-300:]
-        raise Pi2Error(f"the MLC runner failed with code {status}: {tail}")
-    return RunnerRun("".join(out), wall, peak)
-
-
-def _wait_sampling_hwm(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
-    """(exit code, peak RSS bytes) of a child: its VmHWM read every 10 ms until it exits. Not wait4's
-    ru_maxrss: the kernel carries the parent's resident set across fork and exec into that figure."""
-    from pi2cli.engines.llamacpp import vm_hwm_bytes
-
-    deadline = time.monotonic() + timeout_s
-    peak = 0
-    while True:
-        peak = max(peak, vm_hwm_bytes(proc.pid))
-        pid, status = os.waitpid(proc.pid, os.WNOHANG)
-        if pid:
-            return os.waitstatus_to_exitcode(status), peak
-        if time.monotonic() > deadline:
-            raise Pi2Error(f"the MLC runner took longer than {timeout_s:.0f} s")
-        time.sleep(0.01)
+        raise Pi2Error(f"the MLC runner failed with code {usage.returncode}: {tail}")
+    return RunnerRun("".join(out), wall, usage.maxrss_bytes)
 
 
 class MlcEngine:
@@ -321,7 +313,8 @@ class MlcEngine:
             ttft_s=stats.ttft_s or 0.0,
             prefill_tps=stats.prefill_tps,
             decode_tps=stats.decode_tps,
-            peak_rss_bytes=0,
+            # the runner's ru_maxrss is the engine's only when the runner IS the engine, not an adb client
+            peak_rss_bytes=done.peak_rss_bytes if Path(shlex.split(runner)[0]).name != "adb" else 0,
             token_times_s=[],
             how=f"MLC runner command; figures from its {stats.source} (MLC's own timing); no per-token times",
             extra={

@@ -8,8 +8,8 @@ rendered with the model's chat template; MLC applies its own conversation templa
   * command runner: the runner is started once per turn with the request on stdin, inside the memory
     budget when there is one. Its figures are its own (usage JSON or the stats line): no per-token
     times, so the turn records MLC's prefill/decode rates, its ttft_s when reported, and TBT stays
-    unknown. Its peak RSS is the runner process's own VmHWM (sampled every 10 ms), kept when it
-    runs here (not through adb; a runner that starts the engine as a child is measured as itself).
+    unknown. Its peak RSS is the kernel's ru_maxrss of the runner (pi2-rusage: the runner's own or that of
+    any child it waited for, whichever is higher), kept when it runs here (not an `adb shell` runner).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from pi2cli.engines.mlc import (
     run_command_runner,
     stream_chat,
 )
+from pi2cli.errors import Pi2Error
+from pi2cli.results.schema import PEAK_RSS_WRAPPER
+from pi2cli.rusage import wrapper_binary
 
 MODEL_ENV = "PI2_MLC_MODEL"
 
@@ -111,7 +114,11 @@ class MlcSession:
         )
 
     def close(self) -> dict:
-        return {"peak_rss_bytes": self.peak_rss or None, "mlc_stats": ", ".join(sorted(self.sources)) or None}
+        return {
+            "peak_rss_bytes": self.peak_rss or None,
+            "mlc_stats": ", ".join(sorted(self.sources)) or None,
+            "peak_rss_source": PEAK_RSS_WRAPPER if self.peak_rss else None,
+        }
 
     def kill(self) -> None:
         pass  # a command runner is killed by run_command_runner itself on Ctrl-C
@@ -149,6 +156,10 @@ class MlcBenchDriver:
             cmd = shlex.split(runner)
             if not cmd or not shutil.which(cmd[0]):
                 return f"the MLC runner command does not exist or is not executable: {cmd[0] if cmd else runner!r}"
+            try:
+                wrapper_binary()  # a command runner runs under pi2-rusage, which measures its peak memory
+            except Pi2Error as exc:
+                return str(exc)
         if target.kind != "local":
             return ("mlc-llm is benched from this machine (--device local): point the runner at the phone "
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip

@@ -30,6 +30,7 @@ from pathlib import Path
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.errors import Pi2Error
+from pi2cli.results.schema import PEAK_RSS_ENGINE
 from pi2cli.targets.base import TargetError, wrap_command
 
 RECORD_SEPARATOR = b"\x1e"
@@ -367,6 +368,8 @@ class Pi2ChatSession:
                 self.start_event = event
         if self.start_event.get("load_s") is not None:
             self.counters["load_s"] = float(self.start_event["load_s"])
+        if self.counters.get("peak_rss_bytes"):  # pi2-engine read its own VmHWM as it finished
+            self.counters["peak_rss_source"] = PEAK_RSS_ENGINE
         self._cleanup()
         if code != 0:
             raise EngineExited(f"pi2-engine chat exited with code {code}: {self.process.last_error()}")

@@ -34,6 +34,14 @@ SCHEMA_VERSION = 1
 STATUS_OK = "ok"
 RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout")
 
+# Where a run's peak RSS (counters.peak_rss_bytes) came from: always the kernel's own high-water mark,
+# never a poll (docs/RESULTS.md). Stored as counters.peak_rss_source; results from before it lack it.
+PEAK_RSS_ENGINE = "engine VmHWM at exit"  # the engine read its own /proc/self/status as it finished
+PEAK_RSS_WRAPPER = "rusage maxrss via wrapper"  # wait4's ru_maxrss through pi2-rusage (pi2cli.rusage)
+PEAK_RSS_BEFORE_STOP = "VmHWM before stop"  # a server's VmHWM read here right before it was stopped
+PEAK_RSS_DEVICE = "device VmHWM via shell"  # the same, read on an adb device through its shell
+PEAK_RSS_SOURCES = (PEAK_RSS_ENGINE, PEAK_RSS_WRAPPER, PEAK_RSS_BEFORE_STOP, PEAK_RSS_DEVICE)
+
 # The pi2-engine policies of the ablation ladder, in ladder order (each adds one technique).
 ABLATION_POLICIES = ("dense", "bundle", "cache", "powerinfer2")
 
@@ -312,12 +320,16 @@ def set_counters(
     cache_misses: int | None = None,
     io_ns: int | None = None,
     compute_ns: int | None = None,
+    peak_rss_source: str | None = None,
     **extra: int | float | str | None,
 ) -> None:
-    """Run-level figures the engine reports once (its per-run event); they win over sums of turns."""
+    """Run-level figures the engine reports once (its per-run event); they win over sums of turns.
+    peak_rss_source: one of PEAK_RSS_SOURCES, where peak_rss_bytes came from."""
+    if peak_rss_source is not None and peak_rss_source not in PEAK_RSS_SOURCES:
+        raise ValueError(f"peak_rss_source must be one of {PEAK_RSS_SOURCES}, not {peak_rss_source!r}")
     values = {"peak_rss_bytes": peak_rss_bytes, "peak_pss_bytes": peak_pss_bytes, "bytes_read": bytes_read,
               "cache_hits": cache_hits, "cache_misses": cache_misses, "io_ns": io_ns,
-              "compute_ns": compute_ns, **extra}  # fmt: skip
+              "compute_ns": compute_ns, "peak_rss_source": peak_rss_source, **extra}  # fmt: skip
     run["counters"].update({k: v for k, v in values.items() if v is not None})
 
 
@@ -377,8 +389,10 @@ def summarize(run: dict) -> dict:
             return counters[name]
         return _sum_opt(t.get(name) for t in turns)
 
+    # The peak RSS is the kernel's (an engine's VmHWM, pi2-rusage's ru_maxrss), never the memory samples:
+    # a poll misses whatever happened between two reads. PSS has no kernel peak: its peak is polled.
     rss_values = [counters.get("peak_rss_bytes")] + [t.get("peak_rss_bytes") for t in run["turns"]]
-    rss_values += [m["rss_bytes"] for m in run["memory_samples"]]
+    rss_peak = max((v for v in rss_values if v is not None), default=None)
     pss_values = [counters.get("peak_pss_bytes")] + [m["pss_bytes"] for m in run["memory_samples"]]
     hits, misses = counter("cache_hits"), counter("cache_misses")
     io_ns, compute_ns = counter("io_ns"), counter("compute_ns")
@@ -401,7 +415,10 @@ def summarize(run: dict) -> dict:
         "tbt_p50_ns": pct(tbt, 50),
         "tbt_p90_ns": pct(tbt, 90),
         "tbt_p99_ns": pct(tbt, 99),
-        "peak_rss_bytes": max((v for v in rss_values if v is not None), default=None),
+        "peak_rss_bytes": rss_peak,
+        "peak_rss_source": counters.get("peak_rss_source")
+        if rss_peak is not None and rss_peak == counters.get("peak_rss_bytes")
+        else None,
         "peak_pss_bytes": max((v for v in pss_values if v is not None), default=None),
         "bytes_read": counter("bytes_read"),
         "cache_hit_rate": hits / (hits + misses)
@@ -570,6 +587,11 @@ def validate(run: Any) -> None:
     for key, value in run["counters"].items():
         if value is not None and not isinstance(value, int | float | str):
             raise ResultSchemaError(f"run.counters.{key}: must be a number or a string")
+    source = run["counters"].get("peak_rss_source")
+    if source is not None and source not in PEAK_RSS_SOURCES:
+        raise ResultSchemaError(
+            f"run.counters.peak_rss_source: must be one of {', '.join(PEAK_RSS_SOURCES)}, not {source!r:.60}"
+        )
     for i, turn in enumerate(run["turns"]):
         where = f"run.turns[{i}]"
         _check_fields(turn, _TURN_FIELDS, where)
