@@ -1,0 +1,197 @@
+"""Prefill (TTFT) and the time-between-tokens tail: pi2 vs llama.cpp on the same weights, in memory and
+under one memory budget, with the bounds measured in the same run.
+
+    .venv/bin/python benchmarks/prefill_tbt.py --model-dir DIR [--budget 2651M] [-p 64] [-n 48] [--rounds 3]
+
+DIR holds model.pi2 and its GGUF twin model.gguf (e.g. `pi2 models synth --like turbosparse-mistral-7b
+--no-dense-down --predictor-rank 32 --out DIR`: synthetic weights, labelled so). Per round, in this order
+so that every ratio pairs runs a minute apart on the same machine state:
+  pi2 in memory    pi2-engine generate, no budget (the whole model resident), a P-token prompt, N tokens
+  llama.cpp in memory   llama-bench -p P -n N with --repack 0 and 1 (weights warm in the page cache);
+                        the faster layout is the baseline
+  pi2 under the budget  the same generate inside a memory cgroup of the budget (page cache counted,
+                        the model evicted first)
+  llama.cpp under the budget   llama-bench -p P -n 8 --repack 0 (mmap) inside the same cgroup
+Prefill is P prompt tokens over the time to the first token; pi2's TBT percentiles are over every gap
+after the first token (the turn's steady decode); decode tok/s over the same tokens. pi2 samples
+(temperature 0.8, seed = round): every engine processes the same number of tokens either way.
+Bounds measured here: memory read bandwidth (pi2-probe membw) for prefill and decode in memory;
+sequential-ish 4 MiB reads at queue depth 2 (how pi2 streams a block) for prefill under the budget.
+Targets (issue 15): prefill >= 1.0x llama.cpp in memory and >= 2x under the budget; decode >= 2x llama.cpp
+(--repack 1) in memory; TBT p99/p50 <= 1.5. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pi2cli.bench import parse_size
+from pi2cli.budget import run_budgeted
+from pi2cli.engines.llamacpp import default_bin_dir
+from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.pi2file import Pi2File
+
+MiB = 2**20
+
+
+def probe(args: list[str]) -> dict:
+    exe = engine_binary().parent / "pi2-probe"
+    done = subprocess.run([str(exe), *args, "--json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"prefill_tbt: pi2-probe {' '.join(args)} failed: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def run_pi2(model: Path, budget: int | None, p: int, n: int, threads: int, seed: int, vocab: int) -> dict:
+    ids = ",".join(str(1 + (i * 7919) % (vocab - 1)) for i in range(p))
+    with tempfile.TemporaryDirectory() as tmp:
+        events = Path(tmp) / "events.jsonl"
+        cmd = [str(engine_binary()), "generate", "-m", str(model), "--tokens", ids, "-n", str(n), "--temperature",
+               "0.8", "--seed", str(seed), "--ignore-eos", "--threads", str(threads), "--policy", "powerinfer2",
+               "--events", str(events)]  # fmt: skip
+        if budget:
+            cmd += ["--memory-budget", str(budget)]
+        done = run_budgeted(cmd, budget, evict=[model], timeout=3600)
+        if done.returncode != 0:
+            return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        ev = parse_events(events.read_text().splitlines())
+    times = [e["t"] for e in ev["token"]]
+    tbt = [b - a for a, b in zip(times, times[1:], strict=False)]
+    s, turn = ev["summary"], ev["turn"]
+    return {
+        "prefill_tps": p / turn["ttft_s"], "ttft_ms": 1e3 * turn["ttft_s"], "decode_tps": len(tbt) / sum(tbt),
+        "tbt_p50_ms": 1e3 * percentile(tbt, 0.5), "tbt_p90_ms": 1e3 * percentile(tbt, 0.9),
+        "tbt_p99_ms": 1e3 * percentile(tbt, 0.99), "tbt_max_ms": 1e3 * max(tbt),
+        "peak_rss_bytes": s["peak_rss_bytes"], "budget_source": s.get("memory_budget_source"),
+        "streamed_blocks": s.get("streamed_blocks"), "dense_batch_blocks": s.get("dense_batch_blocks"),
+        "two_phase": s.get("two_phase"), "hit_rate": s.get("hit_rate"),
+        "reads_per_token": statistics.mean(e.get("reads", 0) for e in ev["token"][1:]) if n > 1 else None,
+    }  # fmt: skip
+
+
+def run_llama(gguf: Path, budget: int | None, p: int, n: int, threads: int, repack: int) -> dict:
+    exe = default_bin_dir("host") / "llama-bench"
+    cmd = [str(exe), "-m", str(gguf), "-p", str(p), "-n", str(n), "-t", str(threads), "-r", "1", "--repack",
+           str(repack), "-lm", "mmap", "-o", "json"]  # fmt: skip
+    if not budget:  # in memory: a first run reads the file into the page cache
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = run_budgeted(cmd, budget, evict=[gguf] if budget else [], timeout=7200)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    rows = json.loads(done.stdout)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == p)
+    tg = next((r["avg_ts"] for r in rows if r["n_gen"] == n and n), None)
+    return {"prefill_tps": pp, "decode_tps": tg, "repack": repack}
+
+
+def med(rs: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", type=Path, required=True)
+    ap.add_argument("--budget", default="2651M")
+    ap.add_argument("-p", type=int, default=64, help="prompt tokens")
+    ap.add_argument("-n", type=int, default=48, help="tokens generated by pi2 (and llama.cpp in memory)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write every measurement here")
+    a = ap.parse_args()
+    pi2, gguf = a.model_dir / "model.pi2", a.model_dir / "model.gguf"
+    for f in (pi2, gguf):
+        if not f.is_file():
+            sys.exit(f"prefill_tbt: {f} is missing (see --help for how to make it)")
+    budget = parse_size(a.budget)
+    pf = Pi2File(pi2)
+    vocab, synthetic = pf.header.n_vocab, bool(pf.metadata.get("synthetic"))
+    print(f"model {pi2} ({'synthetic' if synthetic else 'real'}), {pi2.stat().st_size / MiB:.0f} MiB; "
+          f"budget {budget / MiB:.0f} MiB; prompt {a.p}, {a.n} tokens, {a.threads} threads", flush=True)  # fmt: skip
+    membw = probe(["membw", "--threads", str(a.threads)])
+    stream = probe(["storage", "--file", str(pi2), "--block", str(4 * MiB), "--qd", "2", "--seconds", "3"])
+    print(f"memory read {membw['gb_per_s']:.1f} GB/s; storage {stream['mb_per_s']:.0f} MB/s in 4 MiB reads "
+          f"at queue depth 2", flush=True)  # fmt: skip
+
+    runs: dict[str, list[dict]] = {}
+    for rnd in range(1, a.rounds + 1):
+        steps = [("pi2@memory", lambda rnd=rnd: run_pi2(pi2, None, a.p, a.n, a.threads, rnd, vocab)),
+                 ("llama.cpp --repack 0@memory", lambda: run_llama(gguf, None, a.p, a.n, a.threads, 0)),
+                 ("llama.cpp --repack 1@memory", lambda: run_llama(gguf, None, a.p, a.n, a.threads, 1)),
+                 ("pi2@budget", lambda rnd=rnd: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab)),
+                 ("llama.cpp@budget", lambda: run_llama(gguf, budget, a.p, 8, a.threads, 0))]  # fmt: skip
+        for name, step in steps:
+            r = step()
+            runs.setdefault(name, []).append(r)
+            print(f"  round {rnd} {name:28s} " + ("error: " + r["error"] if "error" in r else
+                  f"prefill {r['prefill_tps']:.1f} tok/s, decode {r.get('decode_tps') or 0:.2f} tok/s"), flush=True)  # fmt: skip
+
+    def best_llama(i: int) -> dict:  # the faster layout of round i
+        return max((runs[f"llama.cpp --repack {k}@memory"][i] for k in (0, 1)),
+                   key=lambda r: r.get("prefill_tps") or 0)  # fmt: skip
+
+    def ratios(pi_key: str, base: list[dict], key: str) -> list[float]:
+        return [p[key] / b[key] for p, b in zip(runs[pi_key], base, strict=True) if p.get(key) and b.get(key)]
+
+    base_mem = [best_llama(i) for i in range(a.rounds)]
+    base_r1 = runs["llama.cpp --repack 1@memory"]
+    table = [
+        (
+            "prefill tok/s, in memory",
+            "pi2@memory",
+            base_mem,
+            "prefill_tps",
+            ">= 1.0x llama.cpp (best layout)",
+        ),
+        ("prefill tok/s, budget", "pi2@budget", runs["llama.cpp@budget"], "prefill_tps", ">= 2x llama.cpp"),
+        ("decode tok/s, in memory", "pi2@memory", base_r1, "decode_tps", ">= 2x llama.cpp --repack 1"),
+    ]
+    print(f"\n{'figure':28s} {'pi2':>9s} {'llama.cpp':>10s} {'ratio (median of rounds)':>26s}  target")
+    summary = {}
+    for label, pk, base, key, target in table:
+        rs = ratios(pk, base, key)
+        ratio = statistics.median(rs) if rs else None
+        summary[label] = {
+            "pi2": med(runs[pk], key),
+            "llama.cpp": med(base, key),
+            "ratios": rs,
+            "ratio": ratio,
+        }
+        print(f"{label:28s} {med(runs[pk], key) or 0:9.2f} {med(base, key) or 0:10.2f} "
+              f"{(ratio or 0):8.2f}x ({', '.join(f'{x:.2f}' for x in rs)})  {target}")  # fmt: skip
+    for where in ("memory", "budget"):
+        rs = [r for r in runs[f"pi2@{where}"] if "error" not in r]
+        tails = [r["tbt_p99_ms"] / r["tbt_p50_ms"] for r in rs]
+        summary[f"tbt {where}"] = {
+            k: med(rs, k) for k in ("tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "tbt_max_ms")
+        }
+        summary[f"tbt {where}"]["p99_over_p50"] = tails
+        print(f"pi2 TBT {where:6s} p50 {med(rs, 'tbt_p50_ms') or 0:.1f} ms, p90 {med(rs, 'tbt_p90_ms') or 0:.1f}, "
+              f"p99 {med(rs, 'tbt_p99_ms') or 0:.1f}; p99/p50 per round {', '.join(f'{t:.2f}' for t in tails)} "
+              f"(target <= 1.5); peak RSS {max((r['peak_rss_bytes'] for r in rs), default=0) / MiB:.0f} MiB")  # fmt: skip
+    print(f"bounds: memory {membw['gb_per_s']:.1f} GB/s, storage {stream['mb_per_s']:.0f} MB/s in 4 MiB reads: "
+          f"streaming the FFN once ({pf.sections[0][1] / MiB:.0f} MiB) takes "
+          f"{pf.sections[0][1] / (stream['mb_per_s'] * 1e6):.2f} s, a floor on a budgeted prefill batch "
+          f"(less what the cache holds)")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps({"model": str(pi2), "synthetic": synthetic, "budget_bytes": budget,
+                                      "prompt_tokens": a.p, "n": a.n, "threads": a.threads, "membw": membw,
+                                      "storage_4mib": stream, "runs": runs, "summary": summary}, indent=1))  # fmt: skip
+        print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
