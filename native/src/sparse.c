@@ -438,6 +438,8 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
                                                                                            : PI2_STREAM_CHUNK;
     s->stream_n = chunk > h->bundle_stride ? (int)(chunk / h->bundle_stride) : 1;
     if (s->stream_n > s->F) s->stream_n = (int)s->F;
+    const int cl = cfg->cluster < s->F ? cfg->cluster : (int)s->F; /* whole clusters per chunk (warm_from_stream) */
+    if (s->stream_n >= cl) s->stream_n -= s->stream_n % cl;
     const pi2_policy p = cfg->policy;
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
@@ -1052,7 +1054,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"preload_s\": %.6f, \"preload_bytes\": %llu, \"bytes_read_after_load\": %llu, "
         "\"dense_batch_blocks\": %llu, \"streamed_blocks\": %llu, \"probe_rand_reads_per_s\": %.0f, "
         "\"probe_gate_reads_per_s\": %.0f, \"probe_rest_reads_per_s\": %.0f, \"probe_seq_bytes_per_s\": %.0f, "
-        "\"two_phase_source\": \"%s\", \"admit_rank\": %d",
+        "\"two_phase_source\": \"%s\", \"admit_rank\": %d, \"warmed_bundles\": %llu",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
@@ -1066,7 +1068,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)s->preload_bytes, (unsigned long long)(st.bytes_read - s->preload_bytes),
         (unsigned long long)s->dense_blocks, (unsigned long long)s->streamed_blocks, s->rand_reads_per_s,
         s->probe_gate_reads_per_s, s->probe_rest_reads_per_s, s->seq_bytes_per_s,
-        cfg->two_phase ? "flag" : s->rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit);
+        cfg->two_phase ? "flag" : s->rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit,
+        (unsigned long long)s->warmed_bundles);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;

@@ -96,6 +96,43 @@ static int wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
     return 0;
 }
 
+/* An acquired slot's bytes from src (its neuron's or cluster's streamed bundles), ready and recent. */
+static void fill_slot(pi2_sparse *s, int64_t h, const uint8_t *src) {
+    size_t bytes;
+    int blk, first;
+    uint8_t *dst = pi2_ncache_slot_data(s->cache, h, &bytes, &blk, &first);
+    memcpy(dst, src, bytes);
+    pi2_ncache_set_state(s->cache, h, PI2_SLOT_READY);
+    pi2_ncache_touch(s->cache, h, s->step);
+    pi2_ncache_unpin(s->cache, h);
+}
+
+/* Copy what the cache should hold of streamed bundles [k0, k0 + n) of block b into it: the hot clusters
+ * wholly inside the chunk and the cold neurons ranked below admit_limit, where missing. The stream
+ * already brought them into memory, so decode starts from the cache it would have built (a cold cache
+ * after prefill made the first tokens of each turn slow), at the cost of a copy and no extra read. */
+static void warm_from_stream(pi2_sparse *s, int b, int k0, int n, const uint8_t *stage) {
+    const pi2_ncache_config *cc = pi2_ncache_cfg(s->cache);
+    const size_t stride = s->m->h.bundle_stride;
+    const int cl = cc->cluster, end = k0 + n;
+    for (int k = (k0 + cl - 1) / cl * cl; k < cc->hot_neurons && k < end; k += cl) {
+        const int last = k + cl < s->F ? k + cl : (int)s->F;
+        if (last > end || pi2_ncache_find(s->cache, b, k) >= 0) continue;
+        const int64_t h = pi2_ncache_acquire(s->cache, b, k);
+        if (h < 0) continue;
+        fill_slot(s, h, stage + (size_t)(k - k0) * stride);
+        s->warmed_bundles += (uint64_t)(last - k);
+    }
+    const int lo = k0 > cc->hot_neurons ? k0 : cc->hot_neurons, hi = end < s->admit_limit ? end : s->admit_limit;
+    for (int k = lo; k < hi; k++) {
+        if (pi2_ncache_find(s->cache, b, k) >= 0) continue;
+        const int64_t h = pi2_ncache_acquire(s->cache, b, k);
+        if (h < 0) continue;
+        fill_slot(s, h, stage + (size_t)(k - k0) * stride);
+        s->warmed_bundles++;
+    }
+}
+
 int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
     if (s->block_base) {
         dense_span(s, s->block_base[b], s->res_stride, (int)s->F);
@@ -123,6 +160,7 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
         if (wait_chunk(s, c - 1, arrived) != 0) return -1;
         const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
         dense_span(s, s->stage[(c - 1) & 1], stride, n);
+        warm_from_stream(s, b, (c - 1) * per, n, s->stage[(c - 1) & 1]);
     }
     s->streamed_blocks++;
     return 0;

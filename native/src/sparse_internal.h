@@ -46,7 +46,7 @@ struct pi2_sparse {
     int stream_n;
     double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
     double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
-    uint64_t streamed_blocks, dense_blocks;
+    uint64_t streamed_blocks, dense_blocks, warmed_bundles; /* warmed: copied into the cache from streams */
     float *up_out; /* a dense batch's up dots [n_batch][span] (the gate dots, then outputs: `gates`) */
 
     /* scratch */
