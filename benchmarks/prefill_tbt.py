@@ -56,7 +56,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def run_pi2(model: Path, budget: int | None, p: int, n: int, threads: int, seed: int, vocab: int) -> dict:
-    ids = ",".join(str(1 + (i * 7919) % (vocab - 1)) for i in range(p))
+    ids = ",".join(str(1 + (i * 7919) % (min(vocab, 32000) - 1)) for i in range(p))  # ids any tokenizer has
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         cmd = [str(engine_binary()), "generate", "-m", str(model), "--tokens", ids, "-n", str(n), "--temperature",
