@@ -26,24 +26,11 @@ from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
+from pi2cli.units import parse_size
 from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, load_workload, workload_path
 
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
-
-
-def parse_size(text: str) -> int:
-    """'8G', '512M', '1.5GiB', '1073741824' -> bytes (powers of 1024)."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise Pi2Error(f"--memory-budget {text!r}: not a size (use e.g. 8G, 512M, 1.5GiB)")
-    value = float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    if value < 1 << 20:
-        raise Pi2Error(f"--memory-budget {text!r}: too small (at least 1M)")
-    return int(value)
-
 
 # ----------------------------------------------------------------------------------------------- model
 @dataclass
@@ -552,7 +539,7 @@ def plan_budget(cfg: BenchConfig) -> None:
 
     value = load_plan(cfg.plan).get("memory_budget")
     if value is not None:
-        cfg.budgets = [parse_size(str(value))]
+        cfg.budgets = [parse_size(value, what=f"plan {cfg.plan}: memory_budget")]
 
 
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:

@@ -149,7 +149,8 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
     """
     from rich.console import Console
 
-    from pi2cli.bench import BenchConfig, Reporter, parse_size, run_bench
+    from pi2cli.bench import BenchConfig, Reporter, run_bench
+    from pi2cli.units import parse_size
 
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
     cfg = BenchConfig(

@@ -10,7 +10,7 @@ import os
 import secrets
 import sqlite3
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pi2cli.errors import Pi2Error
@@ -40,12 +40,18 @@ def open_index(results_dir: str | os.PathLike | None = None, index: str | os.Pat
     path = index_path(results_dir, index)
     try:
         idx = Index(path, runs_dir(results_dir))
-        if sync:
-            idx.sync()
+        idx.warnings = idx.sync() if sync else []
     except (sqlite3.Error, OSError) as err:
         raise Pi2Error(f"cannot use the results index {path}: {err} (set --index or $PI2_RESULTS_INDEX "
                        f"to a writable place)") from None  # fmt: skip
     return idx
+
+
+def warn_bad_file(message: str) -> None:
+    """How list/compare/report tell about a run file they had to skip: one line each, on stderr."""
+    import click
+
+    click.echo(f"pi2: warning: skipped {message}", err=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -117,9 +123,11 @@ def list_runs(
     since: str | None = None,
     status: str | None = None,
     limit: int | None = None,
+    on_bad_file: Callable[[str], None] | None = warn_bad_file,
 ) -> list[dict]:
     """Index rows (flat dicts: run_id, created_at, engine, engine_label, model, workload, budget_bytes,
-    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes."""
+    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes. Run files that cannot be
+    read or break the schema are skipped, each reported once through `on_bad_file` (a stderr warning)."""
     if since:
         try:
             schema.parse_time(since)
@@ -130,6 +138,8 @@ def list_runs(
     if not runs_dir(results_dir).is_dir() and not index_path(results_dir, index).exists():
         return []  # nothing recorded here: do not create an index for a directory that has no runs
     with open_index(results_dir, index) as idx:
+        for warning in idx.warnings if on_bad_file else ():
+            on_bad_file(warning)
         return idx.query(
             model=model, engine=engine, workload=workload, since=since, status=status, limit=limit
         )
