@@ -32,6 +32,7 @@ from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, loa
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096
 
+
 # ----------------------------------------------------------------------------------------------- model
 @dataclass
 class ModelFiles:
@@ -556,6 +557,11 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         raise Pi2Error(f"--n-gen must be at least 1, got {cfg.n_gen}")
     if cfg.mode not in MODES:
         raise Pi2Error(f"--mode {cfg.mode!r}: use one of {', '.join(MODES)}")
+    from pi2cli.results import store
+
+    store.check_writable(
+        cfg.results_dir
+    )  # a read-only or impossible --results-dir fails now, not after the runs
     drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
@@ -720,6 +726,14 @@ TABLE_COLUMNS = ("engine", "workload", "budget", "status", "turns", "TTFT ms", "
                  "decode tok/s", "peak RSS MiB")  # fmt: skip
 
 
+def status_cell(row: dict, width: int = 80) -> str:
+    """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
+    if row["status"] == S.STATUS_OK or not row.get("error"):
+        return row["status"]
+    text = f"{row['status']}: {row['error']}"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -727,7 +741,7 @@ def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     rows = []
     for o in outcomes:
         r = o.row()
-        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), r["status"], str(r["n_turns"]),
+        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), status_cell(r), str(r["n_turns"]),
                      f(r["ttft_ms"]), f(r["tbt_p50_ms"], "{:.2f}"), f(r["tbt_p90_ms"], "{:.2f}"),
                      f(r["tbt_p99_ms"], "{:.2f}"), f(r["decode_tps"], "{:.2f}"),
                      f(None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / 2**20, "{:.0f}")])  # fmt: skip

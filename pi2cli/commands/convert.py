@@ -110,6 +110,11 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_jso
       pi2 convert prosparse-llama-2-7b.powerinfer.gguf --out prosparse.pi2 --profile p.npz
       pi2 convert ./Bamboo-base-v0_1 --tokenizer-gguf bamboo.gguf --out bamboo.pi2 --gguf-twin bamboo.gguf
     """
+    from pi2cli.outputs import check_file_writable
+
+    check_file_writable(out, "--out")  # a conversion takes minutes: refuse an impossible output first
+    if gguf_twin is not None:
+        check_file_writable(gguf_twin, "--gguf-twin")
     with Progress(
         TextColumn("converting"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), transient=True, disable=as_json,

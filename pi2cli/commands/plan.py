@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pi2cli.outputs import check_file_writable
 from pi2cli.units import format_size, parse_size
 
 
@@ -83,6 +84,8 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     from pi2cli.profile import load_profile, profile_target, write_json_atomic
 
     budget_bytes = parse_size(budget)
+    if out is not None:
+        check_file_writable(out, "--out")  # before the probe and the planning, not after
     facts = model_facts(model)
     if profile_path is not None:
         profile = load_profile(profile_path)
