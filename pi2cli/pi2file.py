@@ -163,6 +163,11 @@ class Pi2Header:
         for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "head_dim"):
             if getattr(self, name) <= 0:
                 raise Pi2FormatError(f"{name} must be positive")
+        # The engine's ranges (docs/FORMAT.md, validation rule 8): a file outside them would be refused.
+        for name, hi in (("n_vocab", 1 << 24), ("n_embd", 65536), ("n_layer", 1024), ("n_head", 1024),
+                         ("head_dim", 1024), ("n_ff", 1 << 20)):  # fmt: skip
+            if getattr(self, name) > hi:
+                raise Pi2FormatError(f"{name} {getattr(self, name)} is above {hi} (.pi2 rule 8)")
         if self.n_head % self.n_head_kv:
             raise Pi2FormatError("n_head must be a multiple of n_head_kv")
         if self.head_dim % 2:
