@@ -284,6 +284,9 @@ class AdbTarget(ShellTarget):
             if status[:4] == b"FAIL":
                 (length,) = struct.unpack("<I", status[4:])
                 message = conn.read_exact(length).decode(errors="replace")
+                if "No space left" in message or "ENOSPC" in message:
+                    raise TransferError(f"no space left on device {self.name} while copying to {remote} "
+                                        f"({message}; free some space there)")  # fmt: skip
                 raise TransferError(f"device {self.name} refused {remote}: {message}")
             if status[:4] != b"OKAY":
                 raise TransferError(f"unexpected reply {status[:4]!r} from {self.name} after {remote}")
