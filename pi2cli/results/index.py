@@ -259,7 +259,7 @@ def read_run_file(path: Path) -> dict:
         run = json.loads(text.decode("utf-8"))
     except json.JSONDecodeError as err:
         cut = " (truncated?)" if err.pos >= len(text.rstrip()) else ""
-        raise Pi2Error(f"{path}: not JSON: {err.msg} at line {err.lineno} column {err.colno}{cut}") from None
+        raise Pi2Error(f"{path}: not JSON: {err.msg} (line {err.lineno}, column {err.colno}){cut}") from None
     except UnicodeDecodeError as err:
         raise Pi2Error(f"{path}: not UTF-8 text (byte {err.start})") from None
     except RecursionError:

@@ -546,7 +546,8 @@ def _check_fields(obj: Any, spec: dict, where: str, *, open_ended: bool = False)
 
 def _check_upper(value: Any, kind: str, where: str, upper: float | None) -> None:
     if kind in (_INT, _NUM) and upper is not None and value > upper:
-        raise ResultSchemaError(f"{where}: {value!r:.40} is out of range (at most {upper:.4g})")
+        most = format_size(upper) if where.endswith("_bytes") else f"{upper:.4g}"
+        raise ResultSchemaError(f"{where}: {value!r:.40} is out of range (at most {most})")
     if kind == _INT and not -INT64_MAX <= value <= INT64_MAX:
         raise ResultSchemaError(f"{where}: {value!r:.40} does not fit 64 bits")
 
