@@ -23,13 +23,22 @@ def os_error_text(err: OSError, path: str | os.PathLike | None = None) -> str:
     return f"{where}: {reason}" if where != "" else reason
 
 
-def check_dir_writable(path: str | os.PathLike, what: str = "output directory", note: str = "") -> Path:
+def check_dir_writable(path: str | os.PathLike, what: str = "output directory", note: str = "",
+                       create: bool = True) -> Path:  # fmt: skip
     """Create `path` (and parents) if missing and prove a file can be written in it; else one Pi2Error
-    "WHAT PATH: reason NOTE"."""
+    "WHAT PATH: reason NOTE". create=False leaves a missing directory missing and probes the nearest
+    existing ancestor instead (for commands that may still refuse for another reason)."""
     path = Path(path).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".pi2-write-probe.", dir=path)
+        probe_dir = path
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            while not probe_dir.exists() and probe_dir.parent != probe_dir:
+                probe_dir = probe_dir.parent
+            if not probe_dir.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe_dir))
+        fd, probe = tempfile.mkstemp(prefix=".pi2-write-probe.", dir=probe_dir)
         os.close(fd)
         os.unlink(probe)
     except FileExistsError:  # mkdir's word for "a file is in the way"

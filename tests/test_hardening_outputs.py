@@ -167,6 +167,11 @@ def test_os_errors_are_path_and_reason(tmp_path):
     assert synth.returncode == 1 and synth.stderr.count("\n") == 1 and "Not a directory" in synth.stderr
     conv = _pi2("convert", str(tmp_path / "file"), "--out", str(tmp_path / "file" / "x.pi2"))
     assert conv.returncode == 1 and conv.stderr.count("\n") == 1 and "Not a directory" in conv.stderr
+    report = _pi2("report", "--out", str(tmp_path / "file" / "rep"), "--results-dir", str(tmp_path / "r"))
+    assert (
+        report.returncode == 1
+        and report.stderr.strip() == f"pi2: error: --out {tmp_path / 'file' / 'rep'}: Not a directory"
+    )
 
 
 def test_unexpected_exceptions_are_one_line_unless_debugging(tmp_path):
