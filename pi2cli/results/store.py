@@ -135,8 +135,10 @@ def check_writable(
     Pi2Error now, not a lost benchmark later."""
     from pi2cli.outputs import check_dir_writable
 
-    check_dir_writable(runs_dir(results_dir), "--results-dir", " (nothing was run)")
-    check_dir_writable(index_path(results_dir, index).parent, "results index directory", " (nothing was run)")
+    # create=False: a bench refused for another reason afterwards leaves no empty directories behind.
+    check_dir_writable(runs_dir(results_dir), "--results-dir", " (nothing was run)", create=False)
+    check_dir_writable(index_path(results_dir, index).parent, "results index directory", " (nothing was run)",
+                       create=False)  # fmt: skip
 
 
 def rebuild_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None
