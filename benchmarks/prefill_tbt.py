@@ -31,11 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pi2cli.bench import parse_size
 from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
 from pi2cli.pi2file import Pi2File
+from pi2cli.units import parse_size
 
 MiB = 2**20
 

@@ -28,23 +28,11 @@ from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
+from pi2cli.units import parse_size
 from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, load_workload, workload_path
 
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
-
-
-def parse_size(text: str) -> int:
-    """'8G', '512M', '1.5GiB', '1073741824' -> bytes (powers of 1024)."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise Pi2Error(f"--memory-budget {text!r}: not a size (use e.g. 8G, 512M, 1.5GiB)")
-    value = float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    if value < 1 << 20:
-        raise Pi2Error(f"--memory-budget {text!r}: too small (at least 1M)")
-    return int(value)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -572,7 +560,7 @@ def plan_budget(cfg: BenchConfig) -> None:
 
     value = load_plan(cfg.plan).get("memory_budget")
     if value is not None:
-        cfg.budgets = [parse_size(str(value))]
+        cfg.budgets = [parse_size(value, what=f"plan {cfg.plan}: memory_budget")]
 
 
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
@@ -589,6 +577,11 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         raise Pi2Error(f"--n-gen must be at least 1, got {cfg.n_gen}")
     if cfg.mode not in MODES:
         raise Pi2Error(f"--mode {cfg.mode!r}: use one of {', '.join(MODES)}")
+    from pi2cli.results import store
+
+    store.check_writable(
+        cfg.results_dir
+    )  # a read-only or impossible --results-dir fails now, not after the runs
     drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
@@ -767,6 +760,14 @@ TABLE_COLUMNS = ("engine", "workload", "budget", "status", "turns", "TTFT ms", "
                  "decode tok/s", "peak RSS MiB")  # fmt: skip
 
 
+def status_cell(row: dict, width: int = 80) -> str:
+    """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
+    if row["status"] == S.STATUS_OK or not row.get("error"):
+        return row["status"]
+    text = f"{row['status']}: {row['error']}"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -774,7 +775,7 @@ def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     rows = []
     for o in outcomes:
         r = o.row()
-        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), r["status"], str(r["n_turns"]),
+        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), status_cell(r), str(r["n_turns"]),
                      f(r["ttft_ms"]), f(r["tbt_p50_ms"], "{:.2f}"), f(r["tbt_p90_ms"], "{:.2f}"),
                      f(r["tbt_p99_ms"], "{:.2f}"), f(r["decode_tps"], "{:.2f}"),
                      f(None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / 2**20, "{:.0f}")])  # fmt: skip

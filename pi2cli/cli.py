@@ -59,8 +59,23 @@ def cli() -> None:
     """
 
 
+def usage_line(err: click.UsageError) -> str:
+    """A click usage error as one line: what is wrong, and where to read how it should look."""
+    ctx = err.ctx
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see `pi2 --help`)"
+    return f"pi2: error: {' '.join(err.format_message().split())}{where}"
+
+
 def main() -> None:
-    """Entry point: one line for user errors, exit 130 on Ctrl-C (click would say "Aborted!", exit 1)."""
+    """Entry point: every failure is one `pi2: error: ...` line and a non-zero exit. User errors
+    (Pi2Error), click usage errors (click prints three lines), OSErrors (as PATH: reason) and, as a last
+    resort, any unexpected exception (its traceback only with PI2_DEBUG=1); exit 130 on Ctrl-C (click
+    would say "Aborted!", exit 1)."""
+    import os
+
+    from pi2cli.outputs import os_error_text
+
+    debug = os.environ.get("PI2_DEBUG", "") not in ("", "0")
     try:
         code = cli.main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
@@ -68,7 +83,22 @@ def main() -> None:
         raise SystemExit(130) from None
     except click.exceptions.Exit as done:
         raise SystemExit(done.exit_code) from None
+    except click.UsageError as err:
+        click.echo(usage_line(err), err=True)
+        raise SystemExit(err.exit_code) from None
     except click.ClickException as err:
         err.show()
         raise SystemExit(err.exit_code) from None
+    except OSError as err:
+        if debug:
+            raise
+        click.echo(f"pi2: error: {os_error_text(err)}", err=True)
+        raise SystemExit(1) from None
+    except Exception as err:  # a bug: still one line, the traceback on request
+        if debug:
+            raise
+        text = " ".join(str(err).split())[:200]
+        click.echo(f"pi2: error: internal error: {type(err).__name__}{': ' + text if text else ''} "
+                   f"(a bug in pi2; PI2_DEBUG=1 shows the traceback)", err=True)  # fmt: skip
+        raise SystemExit(1) from None
     raise SystemExit(code if isinstance(code, int) else 0)

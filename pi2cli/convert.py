@@ -120,6 +120,45 @@ def default_ffn_act(reader) -> str:
     return "swiglu"
 
 
+def check_architecture(src: Path) -> str:
+    """general.architecture, read without building the tensor list; one Pi2Error if unsupported."""
+    from pi2cli.gguf_meta import read_gguf_metadata
+
+    try:
+        arch = read_gguf_metadata(src, {"general.architecture"}).get("general.architecture")
+    except Pi2Error as err:
+        raise Pi2Error(f"{src}: not a readable GGUF file ({err.format_message()})") from None
+    if arch not in GGUF_ARCHES:
+        raise Pi2Error(f"GGUF architecture {arch!r} is not supported (only 'llama', incl. Mistral/Mixtral, "
+                       "and PowerInfer's 'bamboo')")  # fmt: skip
+    return arch
+
+
+def check_tensors(reader, src: Path) -> None:
+    """What llama.cpp refuses too: a zero dimension, data not on the file's alignment (gguf's reader
+    would read it shifted, silently), data past the end of the file."""
+    align = int(getattr(reader, "alignment", 32) or 32)
+    size = src.stat().st_size
+    for t in reader.tensors:
+        shape = [int(d) for d in t.shape]
+        if not shape or min(shape) < 1:
+            raise Pi2Error(f"GGUF tensor {t.name} has a zero dimension {shape}")
+        rel = int(t.data_offset) - int(reader.data_offset)
+        if rel % align:
+            raise Pi2Error(f"GGUF tensor {t.name}: data offset {rel} is not a multiple of the file's "
+                           f"alignment {align} (corrupt file)")  # fmt: skip
+        if int(t.data_offset) + int(t.n_bytes) > size:
+            raise Pi2Error(f"GGUF tensor {t.name}: data runs past the end of the file (truncated?)")
+
+
+def check_layers(tensors: dict, n_layer: int) -> None:
+    """block_count agrees with the layers the file holds (a huge one would fail after converting them all)."""
+    for layer in (0, n_layer - 1):
+        if f"blk.{layer}.attn_q.weight" not in tensors:
+            held = sum(1 for name in tensors if name.endswith(".attn_q.weight"))
+            raise Pi2Error(f"GGUF block_count is {n_layer} but the file holds tensors for {held} layer(s)")
+
+
 def header_from_gguf(reader, ffn_act: str | None = None) -> Pi2Header:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHES:
@@ -136,6 +175,10 @@ def header_from_gguf(reader, ffn_act: str | None = None) -> Pi2Header:
         return value
 
     n_embd, n_head = int(need("embedding_length")), int(need("attention.head_count"))
+    for key, value in (("embedding_length", n_embd), ("attention.head_count", n_head),
+                       ("block_count", int(need("block_count"))), ("feed_forward_length", int(need("feed_forward_length")))):  # fmt: skip
+        if value < 1:
+            raise Pi2Error(f"GGUF key {arch}.{key} is {value} (must be at least 1)")
     n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
     rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
@@ -157,7 +200,7 @@ def header_from_gguf(reader, ffn_act: str | None = None) -> Pi2Header:
     if sparse and n_expert:
         raise Pi2Error("PowerInfer GGUFs with experts are not supported (their fork has no MoE predictors)")
     try:
-        return Pi2Header(
+        header = Pi2Header(
             arch="moe" if n_expert else "llama",
             ffn_act=ffn_act,
             n_vocab=n_vocab,
@@ -179,6 +222,8 @@ def header_from_gguf(reader, ffn_act: str | None = None) -> Pi2Header:
             dense_down="blk.0.ffn_down.weight" in tensors or n_expert > 0,
             has_predictor="blk.0.fc1.weight" in tensors,
         )
+        header.validate()  # the engine's ranges, before anything is read or written
+        return header
     except Pi2FormatError as err:
         raise Pi2Error(f"GGUF dimensions do not fit .pi2: {err}") from err
 
@@ -200,10 +245,15 @@ def convert_gguf(
     src, out = Path(src), Path(out)
     if not src.is_file():
         raise Pi2Error(f"{src}: no such file")
+    check_architecture(
+        src
+    )  # from the key/value header alone: an unsupported GGUF is refused before its tensors
     reader = open_gguf(src)
+    check_tensors(reader, src)
     header = header_from_gguf(reader, ffn_act)
     h = header
     tensors = {t.name: t for t in reader.tensors}
+    check_layers(tensors, h.n_layer)
     sparse = is_powerinfer(reader)
     threshold = None
     if sparse:

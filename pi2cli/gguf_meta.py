@@ -32,7 +32,7 @@ def read_gguf_metadata(path: str | os.PathLike, keys: set[str] | None = None) ->
 
 
 def _parse(data, keys: set[str] | None) -> dict:
-    if data[:4] != b"GGUF":
+    if data[:4] not in (b"GGUF", b"PWRI"):  # PWRI: PowerInfer's GGUFs, the same layout
         raise ValueError("not a GGUF file (bad magic)")
     version, _tensors, kv_count = struct.unpack_from("<IQQ", data, 4)
     if version not in (2, 3):

@@ -20,6 +20,7 @@ and checksums; on an exception the partial file is removed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -35,6 +36,7 @@ HEADER_BYTES = 4096
 ENTRY_BYTES = 128
 NAME_BYTES = 64
 MAX_DIMS = 4
+MAX_TENSORS = 1_000_000  # the engine's limit too
 QK = 32
 
 ARCHES = {"llama": 1, "moe": 2}
@@ -161,6 +163,11 @@ class Pi2Header:
         for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "head_dim"):
             if getattr(self, name) <= 0:
                 raise Pi2FormatError(f"{name} must be positive")
+        # The engine's ranges (docs/FORMAT.md, validation rule 8): a file outside them would be refused.
+        for name, hi in (("n_vocab", 1 << 24), ("n_embd", 65536), ("n_layer", 1024), ("n_head", 1024),
+                         ("head_dim", 1024), ("n_ff", 1 << 20)):  # fmt: skip
+            if getattr(self, name) > hi:
+                raise Pi2FormatError(f"{name} {getattr(self, name)} is above {hi} (.pi2 rule 8)")
         if self.n_head % self.n_head_kv:
             raise Pi2FormatError("n_head must be a multiple of n_head_kv")
         if self.head_dim % 2:
@@ -478,62 +485,188 @@ def _pack_entry(e: TensorEntry) -> bytes:
 
 class Pi2File:
     """Reads and validates a .pi2 file (numpy memmap for the data). Raises Pi2FormatError with one
-    line naming the problem; tests and the reference forward use it, the engine has its own reader."""
+    line naming the problem and the rule it breaks; tests, the planner, `pi2 models show` and the
+    reference forward use it, the engine has its own reader (native/src/pi2file.c).
+
+    The checks are the engine's, in the engine's order, numbered as in docs/FORMAT.md ("Validation
+    rules"), so a file one reader refuses the other refuses too. Python integers do not wrap, so sizes
+    and shapes are exact here (a 1 x 2^32 x 2^32 tensor needs 2^64 elements, not 0)."""
 
     def __init__(self, path: str | os.PathLike, verify: bool = True):
         self.path = Path(path)
-        size = self.path.stat().st_size
+        try:
+            st = self.path.stat()
+        except OSError as err:
+            raise Pi2FormatError(f"{self.path}: cannot open: {err.strerror or err}") from None
+        if not self.path.is_file():
+            self._fail(1, "not a regular file")
+        size = st.st_size
         if size < HEADER_BYTES:
-            raise Pi2FormatError(f"{self.path}: truncated ({size} bytes, header needs {HEADER_BYTES})")
-        self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._fail(1, f"truncated: {size} bytes, a .pi2 header alone is {HEADER_BYTES}")
+        try:
+            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as err:
+            raise Pi2FormatError(f"{self.path}: cannot map: {err}") from None
         raw = bytes(self.data[:HEADER_BYTES])
         f = _HEADER_FIELDS.unpack_from(raw, 0)
-        if f[0] != MAGIC:
-            raise Pi2FormatError(f"{self.path}: not a .pi2 file (bad magic)")
-        if f[1] != FORMAT_VERSION:
-            raise Pi2FormatError(f"{self.path}: format version {f[1]}, this reader knows {FORMAT_VERSION}")
-        (crc,) = struct.unpack_from("<I", raw, _HEADER_CRC_AT)
-        if zlib.crc32(raw[:_HEADER_CRC_AT]) != crc:
-            raise Pi2FormatError(f"{self.path}: header checksum mismatch")
-        arch = {v: k for k, v in ARCHES.items()}.get(f[3])
-        act = {v: k for k, v in ACTS.items()}.get(f[4])
-        if arch is None or act is None or f[19] not in TYPE_NAMES:
-            raise Pi2FormatError(f"{self.path}: unknown arch, activation or neuron type in the header")
-        flags = f[18]
-        self.header = Pi2Header(
-            arch=arch, ffn_act=act, n_vocab=f[5], n_embd=f[6], n_layer=f[7], n_head=f[8],
-            n_head_kv=f[9], head_dim=f[10], n_ff=f[11], n_expert=f[12], n_expert_used=f[13],
-            n_ctx_train=f[14], rope_theta=f[15], rms_eps=f[16], rope_type=f[17],
-            tied_embeddings=bool(flags & FLAG_TIED_EMBEDDINGS), dense_down=bool(flags & FLAG_DENSE_DOWN),
-            has_predictor=bool(flags & FLAG_PREDICTOR), neuron_type=TYPE_NAMES[f[19]], bundle_align=f[20],
-        )  # fmt: skip
-        if f[26] != size:
-            raise Pi2FormatError(f"{self.path}: file is {size} bytes, header says {f[26]} (truncated?)")
-        if (f[21], f[22], f[23]) != (
-            self.header.part_bytes,
-            self.header.bundle_stride,
-            self.header.ffn_block_bytes,
-        ):
-            raise Pi2FormatError(f"{self.path}: bundle geometry does not match the dimensions")
+        self._check_header(f, raw, size)
         self.sections = [
             _SECTION.unpack_from(raw, _SECTIONS_AT + i * _SECTION.size)[:3] for i in range(N_SECTIONS)
         ]
+        self._check_sections(f[24], size)
+        for i in range(SEC_RESIDENT, N_SECTIONS):  # as the engine: the neuron region only when asked
+            self._check_crc(i)
         if verify:
-            for i, (off, n, crc) in enumerate(self.sections):
-                if zlib.crc32(self.data[off : off + n]) != crc:
-                    raise Pi2FormatError(f"{self.path}: {SECTION_NAMES[i]} checksum mismatch")
-        off, n, _ = self.sections[SEC_TABLE]
+            self._check_crc(SEC_NEURONS)
         self.tensors: dict[str, TensorEntry] = {}
-        for i in range(f[24]):
-            v = _ENTRY.unpack_from(self.data, off + i * ENTRY_BYTES)
-            name = v[0].rstrip(b"\0").decode()
-            self.tensors[name] = TensorEntry(
-                name, TYPE_NAMES[v[1]], tuple(v[3 : 3 + v[2]]), v[7], v[9], v[10]
-            )
+        self._read_table(f[24])
         off, n, _ = self.sections[SEC_METADATA]
-        self.metadata = json.loads(bytes(self.data[off : off + n]) or b"{}")
+        try:
+            self.metadata = json.loads(bytes(self.data[off : off + n]).decode("utf-8") or "{}")
+        except (ValueError, RecursionError) as err:
+            self._fail(20, f"metadata is not UTF-8 JSON ({str(err)[:80]})")
+        if not isinstance(self.metadata, dict):
+            self._fail(20, "metadata is not a JSON object")
         off, n, _ = self.sections[SEC_TOKENIZER]
         self.tokenizer_blob = bytes(self.data[off : off + n])
+
+    def _fail(self, rule: int, message: str):
+        raise Pi2FormatError(f"{self.path}: {message} (.pi2 rule {rule}, docs/FORMAT.md)")
+
+    def _check_header(self, f: tuple, raw: bytes, size: int) -> None:
+        if f[0] != MAGIC:
+            self._fail(2, "not a .pi2 model file (bad magic)")
+        if f[1] != FORMAT_VERSION:
+            self._fail(
+                3, f"format version {f[1]}, this reader knows version {FORMAT_VERSION} (re-convert the model)"
+            )
+        (crc,) = struct.unpack_from("<I", raw, _HEADER_CRC_AT)
+        if zlib.crc32(raw[:_HEADER_CRC_AT]) != crc:
+            self._fail(4, "header checksum mismatch (corrupted header)")
+        if f[2] != HEADER_BYTES:
+            self._fail(5, f"header_bytes is {f[2]}, expected {HEADER_BYTES}")
+        if f[26] != size:
+            self._fail(6, f"file is {size} bytes but its header says {f[26]} (truncated or padded file)")
+        arch = {v: k for k, v in ARCHES.items()}.get(f[3])
+        act = {v: k for k, v in ACTS.items()}.get(f[4])
+        if arch is None:
+            self._fail(7, f"unknown arch {f[3]}")
+        if act is None:
+            self._fail(7, f"unknown ffn activation {f[4]}")
+        (n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_expert, n_expert_used, n_ctx,
+         theta, eps, rope, flags) = f[5:19]  # fmt: skip
+        checks = [
+            (1 <= n_vocab <= 1 << 24, f"n_vocab {n_vocab} out of range [1, 2^24]"),
+            (32 <= n_embd <= 65536 and n_embd % 32 == 0, f"n_embd {n_embd} is not a multiple of 32 in [32, 65536]"),
+            (1 <= n_layer <= 1024, f"n_layer {n_layer} out of range [1, 1024]"),
+            (1 <= n_head <= 1024 and n_head_kv >= 1 and n_head % n_head_kv == 0,
+             f"n_head {n_head} / n_head_kv {n_head_kv}: need n_head in [1, 1024] and n_head_kv >= 1 dividing it"),
+            (2 <= head_dim <= 1024 and head_dim % 2 == 0, f"head_dim {head_dim} must be even in [2, 1024]"),
+            (1 <= n_ff <= 1 << 20, f"n_ff {n_ff} out of range [1, 2^20]"),
+            (2 <= n_expert <= 256 and 1 <= n_expert_used <= n_expert if arch == "moe" else n_expert == n_expert_used == 0,
+             f"experts {n_expert} (used {n_expert_used}): moe needs 2..256 and 1..n_expert, dense 0 and 0"),
+            (n_ctx >= 1, "n_ctx_train is 0"),
+            (math.isfinite(theta) and theta > 0, "rope_theta must be finite and positive"),
+            (math.isfinite(eps) and eps > 0, "rms_eps must be finite and positive"),
+            (rope == ROPE_NORMAL, f"unknown rope_type {rope}"),
+            (flags & ~7 == 0, f"unknown flags 0x{flags:x}"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                self._fail(8, message)
+        neuron_type = TYPE_NAMES.get(f[19])
+        if neuron_type not in WEIGHT_TYPES:
+            self._fail(9, f"neuron_type {f[19]} is not a weight type")
+        a = f[20]
+        if a < 512 or a > PAGE or a & (a - 1):
+            self._fail(9, f"bundle_align {a} is not a power of two in [512, 4096]")
+        if n_embd % BLOCK[neuron_type][1]:
+            self._fail(9, f"n_embd {n_embd} does not fill whole {neuron_type} blocks")
+        self.header = Pi2Header(
+            arch=arch, ffn_act=act, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+            n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_expert=n_expert, n_expert_used=n_expert_used,
+            n_ctx_train=n_ctx, rope_theta=theta, rms_eps=eps, rope_type=rope,
+            tied_embeddings=bool(flags & FLAG_TIED_EMBEDDINGS), dense_down=bool(flags & FLAG_DENSE_DOWN),
+            has_predictor=bool(flags & FLAG_PREDICTOR), neuron_type=neuron_type, bundle_align=a,
+        )  # fmt: skip
+        h = self.header
+        if (f[21], f[22], f[23]) != (h.part_bytes, h.bundle_stride, h.ffn_block_bytes):
+            self._fail(
+                9,
+                f"bundle geometry (part {f[21]}, stride {f[22]}, block {f[23]}) does not match the dimensions",
+            )
+        if not 1 <= f[24] <= MAX_TENSORS:
+            self._fail(10, f"n_tensors {f[24]} out of range [1, {MAX_TENSORS}]")
+
+    def _check_sections(self, n_tensors: int, size: int) -> None:
+        for s, (off, n, _) in enumerate(self.sections):
+            name = SECTION_NAMES[s]
+            if off % PAGE or off < HEADER_BYTES:
+                self._fail(11, f"{name} offset {off} is not a 4 KiB boundary after the header")
+            if off + n > size:
+                self._fail(11, f"{name} [{off}, +{n}) lies beyond the end of the file")
+            for t in range(s):
+                o_off, o_n, _ = self.sections[t]
+                if n and o_n and off < o_off + o_n and o_off < off + n:
+                    self._fail(11, f"sections {SECTION_NAMES[t]} and {name} overlap")
+        need = self.header.neuron_region_bytes
+        if self.sections[SEC_NEURONS][1] != need:
+            self._fail(
+                12, f"neuron region is {self.sections[SEC_NEURONS][1]} bytes, the dimensions need {need}"
+            )
+        if self.sections[SEC_TABLE][1] != n_tensors * ENTRY_BYTES:
+            self._fail(12, f"tensor table is {self.sections[SEC_TABLE][1]} bytes, {n_tensors} entries need "
+                           f"{n_tensors * ENTRY_BYTES}")  # fmt: skip
+
+    def _check_crc(self, s: int) -> None:
+        off, n, crc = self.sections[s]
+        if zlib.crc32(self.data[off : off + n]) != crc:
+            self._fail(13, f"{SECTION_NAMES[s]} checksum mismatch (corrupted file)")
+
+    def _read_table(self, n_tensors: int) -> None:
+        h = self.header
+        table = bytes(
+            self.data[self.sections[SEC_TABLE][0] : self.sections[SEC_TABLE][0] + n_tensors * ENTRY_BYTES]
+        )
+        for i, v in enumerate(_ENTRY.iter_unpack(table)):
+            name_bytes = v[0]
+            if b"\0" not in name_bytes or name_bytes[0] == 0:
+                self._fail(14, f"tensor entry {i} has no NUL-terminated name")
+            # The engine compares names as bytes; any byte but NUL is allowed, so decode losslessly.
+            name = name_bytes[: name_bytes.index(b"\0")].decode("utf-8", "backslashreplace")
+            type_id, n_dims = v[1], v[2]
+            if not 1 <= n_dims <= MAX_DIMS:
+                self._fail(15, f"tensor '{name}' has {n_dims} dims (1..4 allowed)")
+            ne = v[3:7]
+            for d, n in enumerate(ne):
+                if not 1 <= n <= 1 << 32 or (d >= n_dims and n != 1):
+                    self._fail(15, f"tensor '{name}' has a bad dimension {d} ({n})")
+            region, offset, nbytes = v[7], v[9], v[10]
+            if region not in (SEC_NEURONS, SEC_RESIDENT):
+                self._fail(
+                    16,
+                    f"tensor '{name}' names region {region} (only the neuron and resident regions hold tensors)",
+                )
+            type_name = TYPE_NAMES.get(type_id)
+            per = BLOCK[type_name][1] if type_name else 0
+            if type_name is None or (type_name not in WEIGHT_TYPES and type_name != "I32") or ne[0] % per:
+                self._fail(17, f"tensor '{name}': type {type_id} with rows of {ne[0]} elements is invalid")
+            rows = ne[1] * ne[2] * ne[3]  # exact: Python ints do not wrap
+            if region == SEC_NEURONS:
+                if n_dims != 2 or type_name != h.neuron_type or ne[0] != h.n_embd:
+                    self._fail(17, f"bundle tensor '{name}' must be [n_embd, n_ff] of the neuron type")
+                want = ne[1] * h.bundle_stride
+            else:
+                want = row_size(type_name, ne[0]) * rows
+            if nbytes != want:
+                self._fail(17, f"tensor '{name}' is {nbytes} bytes, its shape needs {want}")
+            if offset % PAGE:
+                self._fail(18, f"tensor '{name}' offset is not 4 KiB-aligned")
+            if offset + nbytes > self.sections[region][1]:
+                self._fail(18, f"tensor '{name}' extends past the end of the {SECTION_NAMES[region]}")
+            if name in self.tensors:
+                self._fail(19, f"tensor '{name}' appears twice")
+            self.tensors[name] = TensorEntry(name, type_name, tuple(ne[:n_dims]), region, offset, nbytes)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as (rows, row_bytes) uint8 (bundles: (n_ff, bundle_stride))."""

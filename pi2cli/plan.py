@@ -17,6 +17,7 @@ from pathlib import Path
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
 from pi2cli.profile import check_format, read_json_file
+from pi2cli.units import parse_size
 
 PLAN_FORMAT = "pi2-plan"
 PLAN_VERSION = 1
@@ -395,8 +396,7 @@ def make_plan(
     pred_threshold: float | None = None,
     model_path: str = "",
 ) -> Plan:
-    if budget < MiB:
-        raise Pi2Error(f"--memory-budget {budget}: too small (at least 1M)")
+    budget = parse_size(budget)  # the one range check every budget gets (pi2cli/units.py)
     if ctx < 1:
         raise Pi2Error(f"--ctx must be at least 1, got {ctx}")
     if pred_threshold is not None:
@@ -556,5 +556,7 @@ def validate_plan(data: object, where: str = "plan") -> None:
             raise Pi2Error(f"{where}: {key} must be between 0 and 1")
     if "pred_threshold" in data and not 0 < data["pred_threshold"] < 1:
         raise Pi2Error(f"{where}: pred_threshold must be in (0, 1)")
+    if "memory_budget" in data:
+        parse_size(data["memory_budget"], what=f"{where}: memory_budget")
     if "io" in data and data["io"] not in IO_METHODS:
         raise Pi2Error(f"{where}: io must be one of {', '.join(IO_METHODS)}")

@@ -222,11 +222,15 @@ def read_json_file(path: str | os.PathLike, kind: str) -> object:
     """The JSON in a profile or plan file; a missing or malformed file is one Pi2Error line."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise Pi2Error(f"{kind} {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise Pi2Error(f"{kind} {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError as exc:
+        raise Pi2Error(f"{kind} {path}: not UTF-8 text (byte {exc.start}); is this a {kind} file?") from None
+    except (ValueError, RecursionError) as exc:  # an int of 5000 digits, nesting deeper than Python's stack
+        raise Pi2Error(f"{kind} {path}: not usable JSON ({str(exc)[:80] or type(exc).__name__})") from None
 
 
 def check_format(data: object, where: str, kind: str, what: str, fmt: str, version: int) -> None:

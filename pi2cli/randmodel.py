@@ -26,9 +26,11 @@ def write_random_model(
     dense_down: bool = True,
     permute: bool = True,
     seed: int = 0,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """A random model (weights ~ N(0, 1/sqrt(n_in))) with every tensor in `wtype` except norms (F32)
-    and the MoE router (F32). permute: store the bundles in a random neuron order."""
+    and the MoE router (F32). permute: store the bundles in a random neuron order. extra_tensors: more
+    resident F32 tensors the engine does not bind (name -> values), e.g. for crafting bad files."""
     rng = np.random.default_rng(seed)
     h = Pi2Header(arch=arch, ffn_act=ffn_act, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                   n_head_kv=n_head_kv, n_ff=n_ff, n_expert=n_expert, n_expert_used=n_expert_used,
@@ -63,4 +65,6 @@ def write_random_model(
                 w.add_ffn(
                     layer, mat(n_ff, n_embd), mat(n_ff, n_embd), mat(n_embd, n_ff), expert=e, order=order
                 )
+        for name, values in (extra_tensors or {}).items():
+            w.add_tensor(name, np.asarray(values, dtype=np.float32), "F32")
     return Path(path)

@@ -26,3 +26,9 @@ def llamacpp_bindir() -> Path:
     from pi2cli.baselines.llamacpp_build import ensure_built
 
     return ensure_built("host")
+
+
+@pytest.fixture(autouse=True)
+def _unsaved_results_in_tmp(tmp_path_factory, monkeypatch):
+    """Runs a test cannot store (deliberately bad ones included) are kept here, not in ~/.cache/pi2."""
+    monkeypatch.setenv("PI2_UNSAVED_DIR", str(tmp_path_factory.getbasetemp() / "unsaved"))

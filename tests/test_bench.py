@@ -17,7 +17,6 @@ from pi2cli.bench import (
     BenchInterrupted,
     DeviceVanished,
     Reporter,
-    parse_size,
     resolve_model,
     run_bench,
 )
@@ -27,6 +26,7 @@ from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 from pi2cli.results import store
+from pi2cli.units import parse_size
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402

@@ -57,6 +57,7 @@ class RichReporter:
 
 def print_table(console, outcomes) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from pi2cli.bench import TABLE_COLUMNS, table_rows
 
@@ -64,7 +65,7 @@ def print_table(console, outcomes) -> None:
     for i, col in enumerate(TABLE_COLUMNS):
         table.add_column(col, justify="left" if i < 4 else "right")
     for row in table_rows(outcomes):
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # Text: an error's "[...]" is not rich markup
     console.print(table)
     for o in outcomes:
         console.print(f"[dim]{o.engine} / {o.workload}: {o.path}[/dim]", highlight=False)
@@ -152,7 +153,8 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
     """
     from rich.console import Console
 
-    from pi2cli.bench import BenchConfig, Reporter, parse_size, run_bench
+    from pi2cli.bench import BenchConfig, Reporter, run_bench
+    from pi2cli.units import parse_size
 
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
     cfg = BenchConfig(
@@ -162,6 +164,9 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
         mlc_model=mlc_model, plan=plan,
     )  # fmt: skip
+    from pi2cli.results import store
+
+    store.check_writable(results_dir)  # here too, so the refusal comes before any progress display
     console = Console(stderr=True)
     if console.is_terminal or not as_json:
         with RichReporter(console) as reporter:

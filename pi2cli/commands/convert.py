@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pi2cli.convert import convert_gguf
 from pi2cli.errors import Pi2Error
+from pi2cli.pi2file import Pi2FormatError
 
 # --ffn-act names -> the safetensors converter's --activation names
 HF_ACTIVATIONS = {"swiglu": "silu", "relu": "relu", "drelu": "drelu"}
@@ -110,16 +111,24 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_jso
       pi2 convert prosparse-llama-2-7b.powerinfer.gguf --out prosparse.pi2 --profile p.npz
       pi2 convert ./Bamboo-base-v0_1 --tokenizer-gguf bamboo.gguf --out bamboo.pi2 --gguf-twin bamboo.gguf
     """
+    from pi2cli.outputs import check_file_writable
+
+    check_file_writable(out, "--out")  # a conversion takes minutes: refuse an impossible output first
+    if gguf_twin is not None:
+        check_file_writable(gguf_twin, "--gguf-twin")
     with Progress(
         TextColumn("converting"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), transient=True, disable=as_json,
     ) as bar:  # fmt: skip
         task = bar.add_task("convert", total=None)
-        summary = convert_any(
-            src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, quant=quant,
-            tokenizer_gguf=tokenizer_gguf,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )  # fmt: skip
+        try:
+            summary = convert_any(
+                src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, quant=quant,
+                tokenizer_gguf=tokenizer_gguf,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )  # fmt: skip
+        except Pi2FormatError as err:  # a source whose shapes do not make a valid .pi2
+            raise Pi2Error(f"{src}: {err}") from None
     if as_json:
         click.echo(json.dumps(summary))
         return

@@ -182,6 +182,9 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
                       sparsity=sparsity, predictor_rank=predictor_rank, calib_seqs=calib_seqs,
                       eval_seqs=eval_seqs, dense_down=dense_down, tokenizer_gguf=tokenizer_gguf)  # fmt: skip
     check_config(cfg)
+    from pi2cli.outputs import check_dir_writable
+
+    check_dir_writable(out_dir, "--out")  # before minutes of synthesis and measurement
     summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress), "synth")
     if as_json:
         click.echo(json.dumps(summary, indent=2))

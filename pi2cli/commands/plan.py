@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from pi2cli.outputs import check_file_writable
+from pi2cli.units import format_size, parse_size
+
 
 def print_plan(console, plan, out: Path | None) -> None:
     from rich.table import Table
@@ -20,7 +23,7 @@ def print_plan(console, plan, out: Path | None) -> None:
             continue
         shown = str(value).lower() if isinstance(value, bool) else str(value)
         if key == "memory_budget":
-            shown = f"{value / 2**20:.0f} MiB"
+            shown = format_size(parse_size(value, what="memory_budget"))
         flag = "" if key.startswith(("predicted_", "measured_")) else f"--{key.replace('_', '-')}"
         if key == "two_phase":
             flag = "--two-phase" if value else "--no-two-phase"
@@ -77,11 +80,12 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     """
     from rich.console import Console
 
-    from pi2cli.bench import parse_size
     from pi2cli.plan import make_plan, model_facts
     from pi2cli.profile import load_profile, profile_target, write_json_atomic
 
     budget_bytes = parse_size(budget)
+    if out is not None:
+        check_file_writable(out, "--out")  # before the probe and the planning, not after
     facts = model_facts(model)
     if profile_path is not None:
         profile = load_profile(profile_path)

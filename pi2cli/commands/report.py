@@ -49,8 +49,10 @@ def command(runs, out_dir, title, baseline, seed, model, engine, workload, since
     """
     from rich.console import Console
 
+    from pi2cli.outputs import check_dir_writable
     from pi2cli.results.report import write_report
 
+    check_dir_writable(out_dir, "--out", create=False)  # before reading and bootstrapping any run
     selected = select_runs(runs, results_dir, index_path, model=model, engine=engine, workload=workload,
                            since=since)  # fmt: skip
     try:

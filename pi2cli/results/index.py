@@ -98,6 +98,7 @@ class Index:
     def __init__(self, path: Path, runs_dir: Path):
         self.path = Path(path)
         self.runs_dir = Path(runs_dir)
+        self.warnings: list[str] = []  # from the last sync: one line per run file skipped
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.conn = self._connect()
@@ -161,12 +162,14 @@ class Index:
                 continue
             try:
                 run = read_run_file(path)
+                row = row_for(run, path)
+                _check_storable(row, path)
             except Pi2Error as err:
                 warnings.append(str(err.format_message()))
                 if name in known:
                     stale.append(known[name][2])
                 continue
-            fresh.append(row_for(run, path))
+            fresh.append(row)
         if stale or fresh:
             with _transaction(self.conn):
                 self.conn.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in stale])
@@ -225,6 +228,14 @@ class Index:
         return [dict(r) for r in rows]
 
 
+def _check_storable(row: dict, path: Path) -> None:
+    """The schema's bounds keep every value SQLite-sized; this is the last guard, so one bad file can
+    only ever be a warning, never an OverflowError that takes the whole directory down."""
+    for key, value in row.items():
+        if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+            raise Pi2Error(f"{path}: {key} {value:.4g} does not fit the index")
+
+
 @contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("BEGIN IMMEDIATE")
@@ -239,11 +250,22 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 def read_run_file(path: Path) -> dict:
     """Load and validate one run JSON; a bad file is a Pi2Error naming it."""
     try:
-        run = json.loads(Path(path).read_text())
+        text = Path(path).read_bytes()
     except OSError as err:
         raise Pi2Error(f"{path}: cannot read: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise Pi2Error(f"{path}: not JSON ({err})") from None
+    if not text.strip():
+        raise Pi2Error(f"{path}: empty (a save that was cut short?)")
+    try:
+        run = json.loads(text.decode("utf-8"))
+    except json.JSONDecodeError as err:
+        cut = " (truncated?)" if err.pos >= len(text.rstrip()) else ""
+        raise Pi2Error(f"{path}: not JSON: {err.msg} (line {err.lineno}, column {err.colno}){cut}") from None
+    except UnicodeDecodeError as err:
+        raise Pi2Error(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except RecursionError:
+        raise Pi2Error(f"{path}: JSON nested too deeply to be a run") from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise Pi2Error(f"{path}: not usable JSON ({str(err)[:80]})") from None
     try:
         schema.validate(run)
     except schema.ResultSchemaError as err:

@@ -27,6 +27,7 @@ import numpy as np
 
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
+from pi2cli.units import MAX_MEMORY_BYTES, format_size
 
 SCHEMA_VERSION = 1
 
@@ -500,6 +501,21 @@ _TURN_FIELDS = {
     "extra": (_DICT, False),
 }
 _MEMORY_SAMPLE_FIELDS = {"t_s": (_NUM, False), "rss_bytes": (_INT, False), "pss_bytes": (_INT, True)}
+# Upper bounds, so a stored run always fits the SQLite index (INTEGER is 64-bit signed) and a typo such as
+# a 1e26-byte budget is refused before it is written instead of breaking every later listing.
+INT64_MAX = (1 << 63) - 1
+MAX_NS = 10**16  # ~116 days: no turn, token or run lasts longer
+MAX_COUNT = 1 << 53  # tokens, turns, reads, hits: exact in a float too
+MAX_FILE_BYTES = 1 << 60
+_UPPER = {"budget_bytes": MAX_MEMORY_BYTES, "peak_rss_bytes": MAX_MEMORY_BYTES, "peak_pss_bytes": MAX_MEMORY_BYTES,
+          "rss_bytes": MAX_MEMORY_BYTES, "pss_bytes": MAX_MEMORY_BYTES, "budget_peak_bytes": MAX_MEMORY_BYTES,
+          "size_bytes": MAX_FILE_BYTES, "bytes_read": MAX_FILE_BYTES, "n_params": MAX_COUNT,
+          "ttft_ns": MAX_NS, "io_ns": MAX_NS, "compute_ns": MAX_NS, "n_prompt": MAX_COUNT, "n_gen": MAX_COUNT,
+          "cache_hits": MAX_COUNT, "cache_misses": MAX_COUNT, "index": MAX_COUNT, "rep": MAX_COUNT,
+          "n_prompts": MAX_COUNT, "schema_version": MAX_COUNT, "t_s": MAX_NS / 1e9}  # fmt: skip
+# Counters the summary and the index read: integers (the rest of run.counters may be any scalar).
+_INT_COUNTERS = ("peak_rss_bytes", "peak_pss_bytes", "bytes_read", "cache_hits", "cache_misses", "io_ns",
+                 "compute_ns", "budget_peak_bytes")  # fmt: skip
 _NON_NEGATIVE = {"n_prompt", "n_gen", "ttft_ns", "prefill_ts", "decode_ts", "bytes_read", "cache_hits",
                  "cache_misses", "io_ns", "compute_ns", "peak_rss_bytes", "rss_bytes", "pss_bytes",
                  "budget_bytes", "size_bytes", "n_params", "t_s", "rep", "index"}  # fmt: skip
@@ -538,10 +554,19 @@ def _check_fields(obj: Any, spec: dict, where: str, *, open_ended: bool = False)
             raise ResultSchemaError(f"{where}.{name}: must be {_KIND_WORDS[kind]}, not {value!r:.60}")
         if name in _NON_NEGATIVE and value < 0:
             raise ResultSchemaError(f"{where}.{name}: must not be negative, not {value!r}")
+        _check_upper(value, kind, f"{where}.{name}", _UPPER.get(name))
     if not open_ended:
         extra = sorted(set(obj) - set(spec))
         if extra:
             raise ResultSchemaError(f"{where}: unknown field {extra[0]!r}")
+
+
+def _check_upper(value: Any, kind: str, where: str, upper: float | None) -> None:
+    if kind in (_INT, _NUM) and upper is not None and value > upper:
+        most = format_size(upper) if where.endswith("_bytes") else f"{upper:.4g}"
+        raise ResultSchemaError(f"{where}: {value!r:.40} is out of range (at most {most})")
+    if kind == _INT and not -INT64_MAX <= value <= INT64_MAX:
+        raise ResultSchemaError(f"{where}: {value!r:.40} does not fit 64 bits")
 
 
 def _check_status(obj: dict, where: str) -> None:
@@ -585,8 +610,19 @@ def validate(run: Any) -> None:
     if not all(isinstance(tag, str) for tag in run["tags"]):
         raise ResultSchemaError("run.tags: must be a list of strings")
     for key, value in run["counters"].items():
-        if value is not None and not isinstance(value, int | float | str):
-            raise ResultSchemaError(f"run.counters.{key}: must be a number or a string")
+        if value is None:
+            continue
+        where = f"run.counters.{key}"
+        if key in _INT_COUNTERS:
+            if not _kind_ok(value, _INT) or value < 0:
+                raise ResultSchemaError(f"{where}: must be a non-negative integer, not {value!r:.40}")
+            _check_upper(value, _INT, where, _UPPER.get(key))
+        elif not (isinstance(value, str | bool) or _kind_ok(value, _NUM)):
+            raise ResultSchemaError(
+                f"{where}: must be a finite number, a string or a bool, not {value!r:.40}"
+            )
+        elif _kind_ok(value, _INT):
+            _check_upper(value, _INT, where, None)
     source = run["counters"].get("peak_rss_source")
     if source is not None and source not in PEAK_RSS_SOURCES:
         raise ResultSchemaError(
@@ -597,9 +633,9 @@ def validate(run: Any) -> None:
         _check_fields(turn, _TURN_FIELDS, where)
         _check_status(turn, where)
         for j, sample in enumerate(turn["samples_ns"]):
-            if not _kind_ok(sample, _INT) or sample < 0:
+            if not _kind_ok(sample, _INT) or not 0 <= sample <= MAX_NS:
                 raise ResultSchemaError(
-                    f"{where}.samples_ns[{j}]: must be a non-negative integer, not {sample!r:.40}"
+                    f"{where}.samples_ns[{j}]: must be an integer in [0, {MAX_NS:.0e}] ns, not {sample!r:.40}"
                 )
         if len(turn["samples_ns"]) > max(turn["n_gen"] - 1, 0):
             raise ResultSchemaError(
@@ -638,9 +674,8 @@ def model_label(run: dict) -> str:
 
 
 def budget_label(budget_bytes: int | None) -> str:
-    if budget_bytes is None:  # each engine holds the model in memory (pi2: resident; llama.cpp: mmap)
-        return "none (in memory)"
-    return f"{budget_bytes / 2**30:.3g} GiB"
+    # no budget: each engine holds the model in memory (pi2 resident, llama.cpp through the page cache)
+    return format_size(budget_bytes, none="none (in memory)")
 
 
 def group_key(run: dict) -> tuple[str, str, int | None]:

@@ -10,10 +10,13 @@ import os
 import secrets
 import sqlite3
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import click
+
 from pi2cli.errors import Pi2Error
+from pi2cli.outputs import os_error_text
 from pi2cli.paths import results_dir as default_results_dir
 from pi2cli.results import schema
 from pi2cli.results.index import Index, read_run_file
@@ -40,12 +43,16 @@ def open_index(results_dir: str | os.PathLike | None = None, index: str | os.Pat
     path = index_path(results_dir, index)
     try:
         idx = Index(path, runs_dir(results_dir))
-        if sync:
-            idx.sync()
+        idx.warnings = idx.sync() if sync else []
     except (sqlite3.Error, OSError) as err:
         raise Pi2Error(f"cannot use the results index {path}: {err} (set --index or $PI2_RESULTS_INDEX "
                        f"to a writable place)") from None  # fmt: skip
     return idx
+
+
+def warn_bad_file(message: str) -> None:
+    """How list/compare/report tell about a run file they had to skip: one line each, on stderr."""
+    click.echo(f"pi2: warning: skipped {message}", err=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -75,19 +82,63 @@ def save_run(
 
     Failed runs (see schema.mark_failed) are saved too, so a failure is on record. An existing run id
     is an error unless overwrite=True."""
-    schema.summarize(run)
-    schema.validate(run)
+    try:
+        schema.summarize(run)
+        schema.validate(run)
+        text = json.dumps(run, indent=1, allow_nan=False) + "\n"
+    except (TypeError, ValueError, KeyError, schema.ResultSchemaError) as err:
+        message = err.format_message() if isinstance(err, Pi2Error) else f"not storable as JSON ({err})"
+        raise schema.ResultSchemaError(f"run {run.get('run_id')}: {message}{_keep_unsaved(run)}") from None
     path = runs_dir(results_dir) / f"{run['run_id']}.json"
     if path.exists() and not overwrite:
         raise Pi2Error(f"run {run['run_id']} already exists at {path}")
     try:
-        text = json.dumps(run, indent=1, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as err:
-        raise schema.ResultSchemaError(f"run {run['run_id']}: not storable as JSON ({err})") from None
-    atomic_write_text(path, text)
-    with open_index(results_dir, index, sync=False) as idx:
-        idx.upsert(run, path)
+        atomic_write_text(path, text)
+    except OSError as err:
+        raise RunNotSaved(f"cannot save run {run['run_id']}: {os_error_text(err, path.parent)}"
+                          f"{_keep_unsaved(run, text)}") from None  # fmt: skip
+    try:
+        with open_index(results_dir, index, sync=False) as idx:
+            idx.upsert(run, path)
+    except (Pi2Error, sqlite3.Error, OSError) as err:
+        # The JSON file is the truth and is safely written; the next listing indexes it.
+        message = err.format_message() if isinstance(err, Pi2Error) else str(err)
+        click.echo(f"pi2: warning: saved {path} but could not index it ({message})", err=True)
     return path
+
+
+class RunNotSaved(Pi2Error):
+    """The run could not be written where it belongs; the message says where it was kept instead."""
+
+
+def _keep_unsaved(run: dict, text: str | None = None) -> str:
+    """Write a run that could not be stored to the fallback place; returns "; kept it at PATH ..." for the
+    error message (or why not even that worked), so a long benchmark is never lost to a late failure."""
+    from pi2cli.outputs import unsaved_dir
+
+    try:
+        if text is None:  # the schema refused it: keep what there is, odd values and all, for a person to see
+            text = json.dumps(run, indent=1, default=repr) + "\n"
+        name = str(run.get("run_id") or "run")
+        name = name if schema._RUN_ID_RE.match(name) else f"run-{secrets.token_hex(4)}"
+        kept = unsaved_dir() / f"{name}.json"
+        atomic_write_text(kept, text)
+    except (Pi2Error, OSError, TypeError, ValueError) as err:
+        return f"; could not keep it anywhere either ({err})"
+    return f"; kept it at {kept} (move it into the results directory's runs/ once that works)"
+
+
+def check_writable(
+    results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None
+) -> None:
+    """Before a bench runs: its runs/ directory and its index's directory can take files, else one
+    Pi2Error now, not a lost benchmark later."""
+    from pi2cli.outputs import check_dir_writable
+
+    # create=False: a bench refused for another reason afterwards leaves no empty directories behind.
+    check_dir_writable(runs_dir(results_dir), "--results-dir", " (nothing was run)", create=False)
+    check_dir_writable(index_path(results_dir, index).parent, "results index directory", " (nothing was run)",
+                       create=False)  # fmt: skip
 
 
 def rebuild_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None
@@ -117,9 +168,11 @@ def list_runs(
     since: str | None = None,
     status: str | None = None,
     limit: int | None = None,
+    on_bad_file: Callable[[str], None] | None = warn_bad_file,
 ) -> list[dict]:
     """Index rows (flat dicts: run_id, created_at, engine, engine_label, model, workload, budget_bytes,
-    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes."""
+    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes. Run files that cannot be
+    read or break the schema are skipped, each reported once through `on_bad_file` (a stderr warning)."""
     if since:
         try:
             schema.parse_time(since)
@@ -130,6 +183,8 @@ def list_runs(
     if not runs_dir(results_dir).is_dir() and not index_path(results_dir, index).exists():
         return []  # nothing recorded here: do not create an index for a directory that has no runs
     with open_index(results_dir, index) as idx:
+        for warning in idx.warnings if on_bad_file else ():
+            on_bad_file(warning)
         return idx.query(
             model=model, engine=engine, workload=workload, since=since, status=status, limit=limit
         )

@@ -42,7 +42,27 @@ def adb_client():
     """The adb server client. ANDROID_ADB_SERVER_HOST/PORT choose the server (as for adb itself)."""
     import adbutils
 
+    _start_server_quietly()
     return adbutils.AdbClient()
+
+
+def _start_server_quietly() -> None:
+    """Start a local adb server when none answers, with its "* daemon not running; starting now" chatter
+    captured: adbutils would start it with adb's output on our stderr, breaking the one-line rule."""
+    import socket
+    import subprocess
+
+    host = os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
+    port = int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037") or 5037)
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return
+    except OSError:
+        pass
+    if host not in ("127.0.0.1", "localhost"):
+        return  # a remote server is not ours to start
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([adb_binary(), "start-server"], capture_output=True, timeout=20, check=False)
 
 
 def adb_binary() -> str:
@@ -284,6 +304,9 @@ class AdbTarget(ShellTarget):
             if status[:4] == b"FAIL":
                 (length,) = struct.unpack("<I", status[4:])
                 message = conn.read_exact(length).decode(errors="replace")
+                if "No space left" in message or "ENOSPC" in message:
+                    raise TransferError(f"no space left on device {self.name} while copying to {remote} "
+                                        f"({message}; free some space there)")  # fmt: skip
                 raise TransferError(f"device {self.name} refused {remote}: {message}")
             if status[:4] != b"OKAY":
                 raise TransferError(f"unexpected reply {status[:4]!r} from {self.name} after {remote}")

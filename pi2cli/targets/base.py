@@ -265,6 +265,9 @@ def parse_facts(text: str) -> dict:
         "model": props.get("ro.product.model"),
         "manufacturer": props.get("ro.product.manufacturer"),
         "battery": parse_battery(s.get("battery", ""), s.get("powersupply", "")) or None,
+        # Android's emulator (and the test adbd's --qemu) set ro.kernel.qemu / ro.boot.qemu: the
+        # timings are then the emulator's, so runs must be recorded as emulated.
+        "emulated": props.get("ro.kernel.qemu") == "1" or props.get("ro.boot.qemu") == "1",
         "temperature_c": max_temperature(thermal),
     }
     return facts
@@ -331,7 +334,8 @@ class ShellTarget:
     def facts(self) -> dict:
         if self._facts is None:
             facts = parse_facts(self.sh(FACTS_SCRIPT, timeout=30).stdout)
-            facts.update(name=self.name, kind=self.kind, emulated=self.emulated, workdir=self.workdir)
+            facts.update(name=self.name, kind=self.kind, emulated=self.emulated or bool(facts.get("emulated")),
+                         workdir=self.workdir)  # fmt: skip
             if not facts.get("arch") or facts["arch"] == "unknown":
                 facts["arch"] = self.arch
             self._facts = facts
@@ -347,27 +351,27 @@ class ShellTarget:
         """sha256 of each file that exists, in one round trip; missing files are left out."""
         if not remotes:
             return {}
-        quoted = " ".join(shlex.quote(r) for r in remotes)
-        out = self.sh(f'for f in {quoted}; do [ -f "$f" ] && sha256sum "$f"; done; true', timeout=None)
+        # Each file is hashed from stdin and its line tagged with its position in the list: `sha256sum
+        # FILE` escapes a name holding a backslash or a newline (a leading backslash, "\\n" in the name),
+        # so the line matched no file and such a push failed as "arrived corrupted".
+        out = self.sh(_indexed_loop(remotes, 'sha256sum < "$f"'), timeout=None)
         found = {}
-        for line in out.stdout.splitlines():
-            digest, _, path = line.partition(" ")
-            path = path.lstrip(" *")
-            if re.fullmatch(r"[0-9a-f]{64}", digest) and path in remotes:
-                found[path] = digest
+        for index, rest in _indexed_lines(out.stdout, len(remotes)):
+            digest = rest.split(" ", 1)[0]
+            if re.fullmatch(r"[0-9a-f]{64}", digest):
+                found[remotes[index]] = digest
         return found
 
     def stats(self, remotes: list[str]) -> dict[str, tuple[int, int]]:
         """(size, mtime) of each file that exists, one round trip."""
         if not remotes:
             return {}
-        quoted = " ".join(shlex.quote(r) for r in remotes)
-        out = self.sh(f'for f in {quoted}; do [ -f "$f" ] && stat -c \'%s %Y %n\' "$f"; done; true')
+        out = self.sh(_indexed_loop(remotes, "stat -c '%s %Y' \"$f\""))
         found = {}
-        for line in out.stdout.splitlines():
-            parts = line.split(" ", 2)
-            if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-                found[parts[2]] = (int(parts[0]), int(parts[1]))
+        for index, rest in _indexed_lines(out.stdout, len(remotes)):
+            parts = rest.split()
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                found[remotes[index]] = (int(parts[0]), int(parts[1]))
         return found
 
     def free_bytes(self, remote: str) -> int:
@@ -422,3 +426,20 @@ def wrap_command(argv: list[str], env: dict[str, str] | None, cwd: str | None, m
 
 
 PID_MARKER = re.compile(rb"__PI2_PID__=(\d+)\n")
+
+
+def _indexed_loop(remotes: list[str], command: str) -> str:
+    """A shell loop running `command` on each existing file "$f", its output prefixed with the file's
+    position in `remotes`: names (which may hold newlines or backslashes) never come back to be parsed."""
+    quoted = " ".join(shlex.quote(r) for r in remotes)
+    return (
+        f'i=0; for f in {quoted}; do [ -f "$f" ] && printf "%s " "$i" && {command}; i=$((i + 1)); done; true'
+    )
+
+
+def _indexed_lines(stdout: str, n: int):
+    """(index, rest of line) for each "INDEX rest" line of an _indexed_loop's output."""
+    for line in stdout.splitlines():
+        head, _, rest = line.partition(" ")
+        if head.isdigit() and int(head) < n:
+            yield int(head), rest

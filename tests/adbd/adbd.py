@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import queue
 import re
@@ -60,6 +61,8 @@ class Options:
         self.corrupt = args.corrupt
         self.disconnect_after = args.disconnect_after
         self.slow = args.slow  # bytes per second that SEND accepts, or None
+        self.full_after = args.full_after  # bytes the "disk" takes before writes fail with ENOSPC, or None
+        self.written = 0  # bytes written by SEND, across connections (for --full-after)
         self.received = 0  # sync DATA bytes received, across connections (for --disconnect-after)
         self.lock = threading.Lock()
 
@@ -544,7 +547,15 @@ class SyncSession:
                 if self.opts.slow:
                     time.sleep(len(data) / self.opts.slow)
                 if sink is not None:
-                    sink.write(data)
+                    try:
+                        self.write_data(sink, data)
+                    except OSError as exc:
+                        # adbd's answer to a failed write: FAIL with the reason once the host's DONE is in
+                        # (what was sent meanwhile is read and dropped), never a dead stream.
+                        error = f"write failed: {exc.strerror or exc}"
+                        sink.close()
+                        sink = None
+                        host.unlink(missing_ok=True)
         finally:
             if sink is not None:
                 sink.close()
@@ -557,6 +568,17 @@ class SyncSession:
             corrupt_file(host)
         self.stream.write(b"OKAY" + struct.pack("<I", 0))
         return True
+
+    def write_data(self, sink, data: bytes) -> None:
+        """Write pushed bytes; with --full-after, the disk fills up as a real phone's does (ENOSPC)."""
+        if self.opts.full_after is not None:
+            with self.opts.lock:
+                room = self.opts.full_after - self.opts.written
+                self.opts.written += min(len(data), max(room, 0))
+            if room < len(data):
+                sink.write(data[: max(room, 0)])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        sink.write(data)
 
     def count_received(self, n: int) -> None:
         limit = self.opts.disconnect_after
@@ -600,8 +622,9 @@ def corrupt_file(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- fake programs
-def write_fakebin(directory: Path, abi: str, free_bytes: int | None) -> None:
+def write_fakebin(directory: Path, abi: str, free_bytes: int | None, qemu: bool = False) -> None:
     """`getprop`, `dumpsys battery` and (with --free-bytes) `df`: the Android answers a phone gives.
+    With --qemu the device says it is emulated (ro.kernel.qemu=1, as Android's own emulator does).
 
     Everything else is the host's own program.
     """
@@ -617,6 +640,8 @@ def write_fakebin(directory: Path, abi: str, free_bytes: int | None) -> None:
         "ro.boot.hardware": "pi2adbd",
         "ro.boot.storage": "test",
     }
+    if qemu:
+        props["ro.kernel.qemu"] = "1"
     lines = "\n".join(f"{k}={v}" for k, v in props.items())
     (directory / "props").write_text(lines + "\n")
     getprop = f"""#!/bin/sh
@@ -670,11 +695,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=int, default=None, metavar="BYTES_PER_S",
                         help="accept pushed data at most this fast")  # fmt: skip
     parser.add_argument("--free-bytes", type=int, default=None, help="make `df` report this much free space")
+    parser.add_argument("--full-after", type=int, default=None, metavar="BYTES",
+                        help="the disk is full after this many pushed bytes: writes fail with ENOSPC")  # fmt: skip
     args = parser.parse_args(argv)
 
     Path(args.root).mkdir(parents=True, exist_ok=True)
     fakebin = Path(tempfile.mkdtemp(prefix="pi2-adbd-bin-"))
-    write_fakebin(fakebin, args.abi, args.free_bytes)
+    write_fakebin(fakebin, args.abi, args.free_bytes, qemu=bool(args.qemu))
     opts = Options(args, fakebin)
 
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

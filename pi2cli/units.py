@@ -1,0 +1,69 @@
+"""Sizes in one place: parse what a user types ("8G", "1.5GiB", "512M") and print bytes the way they read.
+
+Every size the host takes (memory budgets on `pi2 bench` and `pi2 plan`, a plan's "memory_budget") goes
+through parse_size, so they all accept the same spellings and share one sane upper bound: a budget
+above MAX_MEMORY_BYTES is a typo (no phone or host has 16 TiB of memory), and letting it through
+stores numbers SQLite cannot hold and writes plans the engine refuses. Powers of 1024 throughout, as
+pi2-engine's own parser (native/src/common.c) reads them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pi2cli.errors import Pi2Error
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+MIN_MEMORY_BYTES = MiB
+MAX_MEMORY_BYTES = 16 * TiB
+
+# digits, an optional fraction, an optional K/M/G/T, an optional "iB"/"B". No exponents, no hex: the
+# engine reads these too and "1e3" means nothing to a person typing a budget.
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?$", re.I)
+_SCALE = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": TiB}
+
+
+def parse_size(
+    text: str | int,
+    *,
+    what: str = "--memory-budget",
+    minimum: int = MIN_MEMORY_BYTES,
+    maximum: int = MAX_MEMORY_BYTES,
+) -> int:
+    """'8G', '512M', '1.5GiB', '1073741824' (or an int) -> bytes, within [minimum, maximum], else one
+    Pi2Error line naming `what`."""
+    if isinstance(text, bool):
+        raise Pi2Error(f"{what} {text!r}: not a size (use e.g. 8G, 512M, 1.5GiB)")
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text).strip())
+        if not m:
+            raise Pi2Error(f"{what} {str(text)!r:.60}: not a size (use e.g. 8G, 512M, 1.5GiB)")
+        number, unit = m.group(1), m.group(2).lower()
+        # Whole numbers stay exact ints (no float rounding of 2^53+ byte counts); fractions via float.
+        value = int(number) * _SCALE[unit] if "." not in number else math.floor(float(number) * _SCALE[unit])
+    if value < minimum:
+        raise Pi2Error(f"{what} {str(text)!r:.60}: too small (at least {format_size(minimum)})")
+    if value > maximum:
+        raise Pi2Error(f"{what} {str(text)!r:.60}: too large (at most {format_size(maximum)})")
+    return value
+
+
+def format_size(n: float | None, *, none: str = "unlimited") -> str:
+    """Bytes in the largest unit that keeps the number at least 1: "96 MiB", "1.5 GiB", "512 B".
+    Whole numbers print without decimals, others with up to three significant digits."""
+    if n is None:
+        return none
+    n = float(n)
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= scale:
+            return f"{_number(n / scale)} {unit}"
+    return f"{_number(n)} B"
+
+
+def _number(x: float) -> str:
+    if x == int(x):
+        return str(int(x))
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"

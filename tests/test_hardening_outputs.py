@@ -1,0 +1,187 @@
+"""Issue 20, outputs half: output locations checked before any work, a late failed save that keeps the run
+and says where, and every failure as one `pi2: error:` line (OSError, usage error, unexpected bug)."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from click.testing import CliRunner
+from results_fakes import fake_run
+
+from pi2cli.cli import cli
+from pi2cli.paths import host_build_dir
+from pi2cli.results import store
+
+needs_engine = pytest.mark.skipif(not (host_build_dir() / "pi2-engine").exists(), reason="make engine first")
+
+
+def _no_run(monkeypatch):
+    """Any engine driver being asked for means the bench started: fail the test."""
+    import pi2cli.engines as engines
+
+    def refuse(name):
+        raise AssertionError("the bench went on to its engines although its results could not be saved")
+
+    monkeypatch.setattr(engines, "get_bench_driver", refuse)
+
+
+def _bench(tmp_path, results_dir, *extra):
+    return CliRunner().invoke(cli, ["bench", "-m", str(tmp_path / "m.pi2"), "-e", "pi2", "--limit", "1",
+                                    "--results-dir", str(results_dir), *extra])  # fmt: skip
+
+
+def test_bench_under_a_file_refuses_before_running(tmp_path, monkeypatch):
+    _no_run(monkeypatch)
+    (tmp_path / "file").write_text("x")
+    result = _bench(tmp_path, tmp_path / "file" / "results")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("pi2: error: --results-dir ")
+    assert "Not a directory" in result.stderr and "nothing was run" in result.stderr
+
+
+def test_bench_into_a_read_only_results_dir_refuses_before_running(tmp_path, monkeypatch):
+    # Tests may run as root, for whom chmod does not make a directory read-only: the probe file's
+    # creation fails as it does on a read-only mount.
+    _no_run(monkeypatch)
+    results = tmp_path / "ro"
+    results.mkdir()
+    real = tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).startswith(str(results)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    result = _bench(tmp_path, results)
+    assert result.exit_code == 1, result.output
+    assert (
+        result.stderr.strip()
+        == f"pi2: error: --results-dir {results / 'runs'}: Read-only file system (nothing was run)"
+    )
+
+
+def _full_disk(monkeypatch, full_dir):
+    """ENOSPC for every file written under full_dir (the results), as a disk filling mid-bench gives."""
+    real = store.atomic_write_text
+
+    def write(path, text):
+        if str(path).startswith(str(full_dir)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, text)
+
+    monkeypatch.setattr(store, "atomic_write_text", write)
+
+
+def test_a_save_that_fails_at_the_end_keeps_the_run_and_says_where(tmp_path, monkeypatch):
+    unsaved = tmp_path / "unsaved"
+    monkeypatch.setenv("PI2_UNSAVED_DIR", str(unsaved))
+    _full_disk(monkeypatch, tmp_path / "results")
+    run = fake_run()
+    with pytest.raises(store.RunNotSaved) as err:
+        store.save_run(run, tmp_path / "results")
+    message = err.value.format_message()
+    kept = unsaved / f"{run['run_id']}.json"
+    assert "No space left on device" in message and f"kept it at {kept}" in message and "\n" not in message
+    assert json.loads(kept.read_text())["run_id"] == run["run_id"]
+    # Moved back once there is room, it is an ordinary run.
+    monkeypatch.undo()
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    kept.rename(tmp_path / "results" / "runs" / kept.name)
+    assert [r["run_id"] for r in store.list_runs(tmp_path / "results")] == [run["run_id"]]
+
+
+def test_a_run_the_schema_refuses_is_kept_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("PI2_UNSAVED_DIR", str(tmp_path / "unsaved"))
+    run = fake_run()
+    run["counters"]["peak_rss_bytes"] = 1 << 70
+    with pytest.raises(store.schema.ResultSchemaError, match="kept it at"):
+        store.save_run(run, tmp_path / "results")
+    assert (tmp_path / "unsaved" / f"{run['run_id']}.json").exists()
+
+
+@pytest.fixture
+def broken_model(tmp_path, smollm2_gguf):
+    """A .pi2 the engine refuses at load, next to a real GGUF twin (for the chat template)."""
+    d = tmp_path / "broken"
+    d.mkdir()
+    (d / "model.gguf").symlink_to(smollm2_gguf)
+    (d / "model.pi2").write_bytes(b"PI2\0" + b"\0" * 60)
+    return d / "model.pi2"
+
+
+@needs_engine
+def test_a_failed_run_shows_its_reason_in_the_bench_table(tmp_path, broken_model, monkeypatch):
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(cli, ["bench", "-m", str(broken_model), "-w", "code", "--limit", "1", "-n", "2",
+                                      "--results-dir", str(tmp_path / "r")])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]  # the table's one row
+    assert "failed: pi2-engine exited" in line, result.stdout
+
+
+@needs_engine
+def test_a_bench_whose_disk_fills_at_save_time_keeps_the_run(tmp_path, broken_model, monkeypatch):
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PI2_UNSAVED_DIR", str(tmp_path / "unsaved"))
+    _full_disk(monkeypatch, tmp_path / "r")
+    result = CliRunner().invoke(cli, ["bench", "-m", str(broken_model), "-w", "code", "--limit", "1", "-n", "2",
+                                      "--results-dir", str(tmp_path / "r")])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    (kept,) = (tmp_path / "unsaved").glob("*.json")
+    (error,) = [ln for ln in result.stderr.splitlines() if ln.startswith("pi2: ")]  # (the rest: progress)
+    assert error.startswith("pi2: error: cannot save run ") and "No space left on device" in error
+    assert f"kept it at {kept}" in error
+    assert json.loads(kept.read_text())["status"] == "failed"
+
+
+# --------------------------------------------------------------------------------- one line, every error
+def _pi2(*args, env=None):
+    """The real entry point (pi2cli.cli:main), as a user's shell runs it."""
+    return subprocess.run([sys.executable, "-c", "from pi2cli.cli import main; main()", *args], text=True,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
+
+
+def test_usage_errors_are_one_line():
+    for args in (["bnch"], ["bench", "--bogus"], ["plan", "-m"], ["results", "list", "--limit", "zero"]):
+        p = _pi2(*args)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("pi2: error: "), (
+            args,
+            p.stderr,
+        )
+        assert "--help" in p.stderr
+
+
+def test_os_errors_are_path_and_reason(tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "plan.json"
+    p = _pi2("plan", "-m", str(tmp_path / "m.pi2"), "-b", "1G", "-o", str(out))
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"pi2: error: --out {out}: directory {out.parent}: Not a directory")
+    synth = _pi2("models", "synth", "--like", "turbosparse-mistral-7b", "--layers", "1", "--hidden", "64",
+                 "--ffn", "256", "--out", str(tmp_path / "file" / "m"))  # fmt: skip
+    assert synth.returncode == 1 and synth.stderr.count("\n") == 1 and "Not a directory" in synth.stderr
+    conv = _pi2("convert", str(tmp_path / "file"), "--out", str(tmp_path / "file" / "x.pi2"))
+    assert conv.returncode == 1 and conv.stderr.count("\n") == 1 and "Not a directory" in conv.stderr
+    report = _pi2("report", "--out", str(tmp_path / "file" / "rep"), "--results-dir", str(tmp_path / "r"))
+    assert (
+        report.returncode == 1
+        and report.stderr.strip() == f"pi2: error: --out {tmp_path / 'file' / 'rep'}: Not a directory"
+    )
+
+
+def test_unexpected_exceptions_are_one_line_unless_debugging(tmp_path):
+    code = ("import pi2cli.commands.workloads as w, click\n"
+            "@click.command(name='workloads')\n"
+            "def boom():\n    raise ZeroDivisionError('division by zero')\n"
+            "w.command = boom\nfrom pi2cli.cli import main; main()")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code, "workloads"], text=True, capture_output=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("pi2: error: internal error: ZeroDivisionError: division by zero")
+    debug = subprocess.run([sys.executable, "-c", code, "workloads"], text=True, capture_output=True, timeout=60,
+                           env={**os.environ, "PI2_DEBUG": "1"})  # fmt: skip
+    assert "Traceback" in debug.stderr
