@@ -1,4 +1,4 @@
-"""Shared fixtures: the real test model and the llama.cpp reference build."""
+"""Shared fixtures: the real test model, the llama.cpp reference build, the test adb server and devices."""
 
 import os
 from pathlib import Path
@@ -32,3 +32,37 @@ def llamacpp_bindir() -> Path:
 def _unsaved_results_in_tmp(tmp_path_factory, monkeypatch):
     """Runs a test cannot store (deliberately bad ones included) are kept here, not in ~/.cache/pi2."""
     monkeypatch.setenv("PI2_UNSAVED_DIR", str(tmp_path_factory.getbasetemp() / "unsaved"))
+
+
+# ------------------------------------------------------------------ the test adb daemon (tests/adbd)
+@pytest.fixture(scope="module")
+def adb_server(tmp_path_factory):
+    """The real adb server (bundled with adbutils) on a port of its own, with pi2's cache apart."""
+    from adbd.harness import AdbServer
+
+    server = AdbServer(tmp_path_factory.mktemp("adbhome"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+    mp.setenv("PI2_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield server
+    mp.undo()
+    server.stop()
+
+
+@pytest.fixture
+def make_device(adb_server, tmp_path):
+    """make(*flags, want="device"): a test daemon started with flags and connected to the server."""
+    from adbd.harness import TestDevice
+
+    devices = []
+
+    def make(*flags, want="device"):
+        d = TestDevice(tmp_path / f"dev{len(devices)}", *flags)
+        devices.append(d)
+        adb_server.connect(d.serial, want=want)
+        return d
+
+    yield make
+    for d in devices:
+        adb_server.call("disconnect", d.serial, timeout=10)
+        d.stop()

@@ -8,39 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer, TestDevice  # noqa: E402
 
 from pi2cli.bench import file_sha256  # noqa: E402
 from pi2cli.cli import cli  # noqa: E402
 from pi2cli.push import PushItem, push_one  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def adb_server(tmp_path_factory):
-    server = AdbServer(tmp_path_factory.mktemp("adbhome"))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
-    mp.setenv("PI2_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield server
-    mp.undo()
-    server.stop()
-
-
-@pytest.fixture
-def make_device(adb_server, tmp_path):
-    devices = []
-
-    def make(*flags):
-        d = TestDevice(tmp_path / f"dev{len(devices)}", *flags)
-        devices.append(d)
-        adb_server.connect(d.serial)
-        return d
-
-    yield make
-    for d in devices:
-        adb_server.call("disconnect", d.serial, timeout=10)
-        d.stop()
 
 
 @pytest.mark.parametrize("name", ["back\\slash.bin", "new\nline.bin", "both\\\nand space.bin"])
