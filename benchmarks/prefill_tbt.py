@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sparse_decode import probe  # the same pi2-probe runs as the decode benchmark
+
 from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
@@ -38,14 +40,6 @@ from pi2cli.pi2file import Pi2File
 from pi2cli.units import parse_size
 
 MiB = 2**20
-
-
-def probe(args: list[str]) -> dict:
-    exe = engine_binary().parent / "pi2-probe"
-    done = subprocess.run([str(exe), *args, "--json"], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"prefill_tbt: pi2-probe {' '.join(args)} failed: {done.stderr.strip()}")
-    return json.loads(done.stdout)
 
 
 def percentile(xs: list[float], q: float) -> float:
