@@ -31,7 +31,7 @@ ENGINE_DEFAULTS = {"hot_fraction": 0.2, "hot_share": 0.5, "cluster": 32}
 # The settings a plan file may carry, in file order (each is the pi2-engine flag with '-' for '_').
 SETTINGS = ("policy", "memory_budget", "threads", "affinity", "hot_fraction", "hot_share", "cluster",
             "two_phase", "lookahead", "io", "io_threads", "io_affinity", "pred_threshold",
-            "prefill_stream")  # fmt: skip
+            "prefill_stream", "miss_threshold")  # fmt: skip
 IO_METHODS = ("auto", "uring", "pread", "buffered")
 
 

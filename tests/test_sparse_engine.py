@@ -206,6 +206,19 @@ def test_rank_insertion_keeps_more_hits_than_plain_lru(ffn_heavy, tmp_path):
     assert ranked["hit_rate"] > lru["hit_rate"] and ranked["storage_reads"] < lru["storage_reads"]
 
 
+def test_miss_threshold_skips_unlikely_reads_and_says_what_it_cost(ffn_heavy, tmp_path):
+    # A cold miss predicted below the threshold is not read: fewer reads, and with --check-predictor the
+    # truly active neurons it left out lower the effective recall below the predictor's.
+    budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
+    sample = ("--policy", "powerinfer2", "--memory-budget", budget, "--temperature", "0.8", "--seed", "4")
+    _, plain = _generate(ffn_heavy, tmp_path, *sample, "--check-predictor", n=24)
+    _, skip = _generate(ffn_heavy, tmp_path, *sample, "--check-predictor", "--miss-threshold", "0.6", n=24)
+    assert plain["skipped_misses"] == 0 and plain["effective_recall"] == plain["predictor_recall"]
+    assert skip["skipped_misses"] > 0 and skip["storage_reads"] < plain["storage_reads"]
+    assert skip["effective_recall"] <= skip["predictor_recall"]
+    assert skip["skipped_active"] < skip["skipped_misses"]  # mostly the predictor's false positives
+
+
 LONG_PROMPT = (
     "Once upon a time, in a small village by the sea, there lived an old fisherman who loved the stars"
 )

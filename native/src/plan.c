@@ -24,6 +24,7 @@ static const struct {
     {"lookahead", "--lookahead", SET_LOOKAHEAD}, {"io", "--io", SET_STRING},
     {"io_threads", "--io-threads", SET_NUMBER}, {"io_affinity", "--io-affinity", SET_STRING},
     {"pred_threshold", "--pred-threshold", SET_NUMBER}, {"prefill_stream", "--prefill-stream", SET_STRING},
+    {"miss_threshold", "--miss-threshold", SET_NUMBER},
 };
 
 /* Informational keys: read by people and the host, not by the engine. */

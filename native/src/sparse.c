@@ -47,6 +47,7 @@ const char *pi2_sparse_usage(void) {
            "                             a storage probe at open: on where a gate-part read costs under half a whole one]\n"
            "    --prefill-stream auto|on|off   powerinfer2 batches of 8+ tokens under a budget: read each block\n"
            "                             whole in large sequential reads (auto: when the storage probe says it pays)\n"
+           "    --miss-threshold P       decode: read a cold miss only if its predicted probability > P   [off]\n"
            "    --lru-only               cache, powerinfer2: plain LRU for cold misses, not insertion by rank\n"
            "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
            "    --no-repack              keep attention/output rows as stored (no interleaving by four)\n"
@@ -66,7 +67,7 @@ static int parse_fraction(const char *flag, const char *v, float *out) {
 int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
     static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
                                    "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity",
-                                   "--pred-threshold", "--prefill-stream"};
+                                   "--pred-threshold", "--prefill-stream", "--miss-threshold"};
     if (!strcmp(a, "--check-predictor")) {
         cfg->check_predictor = 1;
         return 1;
@@ -132,6 +133,14 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
             }
         pi2_set_error("--prefill-stream: expected auto, on or off, got '%s'", v);
         return -1;
+    }
+    if (!strcmp(a, "--miss-threshold")) {
+        if (parse_fraction(a, v, &cfg->miss_threshold)) return -1;
+        if (cfg->miss_threshold <= 0 || cfg->miss_threshold >= 1) {
+            pi2_set_error("--miss-threshold must be strictly between 0 and 1, got '%s'", v);
+            return -1;
+        }
+        return 2;
     }
     if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
     if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
@@ -379,16 +388,6 @@ static int find_resident(pi2_sparse *s) {
     return 0;
 }
 
-static void touch_predictors(const pi2_predictors *p) {
-    volatile uint8_t sum = 0;
-    for (int b = 0; b < p->n_blocks && p->fc1; b++) {
-        const pi2_mat *mats[2] = {&p->fc1[b], &p->fc2[b]};
-        for (int i = 0; i < 2; i++)
-            for (size_t o = 0; o < (size_t)mats[i]->rows * mats[i]->stride; o += 4096) sum += mats[i]->data[o];
-    }
-    (void)sum;
-}
-
 /* No --memory-budget: the model in memory when it fits, else a budget the machine can hold.
  * Fits means the fixed region, every bundle and the cache's bookkeeping take at most 90% of the memory
  * this process can still have (pi2_available_memory_bytes): then the budget is exactly that, so the
@@ -460,6 +459,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
+    s->miss_logit = INFINITY;
+    if (cfg->miss_threshold > 0 && s->pred.fc1 && !cfg->oracle)
+        s->miss_logit = logf(cfg->miss_threshold / (1.0f - cfg->miss_threshold));
     if (cfg->pred_threshold > 0 && s->pred.thr_logit) /* the plan's threshold for every layer */
         for (int b = 0; b < s->pred.n_blocks; b++)
             s->pred.thr_logit[b] = logf(cfg->pred_threshold / (1.0f - cfg->pred_threshold));
@@ -484,10 +486,11 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->rest_off = round_down(s->part, s->ra);
     s->rest_len = s->full_len - s->rest_off;
 
-    /* The predictors' weights stay mapped from the file and would come into memory only as decode
-     * first uses them (75 MiB on the 7B shape, past the budget): bring them in now, so the RSS below
-     * counts them. */
-    touch_predictors(&s->pred);
+    /* The predictors' weights would stay mapped from the file, come into memory only as decode first
+     * used them (75 MiB on the 7B shape, past the budget), and be reclaimed and read back mid-decode
+     * whenever a budget's cgroup sat at its limit: copy them into our own memory now, which the RSS
+     * below then counts. */
+    if (pi2_predictors_own(&s->pred) != 0) goto fail;
     /* The fixed region: everything this process holds now, what the context reserved but has not
      * touched yet (KV cache), our scratch, and a margin for the allocator, stacks and I/O rings. */
     const uint64_t rss = pi2_rss_bytes(), ctx_bytes = pi2_ctx_bytes(ctx), scratch = scratch_bytes(s);
@@ -912,6 +915,12 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         const int hot = pi2_ncache_is_hot(s->cache, k);
         int64_t hdl = pi2_ncache_find(s->cache, b, k);
         int hit = hdl >= 0;
+        if (!hit && !hot && s->tokens == 1 && s->miss_logit < INFINITY && s->pred.scores[k] <= s->miss_logit) {
+            s->skipped_misses++; /* predicted, but too unlikely to pay for its read (--miss-threshold) */
+            if (s->cfg.check_predictor && s->truth[k]) s->skipped_active++;
+            (*pos)++;
+            continue;
+        }
         if (hit) {
             pi2_ncache_pin(s->cache, hdl);
         } else {
@@ -1068,7 +1077,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"preload_s\": %.6f, \"preload_bytes\": %llu, \"bytes_read_after_load\": %llu, "
         "\"dense_batch_blocks\": %llu, \"streamed_blocks\": %llu, \"probe_rand_reads_per_s\": %.0f, "
         "\"probe_gate_reads_per_s\": %.0f, \"probe_rest_reads_per_s\": %.0f, \"probe_seq_bytes_per_s\": %.0f, "
-        "\"two_phase_source\": \"%s\", \"admit_rank\": %d, \"warmed_bundles\": %llu",
+        "\"two_phase_source\": \"%s\", \"admit_rank\": %d, \"warmed_bundles\": %llu, \"skipped_misses\": %llu",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
@@ -1083,7 +1092,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)s->dense_blocks, (unsigned long long)s->streamed_blocks, s->rand_reads_per_s,
         s->probe_gate_reads_per_s, s->probe_rest_reads_per_s, s->seq_bytes_per_s,
         cfg->two_phase ? "flag" : s->rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit,
-        (unsigned long long)s->warmed_bundles);
+        (unsigned long long)s->warmed_bundles, (unsigned long long)s->skipped_misses);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;
@@ -1098,6 +1107,9 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
                 a + f ? (double)a / (a + f) : 1.0);
         }
         OUT("]");
+        /* what was computed, not only predicted: truly active neurons --miss-threshold left unread */
+        OUT(", \"skipped_active\": %llu, \"effective_recall\": %.6f", (unsigned long long)s->skipped_active,
+            tp + fn ? (double)(tp - s->skipped_active) / (tp + fn) : 1.0);
     }
 #undef OUT
 }

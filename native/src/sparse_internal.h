@@ -30,6 +30,8 @@ struct pi2_sparse {
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */
+    float miss_logit;    /* decode: a cold miss whose predictor score is at most this is not read (INFINITY: off) */
+    uint64_t skipped_misses, skipped_active; /* skipped_active: of those, truly active (--check-predictor) */
     pi2_io *io;
     pi2_ncache *cache;
     pi2_predictors pred;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "parmat.h"
@@ -85,7 +86,35 @@ oom:
     return -1;
 }
 
+int pi2_predictors_own(pi2_predictors *p) {
+    size_t total = 0;
+    for (int b = 0; b < p->n_blocks && p->fc1; b++)
+        total += (size_t)p->fc1[b].rows * p->fc1[b].stride + (size_t)p->fc2[b].rows * p->fc2[b].stride;
+    if (!total) return 0;
+    if (!(p->owned = malloc(total))) {
+        pi2_set_error("out of memory for the predictors' weights (%.1f MiB)", total / 1048576.0);
+        return -1;
+    }
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uint8_t *at = p->owned;
+    for (int b = 0; b < p->n_blocks; b++) {
+        pi2_mat *mats[2] = {&p->fc1[b], &p->fc2[b]};
+        for (int i = 0; i < 2; i++) {
+            const size_t bytes = (size_t)mats[i]->rows * mats[i]->stride;
+            memcpy(at, mats[i]->data, bytes);
+            /* the mapping's pages are not read again: give them back (the mapping stays valid) */
+            const uintptr_t a = ((uintptr_t)mats[i]->data + page - 1) / page * page,
+                            e = ((uintptr_t)mats[i]->data + bytes) / page * page;
+            if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+            mats[i]->data = at;
+            at += bytes;
+        }
+    }
+    return 0;
+}
+
 void pi2_predictors_free(pi2_predictors *p) {
+    free(p->owned);
     free(p->fc1);
     free(p->fc2);
     free(p->thr_logit);

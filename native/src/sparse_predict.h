@@ -18,12 +18,17 @@ typedef struct {
     uint8_t *act1, *act2;
     size_t act1_row, act2_row;
     float *hid, *scores; /* [n_batch][rank_max], [n_batch][F] */
+    uint8_t *owned;      /* the weights' copy after pi2_predictors_own, else NULL (mapped from the file) */
 } pi2_predictors;
 
 /* Bind every block's predictor (checking names, types and shapes). skip: bind nothing (the oracle
  * needs none). 0, or -1 with an error naming the tensor. */
 int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int skip);
 void pi2_predictors_free(pi2_predictors *p);
+/* Copy the weights out of the file's mapping into this process's own memory, whose pages the kernel
+ * cannot drop: under a memory cgroup at its limit, mapped file pages are reclaimed and fault back in
+ * from storage mid-decode. 0 or -1 with an error. */
+int pi2_predictors_own(pi2_predictors *p);
 size_t pi2_predictors_scratch_bytes(const pi2_predictors *p);
 
 /* mask[t][k] = 1 when block's predictor calls bundle k active for in[t] (normalized FFN input). */
