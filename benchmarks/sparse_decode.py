@@ -52,7 +52,8 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived an old fi
 # neurons then all sit in any cache. Every policy computes the same neurons and adds them in the same
 # order, so a seed gives every policy the same text; each seed is one run, the median run is reported.
 TEMPERATURE = 0.8
-VARIANTS = ["dense", "bundle", "llmflash", "cache", "powerinfer2", "powerinfer2 --no-two-phase"]
+VARIANTS = ["dense", "bundle", "llmflash", "cache", "powerinfer2", "powerinfer2 --no-two-phase",
+            "powerinfer2 --miss-threshold 0.5"]  # fmt: skip
 MiB = 2**20
 
 
@@ -225,7 +226,8 @@ def main() -> None:
     best = max(
         [
             k
-            for k in ("powerinfer2@budget", "powerinfer2 --no-two-phase@budget", "powerinfer2 --plan@budget")
+            for k in ("powerinfer2@budget", "powerinfer2 --no-two-phase@budget", "powerinfer2 --plan@budget",
+                      "powerinfer2 --miss-threshold 0.5@budget")  # fmt: skip
             if k in runs
         ],
         key=lambda k: runs[k].get("decode_tps", 0),
