@@ -226,8 +226,12 @@ def main() -> None:
     best = max(
         [
             k
-            for k in ("powerinfer2@budget", "powerinfer2 --no-two-phase@budget", "powerinfer2 --plan@budget",
-                      "powerinfer2 --miss-threshold 0.5@budget")  # fmt: skip
+            for k in (
+                "powerinfer2@budget",
+                "powerinfer2 --no-two-phase@budget",
+                "powerinfer2 --plan@budget",
+                "powerinfer2 --miss-threshold 0.5@budget",
+            )  # fmt: skip
             if k in runs
         ],
         key=lambda k: runs[k].get("decode_tps", 0),
