@@ -64,6 +64,16 @@ static int parse_fraction(const char *flag, const char *v, float *out) {
     return 0;
 }
 
+/* A threshold probability: strictly between 0 and 1 (its logit must be finite). */
+static int parse_probability(const char *flag, const char *v, float *out) {
+    if (parse_fraction(flag, v, out)) return -1;
+    if (*out <= 0 || *out >= 1) {
+        pi2_set_error("%s must be strictly between 0 and 1, got '%s'", flag, v);
+        return -1;
+    }
+    return 0;
+}
+
 int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
     static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
                                    "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity",
@@ -116,14 +126,7 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
     if (!strcmp(a, "--llmflash-window")) return pi2_parse_int_arg(a, v, 1, 1 << 20, &cfg->llmflash_window) ? -1 : 2;
     if (!strcmp(a, "--hot-fraction")) return parse_fraction(a, v, &cfg->hot_fraction) ? -1 : 2;
     if (!strcmp(a, "--hot-share")) return parse_fraction(a, v, &cfg->hot_share) ? -1 : 2;
-    if (!strcmp(a, "--pred-threshold")) {
-        if (parse_fraction(a, v, &cfg->pred_threshold)) return -1;
-        if (cfg->pred_threshold <= 0 || cfg->pred_threshold >= 1) {
-            pi2_set_error("--pred-threshold must be strictly between 0 and 1, got '%s'", v);
-            return -1;
-        }
-        return 2;
-    }
+    if (!strcmp(a, "--pred-threshold")) return parse_probability(a, v, &cfg->pred_threshold) ? -1 : 2;
     if (!strcmp(a, "--prefill-stream")) {
         static const char *names[] = {"off", "auto", "on"};
         for (int i = 0; i < 3; i++)
@@ -134,14 +137,7 @@ int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) 
         pi2_set_error("--prefill-stream: expected auto, on or off, got '%s'", v);
         return -1;
     }
-    if (!strcmp(a, "--miss-threshold")) {
-        if (parse_fraction(a, v, &cfg->miss_threshold)) return -1;
-        if (cfg->miss_threshold <= 0 || cfg->miss_threshold >= 1) {
-            pi2_set_error("--miss-threshold must be strictly between 0 and 1, got '%s'", v);
-            return -1;
-        }
-        return 2;
-    }
+    if (!strcmp(a, "--miss-threshold")) return parse_probability(a, v, &cfg->miss_threshold) ? -1 : 2;
     if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
     if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
     if (!strcmp(a, "--io")) {
