@@ -352,10 +352,7 @@ static int preload(pi2_sparse *s) {
         }
     }
     if (rc != 0) /* a failed read: collect what is still in flight before the buffers go */
-        while (pi2_io_in_flight(s->io) > 0) {
-            uint64_t tags[4];
-            if (pi2_io_reap(s->io, tags, 4, 1) < 0 && pi2_io_in_flight(s->io) == 0) break;
-        }
+        for (uint64_t tags[4]; pi2_io_in_flight(s->io) > 0;) pi2_io_reap(s->io, tags, 4, 1); /* -1: one more failed */
     free(stage[0]);
     free(stage[1]);
     s->preload_ns = pi2_now_ns() - t0;
