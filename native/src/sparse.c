@@ -331,13 +331,7 @@ static int preload(pi2_sparse *s) {
         }
         if (rc != 0 || c == 0) continue;
         const int64_t p = c - 1; /* finish chunk p: wait for it (completions come in any order) */
-        while (rc == 0 && !arrived[p & 1]) {
-            uint64_t tags[4];
-            const int got = pi2_io_reap(s->io, tags, 4, 1);
-            if (got < 0) rc = -1;
-            for (int i = 0; i < got; i++) arrived[tags[i] & 1] = 1;
-        }
-        if (rc != 0) break;
+        if ((rc = pi2_sparse_wait_chunk(s, p, arrived)) != 0) break;
         const int b = (int)(p / chunks_per_block), k0 = (int)(p % chunks_per_block) * per_chunk;
         const int n = s->F - k0 < per_chunk ? (int)(s->F - k0) : per_chunk;
         for (int k = 0; k < n; k++) {

@@ -81,8 +81,7 @@ static void dense_span(pi2_sparse *s, const uint8_t *base, size_t stride, int n)
     pi2_pool_run_or_inline(s->pool, span_down_worker, &j);
 }
 
-/* Wait until the streamed read with tag STREAM_TAG | c has arrived; reads of slots finish as usual. */
-static int wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
     while (!arrived[c & 1]) {
         uint64_t tags[8];
         const int got = pi2_io_reap(s->io, tags, 8, 1);
@@ -157,7 +156,7 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
             }
         }
         if (c == 0) continue;
-        if (wait_chunk(s, c - 1, arrived) != 0) return -1;
+        if (pi2_sparse_wait_chunk(s, c - 1, arrived) != 0) return -1;
         const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
         dense_span(s, s->stage[(c - 1) & 1], stride, n);
         warm_from_stream(s, b, (c - 1) * per, n, s->stage[(c - 1) & 1]);

@@ -101,6 +101,10 @@ static inline float pi2_neuron_output(uint32_t act, float g, float u) {
 
 /* sparse.c: collect every read in flight into the cache (blocking). */
 void pi2_sparse_drain(pi2_sparse *s);
+/* sparse_batch.c: wait until chunk c of a double-buffered stream has arrived (its read's tag has c's
+ * parity in the low bit; at most two chunks fly, completions come in any order): arrived[c & 1]. The
+ * preload and the streamed batches both read blocks this way. 0, or -1 with s->error set. */
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived);
 
 /* sparse_batch.c: a batch (tokens > 1) computed densely over every neuron of block b, the paper's
  * prefill. From the resident FFN when there is one (s->block_base), else streamed from storage in
