@@ -17,7 +17,7 @@ from pathlib import Path
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
 from pi2cli.profile import check_format, read_json_file
-from pi2cli.units import parse_size
+from pi2cli.units import format_size, parse_size
 
 PLAN_FORMAT = "pi2-plan"
 PLAN_VERSION = 1
@@ -37,10 +37,6 @@ IO_METHODS = ("auto", "uring", "pread", "buffered")
 
 def round_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
-
-
-def fmt_bytes(n: float) -> str:
-    return f"{n / MiB:.0f} MiB" if abs(n) < 10 * 1024 * MiB else f"{n / 1024 / MiB:.2f} GiB"
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -281,7 +277,7 @@ def split_cache(m: ModelFacts, cache: int) -> CacheSplit:
     whole = nb * F * m.full_len
     if cache >= whole:
         return CacheSplit(cache, True, why=[
-            f"cache {fmt_bytes(cache)} holds the whole FFN ({fmt_bytes(whole)}): everything preloaded with "
+            f"cache {format_size(cache)} holds the whole FFN ({format_size(whole)}): everything preloaded with "
             f"large sequential reads at start, decode reads nothing; the hot/cold split does not matter"])  # fmt: skip
     cov = m.measured.get("hot_coverage")
     if cov is None or not 0 < cov < 1:
@@ -319,12 +315,12 @@ def split_cache(m: ModelFacts, cache: int) -> CacheSplit:
     why.append(f"hot set = the hottest {hf:.0%} of each block (they carry {cov:.0%} of activations, measured): "
                f"each is active ~{p_hot / max(p_cold, 1e-9):.0f}x as often as a cold neuron, so it is cached first")  # fmt: skip
     if hot_bytes >= hot_set:
-        why.append(f"hot_share {share}: the whole hot set ({fmt_bytes(hot_set)}) fits; the other "
-                   f"{fmt_bytes(cache - hot_set)} is the cold LRU region")  # fmt: skip
+        why.append(f"hot_share {share}: the whole hot set ({format_size(hot_set)}) fits; the other "
+                   f"{format_size(cache - hot_set)} is the cold LRU region")  # fmt: skip
     else:
-        why.append(f"hot_share {share}: the hot set ({fmt_bytes(hot_set)}) does not fit; the cold region keeps "
-                   f"{fmt_bytes(cache - hot_bytes)} (at least the predicted neurons of 2 blocks, "
-                   f"{fmt_bytes(cold_floor)}), the hot set shrinks to the rest")  # fmt: skip
+        why.append(f"hot_share {share}: the hot set ({format_size(hot_set)}) does not fit; the cold region keeps "
+                   f"{format_size(cache - hot_bytes)} (at least the predicted neurons of 2 blocks, "
+                   f"{format_size(cold_floor)}), the hot set shrinks to the rest")  # fmt: skip
     hot, cold = engine_hot_sizing(m, cache, hf, share, cluster)
     return CacheSplit(cache, False, round(hf, 4), share, cluster, hot, cold, why=why)
 
@@ -425,17 +421,17 @@ def make_plan(
     nthreads = cores["threads"]
     fixed = fixed_region_estimate(m, budget, ctx, nthreads, sparse)
     if fixed["total"] >= budget:
-        raise Pi2Error(f"--memory-budget {fmt_bytes(budget)} is too small for {m.name}: the fixed region needs "
-                       f"~{fmt_bytes(fixed['total'])} (resident weights {fmt_bytes(fixed['resident'])}, KV cache "
-                       f"for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch {fmt_bytes(fixed['scratch'])}, "
-                       f"margin {fmt_bytes(fixed['margin'])})")  # fmt: skip
+        raise Pi2Error(f"--memory-budget {format_size(budget)} is too small for {m.name}: the fixed region needs "
+                       f"~{format_size(fixed['total'])} (resident weights {format_size(fixed['resident'])}, KV cache "
+                       f"for --ctx {ctx} {format_size(fixed['kv_cache'])}, scratch {format_size(fixed['scratch'])}, "
+                       f"margin {format_size(fixed['margin'])})")  # fmt: skip
     raw = budget - fixed["total"]
     cache = raw - raw // m.full_len * SLOT_BOOKKEEPING
-    why.append(f"budget {fmt_bytes(budget)} = fixed ~{fmt_bytes(fixed['total'])} (resident "
-               f"{fmt_bytes(fixed['resident'])}, KV cache for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch "
-               f"{fmt_bytes(fixed['scratch'])}, margin {fmt_bytes(fixed['margin'])}) + "
-               + (f"neuron cache ~{fmt_bytes(cache)} (the engine measures the fixed region itself when it opens)"
-                  if sparse else f"~{fmt_bytes(raw)} for the FFN pages the page cache keeps"))  # fmt: skip
+    why.append(f"budget {format_size(budget)} = fixed ~{format_size(fixed['total'])} (resident "
+               f"{format_size(fixed['resident'])}, KV cache for --ctx {ctx} {format_size(fixed['kv_cache'])}, scratch "
+               f"{format_size(fixed['scratch'])}, margin {format_size(fixed['margin'])}) + "
+               + (f"neuron cache ~{format_size(cache)} (the engine measures the fixed region itself when it opens)"
+                  if sparse else f"~{format_size(raw)} for the FFN pages the page cache keeps"))  # fmt: skip
     info: dict = {"predicted_fixed_bytes": int(fixed["total"]), "predicted_cache_bytes": int(cache),
                   "predicted_for_ctx": ctx}  # fmt: skip
     membw = pick_membw(profile, nthreads)
@@ -500,7 +496,7 @@ def make_plan(
         best_bw = max(float(p["mb_per_s"]) for p in curve) * 1e6
         io_s = paged / best_bw
         if paged:
-            why.append(f"dense under this budget pages ~{fmt_bytes(paged)} of FFN weights from storage per token "
+            why.append(f"dense under this budget pages ~{format_size(paged)} of FFN weights from storage per token "
                        f"(estimate at the best bandwidth measured, {best_bw / 1e6:.0f} MB/s: optimistic)")  # fmt: skip
     why.extend(core_why)
     if pred_threshold is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT, cache_dir
 from pi2cli.targets.base import Progress, Target, TargetError, TransferError
+from pi2cli.units import format_size
 
 MANIFEST_NAME = ".pi2-manifest.json"
 PARTIAL_SUFFIX = ".partial"
@@ -199,19 +200,11 @@ def already_there(target: Target, items: list[PushItem], manifest: dict) -> set[
 
 
 # -------------------------------------------------------------------------------------------- push
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def check_free_space(target: Target, workdir: str, needed: int) -> int:
     free = target.free_bytes(workdir)
     if needed > free:
-        raise Pi2Error(f"not enough space on {target.name}: {human_bytes(needed)} to copy but only "
-                       f"{human_bytes(free)} free at {workdir} (free some space or push fewer models)")  # fmt: skip
+        raise Pi2Error(f"not enough space on {target.name}: {format_size(needed)} to copy but only "
+                       f"{format_size(free)} free at {workdir} (free some space or push fewer models)")  # fmt: skip
     return free
 
 

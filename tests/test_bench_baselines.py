@@ -18,6 +18,7 @@ from pi2cli.budget import detect_cgroup
 from pi2cli.cli import cli
 from pi2cli.engines import get_bench_driver
 from pi2cli.engines.llmflash import LlmFlashBenchDriver
+from pi2cli.engines.pi2_args import engine_argv, sparse_flags
 from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
@@ -299,14 +300,19 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     monkeypatch.setattr(driver, "local_binary", lambda target: sparse)
     driver.configure(local, synth_dir / "model.pi2")
     assert driver.policy == "powerinfer2"
-    assert driver.engine_args(1 << 30) == ["--policy", "powerinfer2", "--memory-budget", str(1 << 30)]
-    assert driver.engine_args(None) == ["--policy", "powerinfer2"]
+    assert sparse_flags(**driver.engine_options(1 << 30)) == [
+        "--policy",
+        "powerinfer2",
+        "--memory-budget",
+        str(1 << 30),
+    ]
+    assert sparse_flags(**driver.engine_options(None)) == ["--policy", "powerinfer2"]
     driver.configure(local, dense_pi2)
-    assert driver.policy == "dense" and driver.engine_args(None) == ["--policy", "dense"]
+    assert driver.policy == "dense" and sparse_flags(**driver.engine_options(None)) == ["--policy", "dense"]
     # a build before the sparse engine: dense, no new flags (it would reject them)
     monkeypatch.setattr(driver, "local_binary", lambda target: plain)
     driver.configure(local, synth_dir / "model.pi2")
-    assert driver.policy == "dense" and driver.engine_args(1 << 30) == []
+    assert driver.policy == "dense" and sparse_flags(**driver.engine_options(1 << 30)) == []
 
 
 def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2, monkeypatch):
@@ -320,7 +326,7 @@ def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2,
     assert driver.supports(local) is None
     driver.window = 3
     driver.configure(local, synth_dir / "model.pi2")
-    assert driver.engine_args(256 << 20) == ["--policy", "llmflash", "--llmflash-window", "3", "--memory-budget",
+    assert sparse_flags(**driver.engine_options(256 << 20)) == ["--policy", "llmflash", "--llmflash-window", "3", "--memory-budget",
                                              str(256 << 20)]  # fmt: skip
     assert driver.extra_settings == {"llmflash_window": 3}  # stored in each run's settings
     with pytest.raises(Pi2Error, match="needs a model with activation predictors"):
@@ -414,3 +420,22 @@ def test_sparse_engine_check_is_what_the_skip_says():
     if ENGINE.is_file():
         text = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
         assert ("--policy" in text.stdout + text.stderr) == ("--policy" in engine_flags(ENGINE, "generate"))
+
+
+def test_engine_argv_orders_plan_threads_and_budget_so_the_right_one_wins():
+    # --plan splices the plan's settings where it stands and later flags win: the caller's --threads
+    # after the plan, the run's budget last, flags the build lacks left out
+    argv = engine_argv("bin/pi2-engine", "chat", "m.pi2", events="e.jsonl", n_ctx=512, seed=3, threads=2,
+                       policy="cache", plan="p.json", memory_budget=1 << 30, more=["--no-two-phase"])  # fmt: skip
+    assert argv == ["bin/pi2-engine", "chat", "-m", "m.pi2", "--seed", "3", "--ctx", "512", "--events", "e.jsonl",
+                    "--policy", "cache", "--plan", "p.json", "--threads", "2", "--no-two-phase",
+                    "--memory-budget", str(1 << 30)]  # fmt: skip
+    gen = engine_argv(
+        "e", "generate", "m", events="ev", prompt="Hi", n_predict=4, temperature=0.0, ignore_eos=True
+    )
+    assert gen == ["e", "generate", "-m", "m", "-p", "Hi", "-n", "4", "--temperature", "0.0", "--seed", "0",
+                   "--ignore-eos", "--events", "ev"]  # fmt: skip
+    old_build = sparse_flags(
+        policy="powerinfer2", llmflash_window=5, plan="p", memory_budget=1 << 30, accepts=()
+    )
+    assert old_build == []

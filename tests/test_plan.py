@@ -430,6 +430,7 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
 
 
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
+    from pi2cli.engines.pi2_args import sparse_flags
     from pi2cli.engines.pi2_chat import Pi2BenchDriver
     from pi2cli.targets import get_target
 
@@ -439,5 +440,5 @@ def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, mon
     driver.use_plan(plan_path, load_plan(plan_path))
     driver.configure(get_target("local"), heavy)
     assert driver.policy == "cache"  # the plan's policy is what the result records
-    assert driver.engine_args(1 << 30) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
+    assert sparse_flags(**driver.engine_options(1 << 30)) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
                                            "--memory-budget", str(1 << 30)]  # fmt: skip

@@ -55,11 +55,8 @@ class LlmFlashBenchDriver(Pi2BenchDriver):
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
         self.policy = "llmflash"
 
-    def engine_args(self, budget_bytes: int | None) -> list[str]:
-        args = ["--policy", "llmflash", "--llmflash-window", str(self.window)]
-        if budget_bytes and "--memory-budget" in getattr(self, "_sparse_flags", frozenset()):
-            args += ["--memory-budget", str(int(budget_bytes))]
-        return args
+    def engine_options(self, budget_bytes: int | None) -> dict:
+        return {**super().engine_options(budget_bytes), "llmflash_window": self.window}
 
 
 class LlmFlashEngine:
@@ -77,9 +74,7 @@ class LlmFlashEngine:
             raise Pi2Error(
                 f"{engine_binary()} has no --policy llmflash (the sparse engine): rebuild it (make engine)"
             )
-        result = Pi2Engine().generate(
-            request, extra=["--policy", "llmflash", "--llmflash-window", str(self.window)]
-        )
+        result = Pi2Engine().generate(request, policy="llmflash", llmflash_window=self.window)
         result.engine = self.name
         result.extra["llmflash_window"] = self.window
         return result

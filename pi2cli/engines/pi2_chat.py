@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
+from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_ENGINE
 from pi2cli.targets.base import TargetError, wrap_command
@@ -387,20 +388,11 @@ class Pi2ChatSession:
                 cleanup()
 
 
-def chat_command(binary: str, model: str, events: str, *, threads: int | None, n_ctx: int, seed: int = 0,
-                 extra: list[str] | None = None) -> list[str]:  # fmt: skip
-    cmd = [binary, "chat", "-m", model, "--events", events, "--ctx", str(n_ctx), "--seed", str(seed)]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    return cmd + list(extra or [])
-
-
-def open_chat_session(target, binary: str, model: str, *, threads: int | None = None, n_ctx: int = 4096,
-                      budget=None, seed: int = 0, events_dir: str | None = None,
-                      extra: list[str] | None = None) -> Pi2ChatSession:  # fmt: skip
+def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, budget=None, seed: int = 0,
+                      events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
-    (a temporary directory here, the working directory on a device). `extra`: more engine flags
-    (--policy, --memory-budget, ...)."""
+    (a temporary directory here, the working directory on a device). `sparse`: the keywords of
+    pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
     if target.kind in ("local", "qemu"):
         import shutil
         import tempfile
@@ -409,8 +401,8 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
         events_dir = events_dir or tempfile.mkdtemp(prefix="pi2-chat-")
         events = str(Path(events_dir) / "events.jsonl")
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
-        argv = target.command_prefix() + chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                      seed=seed, extra=extra)  # fmt: skip
+        argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx, seed=seed,
+                                                     **sparse)  # fmt: skip
         process = LocalChatProcess(argv, budget=budget)
     else:
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
@@ -421,8 +413,8 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
             target.sh(f"rm -f {shlex.quote(events)}", timeout=10)
 
         try:
-            process = adb_chat_process(target, chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                            seed=seed, extra=extra))  # fmt: skip
+            process = adb_chat_process(target, engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx,
+                                                           seed=seed, **sparse))  # fmt: skip
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
@@ -430,7 +422,7 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
 
 # ---------------------------------------------------------------------------------------- bench driver
 # each sparse flag with a value every engine that knows the flag accepts
-SPARSE_FLAGS = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5", "--plan": "none.json"}
+PROBE_VALUES = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5", "--plan": "none.json"}
 _flag_cache: dict[tuple, frozenset[str]] = {}
 
 
@@ -448,7 +440,7 @@ def engine_flags(
     if key not in _flag_cache:
         try:
             found = set()
-            for flag, value in SPARSE_FLAGS.items():
+            for flag, value in PROBE_VALUES.items():
                 out = subprocess.run([*prefix, str(binary), command, flag, value], stdin=subprocess.DEVNULL,
                                      capture_output=True, text=True, timeout=60)  # fmt: skip
                 if not re.search(
@@ -457,7 +449,7 @@ def engine_flags(
                     found.add(flag)
         except (OSError, subprocess.TimeoutExpired):  # not runnable here: read its option strings
             data = binary.read_bytes()
-            found = {f for f in SPARSE_FLAGS if f.encode() + b"\0" in data}
+            found = {f for f in PROBE_VALUES if f.encode() + b"\0" in data}
         _flag_cache[key] = frozenset(found)
     return _flag_cache[key]
 
@@ -498,6 +490,7 @@ class Pi2BenchDriver:
         self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
         self.plan_data: dict = {}
         self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
+        self._sparse_flags: frozenset[str] = frozenset()  # the sparse flags of the build (configure())
 
     def use_plan(self, path: Path, data: dict) -> None:
         """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
@@ -533,24 +526,17 @@ class Pi2BenchDriver:
                                f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
             self.policy = str(self.plan_data.get("policy", self.policy))
 
-    def engine_args(self, budget_bytes: int | None) -> list[str]:
-        """The policy and budget flags for pi2-engine (none for a build that has no --policy)."""
-        flags = getattr(self, "_sparse_flags", frozenset())
-        args = ["--policy", self.policy] if "--policy" in flags else []
-        if self.plan_remote and "--plan" in flags:
-            args += ["--plan", self.plan_remote]  # after the policy (the plan's wins), before the budget
-        if budget_bytes and "--memory-budget" in flags:
-            args += ["--memory-budget", str(int(budget_bytes))]
-        return args
+    def engine_options(self, budget_bytes: int | None) -> dict:
+        """This driver's sparse settings as keywords of pi2_args.sparse_flags; the flags the build
+        lacks (a build before the sparse engine has none) are left out there."""
+        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
+                "accepts": self._sparse_flags}  # fmt: skip
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        extra = self.engine_args(budget_bytes)
-        if threads and "--plan" in extra:
-            extra += ["--threads", str(threads)]  # the bench's --threads overrides the plan's
-        return open_chat_session(target, binary, model, threads=threads, n_ctx=n_ctx, budget=budget, seed=seed,
-                                 extra=extra)  # fmt: skip
+        return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
+                                 **self.engine_options(budget_bytes))  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__
