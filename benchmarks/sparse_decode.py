@@ -41,11 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
 from pi2cli.engines.pi2_args import engine_argv
-from pi2cli.pi2file import Pi2File
+from pi2cli.models.pi2file import Pi2File
+from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 
 from pi2cli.cli import cli  # noqa: E402
-from pi2cli.push import collect_items, push_files  # noqa: E402
+from pi2cli.hw.push import collect_items, push_files  # noqa: E402
 from pi2cli.targets import TargetError, get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench import BenchConfig, run_bench
-from pi2cli.budget import detect_cgroup
+from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines import get_bench_driver
 from pi2cli.engines.llmflash import LlmFlashBenchDriver
@@ -22,6 +21,7 @@ from pi2cli.engines.pi2_args import engine_argv, sparse_flags
 from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
+from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.targets import get_target
 
@@ -68,7 +68,7 @@ def synth_dir(tmp_path_factory, smollm2_gguf) -> Path:
 @pytest.fixture(scope="module")
 def dense_pi2(tmp_path_factory, smollm2_gguf) -> Path:
     """SmolLM2 as .pi2: a real model without predictors."""
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     d = tmp_path_factory.mktemp("smollm2")
     convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
+from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines.llamacpp_chat import LlamaCppBenchDriver, build_target_for
 from pi2cli.errors import Pi2Error
@@ -223,7 +223,7 @@ def _cached_arm64_build() -> Path | None:
     """The linux-arm64 llama.cpp build when it is already in the cache (never built here: ~35 min)."""
     import shutil
 
-    from pi2cli.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
+    from pi2cli.build.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
 
     if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc") is None:
         return None

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
-from pi2cli.plan import (
+from pi2cli.plan.plan import (
     ModelFacts,
     engine_hot_sizing,
     load_plan,
@@ -20,7 +20,7 @@ from pi2cli.plan import (
     read_time_s,
     validate_plan,
 )
-from pi2cli.profile import load_profile, measure, probe_steps, validate_profile
+from pi2cli.plan.profile import load_profile, measure, probe_steps, validate_profile
 
 MiB = 1 << 20
 

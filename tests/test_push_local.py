@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.push import collect_items, engine_files, push_files, sha256_file
+from pi2cli.hw.push import collect_items, engine_files, push_files, sha256_file
 from pi2cli.targets import get_target
 
 

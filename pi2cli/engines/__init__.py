@@ -1,4 +1,5 @@
-"""Engine drivers: one module per system behind the interface in base.py.
+"""Engine drivers: one module per system behind the interface in base.py, and what runs pi2-engine
+for other layers (measure.py: the predictor statistics the engine counts).
 
 A new engine is one file here plus one line in DRIVERS.
 """

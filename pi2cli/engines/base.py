@@ -101,7 +101,7 @@ class BenchDriver(Protocol):
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> ChatSession:  # fmt: skip
-        """Start the engine on `target` with `model` (a path there). budget: a pi2cli.budget.Budget
+        """Start the engine on `target` with `model` (a path there). budget: a pi2cli.plan.budget.Budget
         (local targets only) the process must start inside; budget_bytes: the same budget in bytes on
         any target, for engines that manage their own memory (pi2-engine --memory-budget)."""
         ...

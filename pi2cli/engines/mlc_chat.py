@@ -28,8 +28,8 @@ from pi2cli.engines.mlc import (
     stream_chat,
 )
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.rusage import wrapper_binary
 from pi2cli.results.schema import PEAK_RSS_WRAPPER
-from pi2cli.rusage import wrapper_binary
 
 MODEL_ENV = "PI2_MLC_MODEL"
 

@@ -464,7 +464,7 @@ def model_has_predictor(model: Path) -> bool | None:
     """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
     when the header cannot be read, so the engine itself reports what is wrong with the file (the run
     is then on record as failed with the engine's own error)."""
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.pi2file import Pi2File
 
     try:
         return Pi2File(model, verify=False).header.has_predictor
@@ -494,7 +494,7 @@ class Pi2BenchDriver:
 
     def use_plan(self, path: Path, data: dict) -> None:
         """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
-        from pi2cli.plan import SETTINGS
+        from pi2cli.plan.plan import SETTINGS
 
         self.plan_local, self.plan_data = Path(path), dict(data)
         self.plan_remote = str(Path(path).resolve())
@@ -505,7 +505,7 @@ class Pi2BenchDriver:
         return None
 
     def local_binary(self, target) -> Path:
-        from pi2cli.push import engine_files
+        from pi2cli.hw.push import engine_files
 
         found = [p for p in engine_files(target) if p.name == "pi2-engine"]
         if not found:
@@ -540,7 +540,7 @@ class Pi2BenchDriver:
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__
-        from pi2cli.push import sha256_file
+        from pi2cli.hw.push import sha256_file
         from pi2cli.results.schema import pi2_commit
 
         binary = self.local_binary(target)

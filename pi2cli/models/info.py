@@ -70,7 +70,7 @@ def file_info(path: Path, verify: bool = False) -> dict:
         return _gguf_info(path)
     from dataclasses import asdict
 
-    from pi2cli.pi2file import Pi2File, Pi2FormatError
+    from pi2cli.models.pi2file import Pi2File, Pi2FormatError
 
     try:
         f = Pi2File(path, verify=verify)

@@ -24,12 +24,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pi2cli.bench.workloads import (
+    ChatTemplate,
+    Conversation,
+    gguf_chat_template,
+    load_workload,
+    workload_path,
+)
 from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
 from pi2cli.units import parse_size
-from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, load_workload, workload_path
 
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096
@@ -94,7 +100,7 @@ def resolve_model(
 
 
 def convert_for_pi2(gguf: Path, reporter: Reporter | None = None) -> Path:
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     out = gguf.with_suffix(".pi2")
     if reporter:
@@ -136,7 +142,7 @@ class MemorySampler:
     """Reads the engine process's memory through the target every `interval_s` in a thread: the memory
     curve (memory_samples). Never the peak: a poll misses whatever happened between two reads.
 
-    wrapper=True: `pid` is pi2-rusage (pi2cli.rusage), and the process sampled is the command it started."""
+    wrapper=True: `pid` is pi2-rusage (pi2cli.hw.rusage), and the process sampled is the command it started."""
 
     def __init__(self, target, pid: int | None, interval_s: float = 0.5, wrapper: bool = False):
         self.target, self.interval_s = target, interval_s
@@ -158,7 +164,7 @@ class MemorySampler:
             self.samples.append((round(time.monotonic() - self._t0, 3), usage.rss_bytes, usage.pss_bytes))
 
     def _loop(self) -> None:
-        from pi2cli.rusage import engine_pid
+        from pi2cli.hw.rusage import engine_pid
 
         while self.pid is None and not self._stop.is_set():  # the wrapper has not forked the engine yet
             self.pid = engine_pid(self.wrapper_pid)
@@ -269,7 +275,7 @@ class RunOutcome:
 
 def file_sha256(path: Path) -> str:
     """sha256, remembered across runs by (path, size, mtime) as pi2 push does (GB models hash once)."""
-    from pi2cli.push import sha256_file
+    from pi2cli.hw.push import sha256_file
 
     return sha256_file(Path(path))
 
@@ -286,8 +292,8 @@ def model_facts(model: ModelFiles) -> dict:
     Synthetic models say so in both forms (the .pi2's metadata JSON, the twin's `pi2.synthetic` key);
     either is enough, so a result can never present synthetic weights as a real model.
     """
-    from pi2cli.gguf_meta import read_gguf_metadata
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.gguf_meta import read_gguf_metadata
+    from pi2cli.models.pi2file import Pi2File
 
     facts = {"quant": None, "arch": None, "synthetic": False}
     if model.gguf is not None:
@@ -317,7 +323,7 @@ class Prepared:
 
 
 def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Prepared:
-    """Local targets run the build and model in place; devices get them through pi2cli.push (skipping
+    """Local targets run the build and model in place; devices get them through pi2cli.hw.push (skipping
     what is already there)."""
     reason = driver.supports(target)
     if reason:
@@ -327,7 +333,7 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
         driver.configure(target, local_model)
     if target.kind in ("local", "qemu"):
         return Prepared(driver, local_model, str(local_model), None)
-    from pi2cli.push import collect_items, push_files
+    from pi2cli.hw.push import collect_items, push_files
 
     workdir = target.workdir
     binaries = driver.binaries(target)
@@ -400,7 +406,7 @@ def run_one(
     reporter: Reporter,
 ) -> RunOutcome:
     """One engine x workload x budget: every conversation (x repeat) through one engine process."""
-    from pi2cli.budget import Budget
+    from pi2cli.plan.budget import Budget
     from pi2cli.results import store
 
     driver = prepared.driver
@@ -547,7 +553,7 @@ def apply_engine_options(drivers: list, cfg: BenchConfig) -> None:
         elif d.name == "mlc-llm":
             d.runner, d.model = cfg.mlc_runner or d.runner, cfg.mlc_model or d.model
         if d.name == "pi2" and cfg.plan:
-            from pi2cli.plan import load_plan
+            from pi2cli.plan.plan import load_plan
 
             d.use_plan(Path(cfg.plan), load_plan(cfg.plan))
 
@@ -556,7 +562,7 @@ def plan_budget(cfg: BenchConfig) -> None:
     """With --plan and no --memory-budget, the bench runs under the plan's budget (enforced as any)."""
     if not cfg.plan or any(b is not None for b in cfg.budgets):
         return
-    from pi2cli.plan import load_plan
+    from pi2cli.plan.plan import load_plan
 
     value = load_plan(cfg.plan).get("memory_budget")
     if value is not None:
@@ -625,7 +631,7 @@ DEFAULT_LLAMA_BENCH_REPEAT = 3
 
 def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) -> list[RunOutcome]:
     """`--mode llama-bench`: llama.cpp's own pp/tg benchmark on the GGUF, one run per memory budget."""
-    from pi2cli.rusage import wrapper_binary
+    from pi2cli.hw.rusage import wrapper_binary
     from pi2cli.targets import get_target
 
     others = [d.name for d in drivers if d.name != "llama.cpp"]
@@ -661,15 +667,15 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     import os
     import subprocess
 
-    from pi2cli.budget import Budget
     from pi2cli.engines.llamacpp import (
         LLAMA_BENCH_HOW,
         check_llama_bench_exit,
         llama_bench_command,
         parse_llama_bench_json,
     )
+    from pi2cli.hw.rusage import Measured
+    from pi2cli.plan.budget import Budget
     from pi2cli.results import store
-    from pi2cli.rusage import Measured
 
     n_gen = DEFAULT_LLAMA_BENCH_N_GEN if cfg.n_gen is None else cfg.n_gen
     reps = cfg.repeat

@@ -151,7 +151,7 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> ProbeRunner:
     """A runner for pi2-probe on `target`: the host build here, the arm64 build under qemu, or the binary
     pushed (content-checked, skipped when already there) to WORKDIR/bin on an adb device."""
-    from pi2cli.push import collect_items, engine_files, push_files
+    from pi2cli.hw.push import collect_items, engine_files, push_files
     from pi2cli.targets import TargetError
 
     found = [p for p in engine_files(target) if p.name == "pi2-probe"]

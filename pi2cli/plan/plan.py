@@ -1,8 +1,8 @@
 """`pi2 plan`: choose the sparse engine's settings for one model, one device and one memory budget.
 
-Inputs: the model's header and metadata (pi2cli.pi2file: dimensions, neuron type, predictors, and what
+Inputs: the model's header and metadata (pi2cli.models.pi2file: dimensions, neuron type, predictors, and what
 the generator or converter measured: predictor precision, sparsity, hot-set coverage), a hardware
-profile (pi2cli.profile: memory bandwidth, the storage curve, the cores) and the budget. Output: a plan
+profile (pi2cli.plan.profile: memory bandwidth, the storage curve, the cores) and the budget. Output: a plan
 file, one flat JSON object whose settings are pi2-engine flags (`pi2-engine generate --plan FILE`), plus
 the reasons for each choice ("why") and an estimate of the time per token. docs/PLAN.md has the rules
 and the format; everything here is plain functions over plain data so the tests can drive them.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
-from pi2cli.profile import check_format, read_json_file
+from pi2cli.plan.profile import check_format, read_json_file
 from pi2cli.units import format_size, parse_size
 
 PLAN_FORMAT = "pi2-plan"
@@ -103,7 +103,7 @@ class ModelFacts:
 
 
 def model_facts(path: str | Path) -> ModelFacts:
-    from pi2cli.pi2file import SEC_RESIDENT, Pi2File, Pi2FormatError
+    from pi2cli.models.pi2file import SEC_RESIDENT, Pi2File, Pi2FormatError
 
     path = Path(path)
     if not path.is_file():
@@ -400,7 +400,7 @@ def make_plan(
             raise Pi2Error(f"--pred-threshold must be a probability in (0, 1), got {pred_threshold}")
         if not m.has_predictor:
             raise Pi2Error("--pred-threshold needs a model with activation predictors")
-    from pi2cli.profile import validate_profile
+    from pi2cli.plan.profile import validate_profile
 
     validate_profile(profile)
     curve = profile["storage"]["curve"]
