@@ -15,10 +15,11 @@ from click.testing import CliRunner
 
 from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines import get_bench_driver
-from pi2cli.engines.llmflash import LlmFlashBenchDriver
+from pi2cli.engines import get_driver
+from pi2cli.engines.llmflash import LlmFlashDriver
+from pi2cli.engines.pi2 import Pi2Driver
 from pi2cli.engines.pi2_args import engine_argv, sparse_flags
-from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, summary_counters, turn_io_sums
+from pi2cli.engines.pi2_chat import engine_flags, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
@@ -296,7 +297,7 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     assert engine_flags(sparse) == {"--policy", "--memory-budget", "--llmflash-window"}
     assert engine_flags(plain) == frozenset()
 
-    driver = Pi2BenchDriver()
+    driver = Pi2Driver()
     monkeypatch.setattr(driver, "local_binary", lambda target: sparse)
     driver.configure(local, synth_dir / "model.pi2")
     assert driver.policy == "powerinfer2"
@@ -317,8 +318,8 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
 
 def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2, monkeypatch):
     local = get_target("local")
-    driver = get_bench_driver("llmflash")
-    assert isinstance(driver, LlmFlashBenchDriver) and driver.window == 5 and driver.name == "llmflash"
+    driver = get_driver("llmflash")
+    assert isinstance(driver, LlmFlashDriver) and driver.window == 5 and driver.name == "llmflash"
     sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
     monkeypatch.setattr(driver, "local_binary", lambda target: fake_binary(tmp_path, []))
     assert "needs a pi2-engine with --policy llmflash" in driver.supports(local)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines.llamacpp_chat import LlamaCppBenchDriver, build_target_for
+from pi2cli.engines.llamacpp_chat import LlamaCppDriver, build_target_for
 from pi2cli.errors import Pi2Error
 from pi2cli.results import store
 from pi2cli.targets import get_target
@@ -200,7 +200,7 @@ def test_which_build_runs_where(monkeypatch):
         assert build_target_for(T("adb", "arm64")) == "android-arm64"
     with pytest.raises(Pi2Error, match="no llama.cpp build"):
         build_target_for(T("adb", "mips"))
-    d = LlamaCppBenchDriver()
+    d = LlamaCppDriver()
     assert d.supports(T("adb", "arm64")) is None and d.supports(T("local", here)) is None
     assert "shell v2" in d.supports(T("adb", "arm64", features=()))
     assert "mips" in d.supports(T("adb", "mips")) and "qemu" in d.supports(T("qemu", "arm64"))

@@ -430,13 +430,13 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
 
 
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
+    from pi2cli.engines.pi2 import Pi2Driver
     from pi2cli.engines.pi2_args import sparse_flags
-    from pi2cli.engines.pi2_chat import Pi2BenchDriver
     from pi2cli.targets import get_target
 
     plan_path = tmp_path / "p.json"
     plan_path.write_text(json.dumps({"format": "pi2-plan", "version": 1, "policy": "cache", "threads": 2}))
-    driver = Pi2BenchDriver()
+    driver = Pi2Driver()
     driver.use_plan(plan_path, load_plan(plan_path))
     driver.configure(get_target("local"), heavy)
     assert driver.policy == "cache"  # the plan's policy is what the result records

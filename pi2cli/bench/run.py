@@ -329,23 +329,20 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
     if reason:
         raise Pi2Error(reason)
     local_model = model.for_engine(driver.model_suffix, driver.name)
-    if hasattr(driver, "configure"):
-        driver.configure(target, local_model)
-    if target.kind in ("local", "qemu"):
+    driver.configure(target, local_model)
+    if target.on_this_machine:
         return Prepared(driver, local_model, str(local_model), None)
     from pi2cli.hw.push import collect_items, push_files
 
     workdir = target.workdir
     binaries = driver.binaries(target)
-    plans = [driver.plan_local] if getattr(driver, "plan_local", None) else []
-    items = collect_items(target, workdir, engine=binaries, models=[local_model], plans=plans)
-    reporter.message(
-        f"pushing {', '.join(p.name for p in [*binaries, local_model, *plans])} to {target.name}"
-    )
+    extra = driver.extra_files()
+    items = collect_items(target, workdir, engine=binaries, models=[local_model], **extra)
+    names = [p.name for p in [*binaries, local_model, *(f for files in extra.values() for f in files)]]
+    reporter.message(f"pushing {', '.join(names)} to {target.name}")
     report = push_files(target, items, workdir)
     copied = sum(1 for f in report.files if f.action == "copied")
-    if plans:
-        driver.plan_remote = f"{workdir.rstrip('/')}/plans/{plans[0].name}"
+    driver.files_pushed(workdir.rstrip("/"))
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
     return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
                     f"{workdir.rstrip('/')}/bin")  # fmt: skip
@@ -354,7 +351,7 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
 def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:
     if budget_bytes is None:
         return S.memory_info(None)
-    if target.kind == "adb":
+    if not target.on_this_machine:
         return S.memory_info(
             budget_bytes, enforced=False, how="not enforced on adb devices (no cgroup control)"
         )
@@ -423,8 +420,8 @@ def run_one(
         memory=memory_block(target, budget_bytes, None),
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
-                                 limit=cfg.limit, **getattr(driver, "extra_settings", {})),
-        measurement=driver.measurement(target) if hasattr(driver, "measurement") else driver.how,
+                                 limit=cfg.limit, **driver.extra_settings),
+        measurement=driver.measurement(target),
         tags=cfg.tags,
     )  # fmt: skip
     total_turns = cfg.repeat * sum(len(c.turns) for c in conversations)
@@ -436,8 +433,8 @@ def run_one(
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
     # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
-    outside = getattr(driver, "budget_outside", None)
-    local_budget = budget_bytes if target.kind in ("local", "qemu") and not outside else None
+    outside = driver.budget_outside()
+    local_budget = budget_bytes if target.on_this_machine and not outside else None
     if budget_bytes and outside:
         budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
     try:
@@ -544,18 +541,13 @@ MODES = ("chat", "llama-bench")
 
 
 def apply_engine_options(drivers: list, cfg: BenchConfig) -> None:
-    """The bench options that belong to one engine: llama.cpp's build, llmflash's window, MLC's runner."""
+    """The bench options that belong to one engine (each driver declares its own: llama.cpp's build,
+    llmflash's window, MLC's runner, pi2's plan): every one that was given goes to its driver."""
+    given = {name: value for name, value in vars(cfg).items() if value is not None}
     for d in drivers:
-        if d.name == "llama.cpp" and cfg.llamacpp_bin_dir:
-            d._bin_dir = Path(cfg.llamacpp_bin_dir)
-        elif d.name == "llmflash":
-            d.window = cfg.llmflash_window
-        elif d.name == "mlc-llm":
-            d.runner, d.model = cfg.mlc_runner or d.runner, cfg.mlc_model or d.model
-        if d.name == "pi2" and cfg.plan:
-            from pi2cli.plan.plan import load_plan
-
-            d.use_plan(Path(cfg.plan), load_plan(cfg.plan))
+        for name in d.options:
+            if name in given:
+                d.set_option(name, given[name])
 
 
 def plan_budget(cfg: BenchConfig) -> None:
@@ -571,7 +563,7 @@ def plan_budget(cfg: BenchConfig) -> None:
 
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
     """Resolve everything first (so a typo fails before anything runs), then every run in turn."""
-    from pi2cli.engines import get_bench_driver
+    from pi2cli.engines import get_driver
     from pi2cli.targets import get_target
 
     reporter = reporter or Reporter()
@@ -588,7 +580,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     store.check_writable(
         cfg.results_dir
     )  # a read-only or impossible --results-dir fails now, not after the runs
-    drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
+    drivers = [get_driver(name) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
     apply_engine_options(drivers, cfg)
@@ -605,7 +597,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         if reason:
             raise Pi2Error(reason)
     if cfg.cool_below is None:
-        cfg.cool_below = DEFAULT_COOL_BELOW_PHONE if target.kind == "adb" else 0
+        cfg.cool_below = 0 if target.on_this_machine else DEFAULT_COOL_BELOW_PHONE
     model = resolve_model(cfg.model, convert_missing_pi2=any(d.model_suffix == ".pi2" for d in drivers),
                           reporter=reporter)  # fmt: skip
     if cfg.ctx is None:

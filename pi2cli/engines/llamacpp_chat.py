@@ -14,8 +14,8 @@ import os
 import platform
 from pathlib import Path
 
-from pi2cli.engines.base import TurnFailed
-from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult, TurnFailed
+from pi2cli.engines.llamacpp import LlamaCppEngine, LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -85,14 +85,26 @@ def build_target_for(target) -> str:
     raise Pi2Error(f"no llama.cpp build runs on {target.name} ({target.arch})")
 
 
-class LlamaCppBenchDriver:
+class LlamaCppDriver(Driver):
+    """llama.cpp: `pi2 generate` through LlamaCppEngine, `pi2 bench` through llama-server sessions here
+    or on an adb device; option: the host build to use (--llamacpp bin dir)."""
+
     name = "llama.cpp"
     policy = None
     model_suffix = ".gguf"
+    options = ("llamacpp_bin_dir",)
 
     def __init__(self, bin_dir: Path | None = None):
+        super().__init__()
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self._device_bin_dirs: dict[str, Path] = {}
+
+    def set_option(self, name: str, value) -> None:
+        assert name == "llamacpp_bin_dir"
+        self._bin_dir = Path(value)
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        return LlamaCppEngine(self._bin_dir).generate(request)
 
     @property
     def how(self) -> str:

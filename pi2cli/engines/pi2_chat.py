@@ -183,7 +183,7 @@ class EventsTail:
         self.target, self.path, self.offset = target, path, 0
 
     def read_new(self) -> list[dict]:
-        if self.target.kind in ("local", "qemu"):
+        if self.target.on_this_machine:
             try:
                 with open(self.path, "rb") as f:
                     f.seek(self.offset)
@@ -393,7 +393,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, bud
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
     (a temporary directory here, the working directory on a device). `sparse`: the keywords of
     pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
-    if target.kind in ("local", "qemu"):
+    if target.on_this_machine:
         import shutil
         import tempfile
 
@@ -456,7 +456,7 @@ def engine_flags(
 
 def target_engine_flags(target, binary: Path) -> frozenset[str]:
     """engine_flags of the build for `target`, run the way the target runs it when it runs here."""
-    prefix = tuple(target.command_prefix()) if target.kind in ("local", "qemu") else ()
+    prefix = tuple(target.command_prefix()) if target.on_this_machine else ()
     return engine_flags(binary, "chat", prefix)
 
 
@@ -470,86 +470,3 @@ def model_has_predictor(model: Path) -> bool | None:
         return Pi2File(model, verify=False).header.has_predictor
     except (Pi2Error, OSError, ValueError):
         return None
-
-
-class Pi2BenchDriver:
-    """The pi2 engine for `pi2 bench` (BenchDriver): the .pi2 twin, pi2-engine chat on any target.
-
-    The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
-    otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
-    its neuron cache from it), while the host still enforces the budget with a cgroup as for every
-    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
-
-    name = "pi2"
-    policy = "dense"
-    model_suffix = ".pi2"
-    how = HOW
-
-    def __init__(self):
-        self.extra_settings: dict = {}  # stored in the result's settings block
-        self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
-        self.plan_data: dict = {}
-        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
-        self._sparse_flags: frozenset[str] = frozenset()  # the sparse flags of the build (configure())
-
-    def use_plan(self, path: Path, data: dict) -> None:
-        """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
-        from pi2cli.plan.plan import SETTINGS
-
-        self.plan_local, self.plan_data = Path(path), dict(data)
-        self.plan_remote = str(Path(path).resolve())
-        self.extra_settings["plan"] = {"file": Path(path).name,
-                                       **{k: data[k] for k in SETTINGS if k in data}}  # fmt: skip
-
-    def supports(self, target) -> str | None:
-        return None
-
-    def local_binary(self, target) -> Path:
-        from pi2cli.hw.push import engine_files
-
-        found = [p for p in engine_files(target) if p.name == "pi2-engine"]
-        if not found:
-            raise Pi2Error(f"no pi2-engine build for {target.name} (run `make engine`)", exit_code=2)
-        return found[0]
-
-    def binaries(self, target) -> list[Path]:
-        return [self.local_binary(target)]
-
-    def configure(self, target, model_local: Path) -> None:
-        """Choose the policy for this model and this engine build (before engine_info records it)."""
-        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
-        sparse = "--policy" in self._sparse_flags
-        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
-        if self.plan_local is not None:
-            if "--plan" not in self._sparse_flags:
-                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
-                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
-            self.policy = str(self.plan_data.get("policy", self.policy))
-
-    def engine_options(self, budget_bytes: int | None) -> dict:
-        """This driver's sparse settings as keywords of pi2_args.sparse_flags; the flags the build
-        lacks (a build before the sparse engine has none) are left out there."""
-        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
-                "accepts": self._sparse_flags}  # fmt: skip
-
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
-        binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
-                                 **self.engine_options(budget_bytes))  # fmt: skip
-
-    def engine_info(self, target) -> dict:
-        from pi2cli import __version__
-        from pi2cli.hw.push import sha256_file
-        from pi2cli.results.schema import pi2_commit
-
-        binary = self.local_binary(target)
-        build_type = None
-        cache = binary.parent / "CMakeCache.txt"
-        if cache.is_file():
-            for line in cache.read_text(errors="replace").splitlines():
-                if line.startswith("CMAKE_BUILD_TYPE:"):
-                    build_type = line.split("=", 1)[1] or None
-        return {"name": self.name, "version": __version__, "commit": pi2_commit().get("commit"),
-                "build_flags": None, "build_type": build_type, "policy": self.policy,
-                "binary_sha256": sha256_file(binary)}  # fmt: skip

@@ -331,6 +331,12 @@ class ShellTarget:
     def sh(self, command: str, timeout: float | None = 60) -> CommandResult:  # pragma: no cover
         raise NotImplementedError
 
+    @property
+    def on_this_machine(self) -> bool:
+        """True for targets that run here (local, qemu-user): their files are used in place (no push),
+        their events files read directly, and a memory cgroup binds their processes."""
+        return False
+
     def facts(self) -> dict:
         if self._facts is None:
             facts = parse_facts(self.sh(FACTS_SCRIPT, timeout=30).stdout)

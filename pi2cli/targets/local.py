@@ -104,6 +104,10 @@ class LocalTarget(ShellTarget):
         except OSError as exc:
             raise TransferError(f"copy from {remote} failed: {exc.strerror or exc}") from exc
 
+    @property
+    def on_this_machine(self) -> bool:
+        return True
+
     def command_prefix(self) -> list[str]:
         return []
 
