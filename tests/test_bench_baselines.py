@@ -271,11 +271,18 @@ def fake_binary(tmp_path: Path, flags: list[str]) -> Path:
 
 
 def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
-    """An executable that answers like pi2-engine when given one option and no model."""
+    """An executable that answers `capabilities --json` as pi2-engine does, with `knows` as chat's flags
+    (knows=None: a build from before the command, which refuses it)."""
     path = tmp_path / name
-    cases = "".join(f'  {flag}) echo "pi2-engine: error: no model (-m)" >&2; exit 1;;\n' for flag in knows)
-    path.write_text(f'#!/bin/sh\ncase "$2" in\n{cases}  *) echo "pi2-engine: error: unknown $1 option \'$2\' '
-                    f'(see pi2-engine $1 --help)" >&2; exit 1;;\nesac\n')  # fmt: skip
+    if knows is None:
+        path.write_text("#!/bin/sh\necho \"pi2-engine: error: unknown command '$1'\" >&2; exit 1\n")
+    else:
+        flags = [
+            {"name": f, "takes_value": True, "sparse": True, "help": ""} for f in ["--model", *sorted(knows)]
+        ]
+        caps = {"schema": 1, "commands": ["chat"], "flags": {"chat": flags, "generate": flags[:1]},
+                "plan_keys": ["policy"], "policies": ["dense"]}  # fmt: skip
+        path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(caps)}\nEOF\n")
     path.chmod(0o755)
     return path
 
@@ -283,11 +290,15 @@ def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
 def test_engine_flags_asks_the_engine_and_reads_builds_it_cannot_run(tmp_path):
     old = fake_engine(tmp_path, "old", set())
     new = fake_engine(tmp_path, "new", {"--policy", "--memory-budget", "--llmflash-window"})
-    assert engine_flags(old) == frozenset() and engine_flags(old, "generate") == frozenset()
-    assert engine_flags(new) == {"--policy", "--memory-budget", "--llmflash-window"}
-    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--policy"}
-    # a build for another machine: its option strings (here a file that cannot be executed)
+    assert engine_flags(old) == {"--model"} and engine_flags(new, "generate") == {"--model"}
+    assert engine_flags(new) == {"--model", "--policy", "--memory-budget", "--llmflash-window"}
+    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--model", "--policy"}
+    # a build for another machine (a file that cannot be executed), or one from before `capabilities`
+    # (it refuses the command): its option strings
     assert engine_flags(fake_binary(tmp_path, ["--policy"])) == {"--policy"}
+    before = fake_engine(tmp_path, "before", None)
+    before.write_bytes(before.read_bytes() + b"\0--plan\0")
+    assert engine_flags(before) == {"--plan"}
 
 
 def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2, monkeypatch):

@@ -111,12 +111,12 @@ class Pi2Driver(Driver):
 
     def use_plan(self, path: Path, data: dict) -> None:
         """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
-        from pi2cli.plan.plan import SETTINGS
+        from pi2cli.build.capabilities import plan_keys
 
         self.plan_local, self.plan_data = Path(path), dict(data)
         self.plan_remote = str(Path(path).resolve())
         self.extra_settings["plan"] = {"file": Path(path).name,
-                                       **{k: data[k] for k in SETTINGS if k in data}}  # fmt: skip
+                                       **{k: data[k] for k in plan_keys() if k in data}}  # fmt: skip
 
     def extra_files(self) -> dict[str, list[Path]]:
         return {"plans": [self.plan_local]} if self.plan_local else {}

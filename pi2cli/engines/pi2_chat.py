@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shlex
 import struct
 import subprocess
@@ -27,6 +26,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from pi2cli.build.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.engines.pi2_args import engine_argv
@@ -421,37 +421,11 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, bud
 
 
 # ---------------------------------------------------------------------------------------- bench driver
-# each sparse flag with a value every engine that knows the flag accepts
-PROBE_VALUES = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5", "--plan": "none.json"}
-_flag_cache: dict[tuple, frozenset[str]] = {}
-
-
 def engine_flags(
     binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
 ) -> frozenset[str]:
-    """Which of the sparse engine's flags `pi2-engine COMMAND` accepts.
-
-    Asked of the engine itself where it runs here (prefix: e.g. qemu-aarch64 for an arm64 build): each
-    flag alone with no model; an engine that does not know it answers "unknown ... option '--flag'",
-    one that does goes on and complains about the missing model. A build that cannot run here (a
-    phone's) is read instead: the flag among its option strings. Remembered per binary version."""
-    st = binary.stat()
-    key = (str(binary), st.st_size, st.st_mtime_ns, command, tuple(prefix))
-    if key not in _flag_cache:
-        try:
-            found = set()
-            for flag, value in PROBE_VALUES.items():
-                out = subprocess.run([*prefix, str(binary), command, flag, value], stdin=subprocess.DEVNULL,
-                                     capture_output=True, text=True, timeout=60)  # fmt: skip
-                if not re.search(
-                    rf"(unknown|unrecognized)[^\n]*{re.escape(flag)}\b", out.stdout + out.stderr
-                ):
-                    found.add(flag)
-        except (OSError, subprocess.TimeoutExpired):  # not runnable here: read its option strings
-            data = binary.read_bytes()
-            found = {f for f in PROBE_VALUES if f.encode() + b"\0" in data}
-        _flag_cache[key] = frozenset(found)
-    return _flag_cache[key]
+    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.build.capabilities)."""
+    return command_flags(binary, command, prefix)
 
 
 def target_engine_flags(target, binary: Path) -> frozenset[str]:

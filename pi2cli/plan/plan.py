@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli import __version__
+from pi2cli.build.capabilities import plan_keys
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.profile import check_format, read_json_file
 from pi2cli.units import format_size, parse_size
@@ -28,10 +29,6 @@ MAX_BATCH = 256  # pi2-engine chat's prefill batch
 PROCESS_OVERHEAD = 10 * MiB  # binary, libc, thread stacks, I/O ring: VmRSS beyond the weights (measured)
 SLOT_BOOKKEEPING = 48  # bytes per cache slot (native/src/sparse.c)
 ENGINE_DEFAULTS = {"hot_fraction": 0.2, "hot_share": 0.5, "cluster": 32}
-# The settings a plan file may carry, in file order (each is the pi2-engine flag with '-' for '_').
-SETTINGS = ("policy", "memory_budget", "threads", "affinity", "hot_fraction", "hot_share", "cluster",
-            "two_phase", "lookahead", "io", "io_threads", "io_affinity", "pred_threshold",
-            "prefill_stream", "miss_threshold")  # fmt: skip
 IO_METHODS = ("auto", "uring", "pread", "buffered")
 
 
@@ -361,7 +358,7 @@ def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
 # -------------------------------------------------------------------------------------------- the plan
 @dataclass
 class Plan:
-    settings: dict  # the engine flags, in SETTINGS order
+    settings: dict  # the engine flags (plan keys)
     info: dict  # predicted_* / measured_* scalars
     why: list[str]
     model: str
@@ -370,7 +367,8 @@ class Plan:
     def to_json(self) -> dict:
         out = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "created_by": f"pi2 plan {__version__}",
                "model": self.model, "device": self.device}  # fmt: skip
-        out.update({k: self.settings[k] for k in SETTINGS if k in self.settings})
+        # in the engine's own key order (`pi2-engine capabilities`: plan.c's table, the one list of keys)
+        out.update({k: self.settings[k] for k in plan_keys() if k in self.settings})
         out.update(self.info)
         out["why"] = "\n".join(self.why)
         return out
