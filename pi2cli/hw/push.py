@@ -74,13 +74,7 @@ class PushReport:
 def build_dirs_for(target: Target, build_root: Path | None = None) -> list[Path]:
     """Where engine builds for this target live, best first."""
     root = build_root or Path(os.environ.get("PI2_BUILD_ROOT") or REPO_ROOT / "build")
-    if target.kind == "local":
-        return [Path(os.environ["PI2_BUILD_DIR"])] if os.environ.get("PI2_BUILD_DIR") else [root / "host"]
-    if target.arch != "arm64":
-        return [root / "host"]  # an x86-64 adb device (emulator, test daemon) runs host builds
-    if target.kind == "qemu":  # glibc userland: the Linux cross build first
-        return [root / "linux-arm64", root / "android-arm64"]
-    return [root / "android-arm64", root / "linux-arm64"]
+    return target.build_dirs(root)
 
 
 def engine_files(target: Target, build_root: Path | None = None) -> list[Path]:
@@ -91,10 +85,7 @@ def engine_files(target: Target, build_root: Path | None = None) -> list[Path]:
         if found:
             return found
     where = " or ".join(str(d) for d in dirs)
-    how = {"local": "make engine", "qemu": "pi2 build --target linux-arm64"}.get(
-        target.kind, "pi2 build --target android-arm64" if target.arch == "arm64" else "make engine"
-    )
-    raise Pi2Error(f"no engine build for {target.name} ({target.arch}) in {where}: run `{how}` first, "
+    raise Pi2Error(f"no engine build for {target.name} ({target.arch}) in {where}: run `{target.build_hint()}` first, "
                    f"or pass --no-engine")  # fmt: skip
 
 
