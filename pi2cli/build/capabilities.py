@@ -66,3 +66,28 @@ def plan_keys(binary: Path | None = None) -> tuple[str, ...]:
     if not isinstance(keys, list) or not keys:
         raise Pi2Error(f"{binary} does not list its plan keys (`capabilities --json`): rebuild it (make engine)")
     return tuple(str(k) for k in keys)
+
+
+def engine_size(facts: dict, flags: list[str], binary: Path | None = None) -> dict:
+    """`pi2-engine size --facts FACTS --json FLAGS...` from the host build: the engine's own fixed region,
+    cache and hot/cold split for a model's shape (sparse_size.c, the functions the engine sizes itself
+    with when it opens). A budget the engine finds too small comes back as {"error", "min_budget_bytes"}."""
+    import tempfile
+
+    binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
+    if not binary.is_file():
+        raise Pi2Error(f"{binary} is not built (run `make engine`): the planner asks it how it sizes its cache",
+                       exit_code=2)  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="pi2-facts-") as f:
+        json.dump(facts, f)
+        f.flush()
+        done = subprocess.run([str(binary), "size", "--facts", f.name, *flags, "--json"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        out = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        raise Pi2Error(f"pi2-engine size failed: {why}") from None
+    if done.returncode != 0 and "error" not in out:
+        out["error"] = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("pi2-engine: error: ")
+    return out
