@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.convert import convert_gguf
 from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.models.convert import convert_gguf
+from pi2cli.models.testmodels import smollm2_gguf
 from pi2cli.paths import cache_dir
-from pi2cli.testmodels import smollm2_gguf
 
 
 def llama_bench(bindir: Path, gguf: Path, threads: int, p: int, n: int) -> dict:
@@ -86,14 +86,14 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.llamacpp_bin is None:
-        from pi2cli.baselines.llamacpp_build import ensure_built
+        from pi2cli.build.baselines.llamacpp_build import ensure_built
 
         args.llamacpp_bin = ensure_built("host")
     gguf = args.gguf or smollm2_gguf()
     model = args.pi2 or cache_dir() / "models" / (gguf.stem + ".pi2")
     if args.pi2 is None and (not model.exists() or model.stat().st_mtime < gguf.stat().st_mtime):
         convert_gguf(gguf, model)
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.pi2file import Pi2File
 
     n_vocab = Pi2File(model, verify=False).header.n_vocab
     both = alternate(model, gguf, args.llamacpp_bin, args.threads, args.p, args.n, args.r, n_vocab)

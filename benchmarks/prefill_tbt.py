@@ -33,10 +33,10 @@ from pathlib import Path
 
 from sparse_decode import probe  # the same pi2-probe runs as the decode benchmark
 
-from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
-from pi2cli.pi2file import Pi2File
+from pi2cli.models.pi2file import Pi2File
+from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
 
 MiB = 2**20

@@ -41,10 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi2cli.budget import run_budgeted
 from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import engine_binary, parse_events
-from pi2cli.pi2file import Pi2File
+from pi2cli.engines.pi2_args import engine_argv
+from pi2cli.models.pi2file import Pi2File
+from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -100,12 +101,10 @@ def run_pi2(
     extra += more
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
-        cmd = [str(engine_binary()), "generate", "-m", str(model), "-p", PROMPT, "-n", str(n), "--temperature",
-               str(TEMPERATURE), "--seed", str(seed), "--ignore-eos", "--threads", str(threads), "--policy", policy,
-               "--events", str(events), *extra]  # fmt: skip
-        # the budget comes last: it overrides a plan's own (the same value when the plan was made for it)
-        if budget:
-            cmd += ["--memory-budget", str(budget)]
+        # the budget comes last (engine_argv): it overrides a plan's own (the same value when made for it)
+        cmd = engine_argv(engine_binary(), "generate", model, events=events, prompt=PROMPT, n_predict=n,
+                          temperature=TEMPERATURE, seed=seed, ignore_eos=True, threads=threads, policy=policy,
+                          more=extra, memory_budget=budget)  # fmt: skip
         t0 = time.monotonic()
         done = run_budgeted(cmd, budget, evict=[model], timeout=3600)
         if done.returncode != 0:

@@ -15,7 +15,8 @@ import re
 from pi2cli.errors import Pi2Error
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
-MIN_MEMORY_BYTES = MiB
+# Below 4 MiB a memory cgroup cannot even start the engine's process; nothing runs under such a budget.
+MIN_MEMORY_BYTES = 4 * MiB
 MAX_MEMORY_BYTES = 16 * TiB
 
 # digits, an optional fraction, an optional K/M/G/T, an optional "iB"/"B". No exponents, no hex: the
@@ -44,10 +45,24 @@ def parse_size(
         number, unit = m.group(1), m.group(2).lower()
         # Whole numbers stay exact ints (no float rounding of 2^53+ byte counts); fractions via float.
         value = int(number) * _SCALE[unit] if "." not in number else math.floor(float(number) * _SCALE[unit])
+    return check_size(value, what=what, minimum=minimum, maximum=maximum, shown=str(text))
+
+
+def check_size(
+    value: int,
+    *,
+    what: str = "memory budget",
+    minimum: int = MIN_MEMORY_BYTES,
+    maximum: int = MAX_MEMORY_BYTES,
+    shown: str | None = None,
+) -> int:
+    """The one "too small" / "too large" rule for a size in bytes (a budget parsed here, or one a
+    library caller passes as a number); returns it, else one Pi2Error line naming `what`."""
+    shown = shown if shown is not None else str(value)
     if value < minimum:
-        raise Pi2Error(f"{what} {str(text)!r:.60}: too small (at least {format_size(minimum)})")
+        raise Pi2Error(f"{what} {shown!r:.60}: too small (at least {format_size(minimum)})")
     if value > maximum:
-        raise Pi2Error(f"{what} {str(text)!r:.60}: too large (at most {format_size(maximum)})")
+        raise Pi2Error(f"{what} {shown!r:.60}: too large (at most {format_size(maximum)})")
     return value
 
 

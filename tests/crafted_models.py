@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.pi2file import (
+from pi2cli.models.pi2file import (
     _ENTRY,
     _HEADER_CRC_AT,
     _SECTION,
@@ -31,7 +31,7 @@ from pi2cli.pi2file import (
     Pi2Header,
     Pi2Writer,
 )
-from pi2cli.tokenizer_blob import vocab_blob_from_fields
+from pi2cli.models.tokenizer_blob import vocab_blob_from_fields
 
 N_VOCAB = 64
 

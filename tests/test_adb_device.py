@@ -16,7 +16,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 
 from pi2cli.cli import cli  # noqa: E402
-from pi2cli.push import collect_items, push_files  # noqa: E402
+from pi2cli.hw.push import collect_items, push_files  # noqa: E402
 from pi2cli.targets import TargetError, get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"
@@ -139,7 +139,7 @@ def test_push_checks_free_space_first(make_device, files):
     dev = make_device("--free-bytes", "1000000")
     r = run_cli("push", "--device", dev.serial, "--no-engine", "--no-workloads", "-m", str(files["model"]))
     assert r.exit_code == 1
-    assert "not enough space" in r.stderr and "3.0 MiB to copy" in r.stderr
+    assert "not enough space" in r.stderr and "3 MiB to copy" in r.stderr
     assert not (dev.root / "pi2" / "models").exists()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench import (
+from pi2cli.bench.run import (
     BenchConfig,
     BenchInterrupted,
     DeviceVanished,
@@ -20,11 +20,11 @@ from pi2cli.bench import (
     resolve_model,
     run_bench,
 )
-from pi2cli.budget import detect_cgroup
 from pi2cli.cli import cli
 from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
+from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.units import parse_size
 
@@ -38,7 +38,7 @@ needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is no
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, smollm2_gguf) -> Path:
     """SmolLM2 as DIR/model.pi2 + DIR/model.gguf (the same weights), as `pi2 convert` writes them."""
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     d = tmp_path_factory.mktemp("smollm2")
     convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
@@ -312,7 +312,7 @@ def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_p
 def test_synthetic_weights_are_recorded_as_synthetic(tmp_path, smollm2_gguf):
     import gguf
 
-    from pi2cli.bench import ModelFiles, model_facts
+    from pi2cli.bench.run import ModelFiles, model_facts
 
     twin = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(twin), "llama")

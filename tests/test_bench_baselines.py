@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench import BenchConfig, run_bench
-from pi2cli.budget import detect_cgroup
+from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines import get_bench_driver
-from pi2cli.engines.llmflash import LlmFlashBenchDriver
-from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, summary_counters, turn_io_sums
+from pi2cli.engines import get_driver
+from pi2cli.engines.llmflash import LlmFlashDriver
+from pi2cli.engines.pi2 import Pi2Driver
+from pi2cli.engines.pi2_args import engine_argv, sparse_flags
+from pi2cli.engines.pi2_chat import engine_flags, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
+from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.targets import get_target
 
@@ -67,7 +69,7 @@ def synth_dir(tmp_path_factory, smollm2_gguf) -> Path:
 @pytest.fixture(scope="module")
 def dense_pi2(tmp_path_factory, smollm2_gguf) -> Path:
     """SmolLM2 as .pi2: a real model without predictors."""
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     d = tmp_path_factory.mktemp("smollm2")
     convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
@@ -269,11 +271,18 @@ def fake_binary(tmp_path: Path, flags: list[str]) -> Path:
 
 
 def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
-    """An executable that answers like pi2-engine when given one option and no model."""
+    """An executable that answers `capabilities --json` as pi2-engine does, with `knows` as chat's flags
+    (knows=None: a build from before the command, which refuses it)."""
     path = tmp_path / name
-    cases = "".join(f'  {flag}) echo "pi2-engine: error: no model (-m)" >&2; exit 1;;\n' for flag in knows)
-    path.write_text(f'#!/bin/sh\ncase "$2" in\n{cases}  *) echo "pi2-engine: error: unknown $1 option \'$2\' '
-                    f'(see pi2-engine $1 --help)" >&2; exit 1;;\nesac\n')  # fmt: skip
+    if knows is None:
+        path.write_text("#!/bin/sh\necho \"pi2-engine: error: unknown command '$1'\" >&2; exit 1\n")
+    else:
+        flags = [
+            {"name": f, "takes_value": True, "sparse": True, "help": ""} for f in ["--model", *sorted(knows)]
+        ]
+        caps = {"schema": 1, "commands": ["chat"], "flags": {"chat": flags, "generate": flags[:1]},
+                "plan_keys": ["policy"], "policies": ["dense"]}  # fmt: skip
+        path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(caps)}\nEOF\n")
     path.chmod(0o755)
     return path
 
@@ -281,11 +290,15 @@ def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
 def test_engine_flags_asks_the_engine_and_reads_builds_it_cannot_run(tmp_path):
     old = fake_engine(tmp_path, "old", set())
     new = fake_engine(tmp_path, "new", {"--policy", "--memory-budget", "--llmflash-window"})
-    assert engine_flags(old) == frozenset() and engine_flags(old, "generate") == frozenset()
-    assert engine_flags(new) == {"--policy", "--memory-budget", "--llmflash-window"}
-    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--policy"}
-    # a build for another machine: its option strings (here a file that cannot be executed)
+    assert engine_flags(old) == {"--model"} and engine_flags(new, "generate") == {"--model"}
+    assert engine_flags(new) == {"--model", "--policy", "--memory-budget", "--llmflash-window"}
+    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--model", "--policy"}
+    # a build for another machine (a file that cannot be executed), or one from before `capabilities`
+    # (it refuses the command): its option strings
     assert engine_flags(fake_binary(tmp_path, ["--policy"])) == {"--policy"}
+    before = fake_engine(tmp_path, "before", None)
+    before.write_bytes(before.read_bytes() + b"\0--plan\0")
+    assert engine_flags(before) == {"--plan"}
 
 
 def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2, monkeypatch):
@@ -295,24 +308,29 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     assert engine_flags(sparse) == {"--policy", "--memory-budget", "--llmflash-window"}
     assert engine_flags(plain) == frozenset()
 
-    driver = Pi2BenchDriver()
+    driver = Pi2Driver()
     monkeypatch.setattr(driver, "local_binary", lambda target: sparse)
     driver.configure(local, synth_dir / "model.pi2")
     assert driver.policy == "powerinfer2"
-    assert driver.engine_args(1 << 30) == ["--policy", "powerinfer2", "--memory-budget", str(1 << 30)]
-    assert driver.engine_args(None) == ["--policy", "powerinfer2"]
+    assert sparse_flags(**driver.engine_options(1 << 30)) == [
+        "--policy",
+        "powerinfer2",
+        "--memory-budget",
+        str(1 << 30),
+    ]
+    assert sparse_flags(**driver.engine_options(None)) == ["--policy", "powerinfer2"]
     driver.configure(local, dense_pi2)
-    assert driver.policy == "dense" and driver.engine_args(None) == ["--policy", "dense"]
+    assert driver.policy == "dense" and sparse_flags(**driver.engine_options(None)) == ["--policy", "dense"]
     # a build before the sparse engine: dense, no new flags (it would reject them)
     monkeypatch.setattr(driver, "local_binary", lambda target: plain)
     driver.configure(local, synth_dir / "model.pi2")
-    assert driver.policy == "dense" and driver.engine_args(1 << 30) == []
+    assert driver.policy == "dense" and sparse_flags(**driver.engine_options(1 << 30)) == []
 
 
 def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2, monkeypatch):
     local = get_target("local")
-    driver = get_bench_driver("llmflash")
-    assert isinstance(driver, LlmFlashBenchDriver) and driver.window == 5 and driver.name == "llmflash"
+    driver = get_driver("llmflash")
+    assert isinstance(driver, LlmFlashDriver) and driver.window == 5 and driver.name == "llmflash"
     sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
     monkeypatch.setattr(driver, "local_binary", lambda target: fake_binary(tmp_path, []))
     assert "needs a pi2-engine with --policy llmflash" in driver.supports(local)
@@ -320,7 +338,7 @@ def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2,
     assert driver.supports(local) is None
     driver.window = 3
     driver.configure(local, synth_dir / "model.pi2")
-    assert driver.engine_args(256 << 20) == ["--policy", "llmflash", "--llmflash-window", "3", "--memory-budget",
+    assert sparse_flags(**driver.engine_options(256 << 20)) == ["--policy", "llmflash", "--llmflash-window", "3", "--memory-budget",
                                              str(256 << 20)]  # fmt: skip
     assert driver.extra_settings == {"llmflash_window": 3}  # stored in each run's settings
     with pytest.raises(Pi2Error, match="needs a model with activation predictors"):
@@ -414,3 +432,22 @@ def test_sparse_engine_check_is_what_the_skip_says():
     if ENGINE.is_file():
         text = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
         assert ("--policy" in text.stdout + text.stderr) == ("--policy" in engine_flags(ENGINE, "generate"))
+
+
+def test_engine_argv_orders_plan_threads_and_budget_so_the_right_one_wins():
+    # --plan splices the plan's settings where it stands and later flags win: the caller's --threads
+    # after the plan, the run's budget last, flags the build lacks left out
+    argv = engine_argv("bin/pi2-engine", "chat", "m.pi2", events="e.jsonl", n_ctx=512, seed=3, threads=2,
+                       policy="cache", plan="p.json", memory_budget=1 << 30, more=["--no-two-phase"])  # fmt: skip
+    assert argv == ["bin/pi2-engine", "chat", "-m", "m.pi2", "--seed", "3", "--ctx", "512", "--events", "e.jsonl",
+                    "--policy", "cache", "--plan", "p.json", "--threads", "2", "--no-two-phase",
+                    "--memory-budget", str(1 << 30)]  # fmt: skip
+    gen = engine_argv(
+        "e", "generate", "m", events="ev", prompt="Hi", n_predict=4, temperature=0.0, ignore_eos=True
+    )
+    assert gen == ["e", "generate", "-m", "m", "-p", "Hi", "-n", "4", "--temperature", "0.0", "--seed", "0",
+                   "--ignore-eos", "--events", "ev"]  # fmt: skip
+    old_build = sparse_flags(
+        policy="powerinfer2", llmflash_window=5, plan="p", memory_budget=1 << 30, accepts=()
+    )
+    assert old_build == []

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from pi2cli import budget
 from pi2cli.errors import Pi2Error
+from pi2cli.plan import budget
 
 MiB = 2**20
 

@@ -75,7 +75,7 @@ def test_the_unedited_gguf_converts(plain, tmp_path):
 
 
 def test_an_unsupported_architecture_is_refused_before_its_tensors_are_read(plain, tmp_path, monkeypatch):
-    import pi2cli.convert as convert
+    import pi2cli.models.convert as convert
 
     def must_not_open(src):
         raise AssertionError("the tensors were read before the architecture was checked")

@@ -13,12 +13,11 @@ from click.testing import CliRunner
 from engine_helpers import engine_logits
 
 from pi2cli.cli import cli
-from pi2cli.convert import convert_gguf
 from pi2cli.errors import Pi2Error
-from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
+from pi2cli.models.convert import convert_gguf
+from pi2cli.models.numpy_llama import Reference, attention, ffn_activation, rms_norm
+from pi2cli.models.pi2file import Pi2File, decode_rows, encode_rows
 from pi2cli.models.profile import save_profile
-from pi2cli.pi2file import Pi2File, decode_rows, encode_rows
-from pi2cli.reference import Reference
 
 E, F, R, NH, NKV, L = 64, 96, 32, 4, 2, 2  # n_embd, n_ff, predictor rank, heads, kv heads, layers
 EPS = 1e-5
@@ -137,7 +136,7 @@ def gguf_forward(s: dict, tokens: list[int], act: str) -> np.ndarray:
 
 def _gguf_rows(path, name):
     """A GGUF tensor's raw bytes as (rows, row_bytes)."""
-    from pi2cli.convert import _raw_rows, open_gguf
+    from pi2cli.models.convert import _raw_rows, open_gguf
 
     t = next(t for t in open_gguf(path).tensors if t.name == name)
     return np.array(_raw_rows(t))

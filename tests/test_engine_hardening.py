@@ -22,7 +22,7 @@ from crafted_models import (
 )
 from engine_helpers import engine_bin
 
-from pi2cli.pi2file import SEC_TOKENIZER
+from pi2cli.models.pi2file import SEC_TOKENIZER
 
 
 def _engine(*args, env=None) -> subprocess.CompletedProcess:

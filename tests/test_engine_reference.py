@@ -1,4 +1,4 @@
-"""pi2-engine's logits match the numpy reference forward (pi2cli/reference.py) on small random
+"""pi2-engine's logits match the numpy reference forward (pi2cli/models/numpy_llama.py) on small random
 models of every architecture, FFN activation and weight type, through both the batched prefill
 (GEMM) and the one-token decode (GEMV) paths, on two threads.
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from engine_helpers import engine_logits
 
-from pi2cli.randmodel import write_random_model
-from pi2cli.reference import Reference
+from pi2cli.models.numpy_llama import Reference
+from pi2cli.models.randmodel import write_random_model
 
 TOKENS = [1, 5, 7, 9, 11, 3, 42, 17]
 REL_TOL = 2e-2

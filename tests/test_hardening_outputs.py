@@ -26,7 +26,7 @@ def _no_run(monkeypatch):
     def refuse(name):
         raise AssertionError("the bench went on to its engines although its results could not be saved")
 
-    monkeypatch.setattr(engines, "get_bench_driver", refuse)
+    monkeypatch.setattr(engines, "get_driver", refuse)
 
 
 def _bench(tmp_path, results_dir, *extra):

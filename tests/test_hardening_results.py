@@ -41,7 +41,7 @@ def test_sizes_print_in_the_unit_that_reads():
 
 
 def test_bench_refuses_an_absurd_budget_before_running(tmp_path, monkeypatch):
-    import pi2cli.bench as bench
+    import pi2cli.bench.run as bench
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the bench started although its budget was absurd")
@@ -56,7 +56,7 @@ def test_bench_refuses_an_absurd_budget_before_running(tmp_path, monkeypatch):
 
 
 def test_plan_refuses_an_absurd_budget_and_plan_files_with_one(tmp_path):
-    from pi2cli.plan import validate_plan
+    from pi2cli.plan.plan import validate_plan
 
     result = CliRunner().invoke(cli, ["plan", "-m", str(tmp_path / "x.pi2"), "-b", "99999999999999T"])
     assert result.exit_code == 1 and result.stderr.startswith("pi2: error: --memory-budget")
@@ -65,7 +65,7 @@ def test_plan_refuses_an_absurd_budget_and_plan_files_with_one(tmp_path):
             validate_plan({"format": "pi2-plan", "version": 1, "memory_budget": budget}, "p.json")
     plan = tmp_path / "latin1.json"
     plan.write_bytes(b'{"format": "pi2-plan", "why": "caf\xe9"}')
-    from pi2cli.plan import load_plan
+    from pi2cli.plan.plan import load_plan
 
     with pytest.raises(Pi2Error, match="not UTF-8"):
         load_plan(plan)

@@ -11,9 +11,9 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
+from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines.llamacpp_chat import LlamaCppBenchDriver, build_target_for
+from pi2cli.engines.llamacpp_chat import LlamaCppDriver, build_target_for
 from pi2cli.errors import Pi2Error
 from pi2cli.results import store
 from pi2cli.targets import get_target
@@ -200,7 +200,7 @@ def test_which_build_runs_where(monkeypatch):
         assert build_target_for(T("adb", "arm64")) == "android-arm64"
     with pytest.raises(Pi2Error, match="no llama.cpp build"):
         build_target_for(T("adb", "mips"))
-    d = LlamaCppBenchDriver()
+    d = LlamaCppDriver()
     assert d.supports(T("adb", "arm64")) is None and d.supports(T("local", here)) is None
     assert "shell v2" in d.supports(T("adb", "arm64", features=()))
     assert "mips" in d.supports(T("adb", "mips")) and "qemu" in d.supports(T("qemu", "arm64"))
@@ -223,7 +223,7 @@ def _cached_arm64_build() -> Path | None:
     """The linux-arm64 llama.cpp build when it is already in the cache (never built here: ~35 min)."""
     import shutil
 
-    from pi2cli.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
+    from pi2cli.build.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
 
     if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc") is None:
         return None

@@ -6,7 +6,7 @@ import tarfile
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.baselines import llamacpp_build as lb
+from pi2cli.build.baselines import llamacpp_build as lb
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 

@@ -14,7 +14,7 @@ from pi2cli.errors import Pi2Error
 from pi2cli.models import gguf_twin
 from pi2cli.models.convert_safetensors import convert, permute_qk
 from pi2cli.models.numpy_llama import rope_normal
-from pi2cli.pi2file import Pi2File
+from pi2cli.models.pi2file import Pi2File
 
 H, F, NH, NKV, L, V = 64, 96, 2, 1, 2, 49152
 

@@ -13,7 +13,7 @@ from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.models import gguf_twin, synth
 from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
-from pi2cli.pi2file import Pi2File
+from pi2cli.models.pi2file import Pi2File
 
 TINY = dict(n_layer=2, hidden=64, ffn=256, calib_seqs=6, eval_seqs=2)
 
@@ -256,7 +256,7 @@ def test_pi2_engine_verifies_and_generates_from_the_synthetic_model(tiny_dense):
 
 def test_twin_converted_by_the_gguf_converter_has_the_same_weights(tiny_dense, tmp_path):
     """The engine's GGUF -> .pi2 converter, run on the twin, yields synth's .pi2 weights (up to order)."""
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     out, _ = tiny_dense
     convert_gguf(out / "model.gguf", tmp_path / "via.pi2", ffn_act="drelu")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from engine_helpers import run_engine
 
-from pi2cli.pi2file import (
+from pi2cli.models.pi2file import (
     HEADER_BYTES,
     SEC_NEURONS,
     SEC_RESIDENT,
@@ -19,7 +19,7 @@ from pi2cli.pi2file import (
     Pi2Header,
     Pi2Writer,
 )
-from pi2cli.randmodel import write_random_model
+from pi2cli.models.randmodel import write_random_model
 
 
 @pytest.fixture

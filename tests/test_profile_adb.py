@@ -13,7 +13,7 @@ from adbd.harness import AdbServer  # noqa: E402
 
 from pi2cli.cli import cli  # noqa: E402
 from pi2cli.paths import host_build_dir  # noqa: E402
-from pi2cli.profile import validate_profile  # noqa: E402
+from pi2cli.plan.profile import validate_profile  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"

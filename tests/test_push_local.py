@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.push import collect_items, engine_files, push_files, sha256_file
+from pi2cli.hw.push import collect_items, engine_files, push_files, sha256_file
 from pi2cli.targets import get_target
 
 
@@ -41,7 +41,7 @@ def test_free_space_is_checked_before_anything_is_copied(tmp_path, monkeypatch):
     target = get_target("local", workdir=str(tmp_path / "device"))
     monkeypatch.setattr(type(target), "free_bytes", lambda self, path: 100)
     items = collect_items(target, target.workdir, models=[model])
-    with pytest.raises(Pi2Error, match="not enough space.*4.0 KiB to copy but only 100 B free"):
+    with pytest.raises(Pi2Error, match="not enough space.*4 KiB to copy but only 100 B free"):
         push_files(target, items)
     assert not (tmp_path / "device" / "models").exists()
 

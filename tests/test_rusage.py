@@ -1,4 +1,4 @@
-"""pi2-rusage and pi2cli.rusage: the peak RSS of a command run to completion comes from the kernel.
+"""pi2-rusage and pi2cli.hw.rusage: the peak RSS of a command run to completion comes from the kernel.
 
 The helper (tests/helpers/alloc_touch.c) sleeps 50 ms with a tiny resident set, then touches N MiB and
 exits at once: the truth is N MiB (plus a few hundred KiB of its own), and a poll of /proc/PID/status
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pi2cli.bench import MemorySampler
-from pi2cli.budget import Budget, detect_cgroup
+from pi2cli.bench.run import MemorySampler
 from pi2cli.engines.mlc import run_command_runner
 from pi2cli.errors import Pi2Error
-from pi2cli.rusage import Measured, engine_pid, parse_report, wrapper_binary
+from pi2cli.hw.rusage import Measured, engine_pid, parse_report, wrapper_binary
+from pi2cli.plan.budget import Budget, detect_cgroup
 from pi2cli.targets import get_target
 
 MiB = 2**20

@@ -13,7 +13,7 @@ property of the build pair, not of the engine. Measured on Zen 3: llama.cpp's to
 at 102 of 108 positions, and its worst gap is 1.96% of the largest |logit|; an engine with attention
 scores scaled by 1.1 (a real bug) reaches 4.7%.
 
-Logits tolerance (last prompt position, vs pi2cli.reference with emulated roundings): same top token,
+Logits tolerance (last prompt position, vs pi2cli.models.numpy_llama with emulated roundings): same top token,
 max |diff| <= 5% of max |logit| and KL(reference || engine) < 0.05 nats. Measured: 2.7% and 0.009;
 pi2-engine's own scalar and AVX2 kernels differ from each other by 3.7% on the same input.
 """
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from engine_helpers import engine_logits, run_engine
 
-from pi2cli.convert import convert_gguf
-from pi2cli.reference import Reference
+from pi2cli.models.convert import convert_gguf
+from pi2cli.models.numpy_llama import Reference
 
 pytestmark = pytest.mark.slow
 

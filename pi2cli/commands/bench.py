@@ -1,4 +1,4 @@
-"""`pi2 bench`: the click front of pi2cli.bench (all logic lives there)."""
+"""`pi2 bench`: the click front of pi2cli.bench.run (all logic lives there)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def print_table(console, outcomes) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from pi2cli.bench import TABLE_COLUMNS, table_rows
+    from pi2cli.bench.run import TABLE_COLUMNS, table_rows
 
     table = Table(title="pi2 bench", header_style="bold")
     for i, col in enumerate(TABLE_COLUMNS):
@@ -153,7 +153,7 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
     """
     from rich.console import Console
 
-    from pi2cli.bench import BenchConfig, Reporter, run_bench
+    from pi2cli.bench.run import BenchConfig, Reporter, run_bench
     from pi2cli.units import parse_size
 
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pi2cli.convert import convert_gguf
 from pi2cli.errors import Pi2Error
-from pi2cli.pi2file import Pi2FormatError
+from pi2cli.models.convert import convert_gguf
+from pi2cli.models.pi2file import Pi2FormatError
 
 # --ffn-act names -> the safetensors converter's --activation names
 HF_ACTIVATIONS = {"swiglu": "silu", "relu": "relu", "drelu": "drelu"}

@@ -21,7 +21,7 @@ def command(as_json, no_facts):
       pi2 devices --json | jq '.[].facts.clusters'
       ANDROID_ADB_SERVER_PORT=5038 pi2 devices     # another adb server
     """
-    from pi2cli.devices import HEADERS, gather, table_rows
+    from pi2cli.hw.devices import HEADERS, gather, table_rows
 
     rows = gather(with_facts=not no_facts)
     if as_json:

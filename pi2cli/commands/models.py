@@ -68,7 +68,7 @@ def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, toke
         if measure:
             if data["format"] != "pi2" or not data["header"]["has_predictor"]:
                 raise Pi2Error(f"{path}: --measure needs a .pi2 file with activation predictors")
-            from pi2cli.models.measure import measure_with_engine
+            from pi2cli.engines.measure import measure_with_engine
 
             data["engine_measured"] = measure_with_engine(path, n_tokens=tokens)
         if as_json:
@@ -76,7 +76,7 @@ def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, toke
             return
         click.echo(info.format_file_info(data))
         if measure:
-            from pi2cli.models.measure import format_measurement
+            from pi2cli.engines.measure import format_measurement
 
             click.echo(format_measurement(data["engine_measured"]))
         return

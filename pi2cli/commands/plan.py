@@ -1,4 +1,4 @@
-"""`pi2 plan`: the click front of pi2cli.plan."""
+"""`pi2 plan`: the click front of pi2cli.plan.plan."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     """
     from rich.console import Console
 
-    from pi2cli.plan import make_plan, model_facts
-    from pi2cli.profile import load_profile, profile_target, write_json_atomic
+    from pi2cli.plan.plan import make_plan, model_facts
+    from pi2cli.plan.profile import load_profile, profile_target, write_json_atomic
 
     budget_bytes = parse_size(budget)
     if out is not None:

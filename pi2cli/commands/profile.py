@@ -1,4 +1,4 @@
-"""`pi2 profile`: the click front of pi2cli.profile."""
+"""`pi2 profile`: the click front of pi2cli.plan.profile."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def command(device, file, out, seconds, membw_mib, as_json):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pi2cli.profile import profile_target, write_json_atomic
+    from pi2cli.plan.profile import profile_target, write_json_atomic
 
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]probing[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -37,7 +37,7 @@ def command(device, models, plans, workdir, no_engine, no_workloads, as_json):
       pi2 push --device qemu-arm64
     """
     from pi2cli.errors import Pi2Error
-    from pi2cli.push import collect_items, default_workloads, engine_files, push_files
+    from pi2cli.hw.push import collect_items, default_workloads, engine_files, push_files
     from pi2cli.targets import TargetError, get_target
 
     try:

@@ -40,12 +40,6 @@ class GenerateResult:
         return asdict(self)
 
 
-class EngineDriver(Protocol):
-    name: str
-
-    def generate(self, request: GenerateRequest) -> GenerateResult: ...
-
-
 # ---------------------------------------------------------------------------------------------------
 # Multi-turn sessions, as `pi2 bench` drives them. A driver that benches implements BenchDriver; each
 # conversation turn sends the WHOLE conversation so far (rendered with the model's chat template) and
@@ -77,35 +71,66 @@ class ChatSession(Protocol):
         ...
 
 
-class BenchDriver(Protocol):
-    """What `pi2 bench` needs from an engine: which model file it runs, what to put on the target,
-    and a session to run conversations in."""
+class Driver:
+    """One engine as pi2 drives it, for `pi2 generate` and `pi2 bench` alike: which model twin it runs,
+    the options it declares, what it puts on a target and a session to run conversations in. A driver
+    subclasses this and overrides what differs; the defaults are what most engines need, so the bench
+    calls every member on every driver and never asks which engine it has."""
 
-    name: str
-    policy: str | None
-    model_suffix: str  # ".pi2" or ".gguf": which twin of the model this engine runs
-    how: str  # how TTFT/TBT are measured, stored in every result
-    extra_settings: dict  # optional: engine options stored in the result's settings (llmflash_window)
+    name: str = ""
+    policy: str | None = None  # the pi2-engine policy it runs with, recorded in the result
+    model_suffix: str = ".pi2"  # ".pi2" or ".gguf": which twin of the model this engine runs
+    how: str = ""  # how TTFT/TBT are measured, stored in every result
+    # The bench options that belong to this engine (names of pi2cli.bench.run.BenchConfig fields, e.g.
+    # llmflash_window); the bench passes each one that was given to set_option().
+    options: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.extra_settings: dict = {}  # engine options stored in the result's settings block
+
+    def set_option(self, name: str, value) -> None:
+        """One of `options` from the bench's command line."""
+        raise NotImplementedError(f"{self.name} declares option {name} but does not take it")
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        """`pi2 generate`: one prompt on this machine."""
+        from pi2cli.errors import Pi2Error
+
+        raise Pi2Error(f"engine '{self.name}' does not run `pi2 generate`")
 
     def supports(self, target) -> str | None:
         """None when this engine can run on `target`, else the one-line reason it cannot."""
-        ...
+        return None
 
     def binaries(self, target) -> list[Path]:
-        """Local files of the engine to put on the target (empty for a local target)."""
-        ...
+        """Local files of the engine to put on the target (none for a local target)."""
+        return []
+
+    def extra_files(self) -> dict[str, list[Path]]:
+        """More files the engine reads, by push kind (e.g. {"plans": [plan.json]})."""
+        return {}
+
+    def files_pushed(self, workdir: str) -> None:
+        """Told where the files landed on a device (WORKDIR/KIND/NAME), after the push."""
 
     def configure(self, target, model_local: Path) -> None:
-        """Optional: called once the model is known, before engine_info (pi2 picks its policy here)."""
-        ...
+        """Called once the model is known, before engine_info (pi2 picks its policy here)."""
+
+    def measurement(self, target) -> str:
+        """`how` as it applies on `target` (stored in each result)."""
+        return self.how
+
+    def budget_outside(self) -> str | None:
+        """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
+        return None
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> ChatSession:  # fmt: skip
-        """Start the engine on `target` with `model` (a path there). budget: a pi2cli.budget.Budget
+        """Start the engine on `target` with `model` (a path there). budget: a pi2cli.plan.budget.Budget
         (local targets only) the process must start inside; budget_bytes: the same budget in bytes on
         any target, for engines that manage their own memory (pi2-engine --memory-budget)."""
-        ...
+        raise NotImplementedError
 
     def engine_info(self, target) -> dict:
         """version / commit / build flags / binary sha256 for the result's engine block."""
-        ...
+        raise NotImplementedError

@@ -1,9 +1,9 @@
 """The llama.cpp baseline driver: llama-server on a loopback port, driven through its streaming API.
 
 How it measures (also stored in every result's `how`):
-  * The server (llama.cpp's own `llama-server`, built by pi2cli.baselines.llamacpp_build) loads the GGUF
+  * The server (llama.cpp's own `llama-server`, built by pi2cli.build.baselines.llamacpp_build) loads the GGUF
     once with `--load-mode mmap --no-repack`: weights stay file-backed, so a memory budget (cgroup, see
-    pi2cli.budget) really makes it page from storage. CPU repacking would copy the weights into
+    pi2cli.plan.budget) really makes it page from storage. CPU repacking would copy the weights into
     anonymous memory and defeat that; pass repack=True to measure llama.cpp at its fastest instead.
   * One request = POST /completion with stream=true, return_tokens=true, cache_prompt=true. The host
     stamps every streamed token with time.monotonic() as it arrives: TTFT = first token - request sent,
@@ -13,7 +13,7 @@ How it measures (also stored in every result's `how`):
   * Peak memory = the server process's VmHWM (/proc/PID/status: the kernel's peak resident set,
     including the mmapped weights that were resident), read while it serves and once more right before
     it is stopped; with a budget also the cgroup's peak (page cache included). llama-bench, which runs
-    to completion, runs under pi2-rusage instead: its peak is wait4's ru_maxrss (pi2cli.rusage).
+    to completion, runs under pi2-rusage instead: its peak is wait4's ru_maxrss (pi2cli.hw.rusage).
   * Multi-turn conversations keep the KV cache: one server slot, and each turn's prompt is the whole
     conversation so far rendered with the model's chat template (the server's /apply-template). The
     server reuses the longest common prefix of what it already has in the KV cache (cache_prompt), so a
@@ -31,9 +31,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pi2cli.budget import Budget
 from pi2cli.engines.base import GenerateRequest, GenerateResult
 from pi2cli.errors import Pi2Error
+from pi2cli.plan.budget import Budget
 from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
 
 HOW = (
@@ -48,7 +48,7 @@ def default_bin_dir(target: str = "host") -> Path:
     override = os.environ.get("PI2_LLAMACPP_BIN_DIR")
     if override:
         return Path(override)
-    from pi2cli.baselines.llamacpp_build import ensure_built
+    from pi2cli.build.baselines.llamacpp_build import ensure_built
 
     return ensure_built(target)
 
@@ -396,7 +396,7 @@ class LlamaCppEngine:
         return self._bin_dir
 
     def _how(self) -> str:
-        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT
+        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT
 
         return HOW.format(commit=LLAMACPP_COMMIT, load_mode=self.load_mode, repack=self.repack)
 
@@ -534,8 +534,8 @@ def run_llama_bench(
     the model is evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
     peak_rss_bytes is the kernel's ru_maxrss for llama-bench (it runs under pi2-rusage).
     """
-    from pi2cli.budget import run_budgeted
-    from pi2cli.rusage import Measured
+    from pi2cli.hw.rusage import Measured
+    from pi2cli.plan.budget import run_budgeted
 
     model = Path(model)
     cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,

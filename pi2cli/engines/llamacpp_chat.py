@@ -14,8 +14,8 @@ import os
 import platform
 from pathlib import Path
 
-from pi2cli.engines.base import TurnFailed
-from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult, TurnFailed
+from pi2cli.engines.llamacpp import LlamaCppEngine, LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -74,7 +74,7 @@ class LlamaCppSession:
 
 
 def build_target_for(target) -> str:
-    """Which llama.cpp build (pi2cli.baselines.llamacpp_build target) runs on `target`: this machine's
+    """Which llama.cpp build (pi2cli.build.baselines.llamacpp_build target) runs on `target`: this machine's
     for local and for devices of this machine's architecture (x86-64 emulators, the test adb daemon);
     arm64 devices get the NDK build when ANDROID_NDK_HOME is set, else the static linux-arm64 one
     (static binaries run on Android from /data/local/tmp)."""
@@ -85,18 +85,30 @@ def build_target_for(target) -> str:
     raise Pi2Error(f"no llama.cpp build runs on {target.name} ({target.arch})")
 
 
-class LlamaCppBenchDriver:
+class LlamaCppDriver(Driver):
+    """llama.cpp: `pi2 generate` through LlamaCppEngine, `pi2 bench` through llama-server sessions here
+    or on an adb device; option: the host build to use (--llamacpp bin dir)."""
+
     name = "llama.cpp"
     policy = None
     model_suffix = ".gguf"
+    options = ("llamacpp_bin_dir",)
 
     def __init__(self, bin_dir: Path | None = None):
+        super().__init__()
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self._device_bin_dirs: dict[str, Path] = {}
 
+    def set_option(self, name: str, value) -> None:
+        assert name == "llamacpp_bin_dir"
+        self._bin_dir = Path(value)
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        return LlamaCppEngine(self._bin_dir).generate(request)
+
     @property
     def how(self) -> str:
-        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT
+        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT
         from pi2cli.engines.llamacpp import HOW
 
         return HOW.format(commit=LLAMACPP_COMMIT, load_mode="mmap", repack=False) + (
@@ -134,7 +146,7 @@ class LlamaCppBenchDriver:
         if which == "host":
             return self.bin_dir
         if which not in self._device_bin_dirs:
-            from pi2cli.baselines.llamacpp_build import ensure_built
+            from pi2cli.build.baselines.llamacpp_build import ensure_built
 
             self._device_bin_dirs[which] = ensure_built(which)
         return self._device_bin_dirs[which]
@@ -161,8 +173,8 @@ class LlamaCppBenchDriver:
         return LlamaCppSession(server, seed)
 
     def engine_info(self, target) -> dict:
-        from pi2cli.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
-        from pi2cli.push import sha256_file
+        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
+        from pi2cli.hw.push import sha256_file
 
         bin_dir = self.bin_dir_for(target)
         binary = bin_dir / "llama-server"

@@ -1,7 +1,7 @@
 """llama-server on an adb device, driven from the host exactly as on this machine.
 
 How (also in every result's `measurement`):
-  * The binary and the GGUF are pushed by `pi2 bench` (pi2cli.push: content hashes, skipped when
+  * The binary and the GGUF are pushed by `pi2 bench` (pi2cli.hw.push: content hashes, skipped when
     already there). The server starts through one `adb shell` (protocol v2) with the same arguments as
     locally (pi2cli.engines.llamacpp.server_args: -lm mmap --no-repack, one slot, --ctx, --threads)
     except `--port 0`: it binds a free port on the device's loopback and prints it

@@ -12,19 +12,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2_chat import Pi2BenchDriver, engine_flags, model_has_predictor, target_engine_flags
+from pi2cli.engines.pi2 import Pi2Driver, engine_binary
+from pi2cli.engines.pi2_chat import engine_flags, model_has_predictor, target_engine_flags
 from pi2cli.errors import Pi2Error
 
 DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)
 
 
-class LlmFlashBenchDriver(Pi2BenchDriver):
+class LlmFlashDriver(Pi2Driver):
     name = "llmflash"
     policy = "llmflash"
+    options = ("llmflash_window",)
 
     def __init__(self, window: int = DEFAULT_WINDOW):
         super().__init__()
         self.window = window
+
+    def set_option(self, name: str, value) -> None:
+        assert name == "llmflash_window"
+        self.window = value
 
     @property
     def window(self) -> int:
@@ -55,31 +61,16 @@ class LlmFlashBenchDriver(Pi2BenchDriver):
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
         self.policy = "llmflash"
 
-    def engine_args(self, budget_bytes: int | None) -> list[str]:
-        args = ["--policy", "llmflash", "--llmflash-window", str(self.window)]
-        if budget_bytes and "--memory-budget" in getattr(self, "_sparse_flags", frozenset()):
-            args += ["--memory-budget", str(int(budget_bytes))]
-        return args
-
-
-class LlmFlashEngine:
-    """`pi2 generate --engine llmflash`: one prompt through pi2-engine generate with the llmflash policy."""
-
-    name = "llmflash"
-
-    def __init__(self, window: int = DEFAULT_WINDOW):
-        self.window = window
+    def engine_options(self, budget_bytes: int | None) -> dict:
+        return {**super().engine_options(budget_bytes), "llmflash_window": self.window}
 
     def generate(self, request):
-        from pi2cli.engines.pi2 import Pi2Engine, engine_binary
-
+        """`pi2 generate --engine llmflash`: pi2-engine generate with the llmflash policy."""
         if "--llmflash-window" not in engine_flags(engine_binary(), "generate"):
             raise Pi2Error(
                 f"{engine_binary()} has no --policy llmflash (the sparse engine): rebuild it (make engine)"
             )
-        result = Pi2Engine().generate(
-            request, extra=["--policy", "llmflash", "--llmflash-window", str(self.window)]
-        )
+        result = super().generate(request, policy="llmflash", llmflash_window=self.window)
         result.engine = self.name
         result.extra["llmflash_window"] = self.window
         return result

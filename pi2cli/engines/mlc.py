@@ -199,16 +199,16 @@ def resolve_runner(runner: str | None = None) -> str:
 class RunnerRun:
     stdout: str
     wall_s: float
-    # the runner's peak RSS, the kernel's ru_maxrss through pi2-rusage (pi2cli.rusage): the runner's own
+    # the runner's peak RSS, the kernel's ru_maxrss through pi2-rusage (pi2cli.hw.rusage): the runner's own
     # or that of any child it waited for, whichever was higher
     peak_rss_bytes: int
 
 
 def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) -> RunnerRun:
     """Run a command runner once: the request as one JSON object on stdin, its stdout back.
-    popen: how to start it (pi2cli.budget.Budget.popen to run it inside a memory budget). It runs
+    popen: how to start it (pi2cli.plan.budget.Budget.popen to run it inside a memory budget). It runs
     under pi2-rusage, so its peak RSS is the kernel's figure however short the run."""
-    from pi2cli.rusage import Measured
+    from pi2cli.hw.rusage import Measured
 
     cmd = shlex.split(runner)
     if not cmd or (os.sep in cmd[0] and not Path(cmd[0]).exists()):

@@ -19,17 +19,19 @@ import shlex
 import shutil
 from pathlib import Path
 
+from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.engines.mlc import (
     RUNNER_ENV,
+    MlcEngine,
     parse_runner_output,
     resolve_runner,
     run_command_runner,
     stream_chat,
 )
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.rusage import wrapper_binary
 from pi2cli.results.schema import PEAK_RSS_WRAPPER
-from pi2cli.rusage import wrapper_binary
 
 MODEL_ENV = "PI2_MLC_MODEL"
 
@@ -124,15 +126,28 @@ class MlcSession:
         pass  # a command runner is killed by run_command_runner itself on Ctrl-C
 
 
-class MlcBenchDriver:
+class MlcDriver(Driver):
+    """MLC-LLM through the runner the user provides: `pi2 generate` through MlcEngine, `pi2 bench`
+    through MlcSession; options: the runner (URL or command) and the model id it is given."""
+
     name = "mlc-llm"
     policy = None
     model_suffix = ".gguf"  # recorded as the weights benchmarked; the runner loads its own compiled model
+    options = ("mlc_runner", "mlc_model")
 
     def __init__(self, runner: str | None = None, model: str | None = None):
+        super().__init__()
         self.runner = runner
         self.model = model
-        self.extra_settings: dict = {}
+
+    def set_option(self, name: str, value) -> None:
+        if name == "mlc_runner":
+            self.runner = value
+        else:
+            self.model = value
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        return MlcEngine(self.runner).generate(request)
 
     def resolved_runner(self) -> str:
         return resolve_runner(self.runner)
@@ -165,7 +180,6 @@ class MlcBenchDriver:
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
         return None
 
-    @property
     def budget_outside(self) -> str | None:
         """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
         if is_url(self.resolved_runner()):
@@ -190,4 +204,4 @@ class MlcBenchDriver:
                 "policy": None, "binary_sha256": None}  # fmt: skip
 
 
-__all__ = ["RUNNER_ENV", "MODEL_ENV", "MlcBenchDriver", "MlcSession", "request_body"]
+__all__ = ["RUNNER_ENV", "MODEL_ENV", "MlcDriver", "MlcSession", "request_body"]

@@ -1,15 +1,23 @@
-"""The pi2-engine driver: runs the host build of pi2-engine and reads its JSONL events."""
+"""The pi2 engine's driver: `pi2 generate` through `pi2-engine generate` on this machine, `pi2 bench`
+through `pi2-engine chat` sessions on any target (pi2_chat.py), every argv from pi2_args.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from pi2cli.engines.base import GenerateRequest, GenerateResult
-from pi2cli.engines.pi2_chat import summary_counters
+from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult
+from pi2cli.engines.pi2_args import engine_argv
+from pi2cli.engines.pi2_chat import (
+    HOW,
+    Pi2ChatSession,
+    model_has_predictor,
+    open_chat_session,
+    summary_counters,
+    target_engine_flags,
+)
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 
@@ -73,22 +81,63 @@ def result_from_events(text: str, events: dict) -> GenerateResult:
     )
 
 
-class Pi2Engine:
+class Pi2Driver(Driver):
+    """The pi2 engine: `pi2-engine generate` for `pi2 generate`, `pi2-engine chat` on any target for
+    `pi2 bench`, on the .pi2 twin of the model.
+
+    The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
+    otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
+    its neuron cache from it), while the host still enforces the budget with a cgroup as for every
+    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
+
     name = "pi2"
+    policy = "dense"
+    model_suffix = ".pi2"
+    how = HOW
+    options = ("plan",)
 
-    def command(
-        self, request: GenerateRequest, events_path: Path, extra: list[str] | None = None
-    ) -> list[str]:
-        cmd = [
-            str(engine_binary()), "generate", "-m", str(request.model), "-p", request.prompt,
-            "-n", str(request.n_predict), "--temperature", str(request.temperature),
-            "--seed", str(request.seed), "--events", str(events_path),
-        ]  # fmt: skip
-        if request.threads:
-            cmd += ["--threads", str(request.threads)]
-        return cmd + list(extra or [])
+    def __init__(self):
+        super().__init__()
+        self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
+        self.plan_data: dict = {}
+        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
+        self._sparse_flags: frozenset[str] = frozenset()  # the sparse flags of the build (configure())
 
-    def generate(self, request: GenerateRequest, extra: list[str] | None = None) -> GenerateResult:
+    def set_option(self, name: str, value) -> None:
+        from pi2cli.plan.plan import load_plan
+
+        assert name == "plan"
+        self.use_plan(Path(value), load_plan(value))
+
+    def use_plan(self, path: Path, data: dict) -> None:
+        """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
+        from pi2cli.build.capabilities import plan_keys
+
+        self.plan_local, self.plan_data = Path(path), dict(data)
+        self.plan_remote = str(Path(path).resolve())
+        self.extra_settings["plan"] = {"file": Path(path).name,
+                                       **{k: data[k] for k in plan_keys() if k in data}}  # fmt: skip
+
+    def extra_files(self) -> dict[str, list[Path]]:
+        return {"plans": [self.plan_local]} if self.plan_local else {}
+
+    def files_pushed(self, workdir: str) -> None:
+        if self.plan_local:
+            self.plan_remote = f"{workdir}/plans/{self.plan_local.name}"
+
+    def local_binary(self, target) -> Path:
+        from pi2cli.hw.push import engine_files
+
+        found = [p for p in engine_files(target) if p.name == "pi2-engine"]
+        if not found:
+            raise Pi2Error(f"no pi2-engine build for {target.name} (run `make engine`)", exit_code=2)
+        return found[0]
+
+    def binaries(self, target) -> list[Path]:
+        return [self.local_binary(target)]
+
+    def generate(self, request: GenerateRequest, **sparse) -> GenerateResult:
+        """One prompt through `pi2-engine generate` here; `sparse`: keywords of pi2_args.sparse_flags."""
         model = Path(request.model)
         if not model.is_file():
             raise Pi2Error(f"{model}: no such model file")
@@ -96,7 +145,10 @@ class Pi2Engine:
             raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
         with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
             events_path = Path(tmp) / "events.jsonl"
-            done = subprocess.run(self.command(request, events_path, extra), capture_output=True)
+            argv = engine_argv(engine_binary(), "generate", model, events=events_path, prompt=request.prompt,
+                               n_predict=request.n_predict, temperature=request.temperature, seed=request.seed,
+                               threads=request.threads, **sparse)  # fmt: skip
+            done = subprocess.run(argv, capture_output=True)
             if done.returncode != 0:
                 lines = done.stderr.decode(errors="replace").strip().splitlines()
                 msg = lines[-1] if lines else f"exit code {done.returncode}"
@@ -104,77 +156,41 @@ class Pi2Engine:
             events = parse_events(events_path.read_text().splitlines())
         return result_from_events(done.stdout.decode("utf-8", errors="replace"), events)
 
-    def run_conversation(
-        self,
-        model: Path,
-        turns: list[str],
-        max_new_tokens: int,
-        system: str | None = None,
-        *,
-        threads: int | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-        ignore_eos: bool = True,
-        chat_template: bool = True,
-        n_ctx: int = 4096,
-    ):
-        """A multi-turn conversation in one `pi2-engine chat` process, keeping the KV cache across turns.
+    def configure(self, target, model_local: Path) -> None:
+        """Choose the policy for this model and this engine build (before engine_info records it)."""
+        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
+        sparse = "--policy" in self._sparse_flags
+        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
+        if self.plan_local is not None:
+            if "--plan" not in self._sparse_flags:
+                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
+                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
+            self.policy = str(self.plan_data.get("policy", self.policy))
 
-        Same arguments and return type (pi2cli.engines.llamacpp.ConversationResult) as the llama.cpp
-        driver's run_conversation: turn K's prompt is [system, user1, answer1, ..., userK] rendered with
-        the chat template of the model's GGUF twin (DIR/X.gguf next to DIR/X.pi2), and only the text
-        after what the cache holds is prefilled (n_prompt_cached says how much was reused).
-        chat_template=False concatenates raw text instead. Sampling is greedy (temperature 0).
-        """
-        from pi2cli.engines.llamacpp import ConversationResult
-        from pi2cli.engines.pi2_chat import HOW, open_chat_session
-        from pi2cli.targets import get_target
-        from pi2cli.workloads import gguf_chat_template
+    def engine_options(self, budget_bytes: int | None) -> dict:
+        """This driver's sparse settings as keywords of pi2_args.sparse_flags; the flags the build
+        lacks (a build before the sparse engine has none) are left out there."""
+        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
+                "accepts": self._sparse_flags}  # fmt: skip
 
-        model = Path(model)
-        if not turns:
-            raise Pi2Error("a conversation needs at least one turn")
-        if not model.is_file():
-            raise Pi2Error(f"{model}: no such model file")
-        if model.suffix != ".pi2":
-            raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
-        if temperature:
-            raise Pi2Error("pi2-engine chat sessions run greedy decoding here (temperature 0)")
-        template = None
-        if chat_template:
-            twin = model.with_suffix(".gguf")
-            if not twin.is_file():
-                raise Pi2Error(f"{model}: no GGUF twin {twin} to take the chat template from")
-            template = gguf_chat_template(twin)
-        started = time.monotonic()
-        session = open_chat_session(get_target("local"), str(engine_binary()), str(model), threads=threads,
-                                    n_ctx=n_ctx, seed=seed)  # fmt: skip
-        results, prompts = [], []
-        messages = [{"role": "system", "content": system}] if system else []
-        raw = f"{system}\n\n" if system else ""
-        try:
-            for user in turns:
-                if template is not None:
-                    messages.append({"role": "user", "content": user})
-                    prompt = template.render(messages)
-                else:
-                    raw += user
-                    prompt = raw
-                turn = session.turn(prompt, max_new_tokens, ignore_eos=ignore_eos)
-                results.append(turn)
-                prompts.append(prompt)
-                messages.append({"role": "assistant", "content": turn.text})
-                raw += turn.text
-            counters = session.close()
-        except BaseException:
-            session.kill()
-            raise
-        return ConversationResult(
-            engine=self.name,
-            model=str(model),
-            turns=results,
-            prompts=prompts,
-            peak_rss_bytes=int(counters.get("peak_rss_bytes") or 0),
-            load_s=float(session.start_event.get("load_s") or (time.monotonic() - started)),
-            how=HOW,
-        )
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
+        binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
+        return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
+                                 **self.engine_options(budget_bytes))  # fmt: skip
+
+    def engine_info(self, target) -> dict:
+        from pi2cli import __version__
+        from pi2cli.hw.push import sha256_file
+        from pi2cli.results.schema import pi2_commit
+
+        binary = self.local_binary(target)
+        build_type = None
+        cache = binary.parent / "CMakeCache.txt"
+        if cache.is_file():
+            for line in cache.read_text(errors="replace").splitlines():
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    build_type = line.split("=", 1)[1] or None
+        return {"name": self.name, "version": __version__, "commit": pi2_commit().get("commit"),
+                "build_flags": None, "build_type": build_type, "policy": self.policy,
+                "binary_sha256": sha256_file(binary)}  # fmt: skip

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shlex
 import struct
 import subprocess
@@ -27,8 +26,10 @@ import time
 from collections import deque
 from pathlib import Path
 
+from pi2cli.build.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
+from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_ENGINE
 from pi2cli.targets.base import TargetError, wrap_command
@@ -182,7 +183,7 @@ class EventsTail:
         self.target, self.path, self.offset = target, path, 0
 
     def read_new(self) -> list[dict]:
-        if self.target.kind in ("local", "qemu"):
+        if self.target.on_this_machine:
             try:
                 with open(self.path, "rb") as f:
                     f.seek(self.offset)
@@ -387,21 +388,12 @@ class Pi2ChatSession:
                 cleanup()
 
 
-def chat_command(binary: str, model: str, events: str, *, threads: int | None, n_ctx: int, seed: int = 0,
-                 extra: list[str] | None = None) -> list[str]:  # fmt: skip
-    cmd = [binary, "chat", "-m", model, "--events", events, "--ctx", str(n_ctx), "--seed", str(seed)]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    return cmd + list(extra or [])
-
-
-def open_chat_session(target, binary: str, model: str, *, threads: int | None = None, n_ctx: int = 4096,
-                      budget=None, seed: int = 0, events_dir: str | None = None,
-                      extra: list[str] | None = None) -> Pi2ChatSession:  # fmt: skip
+def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, budget=None, seed: int = 0,
+                      events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
-    (a temporary directory here, the working directory on a device). `extra`: more engine flags
-    (--policy, --memory-budget, ...)."""
-    if target.kind in ("local", "qemu"):
+    (a temporary directory here, the working directory on a device). `sparse`: the keywords of
+    pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
+    if target.on_this_machine:
         import shutil
         import tempfile
 
@@ -409,8 +401,8 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
         events_dir = events_dir or tempfile.mkdtemp(prefix="pi2-chat-")
         events = str(Path(events_dir) / "events.jsonl")
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
-        argv = target.command_prefix() + chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                      seed=seed, extra=extra)  # fmt: skip
+        argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx, seed=seed,
+                                                     **sparse)  # fmt: skip
         process = LocalChatProcess(argv, budget=budget)
     else:
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
@@ -421,50 +413,24 @@ def open_chat_session(target, binary: str, model: str, *, threads: int | None = 
             target.sh(f"rm -f {shlex.quote(events)}", timeout=10)
 
         try:
-            process = adb_chat_process(target, chat_command(binary, model, events, threads=threads, n_ctx=n_ctx,
-                                                            seed=seed, extra=extra))  # fmt: skip
+            process = adb_chat_process(target, engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx,
+                                                           seed=seed, **sparse))  # fmt: skip
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
 
 
 # ---------------------------------------------------------------------------------------- bench driver
-# each sparse flag with a value every engine that knows the flag accepts
-SPARSE_FLAGS = {"--policy": "dense", "--memory-budget": "1G", "--llmflash-window": "5", "--plan": "none.json"}
-_flag_cache: dict[tuple, frozenset[str]] = {}
-
-
 def engine_flags(
     binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
 ) -> frozenset[str]:
-    """Which of the sparse engine's flags `pi2-engine COMMAND` accepts.
-
-    Asked of the engine itself where it runs here (prefix: e.g. qemu-aarch64 for an arm64 build): each
-    flag alone with no model; an engine that does not know it answers "unknown ... option '--flag'",
-    one that does goes on and complains about the missing model. A build that cannot run here (a
-    phone's) is read instead: the flag among its option strings. Remembered per binary version."""
-    st = binary.stat()
-    key = (str(binary), st.st_size, st.st_mtime_ns, command, tuple(prefix))
-    if key not in _flag_cache:
-        try:
-            found = set()
-            for flag, value in SPARSE_FLAGS.items():
-                out = subprocess.run([*prefix, str(binary), command, flag, value], stdin=subprocess.DEVNULL,
-                                     capture_output=True, text=True, timeout=60)  # fmt: skip
-                if not re.search(
-                    rf"(unknown|unrecognized)[^\n]*{re.escape(flag)}\b", out.stdout + out.stderr
-                ):
-                    found.add(flag)
-        except (OSError, subprocess.TimeoutExpired):  # not runnable here: read its option strings
-            data = binary.read_bytes()
-            found = {f for f in SPARSE_FLAGS if f.encode() + b"\0" in data}
-        _flag_cache[key] = frozenset(found)
-    return _flag_cache[key]
+    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.build.capabilities)."""
+    return command_flags(binary, command, prefix)
 
 
 def target_engine_flags(target, binary: Path) -> frozenset[str]:
     """engine_flags of the build for `target`, run the way the target runs it when it runs here."""
-    prefix = tuple(target.command_prefix()) if target.kind in ("local", "qemu") else ()
+    prefix = tuple(target.command_prefix()) if target.on_this_machine else ()
     return engine_flags(binary, "chat", prefix)
 
 
@@ -472,98 +438,9 @@ def model_has_predictor(model: Path) -> bool | None:
     """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
     when the header cannot be read, so the engine itself reports what is wrong with the file (the run
     is then on record as failed with the engine's own error)."""
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.pi2file import Pi2File
 
     try:
         return Pi2File(model, verify=False).header.has_predictor
     except (Pi2Error, OSError, ValueError):
         return None
-
-
-class Pi2BenchDriver:
-    """The pi2 engine for `pi2 bench` (BenchDriver): the .pi2 twin, pi2-engine chat on any target.
-
-    The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
-    otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
-    its neuron cache from it), while the host still enforces the budget with a cgroup as for every
-    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
-
-    name = "pi2"
-    policy = "dense"
-    model_suffix = ".pi2"
-    how = HOW
-
-    def __init__(self):
-        self.extra_settings: dict = {}  # stored in the result's settings block
-        self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
-        self.plan_data: dict = {}
-        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
-
-    def use_plan(self, path: Path, data: dict) -> None:
-        """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
-        from pi2cli.plan import SETTINGS
-
-        self.plan_local, self.plan_data = Path(path), dict(data)
-        self.plan_remote = str(Path(path).resolve())
-        self.extra_settings["plan"] = {"file": Path(path).name,
-                                       **{k: data[k] for k in SETTINGS if k in data}}  # fmt: skip
-
-    def supports(self, target) -> str | None:
-        return None
-
-    def local_binary(self, target) -> Path:
-        from pi2cli.push import engine_files
-
-        found = [p for p in engine_files(target) if p.name == "pi2-engine"]
-        if not found:
-            raise Pi2Error(f"no pi2-engine build for {target.name} (run `make engine`)", exit_code=2)
-        return found[0]
-
-    def binaries(self, target) -> list[Path]:
-        return [self.local_binary(target)]
-
-    def configure(self, target, model_local: Path) -> None:
-        """Choose the policy for this model and this engine build (before engine_info records it)."""
-        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
-        sparse = "--policy" in self._sparse_flags
-        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
-        if self.plan_local is not None:
-            if "--plan" not in self._sparse_flags:
-                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
-                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
-            self.policy = str(self.plan_data.get("policy", self.policy))
-
-    def engine_args(self, budget_bytes: int | None) -> list[str]:
-        """The policy and budget flags for pi2-engine (none for a build that has no --policy)."""
-        flags = getattr(self, "_sparse_flags", frozenset())
-        args = ["--policy", self.policy] if "--policy" in flags else []
-        if self.plan_remote and "--plan" in flags:
-            args += ["--plan", self.plan_remote]  # after the policy (the plan's wins), before the budget
-        if budget_bytes and "--memory-budget" in flags:
-            args += ["--memory-budget", str(int(budget_bytes))]
-        return args
-
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
-        binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        extra = self.engine_args(budget_bytes)
-        if threads and "--plan" in extra:
-            extra += ["--threads", str(threads)]  # the bench's --threads overrides the plan's
-        return open_chat_session(target, binary, model, threads=threads, n_ctx=n_ctx, budget=budget, seed=seed,
-                                 extra=extra)  # fmt: skip
-
-    def engine_info(self, target) -> dict:
-        from pi2cli import __version__
-        from pi2cli.push import sha256_file
-        from pi2cli.results.schema import pi2_commit
-
-        binary = self.local_binary(target)
-        build_type = None
-        cache = binary.parent / "CMakeCache.txt"
-        if cache.is_file():
-            for line in cache.read_text(errors="replace").splitlines():
-                if line.startswith("CMAKE_BUILD_TYPE:"):
-                    build_type = line.split("=", 1)[1] or None
-        return {"name": self.name, "version": __version__, "commit": pi2_commit().get("commit"),
-                "build_flags": None, "build_type": build_type, "policy": self.policy,
-                "binary_sha256": sha256_file(binary)}  # fmt: skip

@@ -1,1 +1,2 @@
-"""Models: the registry, the synthetic sparse-model generator, the GGUF twin writer and hub pulls."""
+"""Models: file formats (.pi2, GGUF metadata, tokenizer blob), converters, the registry, the synthetic
+generator, the GGUF twin writer, hub pulls and the numpy forward (generator pieces and oracle)."""

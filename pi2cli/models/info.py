@@ -8,7 +8,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, ModelSpec, human_bytes, human_count
+from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, ModelSpec, human_count
+from pi2cli.units import format_size
 
 
 def _pct(x) -> str:
@@ -20,7 +21,7 @@ def registry_table(models) -> str:
     for m in models:
         experts = f"{m.n_expert}x top-{m.n_expert_used}" if m.is_moe else "dense"
         rows.append([m.name, m.arch, experts, human_count(m.param_counts()["total"]), m.activation,
-                     _pct(m.published_sparsity), human_bytes(m.size_bytes("q4_0")), m.hf_repo or "-"])  # fmt: skip
+                     _pct(m.published_sparsity), format_size(m.size_bytes("q4_0")), m.hf_repo or "-"])  # fmt: skip
     headers = ["name", "arch", "ffn", "params", "act", "sparsity", "q4_0 size", "source (Hugging Face)"]
     return tabulate(rows, headers=headers)
 
@@ -44,7 +45,7 @@ def format_spec(m: ModelSpec) -> str:
         lines.append(f"  active FFN     {human_count(active)} parameters per token at the published sparsity")
     lines.append(
         "  size           "
-        + ", ".join(f"{q} {human_bytes(m.size_bytes(q))}" for q in QUANT_BYTES_PER_ELEMENT)
+        + ", ".join(f"{q} {format_size(m.size_bytes(q))}" for q in QUANT_BYTES_PER_ELEMENT)
         + " (all matrices in that type, norms f32)"
     )
     lines.append(
@@ -69,7 +70,7 @@ def file_info(path: Path, verify: bool = False) -> dict:
         return _gguf_info(path)
     from dataclasses import asdict
 
-    from pi2cli.pi2file import Pi2File, Pi2FormatError
+    from pi2cli.models.pi2file import Pi2File, Pi2FormatError
 
     try:
         f = Pi2File(path, verify=verify)
@@ -127,7 +128,7 @@ def format_measured(summary: dict) -> str:
 
 def format_file_info(data: dict) -> str:
     lines = [
-        f"{data['path']}: {data['format']} file, {human_bytes(data['bytes'])}, {data['n_tensors']} tensors"
+        f"{data['path']}: {data['format']} file, {format_size(data['bytes'])}, {data['n_tensors']} tensors"
     ]
     meta = data.get("metadata", {})
     if data["format"] == "gguf":

@@ -31,7 +31,7 @@ COACT_TOP = 256
 
 
 def _open(path: Path):
-    from pi2cli.pi2file import Pi2File, Pi2FormatError
+    from pi2cli.models.pi2file import Pi2File, Pi2FormatError
 
     try:
         return Pi2File(path, verify=False)
@@ -128,7 +128,7 @@ def profile_tokens(
         raise Pi2Error(f"token id {int(ids.max())} is outside the vocabulary ({h.n_vocab})")
     lengths = [len(s) for s in seqs]
     embd = f.raw("token_embd.weight")
-    from pi2cli.pi2file import decode_rows
+    from pi2cli.models.pi2file import decode_rows
 
     x = decode_rows(embd[ids], f.tensors["token_embd.weight"].type, h.n_embd)
     result: dict[str, np.ndarray] = {}

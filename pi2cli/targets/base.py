@@ -107,6 +107,13 @@ class Target(Protocol):
 
     def temperature(self) -> float | None: ...
 
+    @property
+    def on_this_machine(self) -> bool: ...
+
+    def build_dirs(self, root: Path) -> list[Path]: ...
+
+    def build_hint(self) -> str: ...
+
 
 # One shell round trip gathers every fact; sections are separated by marker lines.
 FACTS_SCRIPT = r"""
@@ -330,6 +337,24 @@ class ShellTarget:
 
     def sh(self, command: str, timeout: float | None = 60) -> CommandResult:  # pragma: no cover
         raise NotImplementedError
+
+    @property
+    def on_this_machine(self) -> bool:
+        """True for targets that run here (local, qemu-user): their files are used in place (no push),
+        their events files read directly, and a memory cgroup binds their processes."""
+        return False
+
+    def build_dirs(self, root: Path) -> list[Path]:
+        """The engine builds under `root` (build/) whose binaries run on this target, best first: a
+        phone takes the NDK build, else the static Linux one; an x86-64 device (an emulator, the test
+        adbd) runs the host build."""
+        if self.arch != "arm64":
+            return [root / "host"]
+        return [root / "android-arm64", root / "linux-arm64"]
+
+    def build_hint(self) -> str:
+        """The command that makes a build for this target."""
+        return "pi2 build --target android-arm64" if self.arch == "arm64" else "make engine"
 
     def facts(self) -> dict:
         if self._facts is None:

@@ -104,6 +104,17 @@ class LocalTarget(ShellTarget):
         except OSError as exc:
             raise TransferError(f"copy from {remote} failed: {exc.strerror or exc}") from exc
 
+    @property
+    def on_this_machine(self) -> bool:
+        return True
+
+    def build_dirs(self, root: Path) -> list[Path]:
+        """`make engine`'s build ($PI2_BUILD_DIR overrides it)."""
+        return [Path(os.environ["PI2_BUILD_DIR"])] if os.environ.get("PI2_BUILD_DIR") else [root / "host"]
+
+    def build_hint(self) -> str:
+        return "make engine"
+
     def command_prefix(self) -> list[str]:
         return []
 

@@ -34,6 +34,13 @@ class QemuTarget(LocalTarget):
         # Dynamic arm64 binaries need the cross sysroot; static ones ignore it.
         self.sysroot = next((s for s in SYSROOTS if Path(s).is_dir()), None)
 
+    def build_dirs(self, root: Path) -> list[Path]:
+        """qemu-user has a glibc userland: the Linux cross build first."""
+        return [root / "linux-arm64", root / "android-arm64"]
+
+    def build_hint(self) -> str:
+        return "pi2 build --target linux-arm64"
+
     def command_prefix(self) -> list[str]:
         prefix = [self.qemu]
         if self.sysroot:

@@ -25,6 +25,7 @@ from pathlib import Path
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT, cache_dir
 from pi2cli.targets.base import Progress, Target, TargetError, TransferError
+from pi2cli.units import format_size
 
 MANIFEST_NAME = ".pi2-manifest.json"
 PARTIAL_SUFFIX = ".partial"
@@ -73,13 +74,7 @@ class PushReport:
 def build_dirs_for(target: Target, build_root: Path | None = None) -> list[Path]:
     """Where engine builds for this target live, best first."""
     root = build_root or Path(os.environ.get("PI2_BUILD_ROOT") or REPO_ROOT / "build")
-    if target.kind == "local":
-        return [Path(os.environ["PI2_BUILD_DIR"])] if os.environ.get("PI2_BUILD_DIR") else [root / "host"]
-    if target.arch != "arm64":
-        return [root / "host"]  # an x86-64 adb device (emulator, test daemon) runs host builds
-    if target.kind == "qemu":  # glibc userland: the Linux cross build first
-        return [root / "linux-arm64", root / "android-arm64"]
-    return [root / "android-arm64", root / "linux-arm64"]
+    return target.build_dirs(root)
 
 
 def engine_files(target: Target, build_root: Path | None = None) -> list[Path]:
@@ -90,10 +85,7 @@ def engine_files(target: Target, build_root: Path | None = None) -> list[Path]:
         if found:
             return found
     where = " or ".join(str(d) for d in dirs)
-    how = {"local": "make engine", "qemu": "pi2 build --target linux-arm64"}.get(
-        target.kind, "pi2 build --target android-arm64" if target.arch == "arm64" else "make engine"
-    )
-    raise Pi2Error(f"no engine build for {target.name} ({target.arch}) in {where}: run `{how}` first, "
+    raise Pi2Error(f"no engine build for {target.name} ({target.arch}) in {where}: run `{target.build_hint()}` first, "
                    f"or pass --no-engine")  # fmt: skip
 
 
@@ -199,19 +191,11 @@ def already_there(target: Target, items: list[PushItem], manifest: dict) -> set[
 
 
 # -------------------------------------------------------------------------------------------- push
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def check_free_space(target: Target, workdir: str, needed: int) -> int:
     free = target.free_bytes(workdir)
     if needed > free:
-        raise Pi2Error(f"not enough space on {target.name}: {human_bytes(needed)} to copy but only "
-                       f"{human_bytes(free)} free at {workdir} (free some space or push fewer models)")  # fmt: skip
+        raise Pi2Error(f"not enough space on {target.name}: {format_size(needed)} to copy but only "
+                       f"{format_size(free)} free at {workdir} (free some space or push fewer models)")  # fmt: skip
     return free
 
 

@@ -151,14 +151,14 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> ProbeRunner:
     """A runner for pi2-probe on `target`: the host build here, the arm64 build under qemu, or the binary
     pushed (content-checked, skipped when already there) to WORKDIR/bin on an adb device."""
-    from pi2cli.push import collect_items, engine_files, push_files
+    from pi2cli.hw.push import collect_items, engine_files, push_files
     from pi2cli.targets import TargetError
 
     found = [p for p in engine_files(target) if p.name == "pi2-probe"]
     if not found:
         raise Pi2Error(f"the engine build for {target.name} has no pi2-probe: rebuild it (make engine)")
     local = found[0]
-    if target.kind in ("local", "qemu"):
+    if target.on_this_machine:
         exe = [*target.command_prefix(), str(local)]
     else:
         items = collect_items(target, target.workdir, engine=[local])
@@ -184,7 +184,7 @@ def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> 
 
 def check_file(target, file: str) -> None:
     """The storage probe's file must exist on the target; say which machine it was looked for on."""
-    if target.kind in ("local", "qemu"):
+    if target.on_this_machine:
         p = Path(file)
         if not p.is_file():
             raise Pi2Error(f"--file {file}: no such file")

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from pi2cli.cmake_run import default_jobs, log_tail, parse_progress, run_logged
+from pi2cli.build.cmake_run import default_jobs, log_tail, parse_progress, run_logged
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
 

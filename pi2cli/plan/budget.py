@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli.errors import Pi2Error
+from pi2cli.units import check_size
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -149,9 +150,7 @@ class MemoryCgroup:
     """One short-lived memory cgroup with a hard limit; use as a context manager (removed on exit)."""
 
     def __init__(self, limit_bytes: int, support: CgroupSupport | None = None):
-        if limit_bytes < 4 * 2**20:
-            raise Pi2Error(f"memory budget {limit_bytes} bytes is too small (at least 4 MiB)")
-        self.limit_bytes = int(limit_bytes)
+        self.limit_bytes = check_size(int(limit_bytes))
         self.support = support or detect_cgroup()
         if not self.support.usable:
             raise Pi2Error(f"cannot enforce a memory budget: {self.support.reason}")

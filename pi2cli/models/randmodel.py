@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.pi2file import Pi2Header, Pi2Writer
+from pi2cli.models.pi2file import Pi2Header, Pi2Writer
 
 
 def write_random_model(

@@ -1,8 +1,8 @@
 """`pi2 plan`: choose the sparse engine's settings for one model, one device and one memory budget.
 
-Inputs: the model's header and metadata (pi2cli.pi2file: dimensions, neuron type, predictors, and what
+Inputs: the model's header and metadata (pi2cli.models.pi2file: dimensions, neuron type, predictors, and what
 the generator or converter measured: predictor precision, sparsity, hot-set coverage), a hardware
-profile (pi2cli.profile: memory bandwidth, the storage curve, the cores) and the budget. Output: a plan
+profile (pi2cli.plan.profile: memory bandwidth, the storage curve, the cores) and the budget. Output: a plan
 file, one flat JSON object whose settings are pi2-engine flags (`pi2-engine generate --plan FILE`), plus
 the reasons for each choice ("why") and an estimate of the time per token. docs/PLAN.md has the rules
 and the format; everything here is plain functions over plain data so the tests can drive them.
@@ -15,32 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli import __version__
+from pi2cli.build.capabilities import engine_size, plan_keys
 from pi2cli.errors import Pi2Error
-from pi2cli.profile import check_format, read_json_file
-from pi2cli.units import parse_size
+from pi2cli.plan.profile import check_format, read_json_file
+from pi2cli.units import format_size, parse_size
 
 PLAN_FORMAT = "pi2-plan"
 PLAN_VERSION = 1
 MiB = 1 << 20
 DIRECT_ALIGN = 512  # the smallest O_DIRECT unit: the engine rounds its reads to it
 DEFAULT_CTX = 4096  # pi2-engine chat's default context (and pi2 bench's)
-MAX_BATCH = 256  # pi2-engine chat's prefill batch
-PROCESS_OVERHEAD = 10 * MiB  # binary, libc, thread stacks, I/O ring: VmRSS beyond the weights (measured)
-SLOT_BOOKKEEPING = 48  # bytes per cache slot (native/src/sparse.c)
 ENGINE_DEFAULTS = {"hot_fraction": 0.2, "hot_share": 0.5, "cluster": 32}
-# The settings a plan file may carry, in file order (each is the pi2-engine flag with '-' for '_').
-SETTINGS = ("policy", "memory_budget", "threads", "affinity", "hot_fraction", "hot_share", "cluster",
-            "two_phase", "lookahead", "io", "io_threads", "io_affinity", "pred_threshold",
-            "prefill_stream", "miss_threshold")  # fmt: skip
 IO_METHODS = ("auto", "uring", "pread", "buffered")
 
 
 def round_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
-
-
-def fmt_bytes(n: float) -> str:
-    return f"{n / MiB:.0f} MiB" if abs(n) < 10 * 1024 * MiB else f"{n / 1024 / MiB:.2f} GiB"
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -107,7 +97,7 @@ class ModelFacts:
 
 
 def model_facts(path: str | Path) -> ModelFacts:
-    from pi2cli.pi2file import SEC_RESIDENT, Pi2File, Pi2FormatError
+    from pi2cli.models.pi2file import SEC_RESIDENT, Pi2File, Pi2FormatError
 
     path = Path(path)
     if not path.is_file():
@@ -193,27 +183,28 @@ def miss_costs(m: ModelFacts, curve: list[dict]) -> Costs:
 
 
 # ------------------------------------------------------------------------------------------ the budget
-def fixed_region_estimate(m: ModelFacts, budget: int, ctx: int, threads: int, sparse: bool) -> dict:
-    """What the engine will hold before any neuron is cached (native/src/sparse.c measures it for real
-    at open: VmRSS + the untouched context + its scratch + a margin): bytes per part."""
-    B, E, F = min(MAX_BATCH, ctx), m.n_embd, m.n_ff
-    q, kv = m.n_head * m.head_dim, m.n_head_kv * m.head_dim
-    widest = max(E, q, F)
-    ne = max(1, m.n_expert)
-    kv_cache = 2 * m.n_layer * ctx * kv * 2  # K and V in F16
-    ctx_scratch = 4 * B * (6 * E + 2 * q + 2 * kv + 3 * F + 3 * ne) + 4 * threads * ctx + 4 * B * widest
-    ctx_scratch += 4 * m.n_vocab + (0 if m.dense_down else 4 * threads * B * E)
-    # activations, masks, gate and h values per token, per-neuron lists, and the predictors' own
-    # (inputs, hidden layer, one probability per neuron per token)
-    sparse_scratch = (B * (E + 2 * F) + 8 * F * B + 35 * F + B * (2 * E + 4 * 256 + 4 * F)) if sparse else 0
-    parts = {
-        "resident": m.resident_bytes + m.other_bytes + PROCESS_OVERHEAD,
-        "kv_cache": kv_cache,
-        "scratch": ctx_scratch + sparse_scratch,
-        "margin": 4 * MiB + budget // 100,
-    }
-    parts["total"] = sum(parts.values())
-    return parts
+def engine_sizing(m: ModelFacts, budget: int, ctx: int, threads: int, **split) -> dict:
+    """The engine's own sizing of this model under `budget` (`pi2-engine size --facts`, the host build):
+    fixed region, neuron cache, and with split=(hot_fraction, hot_share, cluster) the hot/cold split it
+    would make. The engine is the one authority on these; the planner only chooses the settings."""
+    facts = {"n_embd": m.n_embd, "n_layer": m.n_layer, "n_ff": m.n_ff, "n_head": m.n_head,
+             "n_head_kv": m.n_head_kv, "head_dim": m.head_dim, "n_vocab": m.n_vocab,
+             "n_expert": m.n_expert if m.arch == "moe" else 0, "n_expert_used": m.n_expert_used,
+             "neuron_type": m.neuron_type, "bundle_stride": m.bundle_stride,
+             "resident_bytes": m.resident_bytes, "tokenizer_bytes": m.other_bytes}  # fmt: skip
+    flags = [
+        "--policy",
+        "powerinfer2",
+        "--memory-budget",
+        str(int(budget)),
+        "--ctx",
+        str(ctx),
+        "--threads",
+        str(threads),
+    ]
+    for key, value in split.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return engine_size(facts, flags)
 
 
 @dataclass
@@ -251,42 +242,19 @@ def predicted_fraction(m: ModelFacts) -> float:
     return 0.25
 
 
-def engine_hot_sizing(
-    m: ModelFacts, cache: int, hot_fraction: float, hot_share: float, cluster: int
-) -> tuple[int, int]:
-    """(hot neurons per block, cold slots) exactly as native/src/sparse.c's size_cache() computes them
-    (its fractions are C floats: the same float32 rounding here, or a share's last bit moves a cluster)."""
-    import numpy as np
-
-    F, nb = m.n_ff, m.n_blocks
-    cluster = min(cluster, F)
-    f32 = np.float32
-    hot = min(F, round_up(int(f32(hot_fraction) * f32(F) + f32(0.5)), cluster))
-    per_block = -(-hot // cluster)
-    hot_slots = int(float(cache) * float(f32(hot_share)) / float(cluster * m.bundle_stride))
-    fit = hot_slots // nb
-    if fit < per_block:
-        per_block, hot = fit, fit * cluster
-    hot_slots = per_block * nb
-    cold = (cache - hot_slots * cluster * m.bundle_stride) // m.full_len
-    cold = min(cold, nb * (F - hot))
-    if not hot_slots:
-        hot, cold = 0, min(cache // m.full_len, nb * F)
-    return hot, cold
-
-
-def split_cache(m: ModelFacts, cache: int) -> CacheSplit:
-    """The hot/cold split for powerinfer2 (or the note that everything is preloaded)."""
+def split_cache(m: ModelFacts, cache: int, engine_split) -> CacheSplit:
+    """The hot/cold split for powerinfer2 (or the note that everything is preloaded). engine_split(
+    hot_fraction, hot_share, cluster) -> (hot neurons per block, cold slots) as the engine sizes them."""
     F, nb = m.n_ff, m.n_blocks
     whole = nb * F * m.full_len
     if cache >= whole:
         return CacheSplit(cache, True, why=[
-            f"cache {fmt_bytes(cache)} holds the whole FFN ({fmt_bytes(whole)}): everything preloaded with "
+            f"cache {format_size(cache)} holds the whole FFN ({format_size(whole)}): everything preloaded with "
             f"large sequential reads at start, decode reads nothing; the hot/cold split does not matter"])  # fmt: skip
     cov = m.measured.get("hot_coverage")
     if cov is None or not 0 < cov < 1:
         d = ENGINE_DEFAULTS
-        hot, cold = engine_hot_sizing(m, cache, d["hot_fraction"], d["hot_share"], d["cluster"])
+        hot, cold = engine_split(d["hot_fraction"], d["hot_share"], d["cluster"])
         return CacheSplit(cache, False, d["hot_fraction"], d["hot_share"], d["cluster"], hot, cold, why=[
             f"no measured hot-set coverage in the model's metadata: engine defaults hot_fraction "
             f"{d['hot_fraction']}, hot_share {d['hot_share']}, cluster {d['cluster']}"])  # fmt: skip
@@ -319,13 +287,13 @@ def split_cache(m: ModelFacts, cache: int) -> CacheSplit:
     why.append(f"hot set = the hottest {hf:.0%} of each block (they carry {cov:.0%} of activations, measured): "
                f"each is active ~{p_hot / max(p_cold, 1e-9):.0f}x as often as a cold neuron, so it is cached first")  # fmt: skip
     if hot_bytes >= hot_set:
-        why.append(f"hot_share {share}: the whole hot set ({fmt_bytes(hot_set)}) fits; the other "
-                   f"{fmt_bytes(cache - hot_set)} is the cold LRU region")  # fmt: skip
+        why.append(f"hot_share {share}: the whole hot set ({format_size(hot_set)}) fits; the other "
+                   f"{format_size(cache - hot_set)} is the cold LRU region")  # fmt: skip
     else:
-        why.append(f"hot_share {share}: the hot set ({fmt_bytes(hot_set)}) does not fit; the cold region keeps "
-                   f"{fmt_bytes(cache - hot_bytes)} (at least the predicted neurons of 2 blocks, "
-                   f"{fmt_bytes(cold_floor)}), the hot set shrinks to the rest")  # fmt: skip
-    hot, cold = engine_hot_sizing(m, cache, hf, share, cluster)
+        why.append(f"hot_share {share}: the hot set ({format_size(hot_set)}) does not fit; the cold region keeps "
+                   f"{format_size(cache - hot_bytes)} (at least the predicted neurons of 2 blocks, "
+                   f"{format_size(cold_floor)}), the hot set shrinks to the rest")  # fmt: skip
+    hot, cold = engine_split(hf, share, cluster)
     return CacheSplit(cache, False, round(hf, 4), share, cluster, hot, cold, why=why)
 
 
@@ -365,7 +333,7 @@ def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
 # -------------------------------------------------------------------------------------------- the plan
 @dataclass
 class Plan:
-    settings: dict  # the engine flags, in SETTINGS order
+    settings: dict  # the engine flags (plan keys)
     info: dict  # predicted_* / measured_* scalars
     why: list[str]
     model: str
@@ -374,7 +342,8 @@ class Plan:
     def to_json(self) -> dict:
         out = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "created_by": f"pi2 plan {__version__}",
                "model": self.model, "device": self.device}  # fmt: skip
-        out.update({k: self.settings[k] for k in SETTINGS if k in self.settings})
+        # in the engine's own key order (`pi2-engine capabilities`: plan.c's table, the one list of keys)
+        out.update({k: self.settings[k] for k in plan_keys() if k in self.settings})
         out.update(self.info)
         out["why"] = "\n".join(self.why)
         return out
@@ -404,7 +373,7 @@ def make_plan(
             raise Pi2Error(f"--pred-threshold must be a probability in (0, 1), got {pred_threshold}")
         if not m.has_predictor:
             raise Pi2Error("--pred-threshold needs a model with activation predictors")
-    from pi2cli.profile import validate_profile
+    from pi2cli.plan.profile import validate_profile
 
     validate_profile(profile)
     curve = profile["storage"]["curve"]
@@ -423,19 +392,23 @@ def make_plan(
     cores, core_why = choose_cores(profile, threads)
     settings.update(cores)
     nthreads = cores["threads"]
-    fixed = fixed_region_estimate(m, budget, ctx, nthreads, sparse)
-    if fixed["total"] >= budget:
-        raise Pi2Error(f"--memory-budget {fmt_bytes(budget)} is too small for {m.name}: the fixed region needs "
-                       f"~{fmt_bytes(fixed['total'])} (resident weights {fmt_bytes(fixed['resident'])}, KV cache "
-                       f"for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch {fmt_bytes(fixed['scratch'])}, "
-                       f"margin {fmt_bytes(fixed['margin'])})")  # fmt: skip
+    size = engine_sizing(m, budget, ctx, nthreads)
+    if "error" in size:
+        least = size.get("min_budget_bytes")
+        raise Pi2Error(f"--memory-budget {format_size(budget)} is too small for {m.name}: the fixed region needs "
+                       + (f"~{format_size(least)} at least" if least else "more")
+                       + f" (pi2-engine size: {size['error']})")  # fmt: skip
+    fx = size["fixed"]
+    fixed = {"total": fx["bytes"], "resident": fx["resident_bytes"], "kv_cache": fx["kv_cache_bytes"],
+             "scratch": fx["bytes"] - fx["resident_bytes"] - fx["kv_cache_bytes"] - fx["margin_bytes"],
+             "margin": fx["margin_bytes"]}  # fmt: skip
     raw = budget - fixed["total"]
-    cache = raw - raw // m.full_len * SLOT_BOOKKEEPING
-    why.append(f"budget {fmt_bytes(budget)} = fixed ~{fmt_bytes(fixed['total'])} (resident "
-               f"{fmt_bytes(fixed['resident'])}, KV cache for --ctx {ctx} {fmt_bytes(fixed['kv_cache'])}, scratch "
-               f"{fmt_bytes(fixed['scratch'])}, margin {fmt_bytes(fixed['margin'])}) + "
-               + (f"neuron cache ~{fmt_bytes(cache)} (the engine measures the fixed region itself when it opens)"
-                  if sparse else f"~{fmt_bytes(raw)} for the FFN pages the page cache keeps"))  # fmt: skip
+    cache = int(size["cache"]["bytes"])
+    why.append(f"budget {format_size(budget)} = fixed ~{format_size(fixed['total'])} (resident "
+               f"{format_size(fixed['resident'])}, KV cache for --ctx {ctx} {format_size(fixed['kv_cache'])}, scratch "
+               f"{format_size(fixed['scratch'])}, margin {format_size(fixed['margin'])}; pi2-engine size) + "
+               + (f"neuron cache ~{format_size(cache)} (the engine measures the fixed region itself when it opens)"
+                  if sparse else f"~{format_size(raw)} for the FFN pages the page cache keeps"))  # fmt: skip
     info: dict = {"predicted_fixed_bytes": int(fixed["total"]), "predicted_cache_bytes": int(cache),
                   "predicted_for_ctx": ctx}  # fmt: skip
     membw = pick_membw(profile, nthreads)
@@ -447,7 +420,13 @@ def make_plan(
     reads = 0.0
     per_miss = 0.0
     if sparse:
-        split = split_cache(m, cache)
+
+        def engine_split(hot_fraction, hot_share, cluster):
+            c = engine_sizing(m, budget, ctx, nthreads, hot_fraction=hot_fraction, hot_share=hot_share,
+                              cluster=cluster)["cache"]  # fmt: skip
+            return c["hot_neurons_per_block"], c["cold_slots"]
+
+        split = split_cache(m, cache, engine_split)
         costs = miss_costs(m, curve)
         us = lambda s: f"{s * 1e6:.1f} us"  # noqa: E731
         if not m.two_phase_applies:
@@ -500,7 +479,7 @@ def make_plan(
         best_bw = max(float(p["mb_per_s"]) for p in curve) * 1e6
         io_s = paged / best_bw
         if paged:
-            why.append(f"dense under this budget pages ~{fmt_bytes(paged)} of FFN weights from storage per token "
+            why.append(f"dense under this budget pages ~{format_size(paged)} of FFN weights from storage per token "
                        f"(estimate at the best bandwidth measured, {best_bw / 1e6:.0f} MB/s: optimistic)")  # fmt: skip
     why.extend(core_why)
     if pred_threshold is not None:

@@ -24,12 +24,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pi2cli.bench.workloads import (
+    ChatTemplate,
+    Conversation,
+    gguf_chat_template,
+    load_workload,
+    workload_path,
+)
 from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
 from pi2cli.units import parse_size
-from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template, load_workload, workload_path
 
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096
@@ -94,7 +100,7 @@ def resolve_model(
 
 
 def convert_for_pi2(gguf: Path, reporter: Reporter | None = None) -> Path:
-    from pi2cli.convert import convert_gguf
+    from pi2cli.models.convert import convert_gguf
 
     out = gguf.with_suffix(".pi2")
     if reporter:
@@ -136,7 +142,7 @@ class MemorySampler:
     """Reads the engine process's memory through the target every `interval_s` in a thread: the memory
     curve (memory_samples). Never the peak: a poll misses whatever happened between two reads.
 
-    wrapper=True: `pid` is pi2-rusage (pi2cli.rusage), and the process sampled is the command it started."""
+    wrapper=True: `pid` is pi2-rusage (pi2cli.hw.rusage), and the process sampled is the command it started."""
 
     def __init__(self, target, pid: int | None, interval_s: float = 0.5, wrapper: bool = False):
         self.target, self.interval_s = target, interval_s
@@ -158,7 +164,7 @@ class MemorySampler:
             self.samples.append((round(time.monotonic() - self._t0, 3), usage.rss_bytes, usage.pss_bytes))
 
     def _loop(self) -> None:
-        from pi2cli.rusage import engine_pid
+        from pi2cli.hw.rusage import engine_pid
 
         while self.pid is None and not self._stop.is_set():  # the wrapper has not forked the engine yet
             self.pid = engine_pid(self.wrapper_pid)
@@ -269,7 +275,7 @@ class RunOutcome:
 
 def file_sha256(path: Path) -> str:
     """sha256, remembered across runs by (path, size, mtime) as pi2 push does (GB models hash once)."""
-    from pi2cli.push import sha256_file
+    from pi2cli.hw.push import sha256_file
 
     return sha256_file(Path(path))
 
@@ -286,8 +292,8 @@ def model_facts(model: ModelFiles) -> dict:
     Synthetic models say so in both forms (the .pi2's metadata JSON, the twin's `pi2.synthetic` key);
     either is enough, so a result can never present synthetic weights as a real model.
     """
-    from pi2cli.gguf_meta import read_gguf_metadata
-    from pi2cli.pi2file import Pi2File
+    from pi2cli.models.gguf_meta import read_gguf_metadata
+    from pi2cli.models.pi2file import Pi2File
 
     facts = {"quant": None, "arch": None, "synthetic": False}
     if model.gguf is not None:
@@ -317,29 +323,26 @@ class Prepared:
 
 
 def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Prepared:
-    """Local targets run the build and model in place; devices get them through pi2cli.push (skipping
+    """Local targets run the build and model in place; devices get them through pi2cli.hw.push (skipping
     what is already there)."""
     reason = driver.supports(target)
     if reason:
         raise Pi2Error(reason)
     local_model = model.for_engine(driver.model_suffix, driver.name)
-    if hasattr(driver, "configure"):
-        driver.configure(target, local_model)
-    if target.kind in ("local", "qemu"):
+    driver.configure(target, local_model)
+    if target.on_this_machine:
         return Prepared(driver, local_model, str(local_model), None)
-    from pi2cli.push import collect_items, push_files
+    from pi2cli.hw.push import collect_items, push_files
 
     workdir = target.workdir
     binaries = driver.binaries(target)
-    plans = [driver.plan_local] if getattr(driver, "plan_local", None) else []
-    items = collect_items(target, workdir, engine=binaries, models=[local_model], plans=plans)
-    reporter.message(
-        f"pushing {', '.join(p.name for p in [*binaries, local_model, *plans])} to {target.name}"
-    )
+    extra = driver.extra_files()
+    items = collect_items(target, workdir, engine=binaries, models=[local_model], **extra)
+    names = [p.name for p in [*binaries, local_model, *(f for files in extra.values() for f in files)]]
+    reporter.message(f"pushing {', '.join(names)} to {target.name}")
     report = push_files(target, items, workdir)
     copied = sum(1 for f in report.files if f.action == "copied")
-    if plans:
-        driver.plan_remote = f"{workdir.rstrip('/')}/plans/{plans[0].name}"
+    driver.files_pushed(workdir.rstrip("/"))
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
     return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
                     f"{workdir.rstrip('/')}/bin")  # fmt: skip
@@ -348,7 +351,7 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
 def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:
     if budget_bytes is None:
         return S.memory_info(None)
-    if target.kind == "adb":
+    if not target.on_this_machine:
         return S.memory_info(
             budget_bytes, enforced=False, how="not enforced on adb devices (no cgroup control)"
         )
@@ -400,7 +403,7 @@ def run_one(
     reporter: Reporter,
 ) -> RunOutcome:
     """One engine x workload x budget: every conversation (x repeat) through one engine process."""
-    from pi2cli.budget import Budget
+    from pi2cli.plan.budget import Budget
     from pi2cli.results import store
 
     driver = prepared.driver
@@ -417,8 +420,8 @@ def run_one(
         memory=memory_block(target, budget_bytes, None),
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
-                                 limit=cfg.limit, **getattr(driver, "extra_settings", {})),
-        measurement=driver.measurement(target) if hasattr(driver, "measurement") else driver.how,
+                                 limit=cfg.limit, **driver.extra_settings),
+        measurement=driver.measurement(target),
         tags=cfg.tags,
     )  # fmt: skip
     total_turns = cfg.repeat * sum(len(c.turns) for c in conversations)
@@ -430,8 +433,8 @@ def run_one(
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
     # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
-    outside = getattr(driver, "budget_outside", None)
-    local_budget = budget_bytes if target.kind in ("local", "qemu") and not outside else None
+    outside = driver.budget_outside()
+    local_budget = budget_bytes if target.on_this_machine and not outside else None
     if budget_bytes and outside:
         budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
     try:
@@ -538,25 +541,20 @@ MODES = ("chat", "llama-bench")
 
 
 def apply_engine_options(drivers: list, cfg: BenchConfig) -> None:
-    """The bench options that belong to one engine: llama.cpp's build, llmflash's window, MLC's runner."""
+    """The bench options that belong to one engine (each driver declares its own: llama.cpp's build,
+    llmflash's window, MLC's runner, pi2's plan): every one that was given goes to its driver."""
+    given = {name: value for name, value in vars(cfg).items() if value is not None}
     for d in drivers:
-        if d.name == "llama.cpp" and cfg.llamacpp_bin_dir:
-            d._bin_dir = Path(cfg.llamacpp_bin_dir)
-        elif d.name == "llmflash":
-            d.window = cfg.llmflash_window
-        elif d.name == "mlc-llm":
-            d.runner, d.model = cfg.mlc_runner or d.runner, cfg.mlc_model or d.model
-        if d.name == "pi2" and cfg.plan:
-            from pi2cli.plan import load_plan
-
-            d.use_plan(Path(cfg.plan), load_plan(cfg.plan))
+        for name in d.options:
+            if name in given:
+                d.set_option(name, given[name])
 
 
 def plan_budget(cfg: BenchConfig) -> None:
     """With --plan and no --memory-budget, the bench runs under the plan's budget (enforced as any)."""
     if not cfg.plan or any(b is not None for b in cfg.budgets):
         return
-    from pi2cli.plan import load_plan
+    from pi2cli.plan.plan import load_plan
 
     value = load_plan(cfg.plan).get("memory_budget")
     if value is not None:
@@ -565,7 +563,7 @@ def plan_budget(cfg: BenchConfig) -> None:
 
 def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOutcome]:
     """Resolve everything first (so a typo fails before anything runs), then every run in turn."""
-    from pi2cli.engines import get_bench_driver
+    from pi2cli.engines import get_driver
     from pi2cli.targets import get_target
 
     reporter = reporter or Reporter()
@@ -582,7 +580,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     store.check_writable(
         cfg.results_dir
     )  # a read-only or impossible --results-dir fails now, not after the runs
-    drivers = [get_bench_driver(name) for name in dict.fromkeys(cfg.engines)]
+    drivers = [get_driver(name) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
     apply_engine_options(drivers, cfg)
@@ -599,7 +597,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         if reason:
             raise Pi2Error(reason)
     if cfg.cool_below is None:
-        cfg.cool_below = DEFAULT_COOL_BELOW_PHONE if target.kind == "adb" else 0
+        cfg.cool_below = 0 if target.on_this_machine else DEFAULT_COOL_BELOW_PHONE
     model = resolve_model(cfg.model, convert_missing_pi2=any(d.model_suffix == ".pi2" for d in drivers),
                           reporter=reporter)  # fmt: skip
     if cfg.ctx is None:
@@ -625,7 +623,7 @@ DEFAULT_LLAMA_BENCH_REPEAT = 3
 
 def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) -> list[RunOutcome]:
     """`--mode llama-bench`: llama.cpp's own pp/tg benchmark on the GGUF, one run per memory budget."""
-    from pi2cli.rusage import wrapper_binary
+    from pi2cli.hw.rusage import wrapper_binary
     from pi2cli.targets import get_target
 
     others = [d.name for d in drivers if d.name != "llama.cpp"]
@@ -661,15 +659,15 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     import os
     import subprocess
 
-    from pi2cli.budget import Budget
     from pi2cli.engines.llamacpp import (
         LLAMA_BENCH_HOW,
         check_llama_bench_exit,
         llama_bench_command,
         parse_llama_bench_json,
     )
+    from pi2cli.hw.rusage import Measured
+    from pi2cli.plan.budget import Budget
     from pi2cli.results import store
-    from pi2cli.rusage import Measured
 
     n_gen = DEFAULT_LLAMA_BENCH_N_GEN if cfg.n_gen is None else cfg.n_gen
     reps = cfg.repeat

@@ -220,7 +220,7 @@ class ChatTemplate:
 
 def gguf_chat_template(gguf_path: str | os.PathLike) -> ChatTemplate:
     """tokenizer.chat_template of a GGUF with its BOS/EOS token texts."""
-    from pi2cli.gguf_meta import read_gguf_metadata
+    from pi2cli.models.gguf_meta import read_gguf_metadata
 
     wanted = {"tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
               "tokenizer.ggml.eos_token_id"}  # fmt: skip

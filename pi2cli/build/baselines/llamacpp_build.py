@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi2cli.cmake_run import default_jobs, log_tail, parse_progress, run_logged
+from pi2cli.build.cmake_run import default_jobs, log_tail, parse_progress, run_logged
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import cache_dir
 

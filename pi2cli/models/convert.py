@@ -31,7 +31,7 @@ import numpy as np
 
 from pi2cli import __version__
 from pi2cli.errors import Pi2Error
-from pi2cli.pi2file import (
+from pi2cli.models.pi2file import (
     ACTS,
     TYPE_NAMES,
     WEIGHT_TYPES,
@@ -122,7 +122,7 @@ def default_ffn_act(reader) -> str:
 
 def check_architecture(src: Path) -> str:
     """general.architecture, read without building the tensor list; one Pi2Error if unsupported."""
-    from pi2cli.gguf_meta import read_gguf_metadata
+    from pi2cli.models.gguf_meta import read_gguf_metadata
 
     try:
         arch = read_gguf_metadata(src, {"general.architecture"}).get("general.architecture")
@@ -240,7 +240,7 @@ def convert_gguf(
     GGUF twin). ffn_act None: what the source's runtime computes (default_ffn_act). profile: a
     `pi2 models profile` .npz whose frequencies order each block's bundles hottest first.
     Returns a summary dict. Raises Pi2Error on anything unsupported; no partial output is left."""
-    from pi2cli.tokenizer_blob import vocab_blob_from_gguf
+    from pi2cli.models.tokenizer_blob import vocab_blob_from_gguf
 
     src, out = Path(src), Path(out)
     if not src.is_file():

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.errors import Pi2Error
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -26,9 +27,9 @@ def measure_with_engine(model: Path, n_tokens: int = 32, prompt: str = DEFAULT_P
         raise Pi2Error(f"{model}: no such file")
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
-        cmd = [str(engine_binary()), "generate", "-m", str(model), "-p", prompt, "-n", str(n_tokens),
-               "--temperature", "0.8", "--seed", str(seed), "--ignore-eos", "--policy", "cache",
-               "--check-predictor", "--events", str(events)]  # fmt: skip
+        cmd = engine_argv(engine_binary(), "generate", model, events=events, prompt=prompt, n_predict=n_tokens,
+                          temperature=0.8, seed=seed, ignore_eos=True, policy="cache",
+                          more=["--check-predictor"])  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1:] or ["no output"]

@@ -1,0 +1,93 @@
+"""What a pi2-engine build takes, from the engine itself: `pi2-engine capabilities --json` (flags per
+command, plan keys, policies, kernel levels; docs/ENGINE.md). The host asks once per build instead of
+keeping its own lists, so a flag or plan key added to the engine's option table is known here at once.
+
+A build that cannot run on this machine (a phone's, without qemu-user) cannot be asked; its flags are
+then read from its option strings, which is all a build carries without running. A build from before
+`capabilities` (it answers "unknown command") is read the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import host_build_dir
+
+_cache: dict[tuple, dict] = {}
+
+
+def capabilities(binary: Path, prefix: tuple[str, ...] | list[str] = ()) -> dict:
+    """`binary capabilities --json` (run under `prefix`, e.g. qemu-aarch64 for an arm64 build); for a
+    build that cannot answer, {"flags": {}, "option_strings": [...], "source": "option strings"}.
+    Remembered per binary version."""
+    binary = Path(binary)
+    st = binary.stat()
+    key = (str(binary), st.st_size, st.st_mtime_ns, tuple(prefix))
+    if key not in _cache:
+        try:
+            done = subprocess.run([*prefix, str(binary), "capabilities", "--json"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            caps = json.loads(done.stdout) if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            caps = None
+        if not isinstance(caps, dict) or not isinstance(caps.get("flags"), dict):
+            caps = {"flags": {}, "option_strings": _option_strings(binary), "source": "option strings"}
+        else:
+            caps["source"] = "capabilities --json"
+        _cache[key] = caps
+    return _cache[key]
+
+
+def _option_strings(binary: Path) -> list[str]:
+    """The "--flag" C strings in a build's bytes (NUL-terminated literals of its option table)."""
+    import re
+
+    return sorted({m.decode() for m in re.findall(rb"(?<=\0)--[a-z][a-z0-9-]*(?=\0)", binary.read_bytes())})
+
+
+def command_flags(binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()) -> frozenset[str]:
+    """The flags `pi2-engine COMMAND` takes (their long names)."""
+    caps = capabilities(binary, prefix)
+    if "option_strings" in caps:
+        return frozenset(caps["option_strings"])
+    return frozenset(f["name"] for f in caps["flags"].get(command, []) if isinstance(f, dict) and "name" in f)
+
+
+def plan_keys(binary: Path | None = None) -> tuple[str, ...]:
+    """The settings a plan file may carry, in the engine's order (plan.c's table), from the host build."""
+    binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
+    if not binary.is_file():
+        raise Pi2Error(f"{binary} is not built (run `make engine`): pi2 asks it which plan keys it takes",
+                       exit_code=2)  # fmt: skip
+    keys = capabilities(binary).get("plan_keys")
+    if not isinstance(keys, list) or not keys:
+        raise Pi2Error(f"{binary} does not list its plan keys (`capabilities --json`): rebuild it (make engine)")
+    return tuple(str(k) for k in keys)
+
+
+def engine_size(facts: dict, flags: list[str], binary: Path | None = None) -> dict:
+    """`pi2-engine size --facts FACTS --json FLAGS...` from the host build: the engine's own fixed region,
+    cache and hot/cold split for a model's shape (sparse_size.c, the functions the engine sizes itself
+    with when it opens). A budget the engine finds too small comes back as {"error", "min_budget_bytes"}."""
+    import tempfile
+
+    binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
+    if not binary.is_file():
+        raise Pi2Error(f"{binary} is not built (run `make engine`): the planner asks it how it sizes its cache",
+                       exit_code=2)  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="pi2-facts-") as f:
+        json.dump(facts, f)
+        f.flush()
+        done = subprocess.run([str(binary), "size", "--facts", f.name, *flags, "--json"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        out = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        raise Pi2Error(f"pi2-engine size failed: {why}") from None
+    if done.returncode != 0 and "error" not in out:
+        out["error"] = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("pi2-engine: error: ")
+    return out
