@@ -107,15 +107,18 @@ def test_false_alarm_and_detection_rates():
 
 
 def test_one_noisy_night_is_not_a_regression():
-    rng = np.random.default_rng(7)
-    names, samples = history(rng, 0.0)
-    samples[names[4]] = samples[names[4]] * 1.08  # one odd night in the middle
-    assert not assess(("s",), names, samples).flagged
-    names, samples = history(rng, 0.0)
-    samples[names[-1]] = samples[names[-1]] * np.exp(
-        rng.normal(0, 0.3, len(samples[names[-1]]))
-    )  # a jittery newest night
-    assert not assess(("s",), names, samples).flagged
+    """An odd night in the middle (8% slow) is never flagged; a jittery newest night (token spread x3,
+    same median) no more often than a quiet history is (the false-alarm rate)."""
+    odd = jittery = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        names, samples = history(rng, 0.0)
+        samples[names[4]] = samples[names[4]] * 1.08
+        odd += assess(("s",), names, samples, resamples=100).flagged
+        names, samples = history(rng, 0.0)
+        samples[names[-1]] = samples[names[-1]] * np.exp(rng.normal(0, 0.3, len(samples[names[-1]])))
+        jittery += assess(("s",), names, samples, resamples=100).flagged
+    assert odd == 0 and jittery <= 4
     assert "needs at least 3" in assess(("s",), names[:2], samples).reason
 
 
