@@ -169,3 +169,20 @@ def test_schedule_prints_a_crontab_line_and_a_systemd_timer(tmp_path):
     assert "OnCalendar=*-*-* 02:00:00" in r.stdout and "ExecStart=/bin/sh -c" in r.stdout
     r = CliRunner().invoke(cli, ["farm", "schedule", str(path), "--at", "25:00"])
     assert r.exit_code == 1 and r.stderr.strip() == "pi2: error: --at '25:00': use HH:MM, e.g. 02:30"
+
+
+def test_long_builds_say_what_and_how_long_off_a_terminal(tmp_path, monkeypatch, capsys):
+    """Off a terminal rich shows no bar: a build prints one plain line first (what, time, log)."""
+    from pi2cli import engine_build
+    from pi2cli.baselines import llamacpp_build
+    from pi2cli.errors import Pi2Error
+
+    for module in (engine_build, llamacpp_build):
+        monkeypatch.setattr(module, "run_logged", lambda *a, **k: 1)  # configure "fails" at once
+    with pytest.raises(Pi2Error):
+        engine_build._build(tmp_path, "linux-arm64", [], 1, True)
+    with pytest.raises(Pi2Error):
+        llamacpp_build._build(tmp_path, tmp_path, "linux-arm64", [], 1, True)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("pi2: building pi2-engine for linux-arm64 (about 1-3 minutes")
+    assert err[1].startswith("pi2: building llama.cpp ") and str(tmp_path / "build.log") in err[1]
