@@ -4,6 +4,7 @@ synthetic nights with a slowdown injected on night 8 (pi2-engine's PI2_TEST_DELA
 that series only, and the dashboard renders in a real headless browser."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import TestDevice  # noqa: E402
 
 ENGINE = host_build_dir() / "pi2-engine"
+CACHE = os.environ.get("PI2_CACHE")  # the adb_server fixture points PI2_CACHE elsewhere for its module
 needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
 ARM64 = shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-gcc")
 
@@ -136,7 +138,12 @@ def chromium() -> str | None:
 
 
 @needs_engine
-def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp_path):
+def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp_path, monkeypatch):
+    # the cached llama.cpp build, not a fresh one in the adb fixture's cache directory
+    if CACHE is None:
+        monkeypatch.delenv("PI2_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("PI2_CACHE", CACHE)
     delay_us = 2000  # a few times the tiny model's time per token: far above this shared machine's noise
     for night in range(1, 11):
         env = f'env = {{ PI2_TEST_DELAY_US = "{delay_us}" }}\n' if night >= 8 else ""
@@ -152,7 +159,7 @@ def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp
     slow = verdicts["pi2"]
     assert slow["flagged"] and slow["change_night"] == "2026-11-08", slow
     assert not verdicts["llama.cpp"]["flagged"], verdicts["llama.cpp"]
-    # the flagged ratio is the injected delay: (tbt + delay) / tbt, measured from the runs
+    # the flagged ratio is the injected delay's: (tbt + delay) / tbt, from the runs' own TBT
     runs = farm_runs(tmp_path / "results", "ci")
     before = [
         r["summary"]["tbt_p50_ns"]
@@ -160,7 +167,8 @@ def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp
         if r["engine"]["name"] == "pi2" and r["farm"]["night"] < "2026-11-08"
     ]
     expected = (sorted(before)[len(before) // 2] + delay_us * 1000) / sorted(before)[len(before) // 2]
-    assert slow["ratio"] == pytest.approx(expected, rel=0.25) and slow["low"] > 1
+    # at least that: the delay spins on the wall clock, and a busy machine can only stretch it
+    assert slow["ratio"] >= 0.8 * expected and slow["low"] > 1
     text = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--min-effect", "0.25"]).output
     assert "REGRESSION local" in text and "since 2026-11-08" in text and "1 of 2 series flagged" in text
 
