@@ -87,6 +87,11 @@ def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_
         assert not d.lost and d.ok == 2 and d.failed == 0, d
     assert not outcome.complete
 
+    # pushed once per device: the second cell finds every file already there (hash skip)
+    pushes = [e["text"] for e in events if e["device"] == arm.serial and " copied, " in e.get("text", "")]
+    assert len(pushes) == 2 and not pushes[0].startswith(f"{arm.serial}: 0 copied")
+    assert pushes[1].startswith(f"{arm.serial}: 0 copied"), pushes
+
     runs = farm_runs(tmp_path / "results", "ci")
     ok = [r for r in runs if r["status"] == "ok"]
     assert len(ok) == 5 and all(r["status"] in ("ok", "device_vanished") for r in runs)
@@ -122,6 +127,7 @@ def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_
         assert again.night == "2026-11-01" and again.complete
         started = [e for e in events if e["event"] == "cell_started"]
         assert [e["device"] for e in started] == [phone.serial]
+        assert any(e.get("text", "").startswith(f"{phone.serial}: 0 copied") for e in events)  # files kept
         runs = farm_runs(tmp_path / "results", "ci")
         cells = [r["farm"]["cell"] for r in runs if r["status"] == "ok"]
         assert len(cells) == 6 == len(set(cells))  # every cell once, none repeated
