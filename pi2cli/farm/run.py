@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli.errors import Pi2Error
-from pi2cli.farm.file import Device, Farm, cells_for, load_farm
+from pi2cli.farm.file import Device, Farm, load_farm
 from pi2cli.farm.history import farm_runs, finished_cells, nights_of
 
 PI2_ENGINES = ("pi2", "llmflash")  # both run pi2-engine
@@ -210,8 +210,3 @@ def _read_events(proc, device: DeviceOutcome, lock: threading.Lock, on_event) ->
 
 def safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
-def pending_cells(farm: Farm, night: str) -> int:
-    done = finished_cells(farm_runs(farm.results_dir, farm.name), night)
-    return sum(1 for d in farm.devices for c in cells_for(farm, d) if c.key not in done)
