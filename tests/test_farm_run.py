@@ -56,14 +56,17 @@ def device(name: str, extra: str = "") -> str:
 
 @needs_engine
 @pytest.mark.skipif(not ARM64, reason="needs qemu-aarch64 and aarch64-linux-gnu-gcc")
-def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_device):
+def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_device, monkeypatch):
     sensors_a, sensors_b = tmp_path / "sensors-a", tmp_path / "sensors-b"
     phone = make_device("--sensors", str(sensors_a))
     arm = make_device("--abi", "arm64-v8a", "--qemu", "--sensors", str(sensors_b))
     (sensors_a / "thermal" / "thermal_zone0" / "temp").write_text("52000\n")  # a hot phone: the gate waits
-    farm = write_farm(
-        tmp_path / "farm.toml", [device("local"), device(phone.serial), device(arm.serial)], tiny
-    )
+    # The phones are reached through the adb server named in the farm file, as phones plugged into another
+    # machine would be: nothing in the environment points at it.
+    monkeypatch.delenv("ANDROID_ADB_SERVER_PORT")
+    server = f'adb_server = "127.0.0.1:{adb_server.port}"\n'
+    devices = [device("local"), device(phone.serial, server), device(arm.serial, server)]
+    farm = write_farm(tmp_path / "farm.toml", devices, tiny)
     r = CliRunner().invoke(cli, ["farm", "check", str(farm)])
     assert r.exit_code == 0, r.output
     assert f"device {arm.serial}: reachable, arm64" in r.stdout and "(emulated)" in r.stdout
