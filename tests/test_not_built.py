@@ -16,3 +16,10 @@ def test_unbuilt_commands_exit_2_with_one_line():
         assert result.stdout == ""
         assert "not built yet" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_no_stub_as_working():
+    """`pi2 --help` reads the COMMANDS table: a command still a stub must say so there too."""
+    for name, line in COMMANDS.items():
+        stub = "not built yet" in (cli.get_command(None, name).help or "")
+        assert stub == ("not built yet" in line), name

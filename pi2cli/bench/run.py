@@ -21,6 +21,7 @@ import contextlib
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,6 +229,7 @@ class BenchConfig:
     mlc_runner: str | None = None  # mlc-llm: the runner (URL or command); None: $PI2_MLC_RUNNER
     mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
     plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
+    annotate: Callable[[dict], None] | None = None  # called on every run right before it is saved (pi2 farm)
 
 
 @dataclass
@@ -381,6 +383,8 @@ def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes
     S.mark_failed(run, status, error)
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
+    if cfg.annotate:
+        cfg.annotate(run)
     path = store.save_run(run, cfg.results_dir)
     reporter.run_done(label, status)
     outcome = RunOutcome(engine, workload, budget_bytes, run, path)
@@ -481,6 +485,8 @@ def run_one(
     if not S.measured_turns(run):
         first = next((t["error"] for t in run["turns"] if t["error"]), "no turn ran")
         S.mark_failed(run, "failed", f"every turn failed: {first}")
+    if cfg.annotate:
+        cfg.annotate(run)
     path = store.save_run(run, cfg.results_dir)
     reporter.run_done(label, run["status"])
     return RunOutcome(driver.name, workload, budget_bytes, run, path)

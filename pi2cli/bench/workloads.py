@@ -35,6 +35,30 @@ WORKLOADS: dict[str, str] = {
 
 RECORD_KEYS = {"id", "source", "system", "turns", "max_new_tokens"}
 
+# A record's source family (before the ":") -> its row in workloads/README.md's "Sources and licences"
+# table, which stays the one place the origins and licences are written down.
+SOURCE_ROWS = {"sharegpt-v3": "ShareGPT V3", "mt-bench": "MT-Bench", "humaneval": "HumanEval",
+               "pi2-grade-school": "grade-school math"}  # fmt: skip
+
+
+def source_licences(families: list[str]) -> list[dict]:
+    """{"family", "source", "package", "licence"} for each family, from workloads/README.md's table
+    (package and licence None when the README has no row for it)."""
+    rows: dict[str, list[str]] = {}
+    readme = workloads_dir() / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    section = text.partition("## Sources and licences")[2].partition("\n## ")[0]
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] not in ("source", "---"):
+            rows[cells[0]] = cells
+    out = []
+    for family in families:
+        row = rows.get(SOURCE_ROWS.get(family, ""))
+        out.append({"family": family, "source": row[0] if row else family, "package": row[1] if row else None,
+                    "licence": row[3] if row else None})  # fmt: skip
+    return out
+
 
 def workloads_dir() -> Path:
     return Path(os.environ.get("PI2_WORKLOADS") or REPO_ROOT / "workloads")

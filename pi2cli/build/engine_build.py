@@ -127,6 +127,9 @@ def _build(build_dir: Path, target: str, args: list[str], jobs: int, show: bool)
         disable=not show,
     )
     configure = ["cmake", "-S", str(NATIVE), "-B", str(build_dir), *generator, *args]
+    if show and not sys.stderr.isatty():  # no progress bar off a terminal: say what runs, and for how long
+        print(f"pi2: building pi2-engine for {target} (about 1-3 minutes on 2 cores; log: {log_path})",
+              file=sys.stderr, flush=True)  # fmt: skip
     with open(log_path, "w") as log, progress:
         task = progress.add_task("build", total=None)
         if run_logged(configure, log) != 0:

@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pi2cli.bench.workloads import WORKLOADS, load_workload, read_stats, read_workload, summarize
+from pi2cli.bench.workloads import WORKLOADS, load_workload, read_stats, read_workload, source_licences, summarize
 
 
 def overview() -> list[dict]:
@@ -41,6 +41,7 @@ def show_data(name: str, limit: int | None, seed: int | None, sample: int) -> di
         "seed": seed,
         "tokenizers": stats.get("tokenizers", {}),
         "summary": summarize(records, stats),
+        "licences": source_licences(sorted({r.source.split(":")[0] for r in records})),
         "sample": [r.to_dict() for r in records[:sample]],
     }
 
@@ -132,6 +133,10 @@ def show_command(name: str, limit: int | None, seed: int | None, sample: int, as
     console.print(table)
     for key, description in data["tokenizers"].items():
         console.print(f"  {key}: {description}")
+    console.print("sources and licences (workloads/README.md):")
+    for row in data["licences"]:
+        package = f" ({row['package']})" if row["package"] else ""
+        console.print(f"  {row['source']}{package}: {row['licence'] or 'not recorded'}", markup=False)
 
     for record in data["sample"]:
         console.print(f"\n[bold]{record['id']}[/bold] ({record['source']})")

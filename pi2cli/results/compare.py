@@ -238,7 +238,7 @@ def compare_runs(
 # ---------------------------------------------------------------------------------------------------
 # Rendering.
 
-HEADERS = ["model", "workload", "budget", "engine", "decode tok/s", "decode speedup", "TBT P50 ms",
+HEADERS = ["model", "workload", "budget", "engine", "decode tok/s (pooled)", "decode speedup", "TBT P50 ms",
            "TBT P50 speedup", "TBT P90/P99 ms", "TTFT ms", "TTFT speedup", "run"]  # fmt: skip
 
 
@@ -286,7 +286,8 @@ def footnote(comparison: Comparison) -> str:
     pct = round(comparison.confidence * 100)
     return (f"Speedups over the baseline ({comparison.baseline} where present) with {pct}% bootstrap "
             f"intervals: {comparison.resamples} resamples of the per-token TBT (per-turn TTFT), "
-            f"numpy default_rng(seed={comparison.seed}). decode tok/s ± stddev over turns.")  # fmt: skip
+            f"numpy default_rng(seed={comparison.seed}). decode tok/s (pooled): all decode tokens over all "
+            f"decode time, ± the stddev of the per-turn rates.")  # fmt: skip
 
 
 def render(comparison: Comparison, fmt: str) -> str:

@@ -467,6 +467,7 @@ _RUN_FIELDS = {
 # Fields a run may have (validated when present; older results simply lack them)
 _OPTIONAL_RUN_FIELDS = {
     "llama_bench": (_LIST, False),  # llama-bench's own -o json records, unchanged (--mode llama-bench)
+    "farm": (_DICT, False),  # a `pi2 farm run` cell: night, gate, conditions, energy (docs/FARM.md)
 }
 _ENGINE_FIELDS = {"name": (_STR, False), "version": (_STR, True), "commit": (_STR, True),
                   "build_flags": (_STR, True), "build_type": (_STR, True), "policy": (_STR, True),

@@ -25,6 +25,10 @@ HTML_TEMPLATE = """<!DOCTYPE html>
  figcaption { color: #555; font-size: 0.9em; }
  .notes li { color: #8a5a00; }
  .scroll { overflow-x: auto; }
+ /* Runs fit a 1400 px window: long ids, targets and errors wrap instead of widening the table. */
+ #runs td { overflow-wrap: anywhere; }
+ #runs td:first-child { min-width: 9em; max-width: 13em; }
+ #runs td:nth-child(7) { max-width: 16em; }
 </style>
 </head>
 <body>
@@ -77,6 +81,9 @@ so their speed says nothing about output quality.</p>
     document.body.setAttribute("data-images-loaded", String(loaded));
     document.body.setAttribute("data-images-broken", String(images.length - loaded));
     document.body.setAttribute("data-script-errors", String(errors.length));
+    var runs = document.querySelector("#runs");
+    var box = runs ? runs.parentElement : null;
+    document.body.setAttribute("data-runs-overflow", String(box ? box.scrollWidth - box.clientWidth : 0));
     document.body.setAttribute("data-render-check", "done");
   });
 })();

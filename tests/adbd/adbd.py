@@ -42,6 +42,7 @@ HEADER = struct.Struct("<6I")
 DEVICE_TMP = "/data/local/tmp"
 FEATURES = "shell_v2,cmd,stat_v2,ls_v2,fixed_push_mkdir,fixed_push_symlink_timestamp"
 SYNC_DATA_MAX = 64 * 1024
+SENSOR_CLASSES = ("power_supply", "thermal")
 
 # Shell protocol packet ids.
 SH_STDIN, SH_STDOUT, SH_STDERR, SH_EXIT, SH_CLOSE_STDIN, SH_WINDOW = range(6)
@@ -65,6 +66,9 @@ class Options:
         self.written = 0  # bytes written by SEND, across connections (for --full-after)
         self.received = 0  # sync DATA bytes received, across connections (for --disconnect-after)
         self.lock = threading.Lock()
+        self.sensors = (
+            Path(args.sensors).resolve() if args.sensors else None
+        )  # plays /sys/class/{power_supply,thermal}
 
     # Paths: the device's /data/local/tmp is our --root; nothing else is served for writing.
     def to_host(self, device_path: str) -> Path | None:
@@ -74,6 +78,9 @@ class Options:
 
     def command_to_host(self, command: str) -> str:
         command = command.replace(DEVICE_TMP, str(self.root))
+        if self.sensors:  # --sensors: the fuel gauge and thermal zones are files the test controls
+            for name in SENSOR_CLASSES:
+                command = command.replace(f"/sys/class/{name}", str(self.sensors / name))
         return wrap_arm64_programs(command, self.root, self.qemu) if self.qemu else command
 
     def output_to_device(self, data: bytes) -> bytes:
@@ -653,9 +660,17 @@ else
 fi
 """
     dumpsys = """#!/bin/sh
-# pi2 test adbd: fake dumpsys (battery only)
+# pi2 test adbd: fake dumpsys (battery and power). With --sensors the battery's level and temperature
+# are the fake gauge's files and the screen state is SENSORS/screen (off unless a test writes "on").
+S=${PI2_ADBD_SENSORS:-}
 if [ "$1" = battery ]; then
-  printf 'Current Battery Service state:\\n  AC powered: true\\n  level: 100\\n  scale: 100\\n  temperature: 300\\n'
+  level=100; temp=300
+  if [ -n "$S" ]; then level=$(cat "$S/power_supply/battery/capacity"); temp=$(cat "$S/power_supply/battery/temp"); fi
+  printf 'Current Battery Service state:\\n  AC powered: false\\n  level: %s\\n  scale: 100\\n  temperature: %s\\n' "$level" "$temp"
+elif [ "$1" = power ]; then
+  screen=off; [ -n "$S" ] && [ -r "$S/screen" ] && screen=$(cat "$S/screen")
+  if [ "$screen" = on ]; then echo '  mWakefulness=Awake'; echo 'Display Power: state=ON'
+  else echo '  mWakefulness=Asleep'; echo 'Display Power: state=OFF'; fi
 else
   echo "Can't find service: $1" >&2; exit 1
 fi
@@ -674,6 +689,29 @@ echo '/dev/block/dm-9 {kib + 1000} 1000 {kib} 1% /data'
         path = directory / name
         path.write_text(text)
         path.chmod(0o755)
+
+
+def write_sensors(directory: Path) -> None:
+    """--sensors: a battery whose gauge reads 400 mA at 3.9 V, 80 %, 30.0 °C, and two thermal zones at
+    35 °C, as sysfs lays them out. Files already there are kept: a test sets them (a hot phone, a low
+    battery) before or while the daemon runs."""
+    files = {
+        "power_supply/battery/type": "Battery",
+        "power_supply/battery/status": "Discharging",
+        "power_supply/battery/capacity": "80",
+        "power_supply/battery/temp": "300",
+        "power_supply/battery/current_now": "-400000",  # microamps, negative while discharging (as many phones)
+        "power_supply/battery/voltage_now": "3900000",  # microvolts
+        "thermal/thermal_zone0/type": "cpu-0-0",
+        "thermal/thermal_zone0/temp": "35000",
+        "thermal/thermal_zone1/type": "soc",
+        "thermal/thermal_zone1/temp": "35000",
+    }
+    for rel, value in files.items():
+        path = directory / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -695,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=int, default=None, metavar="BYTES_PER_S",
                         help="accept pushed data at most this fast")  # fmt: skip
     parser.add_argument("--free-bytes", type=int, default=None, help="make `df` report this much free space")
+    parser.add_argument("--sensors", default=None, metavar="DIR",
+                        help="serve a fake fuel gauge and thermal zones from DIR (created with defaults): "
+                             "/sys/class/power_supply and /sys/class/thermal in commands are DIR's")  # fmt: skip
     parser.add_argument("--full-after", type=int, default=None, metavar="BYTES",
                         help="the disk is full after this many pushed bytes: writes fail with ENOSPC")  # fmt: skip
     args = parser.parse_args(argv)
@@ -702,6 +743,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.root).mkdir(parents=True, exist_ok=True)
     fakebin = Path(tempfile.mkdtemp(prefix="pi2-adbd-bin-"))
     write_fakebin(fakebin, args.abi, args.free_bytes, qemu=bool(args.qemu))
+    if args.sensors:
+        write_sensors(Path(args.sensors))
+        os.environ["PI2_ADBD_SENSORS"] = str(Path(args.sensors).resolve())  # for the fake dumpsys
     opts = Options(args, fakebin)
 
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -291,6 +291,9 @@ def _build(source: Path, build_dir: Path, target: str, args: list[str], jobs: in
         transient=True,
         disable=not show,
     )
+    if show and not sys.stderr.isatty():  # no progress bar off a terminal: say what runs, and for how long
+        print(f"pi2: building llama.cpp {LLAMACPP_COMMIT} for {target} (about 6-10 minutes on 2 cores; "
+              f"log: {log_path})", file=sys.stderr, flush=True)  # fmt: skip
     with open(log_path, "w") as log, progress:
         task = progress.add_task("configure", total=None)
         if run_logged(configure, log) != 0:
