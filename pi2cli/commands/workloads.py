@@ -6,7 +6,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pi2cli.bench.workloads import WORKLOADS, load_workload, read_stats, read_workload, source_licences, summarize
+from pi2cli.bench.workloads import (
+    WORKLOADS,
+    load_workload,
+    read_stats,
+    read_workload,
+    source_licences,
+    summarize,
+)
 
 
 def overview() -> list[dict]:

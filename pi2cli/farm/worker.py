@@ -68,7 +68,7 @@ def connect(name: str, timeout_s: float, poll_s: float = 1.0):
 
 def run_cell(farm: Farm, cell: Cell, target, night: str, attempt: int) -> dict:
     """One cell through bench; returns the saved run's status and figures."""
-    from pi2cli.bench import BenchConfig, run_bench
+    from pi2cli.bench.run import BenchConfig, run_bench
     from pi2cli.farm.conditions import EnergySampler, conditions
     from pi2cli.farm.gating import wait_for_gate
     from pi2cli.farm.sensors import read_sensors
