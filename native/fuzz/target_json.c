@@ -13,7 +13,7 @@
 #include "common.h"
 #include "fuzz.h"
 #include "plan.h"
-#include "sparse.h"
+#include "session_options.h"
 
 /* ---- run ---- */
 
@@ -43,20 +43,9 @@ static int run_plan(const uint8_t *data, size_t len) {
     int n = 0;
     char **args = NULL;
     if (pi2_plan_expand_args(8, argv, &n, &args) != 0) return refused("plan");
-    pi2_sparse_config cfg;
-    pi2_sparse_config_default(&cfg);
-    int ok = 1;
-    for (int i = 2; i < n && ok; i++) {
-        const char *a = args[i], *v = i + 1 < n ? args[i + 1] : NULL;
-        int taken = pi2_sparse_parse_flag(a, v, &cfg), x;
-        int32_t cpus[64];
-        if (taken < 0) ok = 0;
-        else if (taken) i += taken - 1;
-        else if (!strcmp(a, "--threads")) ok = !pi2_parse_int_arg(a, v, 1, 1024, &x), i++;
-        else if (!strcmp(a, "--affinity")) ok = pi2_parse_int_list(a, v ? v : "", 1023, cpus, 64) > 0, i++;
-        else if (!strcmp(a, "-m") || !strcmp(a, "-n")) i++;
-        else abort(); /* a plan produced a flag nobody parses */
-    }
+    pi2_options o; /* the engine's own option parser, as `generate` runs it */
+    const int ok = pi2_options_parse(PI2_CMD_GENERATE, n, args, &o) == 0;
+    if (!ok && !strncmp(pi2_last_error(), "unknown ", 8)) abort(); /* a plan produced a flag nobody parses */
     pi2_plan_free_args(n, args);
     return ok ? 1 : refused("plan");
 }

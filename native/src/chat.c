@@ -1,7 +1,6 @@
 /* `pi2-engine chat` (see chat.h): one model load, many turns over one KV cache. */
 #include "chat.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,115 +12,27 @@
 #include "forward.h"
 #include "kernels.h"
 #include "model.h"
-#include "sampler.h"
+#include "session.h"
 #include "sparse.h"
 #include "threadpool.h"
 #include "tokenizer.h"
 #include "vocab_blob.h"
 
 #define RECORD_SEPARATOR '\x1e'
-#define DEFAULT_CTX 4096
-
-typedef struct {
-    const char *model, *events, *affinity;
-    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, no_pack;
-    float temperature, top_p;
-    uint64_t seed;
-    pi2_sparse_config sparse;
-} chat_options;
 
 static void chat_usage(FILE *out) {
     fprintf(out,
-            "usage: pi2-engine chat -m MODEL.pi2 [-n N] [--ctx N] [--batch N] [--threads T] [--affinity 0,1,..]\n"
-            "                       [--events FILE] [--temperature T] [--top-p P] [--seed S] [--ignore-eos]\n"
-            "                       [--no-verify-neurons] [--no-pack-ffn]\n"
+            "usage: pi2-engine chat -m MODEL.pi2 [OPTIONS]\n"
             "  Reads one JSON request per stdin line:\n"
             "    {\"prompt\": \"text appended to the context\", \"n_predict\": N, \"ignore_eos\": false, \"reset\": false}\n"
             "  and answers each with the generated text on stdout, then a line \"\\x1e{turn record}\".\n"
             "  The KV cache is kept between requests (only new tokens are prefilled); \"reset\": true starts a\n"
             "  new conversation. -n and --ignore-eos are the defaults for requests that do not say.\n"
-            "  --ctx: KV cache positions for the whole conversation (default min(model's, %d)).\n%s",
-            DEFAULT_CTX, pi2_sparse_usage());
-}
-
-static int parse_chat_options(int argc, char **argv, chat_options *o) {
-    memset(o, 0, sizeof *o);
-    o->n_predict = 64;
-    o->top_p = 1.0f;
-    o->verify_neurons = 1;
-    pi2_sparse_config_default(&o->sparse);
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int taken = pi2_sparse_parse_flag(a, i + 1 < argc ? argv[i + 1] : NULL, &o->sparse);
-        if (taken < 0) return -1;
-        if (taken) {
-            i += taken - 1;
-            continue;
-        }
-        int flag = !strcmp(a, "--ignore-eos") || !strcmp(a, "--no-verify-neurons") || !strcmp(a, "--no-pack-ffn");
-        if (!flag && i + 1 >= argc) {
-            pi2_set_error("option %s needs a value", a);
-            return -1;
-        }
-        const char *v = flag ? NULL : argv[++i];
-        int rc = 0;
-        if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
-        else if (!strcmp(a, "--no-verify-neurons")) o->verify_neurons = 0;
-        else if (!strcmp(a, "--no-pack-ffn")) o->no_pack = 1;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--events")) o->events = v;
-        else if (!strcmp(a, "--affinity")) o->affinity = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = pi2_parse_int_arg(a, v, 0, 1 << 20, &o->n_predict);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = pi2_parse_int_arg(a, v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--ctx")) rc = pi2_parse_int_arg(a, v, 1, 1 << 22, &o->n_ctx);
-        else if (!strcmp(a, "--batch")) rc = pi2_parse_int_arg(a, v, 1, 1 << 16, &o->n_batch);
-        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) rc = pi2_parse_float_arg(a, v, &o->temperature);
-        else if (!strcmp(a, "--top-p")) rc = pi2_parse_float_arg(a, v, &o->top_p);
-        else if (!strcmp(a, "--seed")) {
-            char *end = NULL;
-            errno = 0;
-            o->seed = strtoull(v, &end, 10);
-            if (errno || *end || !*v || *v == '-') {
-                pi2_set_error("--seed needs a non-negative integer, got '%s'", v);
-                rc = -1;
-            }
-        } else {
-            pi2_set_error("unknown chat option '%s' (see pi2-engine chat --help)", a);
-            rc = -1;
-        }
-        if (rc) return -1;
-    }
-    if (!o->model) { pi2_set_error("missing -m MODEL.pi2"); return -1; }
-    if (o->temperature < 0) { pi2_set_error("--temperature must be >= 0"); return -1; }
-    if (!(o->top_p > 0 && o->top_p <= 1)) { pi2_set_error("--top-p must be in (0, 1]"); return -1; }
-    return 0;
-}
-
-/* The session: everything that lives from the model load to the end of input. */
-typedef struct {
-    pi2_model m;
-    int model_loaded;
-    pi2_vocab_desc desc;
-    pi2_tokenizer *tok;
-    pi2_pool *pool;
-    pi2_ctx *ctx;
-    pi2_sparse *sparse; /* NULL under --policy dense */
-    pi2_sampler sampler;
-    pi2_events ev;
-    int n_threads, n_ctx, n_batch;
-    int32_t *ids;
-    int ids_cap;
-    int has_pending;  /* the last generated token is not in the KV cache yet */
-    int32_t pending;
-} chat_session;
-
-static int ensure_ids(chat_session *s, int n) {
-    if (n <= s->ids_cap) return 0;
-    int32_t *more = realloc(s->ids, sizeof(int32_t) * (size_t)n);
-    if (!more) { pi2_set_error("out of memory for %d token ids", n); return -1; }
-    s->ids = more;
-    s->ids_cap = n;
-    return 0;
+            "  --ctx: KV cache positions for the whole conversation (default min(model's, 4096)).\n");
+    fprintf(out, "options:\n");
+    pi2_options_usage(out, PI2_CMD_CHAT, 0, pi2_flags_sparse);
+    fprintf(out, "  sparse engine (PowerInfer-2; docs/SPARSE.md):\n");
+    pi2_options_usage(out, PI2_CMD_CHAT, pi2_flags_sparse, -1);
 }
 
 /* Write generated bytes to stdout without the record separator (it ends a turn). */
@@ -132,7 +43,7 @@ static void emit_text(const char *p, int n) {
 }
 
 /* The turn record: to the events file and, after the separator, to stdout. */
-static void emit_record(chat_session *s, const char *json) {
+static void emit_record(pi2_session *s, const char *json) {
     pi2_events_emit(&s->ev, "%s", json);
     fputc(RECORD_SEPARATOR, stdout);
     fputs(json, stdout);
@@ -140,7 +51,7 @@ static void emit_record(chat_session *s, const char *json) {
     fflush(stdout);
 }
 
-static void emit_error_record(chat_session *s, int turn, const char *message) {
+static void emit_error_record(pi2_session *s, int turn, const char *message) {
     char msg[600], rec[800];
     pi2_json_string(msg, sizeof msg, message);
     snprintf(rec, sizeof rec, "{\"event\": \"turn\", \"turn\": %d, \"stop\": \"error\", \"error\": %s, \"n_past\": %d}",
@@ -150,7 +61,7 @@ static void emit_error_record(chat_session *s, int turn, const char *message) {
 
 /* One request: append its tokens (plus a pending token from the last turn), prefill them, generate.
  * Returns 0 when a record was written (also for a request-level error); -1 on an engine failure. */
-static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_request *req, int turn) {
+static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request *req, int turn) {
     uint64_t t0 = pi2_now_ns();
     int n_predict = req->n_predict >= 0 ? req->n_predict : o->n_predict;
     int ignore_eos = req->ignore_eos >= 0 ? req->ignore_eos : o->ignore_eos;
@@ -160,15 +71,9 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
     }
     int fresh = pi2_ctx_n_past(s->ctx) == 0 && !s->has_pending;
     /* BOS only at the start of a conversation, and only when the vocabulary asks for it. */
-    int cap = (int)req->prompt_len + 8;
-    if (ensure_ids(s, cap + 1)) return -1;
     int off = s->has_pending ? 1 : 0;
-    int n_text = pi2_tokenize(s->tok, req->prompt, req->prompt_len, fresh ? s->desc.add_bos : 0, 1, s->ids + off, cap);
-    if (n_text < 0) {
-        if (n_text == -1 || ensure_ids(s, -n_text + 1)) return -1;
-        n_text = pi2_tokenize(s->tok, req->prompt, req->prompt_len, fresh ? s->desc.add_bos : 0, 1, s->ids + off, -n_text);
-        if (n_text < 0) return -1;
-    }
+    int n_text = pi2_session_tokenize(s, req->prompt, req->prompt_len, fresh ? s->desc.add_bos : 0, off);
+    if (n_text < 0) return -1;
     if (s->has_pending) s->ids[0] = s->pending;
     int n_new = n_text + off;
     int n_past = pi2_ctx_n_past(s->ctx);
@@ -238,50 +143,13 @@ static int run_turn(chat_session *s, const chat_options *o, const pi2_chat_reque
     return 0;
 }
 
-static int open_session(chat_session *s, const chat_options *o) {
-    if (pi2_model_load_for(&s->m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return -1;
-    s->model_loaded = 1;
-    if (!s->m.file.tokenizer_len) {
-        pi2_set_error("%s: the model has no tokenizer section", o->model);
-        return -1;
-    }
-    if (pi2_vocab_blob_parse(s->m.file.tokenizer, s->m.file.tokenizer_len, &s->desc) != 0) {
-        pi2_set_error("%s: tokenizer section: %s", o->model, pi2_last_error());
-        return -1;
-    }
-    if (!(s->tok = pi2_tokenizer_create(&s->desc))) return -1;
-    if (pi2_tokenizer_n_vocab(s->tok) > (int32_t)s->m.h.n_vocab) {
-        pi2_set_error("%s: tokenizer has %d tokens, the model %u", o->model, pi2_tokenizer_n_vocab(s->tok), s->m.h.n_vocab);
-        return -1;
-    }
-    s->n_ctx = o->n_ctx;
-    if (!s->n_ctx) {
-        s->n_ctx = DEFAULT_CTX;
-        if (s->m.h.n_ctx_train && s->m.h.n_ctx_train < (uint32_t)s->n_ctx) s->n_ctx = (int)s->m.h.n_ctx_train;
-    }
-    /* A batch's scratch grows with its tokens (~10 bytes per FFN neuron and ~4 per activation each):
-     * under a budget 64 keeps it a small share, and prefill batches still stream a block per 64 tokens. */
-    s->n_batch = o->n_batch ? o->n_batch : o->sparse.memory_budget ? 64 : 256;
-    if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
-    if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
-    if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
-    if (o->sparse.policy != PI2_POLICY_DENSE && !(s->sparse = pi2_sparse_open(&s->m, s->ctx, s->pool, &o->sparse)))
-        return -1;
-    if (pi2_sampler_init(&s->sampler, (int32_t)s->m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) return -1;
-    if (pi2_events_open(&s->ev, o->events) != 0) return -1;
-    return 0;
-}
-
-static void close_session(chat_session *s) {
-    pi2_events_close(&s->ev);
-    pi2_sampler_free(&s->sampler);
-    pi2_sparse_close(s->sparse);
-    pi2_ctx_free(s->ctx);
-    pi2_pool_free(s->pool);
-    free(s->ids);
-    pi2_tokenizer_free(s->tok);
-    pi2_vocab_desc_release(&s->desc);
-    if (s->model_loaded) pi2_model_free(&s->m);
+/* The model once, a context for the whole conversation. */
+static int open_session(pi2_session *s, const pi2_options *o) {
+    if (pi2_session_load(s, o, 1) != 0) return -1;
+    const int n_ctx = o->n_ctx ? o->n_ctx : pi2_session_default_ctx(&s->m);
+    int n_batch = o->n_batch ? o->n_batch : pi2_session_max_batch(o);
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    return pi2_session_start(s, o, n_ctx, n_batch, NULL, NULL);
 }
 
 int pi2_chat_main(int argc, char **argv) {
@@ -290,14 +158,12 @@ int pi2_chat_main(int argc, char **argv) {
             chat_usage(stdout);
             return 0;
         }
-    chat_options o;
-    if (parse_chat_options(argc, argv, &o) != 0) {
+    pi2_options o;
+    if (pi2_options_parse(PI2_CMD_CHAT, argc, argv, &o) != 0) {
         fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
         return 2;
     }
-    uint64_t t_load0 = pi2_now_ns();
-    chat_session s;
-    memset(&s, 0, sizeof s);
+    pi2_session s;
     int rc = 1, turn = 0;
     char *line = NULL;
     size_t line_cap = 0;
@@ -307,7 +173,7 @@ int pi2_chat_main(int argc, char **argv) {
                     "{\"event\": \"start\", \"t\": %.9f, \"mode\": \"chat\", \"engine\": \"pi2-engine %s\", "
                     "\"threads\": %d, \"kernels\": \"%s\", \"n_ctx\": %d, \"load_s\": %.6f}",
                     pi2_seconds(t_ready), PI2_VERSION, s.n_threads, pi2_kernel_level_name(pi2_kernels_current()),
-                    s.n_ctx, pi2_seconds(t_ready - t_load0));
+                    s.n_ctx, pi2_seconds(t_ready - s.t_load0));
     ssize_t len;
     while ((len = getline(&line, &line_cap, stdin)) >= 0) {
         size_t n = (size_t)len;
@@ -336,6 +202,6 @@ int pi2_chat_main(int argc, char **argv) {
 done:
     if (rc) fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
     free(line);
-    close_session(&s);
+    pi2_session_close(&s);
     return rc;
 }

@@ -199,10 +199,14 @@ static uint64_t cgroup_headroom(void) {
     return limit > usage ? limit - usage : 0;
 }
 
-uint64_t pi2_available_memory_bytes(void) {
+uint64_t pi2_available_memory(const char **source) {
     uint64_t avail = file_number("/proc/meminfo", "MemAvailable:");
+    if (source) *source = "unknown";
     if (avail == UINT64_MAX) return 0;
     avail *= 1024;
     const uint64_t cg = cgroup_headroom();
+    if (source) *source = cg < avail ? "cgroup" : "MemAvailable";
     return cg < avail ? cg : avail;
 }
+
+uint64_t pi2_available_memory_bytes(void) { return pi2_available_memory(NULL); }

@@ -40,5 +40,7 @@ uint64_t pi2_rss_bytes(void);
  * by what its memory cgroup's limit leaves (v2 memory.max - memory.current, v1 limit_in_bytes -
  * usage_in_bytes). 0 when unknown (not Linux). */
 uint64_t pi2_available_memory_bytes(void);
+/* The same, and which of the two set it: "MemAvailable", "cgroup" or "unknown". */
+uint64_t pi2_available_memory(const char **source);
 
 #endif

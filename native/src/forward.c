@@ -29,14 +29,73 @@ struct pi2_ctx {
     uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
     float *logits;                         /* [n_vocab] */
     size_t bytes;                          /* all of the above */
+    size_t kv_bytes;                       /* of which the KV cache */
     pi2_sparse *sparse;                    /* FFN from flash (sparse.h), or NULL: dense */
 };
 
-static void *xcalloc(size_t n, size_t size, int *ok, size_t *total) {
+/* Every buffer of a context (count_only: only add up their bytes, so sizing can ask what a context of
+ * some shape will take without a model; pi2_ctx_bytes_for). Allocation is all-or-nothing: *ok = 0. */
+static void *xcalloc(size_t n, size_t size, int *ok, size_t *total, int count_only) {
     *total += (n ? n : 1) * size;
+    if (count_only) return NULL;
     void *p = calloc(n ? n : 1, size);
     if (!p) *ok = 0;
     return p;
+}
+
+static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok) {
+    size_t B = (size_t)c->n_batch, E = (size_t)c->n_embd;
+    int64_t widest = c->n_embd > c->q_dim ? c->n_embd : c->q_dim;
+    if (c->n_ff > widest) widest = c->n_ff;
+    size_t act_row = pi2_row_size(PI2_F32, widest); /* F32 is the widest activation type */
+    size_t *n = &c->bytes;
+    const int k = count_only;
+    size_t cache = (size_t)h->n_layer * (size_t)c->n_ctx * (size_t)c->kv_dim;
+    c->k_cache = xcalloc(cache, sizeof(pi2_f16), ok, n, k);
+    c->v_cache = xcalloc(cache, sizeof(pi2_f16), ok, n, k);
+    c->kv_bytes = c->bytes;
+    c->x = xcalloc(B * E, sizeof(float), ok, n, k);
+    c->xn = xcalloc(B * E, sizeof(float), ok, n, k);
+    c->tmp = xcalloc(B * E, sizeof(float), ok, n, k);
+    c->q = xcalloc(B * (size_t)c->q_dim, sizeof(float), ok, n, k);
+    c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), ok, n, k);
+    c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
+    c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
+    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+    c->ffn_in = xcalloc(B * E, sizeof(float), ok, n, k);
+    c->ffn_out = xcalloc(B * E, sizeof(float), ok, n, k);
+    size_t ne = h->n_expert ? h->n_expert : 1;
+    c->router = xcalloc(B * ne, sizeof(float), ok, n, k);
+    c->expert_w = xcalloc(B * ne, sizeof(float), ok, n, k);
+    c->expert_sel = xcalloc(B * ne, sizeof(int32_t), ok, n, k);
+    c->expert_tokens = xcalloc(B, sizeof(int32_t), ok, n, k);
+    c->scores = xcalloc((size_t)c->nth * (size_t)c->n_ctx, sizeof(float), ok, n, k);
+    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, ok, n, k);
+    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), ok, n, k);
+    c->act = xcalloc(B, act_row, ok, n, k);
+    c->logits = xcalloc(h->n_vocab, sizeof(float), ok, n, k);
+}
+
+static void ctx_shape(pi2_ctx *c, const pi2_header *h, int n_ctx, int n_batch, int nth) {
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    c->nth = nth;
+    c->n_embd = h->n_embd;
+    c->n_ff = h->n_ff;
+    c->q_dim = (int64_t)h->n_head * h->head_dim;
+    c->kv_dim = (int64_t)h->n_head_kv * h->head_dim;
+}
+
+size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, size_t *kv_bytes) {
+    pi2_ctx c;
+    memset(&c, 0, sizeof c);
+    ctx_shape(&c, h, n_ctx, n_batch, nth);
+    int ok = 1;
+    ctx_buffers(&c, h, 1, &ok);
+    if (kv_bytes) *kv_bytes = c.kv_bytes;
+    return c.bytes;
 }
 
 pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *pool) {
@@ -49,43 +108,9 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *po
     if (!c) return NULL;
     c->m = m;
     c->pool = pool;
-    c->n_ctx = n_ctx;
-    c->n_batch = n_batch;
-    c->nth = pool ? pi2_pool_size(pool) : 1;
-    c->n_embd = h->n_embd;
-    c->n_ff = h->n_ff;
-    c->q_dim = (int64_t)h->n_head * h->head_dim;
-    c->kv_dim = (int64_t)h->n_head_kv * h->head_dim;
-    size_t B = (size_t)n_batch, E = (size_t)c->n_embd;
-    int64_t widest = c->n_embd > c->q_dim ? c->n_embd : c->q_dim;
-    if (c->n_ff > widest) widest = c->n_ff;
-    size_t act_row = pi2_row_size(PI2_F32, widest); /* F32 is the widest activation type */
+    ctx_shape(c, h, n_ctx, n_batch, pool ? pi2_pool_size(pool) : 1);
     int ok = 1;
-    size_t cache = (size_t)h->n_layer * (size_t)n_ctx * (size_t)c->kv_dim;
-    c->k_cache = xcalloc(cache, sizeof(pi2_f16), &ok, &c->bytes);
-    c->v_cache = xcalloc(cache, sizeof(pi2_f16), &ok, &c->bytes);
-    c->x = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
-    c->xn = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
-    c->tmp = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
-    c->q = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok, &c->bytes);
-    c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), &ok, &c->bytes);
-    c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok, &c->bytes);
-    c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), &ok, &c->bytes);
-    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
-    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
-    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), &ok, &c->bytes);
-    c->ffn_in = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
-    c->ffn_out = xcalloc(B * E, sizeof(float), &ok, &c->bytes);
-    size_t ne = h->n_expert ? h->n_expert : 1;
-    c->router = xcalloc(B * ne, sizeof(float), &ok, &c->bytes);
-    c->expert_w = xcalloc(B * ne, sizeof(float), &ok, &c->bytes);
-    c->expert_sel = xcalloc(B * ne, sizeof(int32_t), &ok, &c->bytes);
-    c->expert_tokens = xcalloc(B, sizeof(int32_t), &ok, &c->bytes);
-    c->scores = xcalloc((size_t)c->nth * (size_t)n_ctx, sizeof(float), &ok, &c->bytes);
-    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, &ok, &c->bytes);
-    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), &ok, &c->bytes);
-    c->act = xcalloc(B, act_row, &ok, &c->bytes);
-    c->logits = xcalloc(h->n_vocab, sizeof(float), &ok, &c->bytes);
+    ctx_buffers(c, h, 0, &ok);
     if (!ok) {
         pi2_ctx_free(c);
         pi2_set_error("out of memory for a context of %d positions and batches of %d", n_ctx, n_batch);
@@ -105,6 +130,7 @@ void pi2_ctx_free(pi2_ctx *c) {
 
 const float *pi2_ctx_logits(const pi2_ctx *c) { return c->logits; }
 size_t pi2_ctx_bytes(const pi2_ctx *c) { return c->bytes; }
+size_t pi2_ctx_kv_bytes(const pi2_ctx *c) { return c->kv_bytes; }
 void pi2_ctx_set_sparse(pi2_ctx *c, pi2_sparse *s) { c->sparse = s; }
 int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }

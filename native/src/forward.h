@@ -28,6 +28,10 @@ int pi2_ctx_n_ctx(const pi2_ctx *c);
 int pi2_ctx_n_batch(const pi2_ctx *c);
 /* Bytes the context allocated (KV cache and scratch), touched or not: the budget's fixed part. */
 size_t pi2_ctx_bytes(const pi2_ctx *c);
+size_t pi2_ctx_kv_bytes(const pi2_ctx *c); /* of which the KV cache */
+/* What pi2_ctx_create would allocate for a model of header h (nth: compute threads), without one;
+ * *kv_bytes (if given): of which the KV cache. */
+size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, size_t *kv_bytes);
 /* Compute FFN blocks through the sparse engine (sparse.h) instead of densely; NULL detaches. */
 struct pi2_sparse;
 void pi2_ctx_set_sparse(pi2_ctx *c, struct pi2_sparse *s);

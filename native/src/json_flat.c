@@ -154,7 +154,27 @@ static int parse_number(cursor *c, char **out, size_t *out_len) {
     return 0;
 }
 
-int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user) {
+/* A nested object or array at the cursor, skipped whole (strings inside may hold brackets). */
+static int skip_nested(cursor *c) {
+    int depth = 0;
+    for (; c->i < c->n; c->i++) {
+        const char ch = c->s[c->i];
+        if (ch == '"') {
+            for (c->i++; c->i < c->n && c->s[c->i] != '"'; c->i++)
+                if (c->s[c->i] == '\\') c->i++;
+        } else if (ch == '{' || ch == '[') {
+            depth++;
+        } else if ((ch == '}' || ch == ']') && --depth == 0) {
+            c->i++;
+            return 0;
+        }
+    }
+    pi2_set_error("%s: unterminated nested value", c->what);
+    return -1;
+}
+
+static int parse_object(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user,
+                        int skip) {
     cursor c = {what, text, len, 0};
     if (expect(&c, '{')) return -1;
     skip_ws(&c);
@@ -179,6 +199,8 @@ int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json
                 } else if (left >= 5 && !memcmp(p, "false", 5)) {
                     kind = PI2_JSON_FALSE;
                     c.i += 5;
+                } else if (skip && left && (*p == '{' || *p == '[')) {
+                    if ((rc = skip_nested(&c)) == 0) goto next;
                 } else if (left && (*p == '{' || *p == '[' || *p == 'n')) {
                     pi2_set_error("%s: \"%.40s\": only strings, numbers and true/false are accepted", what, key);
                     rc = -1;
@@ -188,6 +210,7 @@ int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json
                 }
                 if (!rc) rc = fn(user, key, kind, value ? value : (kind == PI2_JSON_TRUE ? "true" : "false"), value_len);
             }
+        next:
             free(key);
             free(value);
             if (rc) return -1;
@@ -203,4 +226,12 @@ int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json
         return -1;
     }
     return 0;
+}
+
+int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user) {
+    return parse_object(what, text, len, fn, user, 0);
+}
+
+int pi2_json_flat_parse_skipping(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user) {
+    return parse_object(what, text, len, fn, user, 1);
 }

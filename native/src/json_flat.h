@@ -17,4 +17,8 @@ typedef int (*pi2_json_member_fn)(void *user, const char *key, pi2_json_kind kin
  * member; -1 with pi2_set_error otherwise. */
 int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user);
 
+/* The same, but members whose value is an object or an array are skipped (not passed to fn): for
+ * reading the flat part of a richer document, such as `pi2-engine info --json`'s facts. */
+int pi2_json_flat_parse_skipping(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user);
+
 #endif

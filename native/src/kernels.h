@@ -125,7 +125,11 @@ typedef enum {
     PI2_KERNELS_I8MM,
 } pi2_kernel_level;
 
+#define PI2_KERNEL_LEVELS (PI2_KERNELS_I8MM + 1)
+
 void pi2_kernels_init(void);
+int pi2_kernels_compiled(pi2_kernel_level level); /* this build has the level's kernels */
+int pi2_kernels_runnable(pi2_kernel_level level); /* ... and this CPU runs them */
 pi2_kernel_level pi2_kernels_best(void);                /* best level this CPU supports */
 int pi2_kernels_force(pi2_kernel_level level);          /* -1 if the CPU lacks it */
 pi2_kernel_level pi2_kernels_current(void);

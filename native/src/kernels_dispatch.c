@@ -25,7 +25,7 @@
 #endif
 
 #define PI2_HAVE_SIMD_FILES 1
-#define N_LEVELS (PI2_KERNELS_I8MM + 1)
+#define N_LEVELS PI2_KERNEL_LEVELS
 
 static pi2_kernel_table tables[N_LEVELS];
 static int supported[N_LEVELS];
@@ -103,6 +103,23 @@ int pi2_kernels_force(pi2_kernel_level level) {
     atomic_store(&current_level, (int)level);
     atomic_store(&current_table, &tables[level]);
     return 0;
+}
+
+int pi2_kernels_compiled(pi2_kernel_level level) {
+    switch (level) {
+    case PI2_KERNELS_SCALAR: return 1;
+#if (defined(__x86_64__) || defined(__i386__)) && PI2_HAVE_SIMD_FILES
+    case PI2_KERNELS_AVX2: case PI2_KERNELS_AVX512: return 1;
+#elif defined(__aarch64__) && PI2_HAVE_SIMD_FILES
+    case PI2_KERNELS_NEON: case PI2_KERNELS_DOTPROD: case PI2_KERNELS_I8MM: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+int pi2_kernels_runnable(pi2_kernel_level level) {
+    pi2_kernels_init();
+    return (int)level >= 0 && (int)level < N_LEVELS && supported[level];
 }
 
 pi2_kernel_level pi2_kernels_current(void) {

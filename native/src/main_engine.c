@@ -1,8 +1,9 @@
 /* pi2-engine: the command-line front of the engine.
  *   generate  prompt -> text on stdout (streamed), JSONL events for the host
  *   eval      token ids -> raw float32 logits (tests compare them with the numpy reference)
- *   info      header summary of a .pi2 file (--json, --verify) */
-#include <errno.h>
+ *   info      header summary of a .pi2 file (--json, --verify)
+ *   size      the sparse engine's sizing of a model under a budget (size_cmd.c)
+ *   capabilities  what this build takes, as JSON, from the tables it parses with */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 #include "model.h"
 #include "plan.h"
 #include "sampler.h"
+#include "session.h"
+#include "session_options.h"
+#include "size_cmd.h"
 #include "sparse.h"
 #include "sparse_predict.h"
 #include "threadpool.h"
@@ -26,84 +30,23 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: pi2-engine COMMAND [OPTIONS]\n"
             "commands:\n"
-            "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [-n N] [--temperature T] [--top-p P] [--seed S]\n"
-            "           [--threads T] [--affinity 0,1,..] [--events FILE] [--ctx N] [--batch N]\n"
-            "           [--ignore-eos] [--no-verify-neurons] [--no-pack-ffn] [--plan PLAN.json]\n"
-            "           generate text; only the generated text goes to stdout, as tokens come\n"
-            "           --plan: the settings of a plan from `pi2 plan` (docs/PLAN.md); later flags override it\n"
-            "%s"
-            "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [--batch N] [--threads T]\n"
-            "           [--no-pack-ffn]   (--no-pack-ffn: compute straight from the bundles)\n"
-            "           write float32 logits of the last (or --all) positions, row-major\n"
+            "  generate -m MODEL.pi2 (-p TEXT | --tokens IDS) [...]   generate text; only the generated text goes\n"
+            "           to stdout, as tokens come\n"
+            "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [...]   write float32 logits of the last\n"
+            "           (or --all) positions, row-major\n"
             "  chat -m MODEL.pi2 [...]  multi-turn: JSON requests on stdin, KV cache kept (chat --help)\n"
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
-            "  --version  print the engine version\n",
-            pi2_sparse_usage());
-}
-
-typedef struct {
-    const char *model, *prompt, *events, *tokens, *logits_out, *affinity;
-    int n_predict, threads, n_ctx, n_batch, ignore_eos, verify_neurons, all_logits, json, verify, no_pack;
-    float temperature, top_p;
-    uint64_t seed;
-    pi2_sparse_config sparse;
-} options;
-
-static int parse_options(int argc, char **argv, options *o) {
-    memset(o, 0, sizeof *o);
-    o->n_predict = 64;
-    o->top_p = 1.0f;
-    o->verify_neurons = 1;
-    pi2_sparse_config_default(&o->sparse);
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int taken = pi2_sparse_parse_flag(a, v, &o->sparse);
-        if (taken < 0) return -1;
-        if (taken) {
-            i += taken - 1;
-            continue;
-        }
-#define TAKES_VALUE                                                   \
-    do {                                                              \
-        if (!v) {                                                     \
-            pi2_set_error("option %s needs a value", a);              \
-            return -1;                                                \
-        }                                                             \
-        i++;                                                          \
-    } while (0)
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { TAKES_VALUE; o->model = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { TAKES_VALUE; o->prompt = v; }
-        else if (!strcmp(a, "--events")) { TAKES_VALUE; o->events = v; }
-        else if (!strcmp(a, "--tokens")) { TAKES_VALUE; o->tokens = v; }
-        else if (!strcmp(a, "--logits-out")) { TAKES_VALUE; o->logits_out = v; }
-        else if (!strcmp(a, "--affinity")) { TAKES_VALUE; o->affinity = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 0, 1 << 20, &o->n_predict)) return -1; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1024, &o->threads)) return -1; }
-        else if (!strcmp(a, "--ctx")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1 << 22, &o->n_ctx)) return -1; }
-        else if (!strcmp(a, "--batch")) { TAKES_VALUE; if (pi2_parse_int_arg(a, v, 1, 1 << 16, &o->n_batch)) return -1; }
-        else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { TAKES_VALUE; if (pi2_parse_float_arg(a, v, &o->temperature)) return -1; }
-        else if (!strcmp(a, "--top-p")) { TAKES_VALUE; if (pi2_parse_float_arg(a, v, &o->top_p)) return -1; }
-        else if (!strcmp(a, "--seed")) {
-            TAKES_VALUE;
-            char *end = NULL;
-            errno = 0;
-            o->seed = strtoull(v, &end, 10);
-            if (errno || *end || !*v) { pi2_set_error("--seed needs a non-negative integer, got '%s'", v); return -1; }
-        }
-        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
-        else if (!strcmp(a, "--no-verify-neurons")) o->verify_neurons = 0;
-        else if (!strcmp(a, "--no-pack-ffn")) o->no_pack = 1;
-        else if (!strcmp(a, "--all")) o->all_logits = 1;
-        else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--verify")) o->verify = 1;
-        else { pi2_set_error("unknown option '%s' (see pi2-engine --help)", a); return -1; }
-#undef TAKES_VALUE
+            "  size (-m MODEL.pi2 | --facts FACTS.json) [--memory-budget B] [--json] [...]   the sparse engine's\n"
+            "           sizing: budget, fixed region, neuron cache and its split, the smallest budget\n"
+            "  capabilities --json   commands, flags, policies, plan keys and kernel levels of this build\n"
+            "  --version  print the engine version\n");
+    for (int c = 0; c < pi2_command_count(); c++) {
+        if (!strcmp(pi2_command_names[c], "chat")) continue; /* chat --help says more */
+        fprintf(out, "%s options:\n", pi2_command_names[c]);
+        pi2_options_usage(out, 1u << c, 0, pi2_flags_sparse);
     }
-    if (!o->model) { pi2_set_error("missing -m MODEL.pi2"); return -1; }
-    if (o->temperature < 0) { pi2_set_error("--temperature must be >= 0"); return -1; }
-    if (!(o->top_p > 0 && o->top_p <= 1)) { pi2_set_error("--top-p must be in (0, 1]"); return -1; }
-    return 0;
+    fprintf(out, "sparse engine options (generate, eval, chat, size; docs/SPARSE.md):\n");
+    pi2_options_usage(out, PI2_CMD_GENERATE, pi2_flags_sparse, -1);
 }
 
 static int die(void) {
@@ -113,7 +56,7 @@ static int die(void) {
 
 /* ---- info ------------------------------------------------------------------------------------ */
 
-static int cmd_info(const options *o) {
+static int cmd_info(const pi2_options *o) {
     pi2_model m;
     if (pi2_model_load(&m, o->model, o->verify) != 0) return die();
     const pi2_header *h = &m.h;
@@ -167,7 +110,7 @@ static int cmd_info(const options *o) {
 
 /* ---- eval ------------------------------------------------------------------------------------ */
 
-static int cmd_eval(const options *o) {
+static int cmd_eval(const pi2_options *o) {
     if (!o->tokens || !o->logits_out) {
         pi2_set_error("eval needs --tokens and --logits-out");
         return die();
@@ -214,60 +157,24 @@ done:
 
 /* ---- generate -------------------------------------------------------------------------------- */
 
-static int cmd_generate(const options *o) {
+static int cmd_generate(const pi2_options *o) {
     if (!o->prompt == !o->tokens) {
         pi2_set_error("generate needs -p TEXT or --tokens IDS (one of them)");
         return die();
     }
-    uint64_t t_load0 = pi2_now_ns();
-    pi2_model m;
-    if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return die();
-    int rc = 1, n_threads = 1;
-    pi2_sparse *sp = NULL;
+    pi2_session ss;
+    int rc = 1;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
     char tok_json[400];
-    pi2_vocab_desc desc;
-    memset(&desc, 0, sizeof desc);
-    pi2_tokenizer *tok = NULL;
-    pi2_pool *pool = NULL;
-    pi2_ctx *c = NULL;
-    int32_t *ids = NULL;
-    pi2_sampler sampler = {0};
-    pi2_events ev = {0};
-    if (!m.file.tokenizer_len) {
-        pi2_set_error("%s: the model has no tokenizer section (use eval with token ids)", o->model);
-        goto done;
-    }
-    if (pi2_vocab_blob_parse(m.file.tokenizer, m.file.tokenizer_len, &desc) != 0) {
-        pi2_set_error("%s: tokenizer section: %s", o->model, pi2_last_error());
-        goto done;
-    }
-    if (!(tok = pi2_tokenizer_create(&desc))) goto done;
-    if (pi2_tokenizer_n_vocab(tok) > (int32_t)m.h.n_vocab) {
-        pi2_set_error("%s: tokenizer has %d tokens, the model %u", o->model, pi2_tokenizer_n_vocab(tok), m.h.n_vocab);
-        goto done;
-    }
+    if (pi2_session_load(&ss, o, 1) != 0) goto done;
+    const pi2_model *mp = &ss.m;
     int n_prompt;
     if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */
-        ids = malloc(sizeof(int32_t) * 65536);
-        if (!ids) goto done;
-        if ((n_prompt = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536)) < 0) goto done;
-        goto tokenized;
+        if (pi2_session_reserve(&ss, 65536) != 0) goto done;
+        if ((n_prompt = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ss.ids, 65536)) < 0) goto done;
+    } else if ((n_prompt = pi2_session_tokenize(&ss, o->prompt, strlen(o->prompt), ss.desc.add_bos, 0)) < 0) {
+        goto done;
     }
-    size_t plen = strlen(o->prompt);
-    int cap = (int)plen + 8;
-    ids = malloc(sizeof(int32_t) * (size_t)cap);
-    if (!ids) goto done;
-    /* As llama.cpp: BOS only when the vocabulary asks for it; special tokens in the text are parsed. */
-    n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
-    if (n_prompt < 0) {
-        cap = -n_prompt;
-        int32_t *more = realloc(ids, sizeof(int32_t) * (size_t)cap);
-        if (!more) goto done;
-        ids = more;
-        n_prompt = pi2_tokenize(tok, o->prompt, plen, desc.add_bos, 1, ids, cap);
-    }
-tokenized:
     if (n_prompt <= 0) {
         pi2_set_error("the prompt tokenizes to nothing");
         goto done;
@@ -277,14 +184,17 @@ tokenized:
         pi2_set_error("--ctx %d is too small for %d prompt + %d generated tokens", n_ctx, n_prompt, o->n_predict);
         goto done;
     }
-    const int max_batch = o->sparse.memory_budget ? 64 : 256; /* as chat's (chat.c) */
-    int batch = o->n_batch ? o->n_batch : (n_prompt < max_batch ? n_prompt : max_batch);
-    if (!(pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads))) goto done;
-    if (!(c = pi2_ctx_create(&m, n_ctx, batch, pool))) goto done;
-    if (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse))) goto done;
+    const int max_batch = pi2_session_max_batch(o);
+    if (pi2_session_start(&ss, o, n_ctx, o->n_batch ? o->n_batch : (n_prompt < max_batch ? n_prompt : max_batch),
+                          NULL, NULL) != 0)
+        goto done;
+    const int batch = ss.n_batch, n_threads = ss.n_threads;
+    const uint64_t t_load0 = ss.t_load0;
+    pi2_sparse *sp = ss.sparse;
+    pi2_ctx *c = ss.ctx;
+    pi2_events ev = ss.ev;
+    const int32_t *ids = ss.ids;
     pi2_sparse_snapshot(sp, &st_prev); /* token events count from here: the preload is part of the load */
-    if (pi2_sampler_init(&sampler, (int32_t)m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) goto done;
-    if (pi2_events_open(&ev, o->events) != 0) goto done;
     uint64_t t0 = pi2_now_ns();
     if (ev.f) {
         fprintf(ev.f,
@@ -304,7 +214,7 @@ tokenized:
     int n_gen = 0;
     char piece[256];
     for (; n_gen < o->n_predict; n_gen++) {
-        int32_t next = pi2_sample(&sampler, pi2_ctx_logits(c));
+        int32_t next = pi2_sample(&ss.sampler, pi2_ctx_logits(c));
         uint64_t now = pi2_now_ns();
         if (!n_gen) t_first = now;
         t_last = now;
@@ -312,11 +222,11 @@ tokenized:
         pi2_sparse_token_json(sp, &st_prev, &st_cur, tok_json, sizeof tok_json);
         pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, \"i\": %d, \"id\": %d%s}",
                         pi2_seconds(now), pi2_cpu_ns() / 1e9, n_gen, next, tok_json);
-        if (!o->ignore_eos && pi2_token_is_eog(tok, next)) {
+        if (!o->ignore_eos && pi2_token_is_eog(ss.tok, next)) {
             n_gen++;
             break;
         }
-        int np = pi2_token_to_piece(tok, next, piece, sizeof piece);
+        int np = pi2_token_to_piece(ss.tok, next, piece, sizeof piece);
         if (np > 0) {
             fwrite(piece, 1, (size_t)np, stdout);
             fflush(stdout);
@@ -344,7 +254,7 @@ tokenized:
                     "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
                     "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),
-                    (unsigned long long)m.file.size, n_threads, sparse_json);
+                    (unsigned long long)mp->file.size, n_threads, sparse_json);
     fflush(stdout);
     fprintf(stderr,
             "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "
@@ -357,22 +267,56 @@ tokenized:
     rc = 0;
 done:
     if (rc) die();
-    pi2_events_close(&ev);
-    pi2_sampler_free(&sampler);
-    pi2_sparse_close(sp);
-    pi2_ctx_free(c);
-    pi2_pool_free(pool);
-    free(ids);
-    pi2_tokenizer_free(tok);
-    pi2_vocab_desc_release(&desc);
-    pi2_model_free(&m);
+    pi2_session_close(&ss);
     return rc;
+}
+
+/* ---- capabilities ------------------------------------------------------------------------------ */
+
+/* What this build takes, printed from the tables the engine parses with (session_options.c, plan.c,
+ * kernels_dispatch.c), for the host to read instead of probing flag by flag. */
+static int cmd_capabilities(void) {
+    char s[400];
+    printf("{\"schema\": 1, \"version\": \"%s\", \"commands\": [", PI2_VERSION);
+    for (int c = 0; c < pi2_command_count(); c++) printf("\"%s\", ", pi2_command_names[c]);
+    printf("\"capabilities\"], \"flags\": {");
+    for (int c = 0; c < pi2_command_count(); c++) {
+        printf("%s\"%s\": [", c ? ", " : "", pi2_command_names[c]);
+        int n = 0;
+        for (const pi2_flag *f = pi2_flags; f->name; f++) {
+            if (!(f->cmds & (1u << c))) continue;
+            pi2_json_string(s, sizeof s, f->help);
+            printf("%s{\"name\": \"%s\", ", n++ ? ", " : "", f->name);
+            if (f->alias) printf("\"alias\": \"%s\", ", f->alias);
+            printf("\"takes_value\": %s, \"sparse\": %s, \"help\": %s}", f->takes_value ? "true" : "false",
+                   f - pi2_flags >= pi2_flags_sparse ? "true" : "false", s);
+        }
+        printf("]");
+    }
+    printf(", \"capabilities\": [{\"name\": \"--json\", \"takes_value\": false, \"sparse\": false, "
+           "\"help\": \"print JSON (the only form)\"}]}, \"policies\": [");
+    for (int p = 0; p <= PI2_POLICY_POWERINFER2; p++) printf("%s\"%s\"", p ? ", " : "", pi2_policy_name((pi2_policy)p));
+    printf("], \"plan_keys\": [");
+    for (int i = 0; pi2_plan_key(i); i++) printf("%s\"%s\"", i ? ", " : "", pi2_plan_key(i));
+    printf("], \"kernel_levels\": {\"compiled\": [");
+    for (int l = 0, n = 0; l < PI2_KERNEL_LEVELS; l++)
+        if (pi2_kernels_compiled((pi2_kernel_level)l))
+            printf("%s\"%s\"", n++ ? ", " : "", pi2_kernel_level_name((pi2_kernel_level)l));
+    printf("], \"runnable\": [");
+    for (int l = 0, n = 0; l < PI2_KERNEL_LEVELS; l++)
+        if (pi2_kernels_runnable((pi2_kernel_level)l))
+            printf("%s\"%s\"", n++ ? ", " : "", pi2_kernel_level_name((pi2_kernel_level)l));
+    printf("], \"selected\": \"%s\"}}\n", pi2_kernel_level_name(pi2_kernels_current()));
+    return 0;
 }
 
 static int run_command(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "chat")) return pi2_chat_main(argc, argv); /* multi-turn, KV kept: chat.c */
-    if (strcmp(cmd, "generate") && strcmp(cmd, "eval") && strcmp(cmd, "info")) {
+    unsigned bit = 0;
+    for (int c = 0; c < pi2_command_count(); c++)
+        if (!strcmp(cmd, pi2_command_names[c])) bit = 1u << c;
+    if (!bit && strcmp(cmd, "capabilities")) {
         fprintf(stderr, "pi2-engine: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
@@ -382,13 +326,22 @@ static int run_command(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-    options o;
-    if (parse_options(argc, argv, &o) != 0) {
+    if (!bit) { /* capabilities: JSON is its only form; --json is accepted for symmetry */
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], "--json")) {
+                fprintf(stderr, "pi2-engine: error: unknown capabilities option '%s' (it takes only --json)\n", argv[i]);
+                return 2;
+            }
+        return cmd_capabilities();
+    }
+    pi2_options o;
+    if (pi2_options_parse(bit, argc, argv, &o) != 0) {
         fprintf(stderr, "pi2-engine: error: %s\n", pi2_last_error());
         return 2;
     }
-    if (!strcmp(cmd, "info")) return cmd_info(&o);
-    if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+    if (bit == PI2_CMD_INFO) return cmd_info(&o);
+    if (bit == PI2_CMD_EVAL) return cmd_eval(&o);
+    if (bit == PI2_CMD_SIZE) return pi2_size_main(&o);
     return cmd_generate(&o);
 }
 

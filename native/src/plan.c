@@ -27,6 +27,10 @@ static const struct {
     {"miss_threshold", "--miss-threshold", SET_NUMBER},
 };
 
+const char *pi2_plan_key(int i) {
+    return i >= 0 && (size_t)i < sizeof settings / sizeof settings[0] ? settings[i].key : NULL;
+}
+
 /* Informational keys: read by people and the host, not by the engine. */
 static int informational(const char *key) {
     static const char *names[] = {"model", "device", "why", "created_by"};

@@ -13,5 +13,7 @@
  * with pi2_plan_free_args. */
 int pi2_plan_expand_args(int argc, char **argv, int *out_argc, char ***out_argv);
 void pi2_plan_free_args(int argc, char **argv);
+/* The i-th setting key a plan may hold (policy, memory_budget, ...), NULL past the last. */
+const char *pi2_plan_key(int i);
 
 #endif

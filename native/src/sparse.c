@@ -15,6 +15,7 @@
 #include "parmat.h"
 #include "sparse_internal.h"
 #include "sparse_predict.h"
+#include "sparse_size.h"
 
 /* ---- configuration --------------------------------------------------------------------------- */
 
@@ -32,132 +33,6 @@ static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "po
 
 const char *pi2_policy_name(pi2_policy p) { return p <= PI2_POLICY_POWERINFER2 ? policy_names[p] : "?"; }
 
-const char *pi2_sparse_usage(void) {
-    return "  sparse engine (PowerInfer-2; docs/SPARSE.md):\n"
-           "    --policy dense|bundle|llmflash|cache|powerinfer2   [dense]\n"
-           "    --memory-budget SIZE     whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)\n"
-           "    --predictor model|oracle  oracle = true activations (a correctness tool)   [model]\n"
-           "    --check-predictor        also compute true activations: recall/precision per layer\n"
-           "    --pred-threshold P       predictor threshold in (0,1) for every layer   [the model file's]\n"
-           "    --llmflash-window K      llmflash: keep neurons used by the last K tokens   [5]\n"
-           "    --hot-fraction F         hot set: first F of each block's bundles   [0.2]\n"
-           "    --hot-share S            share of the neuron cache for hot clusters   [0.5]\n"
-           "    --cluster N              bundles per hot cluster   [32]\n"
-           "    --two-phase, --no-two-phase   powerinfer2: cold INT4 bundles gate part first / whole   [auto: from\n"
-           "                             a storage probe at open: on where a gate-part read costs under half a whole one]\n"
-           "    --prefill-stream auto|on|off   powerinfer2 batches of 8+ tokens under a budget: read each block\n"
-           "                             whole in large sequential reads (auto: when the storage probe says it pays)\n"
-           "    --miss-threshold P       decode: read a cold miss only if its predicted probability > P   [off]\n"
-           "    --lru-only               cache, powerinfer2: plain LRU for cold misses, not insertion by rank\n"
-           "    --lookahead              powerinfer2: read what the coming layer's predictor wants during attention\n"
-           "    --no-repack              keep attention/output rows as stored (no interleaving by four)\n"
-           "    --io auto|uring|pread|buffered   neuron reads   [auto]\n"
-           "    --io-threads N, --io-affinity 0,1   pread-pool threads and their CPUs\n";
-}
-
-static int parse_fraction(const char *flag, const char *v, float *out) {
-    if (pi2_parse_float_arg(flag, v, out) != 0) return -1;
-    if (!(*out >= 0 && *out <= 1)) {
-        pi2_set_error("%s must be between 0 and 1, got '%s'", flag, v);
-        return -1;
-    }
-    return 0;
-}
-
-/* A threshold probability: strictly between 0 and 1 (its logit must be finite). */
-static int parse_probability(const char *flag, const char *v, float *out) {
-    if (parse_fraction(flag, v, out)) return -1;
-    if (*out <= 0 || *out >= 1) {
-        pi2_set_error("%s must be strictly between 0 and 1, got '%s'", flag, v);
-        return -1;
-    }
-    return 0;
-}
-
-int pi2_sparse_parse_flag(const char *a, const char *v, pi2_sparse_config *cfg) {
-    static const char *valued[] = {"--policy", "--memory-budget", "--predictor", "--llmflash-window", "--hot-fraction",
-                                   "--hot-share", "--cluster", "--io", "--io-threads", "--io-affinity",
-                                   "--pred-threshold", "--prefill-stream", "--miss-threshold"};
-    if (!strcmp(a, "--check-predictor")) {
-        cfg->check_predictor = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--no-two-phase") || !strcmp(a, "--two-phase")) {
-        cfg->two_phase = a[2] == 'n' ? -1 : 1;
-        return 1;
-    }
-    if (!strcmp(a, "--lru-only")) {
-        cfg->lru_only = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--lookahead")) {
-        cfg->lookahead = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--no-repack")) {
-        cfg->no_repack = 1;
-        return 1;
-    }
-    int known = 0;
-    for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) known |= !strcmp(a, valued[i]);
-    if (!known) return 0;
-    if (!v) {
-        pi2_set_error("option %s needs a value", a);
-        return -1;
-    }
-    if (!strcmp(a, "--policy")) {
-        for (int p = 0; p <= PI2_POLICY_POWERINFER2; p++)
-            if (!strcmp(v, policy_names[p])) {
-                cfg->policy = (pi2_policy)p;
-                return 2;
-            }
-        pi2_set_error("--policy: unknown policy '%s' (dense, bundle, llmflash, cache, powerinfer2)", v);
-        return -1;
-    }
-    if (!strcmp(a, "--memory-budget")) return pi2_parse_size(a, v, &cfg->memory_budget) ? -1 : 2;
-    if (!strcmp(a, "--predictor")) {
-        if (strcmp(v, "model") && strcmp(v, "oracle")) {
-            pi2_set_error("--predictor: expected model or oracle, got '%s'", v);
-            return -1;
-        }
-        cfg->oracle = !strcmp(v, "oracle");
-        return 2;
-    }
-    if (!strcmp(a, "--llmflash-window")) return pi2_parse_int_arg(a, v, 1, 1 << 20, &cfg->llmflash_window) ? -1 : 2;
-    if (!strcmp(a, "--hot-fraction")) return parse_fraction(a, v, &cfg->hot_fraction) ? -1 : 2;
-    if (!strcmp(a, "--hot-share")) return parse_fraction(a, v, &cfg->hot_share) ? -1 : 2;
-    if (!strcmp(a, "--pred-threshold")) return parse_probability(a, v, &cfg->pred_threshold) ? -1 : 2;
-    if (!strcmp(a, "--prefill-stream")) {
-        static const char *names[] = {"off", "auto", "on"};
-        for (int i = 0; i < 3; i++)
-            if (!strcmp(v, names[i])) {
-                cfg->prefill_stream = i - 1;
-                return 2;
-            }
-        pi2_set_error("--prefill-stream: expected auto, on or off, got '%s'", v);
-        return -1;
-    }
-    if (!strcmp(a, "--miss-threshold")) return parse_probability(a, v, &cfg->miss_threshold) ? -1 : 2;
-    if (!strcmp(a, "--cluster")) return pi2_parse_int_arg(a, v, 1, 4096, &cfg->cluster) ? -1 : 2;
-    if (!strcmp(a, "--io-threads")) return pi2_parse_int_arg(a, v, 1, 64, &cfg->io.n_threads) ? -1 : 2;
-    if (!strcmp(a, "--io")) {
-        static const char *names[] = {"auto", "uring", "pread", "buffered"};
-        for (int i = 0; i < 4; i++)
-            if (!strcmp(v, names[i])) {
-                cfg->io.method = (pi2_io_method)i;
-                return 2;
-            }
-        pi2_set_error("--io: expected auto, uring, pread or buffered, got '%s'", v);
-        return -1;
-    }
-    /* --io-affinity */
-    int32_t cpus[64];
-    const int n = pi2_parse_int_list(a, v, 4095, cpus, 64);
-    if (n < 0) return -1;
-    for (int i = 0; i < n; i++) cfg->io_cpus[i] = cpus[i];
-    cfg->io.n_cpus = n;
-    return 2;
-}
 
 int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg) {
     const int sparse = cfg->policy != PI2_POLICY_DENSE;
@@ -189,9 +64,8 @@ static void *zalloc(size_t n, int *ok) {
 static int alloc_scratch(pi2_sparse *s) {
     const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
     int ok = 1;
-    s->act_row = pi2_row_size(pi2_act_type((pi2_type)s->m->h.neuron_type), s->E);
+    pi2_sparse_act_rows((pi2_type)s->m->h.neuron_type, s->E, &s->act_row, &s->pact_row);
     s->act = zalloc(B * s->act_row, &ok);
-    s->pact_row = (pi2_packed_act_size((pi2_type)s->m->h.neuron_type, s->E) + 63) / 64 * 64;
     if (!(s->pact = aligned_alloc(64, B * s->pact_row))) ok = 0;
     s->mask = zalloc(B * F, &ok);
     if (s->cfg.oracle || s->cfg.check_predictor) s->truth = zalloc(B * F, &ok);
@@ -214,70 +88,6 @@ static int alloc_scratch(pi2_sparse *s) {
     s->layer_fn = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->layer_seen = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     return ok ? 0 : -1;
-}
-
-/* Batches may be streamed (sparse_batch.c): powerinfer2, exact neurons not asked for. */
-static int may_stream(const pi2_sparse *s) {
-    return s->pipeline && s->n_batch >= PI2_DENSE_BATCH && !s->cfg.oracle && !s->cfg.check_predictor &&
-           s->cfg.prefill_stream >= 0;
-}
-
-static size_t scratch_bytes(const pi2_sparse *s) {
-    const size_t B = (size_t)s->n_batch, F = (size_t)s->F;
-    const size_t truth = s->cfg.oracle || s->cfg.check_predictor ? B * F : 0;
-    return B * (s->act_row + s->pact_row) + B * F + truth + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
-           pi2_predictors_scratch_bytes(&s->pred) + (may_stream(s) ? pi2_sparse_stream_bytes(s) : 0);
-}
-
-/* How the cache's bytes split into regions for this policy; 0 or -1 with an error. */
-static int size_cache(pi2_sparse *s, uint64_t cache_bytes, pi2_ncache_config *cc) {
-    const pi2_header *h = &s->m->h;
-    memset(cc, 0, sizeof *cc);
-    cc->n_blocks = s->n_blocks;
-    cc->n_ff = (int)s->F;
-    cc->stride = h->bundle_stride;
-    /* A cold slot holds a bundle's data without the file's alignment padding (6912 of 8192 bytes
-     * for a 7B Q4_0 model: 15% more neurons per byte); clusters keep the file's layout. */
-    cc->cold_bytes = s->full_len;
-    cc->cluster = s->cfg.cluster < (int)s->F ? s->cfg.cluster : (int)s->F;
-    const int64_t total_bundles = (int64_t)s->n_blocks * s->F;
-    int64_t slots = (int64_t)(cache_bytes / cc->cold_bytes);
-    if (slots > total_bundles) slots = total_bundles; /* the whole FFN fits: no more is useful */
-    const pi2_policy p = s->cfg.policy;
-    if (slots == total_bundles && p != PI2_POLICY_BUNDLE && p != PI2_POLICY_LLMFLASH) {
-        /* The whole FFN fits: one region, loaded up front (preload), nothing to evict or split. */
-        cc->cold_slots = slots;
-        return 0;
-    }
-    if (p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2) {
-        int hot = (int)round_up((size_t)(s->cfg.hot_fraction * (float)s->F + 0.5f), (size_t)cc->cluster);
-        cc->hot_neurons = hot > s->F ? (int)s->F : hot;
-        int64_t clusters_per_block = (cc->hot_neurons + cc->cluster - 1) / cc->cluster;
-        int64_t hot_slots = (int64_t)((double)cache_bytes * s->cfg.hot_share / (double)(cc->cluster * cc->stride));
-        /* Layers come round in a cycle, so an LRU region smaller than the hot set of all blocks would
-         * evict every cluster just before its next use. Shrink the hot set to what fits instead. */
-        int64_t fit = hot_slots / s->n_blocks;
-        if (fit < clusters_per_block) {
-            clusters_per_block = fit;
-            cc->hot_neurons = (int)(fit * cc->cluster);
-        }
-        cc->hot_slots = clusters_per_block * s->n_blocks;
-        cc->cold_slots = (int64_t)((cache_bytes - (uint64_t)cc->hot_slots * cc->cluster * cc->stride) / cc->cold_bytes);
-        int64_t cold_neurons = (int64_t)s->n_blocks * (s->F - cc->hot_neurons);
-        if (cc->cold_slots > cold_neurons) cc->cold_slots = cold_neurons;
-        if (!cc->hot_slots) cc->hot_neurons = 0; /* no room for clusters: every neuron is cold */
-        if (!cc->hot_neurons) cc->cold_slots = slots;
-    } else if (p == PI2_POLICY_BUNDLE) {
-        /* No cache, only a staging area for one block's active bundles (computed in waves if smaller). */
-        cc->cold_slots = slots < s->F ? slots : s->F;
-    } else {
-        cc->cold_slots = slots;
-    }
-    if (cc->cold_slots + cc->hot_slots < 1) {
-        pi2_set_error("the memory budget leaves no room for even one neuron bundle");
-        return -1;
-    }
-    return 0;
 }
 
 static uint64_t io_bytes(const pi2_sparse *s) {
@@ -375,34 +185,10 @@ static int find_resident(pi2_sparse *s) {
     return 0;
 }
 
-/* No --memory-budget: the model in memory when it fits, else a budget the machine can hold.
- * Fits means the fixed region, every bundle and the cache's bookkeeping take at most 90% of the memory
- * this process can still have (pi2_available_memory_bytes): then the budget is exactly that, so the
- * cache holds the whole FFN, preloads it and never reads again. Otherwise the budget is 90% of the
- * available memory and the engine says so in one line: a run that would be killed or thrash becomes a
- * run under a budget, reported as chosen. */
-static int budget_for(pi2_sparse *s, uint64_t fixed_now, uint64_t ffn_bytes) {
-    /* the cache pays 48 bytes of bookkeeping per slot out of its bytes (pi2_sparse_open) */
-    const uint64_t cache = ffn_bytes / (s->full_len - 48) * s->full_len + s->full_len;
-    const uint64_t up_out = s->n_batch > 1 ? (uint64_t)s->n_batch * (uint64_t)s->F * sizeof(float) : 0;
-    const uint64_t whole = fixed_now + cache + up_out, avail = pi2_available_memory_bytes();
-    /* the margin is 4 MiB + 1% of the budget: solve budget = whole + 4 MiB + budget / 100 */
-    const uint64_t resident = (whole + (4u << 20)) / 99 * 100 + 100;
-    if (!avail || resident <= avail / 10 * 9) {
-        s->cfg.memory_budget = resident;
-        s->budget_source = "none: whole model resident";
-        return 0;
-    }
-    s->cfg.memory_budget = avail / 10 * 9;
-    s->budget_source = "chosen: 90% of available memory";
-    fprintf(stderr,
-            "pi2-engine: no --memory-budget and the model needs %.2f GiB in memory but %.2f GiB is available: "
-            "running under a budget of %.2f GiB (90%% of it)\n",
-            resident / 1073741824.0, avail / 1073741824.0, s->cfg.memory_budget / 1073741824.0);
-    return 0;
-}
-
-pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg) {
+/* pi2_sparse_open up to its sizing: the engine with its predictors, scratch and store, the budget and the
+ * cache's split decided (s->size) but no cache yet. NULL + error. */
+static pi2_sparse *open_sized(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg,
+                              pi2_sparse_shape *shape_out) {
     const pi2_header *h = &m->h;
     if (cfg->policy == PI2_POLICY_DENSE) {
         pi2_set_error("the dense policy does not use the sparse engine");
@@ -429,13 +215,6 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     s->E = h->n_embd;
     s->F = h->n_ff;
     s->part = h->part_bytes;
-    /* a streamed chunk: PI2_STREAM_CHUNK, or 1/64 of a small budget (two are staged) */
-    const uint64_t chunk = cfg->memory_budget && cfg->memory_budget / 64 < PI2_STREAM_CHUNK ? cfg->memory_budget / 64
-                                                                                           : PI2_STREAM_CHUNK;
-    s->stream_n = chunk > h->bundle_stride ? (int)(chunk / h->bundle_stride) : 1;
-    if (s->stream_n > s->F) s->stream_n = (int)s->F;
-    const int cl = cfg->cluster < s->F ? cfg->cluster : (int)s->F; /* whole clusters per chunk (warm_from_stream) */
-    if (s->stream_n >= cl) s->stream_n -= s->stream_n % cl;
     const pi2_policy p = cfg->policy;
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
@@ -478,27 +257,43 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
      * whenever a budget's cgroup sat at its limit: copy them into our own memory now, which the RSS
      * below then counts. */
     if (pi2_predictors_own(&s->pred) != 0) goto fail;
-    /* The fixed region: everything this process holds now, what the context reserved but has not
-     * touched yet (KV cache), our scratch, and a margin for the allocator, stacks and I/O rings. */
-    const uint64_t rss = pi2_rss_bytes(), ctx_bytes = pi2_ctx_bytes(ctx), scratch = scratch_bytes(s);
-    const uint64_t ffn_bytes = (uint64_t)s->n_blocks * s->F * s->full_len;
-    s->budget_source = "given";
-    if (!cfg->memory_budget && budget_for(s, rss + ctx_bytes + scratch, ffn_bytes) != 0) goto fail;
-    const uint64_t budget = s->cfg.memory_budget;
-    const uint64_t margin = (4u << 20) + (budget / 100);
-    s->fixed_bytes = rss + ctx_bytes + scratch + margin;
-    if (budget <= s->fixed_bytes) {
-        pi2_set_error("--memory-budget %.1f MiB is too small: the fixed region needs %.1f MiB before any neuron is "
-                      "cached (resident now %.1f, context and KV cache %.1f, scratch %.1f, margin %.1f MiB)",
-                      budget / 1048576.0, s->fixed_bytes / 1048576.0, rss / 1048576.0, ctx_bytes / 1048576.0,
-                      scratch / 1048576.0, margin / 1048576.0);
-        goto fail;
-    }
-    uint64_t cache_bytes = budget - s->fixed_bytes;
-    /* Each region's slots come with bookkeeping (~40 bytes a slot): pay it out of the same budget. */
-    cache_bytes -= cache_bytes / s->full_len * 48;
-    pi2_ncache_config cc;
-    if (size_cache(s, cache_bytes, &cc) != 0) goto fail;
+    const pi2_sparse_shape shape = pi2_sparse_shape_of(m, s->n_batch, s->ra, pi2_predictors_scratch_bytes(&s->pred),
+                                                       pi2_rss_bytes(), pi2_ctx_bytes(ctx));
+    *shape_out = shape;
+    if (pi2_sparse_size(cfg, &shape, &s->size) != 0) goto fail;
+    const pi2_sparse_sizing *z = &s->size;
+    if (!strcmp(z->budget_source, "chosen: 90% of available memory"))
+        fprintf(stderr,
+                "pi2-engine: no --memory-budget and the model needs %.2f GiB in memory but %.2f GiB is available: "
+                "running under a budget of %.2f GiB (90%% of it)\n",
+                z->whole_bytes / 1073741824.0, shape.available / 1073741824.0, z->budget / 1073741824.0);
+    s->cfg.memory_budget = z->budget;
+    s->budget_source = z->budget_source;
+    s->fixed_bytes = z->fixed;
+    s->stream_n = z->stream_n;
+    return s;
+fail:
+    pi2_sparse_close(s);
+    return NULL;
+}
+
+int pi2_sparse_measure(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg,
+                       pi2_sparse_shape *sh, pi2_sparse_sizing *z) {
+    memset(sh, 0, sizeof *sh);
+    pi2_sparse *s = open_sized(m, ctx, pool, cfg, sh);
+    if (s) *z = s->size;
+    pi2_sparse_close(s);
+    return s ? 0 : -1;
+}
+
+pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg) {
+    pi2_sparse_shape shape;
+    pi2_sparse *s = open_sized(m, ctx, pool, cfg, &shape);
+    if (!s) return NULL;
+    const pi2_sparse_sizing *z = &s->size;
+    const pi2_policy p = cfg->policy;
+    const uint64_t cache_bytes = z->cache_bytes;
+    const pi2_ncache_config cc = z->cc;
     if (!(s->cache = pi2_ncache_create(&cc))) goto fail;
     /* Bundles are stored hottest first, so a neuron's rank in its block stands for how often it fires.
      * The cold region holds cold_slots / n_blocks neurons per block: those ranked just after the hot
@@ -518,7 +313,7 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
         goto fail;
     }
     for (int64_t i = 0; i < handles; i++) s->wait_head[i] = -1;
-    if (cc.cold_slots == (int64_t)s->n_blocks * s->F && s->keep && cfg->policy != PI2_POLICY_LLMFLASH) {
+    if (z->whole_resident) {
         if (preload(s) != 0) goto fail;
         /* the batched path's up dots: within the budget when none was given (it was sized for them) or
          * when what the cache left over holds them */
@@ -529,7 +324,7 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
     }
     if (!s->block_base && s->pipeline) { /* reads will happen: measure what they cost here */
         const uint64_t bytes0 = io_bytes(s);
-        if (pi2_sparse_probe_storage(s) != 0 || (may_stream(s) && pi2_sparse_stream_open(s) != 0)) goto fail;
+        if (pi2_sparse_probe_storage(s) != 0 || (z->may_stream && pi2_sparse_stream_open(s) != 0)) goto fail;
         s->preload_bytes += io_bytes(s) - bytes0;
         /* Two-phase costs a gate-part read, then the rest for about half the neurons (those whose gate
          * comes out positive): it pays where that is cheaper than one whole read (storage bound by

@@ -51,12 +51,6 @@ typedef struct {
 void pi2_sparse_config_default(pi2_sparse_config *cfg);
 const char *pi2_policy_name(pi2_policy p);
 
-/* Command-line flags shared by generate and chat. Returns 0 when `flag` is not a sparse flag, 1 when
- * it was consumed alone, 2 when it consumed `value` too, -1 with an error. */
-int pi2_sparse_parse_flag(const char *flag, const char *value, pi2_sparse_config *cfg);
-/* The usage lines for those flags. */
-const char *pi2_sparse_usage(void);
-
 /* Counters since the engine started (per token: take differences). */
 typedef struct {
     uint64_t hits_hot, hits_cold, misses_hot, misses_cold;

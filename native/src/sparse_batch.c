@@ -172,11 +172,6 @@ int pi2_sparse_stream_pays(const pi2_sparse *s, int missing) {
     return t_seq < t_rand;
 }
 
-size_t pi2_sparse_stream_bytes(const pi2_sparse *s) {
-    const size_t stride = s->m->h.bundle_stride;
-    return 2 * (size_t)s->stream_n * stride + (size_t)s->n_batch * s->stream_n * sizeof(float);
-}
-
 /* Seconds to read n extents of len bytes at offs[] into dst (one after another in memory), all at once. */
 static double timed_reads(pi2_sparse *s, const uint64_t *offs, int n, size_t len, uint8_t *dst) {
     const uint64_t t0 = pi2_now_ns();

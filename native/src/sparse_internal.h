@@ -13,6 +13,7 @@
 #include "neuron_cache.h"
 #include "sparse.h"
 #include "sparse_predict.h"
+#include "sparse_size.h"
 
 /* Read kinds: a whole bundle, its gate part (two-phase, phase one), the rest (phase two), a cluster. */
 enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
@@ -36,8 +37,9 @@ struct pi2_sparse {
     pi2_ncache *cache;
     pi2_predictors pred;
     int64_t step;
+    pi2_sparse_sizing size; /* how open sized the budget and the cache (sparse_size.h) */
     uint64_t fixed_bytes, preload_ns, preload_bytes;
-    const char *budget_source; /* how the budget was set: see budget_for() */
+    const char *budget_source; /* how the budget was set (pi2_sparse_sizing) */
     /* Dense batches (sparse_batch.c). Resident (the cache holds every bundle, preloaded block by block
      * into consecutive slots): block b's bundle k sits at block_base[b] + k * res_stride, so a batch's
      * gate and up rows go through the GEMM as one strided matrix. Streamed (powerinfer2 under a
@@ -117,7 +119,10 @@ int pi2_sparse_stream_pays(const pi2_sparse *s, int missing);
 int pi2_sparse_stream_open(pi2_sparse *s);
 /* The rates above, measured on the neuron region (~10 ms of reads). 0 or -1 with an error. */
 int pi2_sparse_probe_storage(pi2_sparse *s);
-size_t pi2_sparse_stream_bytes(const pi2_sparse *s); /* the staging memory it will take */
+/* sparse_size.c: the staging memory a stream of stream_n-bundle chunks takes. */
+size_t pi2_sparse_stream_bytes(int stream_n, size_t stride, int n_batch);
+/* sparse_size.c: the engine's activation rows for bundles of type wt: prepared, packed (64-aligned). */
+void pi2_sparse_act_rows(pi2_type wt, int64_t E, size_t *act_row, size_t *pact_row);
 void pi2_sparse_stream_close(pi2_sparse *s);
 
 #endif

@@ -1,0 +1,62 @@
+/* A session: what lives from the model load to the end of the run, for every front end that runs the
+ * model on text (generate, chat) and for `size`, which opens one as they do to measure it. Opening
+ * is two steps, because generate sizes its context from the prompt's tokens:
+ *   pi2_session_load   the model as the policy reads it (pi2_model_load_for) and its tokenizer
+ *   pi2_session_start  thread pool, context (KV cache), sparse engine, sampler, events
+ * The options are session_options.h's. */
+#ifndef PI2_SESSION_H
+#define PI2_SESSION_H
+
+#include <stdint.h>
+
+#include "events.h"
+#include "forward.h"
+#include "model.h"
+#include "sampler.h"
+#include "session_options.h"
+#include "sparse.h"
+#include "sparse_size.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+#include "vocab_blob.h"
+
+typedef struct {
+    pi2_model m;
+    int model_loaded;
+    pi2_vocab_desc desc;
+    pi2_tokenizer *tok;
+    pi2_pool *pool;
+    pi2_ctx *ctx;
+    pi2_sparse *sparse; /* NULL under --policy dense */
+    pi2_sampler sampler;
+    pi2_events ev;
+    int n_threads, n_ctx, n_batch;
+    uint64_t t_load0;   /* when loading began (the start event's load_s) */
+    int32_t *ids;       /* the turn's tokens */
+    int ids_cap;
+    int has_pending;    /* chat: the last generated token is not in the KV cache yet */
+    int32_t pending;
+} pi2_session;
+
+/* The model and its tokenizer (need_tokenizer 0: a model without one loads too, s->tok NULL). s is
+ * zeroed first; close it whatever this returns. 0 or -1 + error. */
+int pi2_session_load(pi2_session *s, const pi2_options *o, int need_tokenizer);
+/* The most tokens per forward pass when none is asked for: a batch's scratch grows with its tokens
+ * (~10 bytes per FFN neuron and ~4 per activation each): under a budget 64 keeps it a small share, and
+ * prefill batches still stream a block per 64 tokens. */
+int pi2_session_max_batch(const pi2_options *o);
+/* The KV cache's positions when none is asked for: the model's, at most 4096 (chat, size). */
+int pi2_session_default_ctx(const pi2_model *m);
+/* Pool, context of n_ctx positions and n_batch tokens, then the sparse engine, sampler and events.
+ * With `measure`, the sparse engine only sizes itself into it (pi2_sparse_measure, and `shape` what it
+ * measured) and nothing after it starts. 0 or -1 + error. */
+int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_batch, pi2_sparse_shape *shape,
+                      pi2_sparse_sizing *measure);
+void pi2_session_close(pi2_session *s);
+
+/* Tokenize text into s->ids[off..): the count (0 when it tokenizes to nothing), or -1 + error. */
+int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_bos, int off);
+/* s->ids holds at least n ids. 0 or -1 + error. */
+int pi2_session_reserve(pi2_session *s, int n);
+
+#endif
