@@ -145,7 +145,7 @@ static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request
 
 /* The model once, a context for the whole conversation. */
 static int open_session(pi2_session *s, const pi2_options *o) {
-    if (pi2_session_load(s, o, 1) != 0) return -1;
+    if (pi2_session_load(s, o, PI2_TOKENIZER_NEEDED) != 0) return -1;
     const int n_ctx = o->n_ctx ? o->n_ctx : pi2_session_default_ctx(&s->m);
     int n_batch = o->n_batch ? o->n_batch : pi2_session_max_batch(o);
     if (n_batch > n_ctx) n_batch = n_ctx;

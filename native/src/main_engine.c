@@ -115,30 +115,23 @@ static int cmd_eval(const pi2_options *o) {
         pi2_set_error("eval needs --tokens and --logits-out");
         return die();
     }
-    int32_t *ids = malloc(sizeof(int32_t) * 65536);
-    if (!ids) return die();
-    int n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536);
-    if (n < 0) { free(ids); return die(); }
-    pi2_model m;
-    if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) { free(ids); return die(); }
-    int n_threads = 1, rc = 1;
-    pi2_pool *pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads);
-    int batch = o->n_batch ? o->n_batch : n;
-    pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
-    pi2_sparse *sp = NULL;
-    size_t V = m.h.n_vocab;
+    pi2_session ss;
     float *out = NULL;
-    if (!c || (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse)))) goto done;
-    if (!(out = malloc(sizeof(float) * V * (size_t)(o->all_logits ? n : 1)))) goto done;
+    int rc = 1, n;
+    if (pi2_session_load(&ss, o, PI2_TOKENIZER_NONE) != 0 || pi2_session_reserve(&ss, 65536) != 0) goto done;
+    if ((n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ss.ids, 65536)) < 0) goto done;
+    const int batch = o->n_batch ? o->n_batch : n;
+    if (pi2_session_start(&ss, o, o->n_ctx ? o->n_ctx : n, batch, NULL, NULL) != 0) goto done;
+    const size_t V = ss.m.h.n_vocab, rows = o->all_logits ? (size_t)n : 1;
+    if (!(out = malloc(sizeof(float) * V * rows))) goto done;
     for (int t = 0; t < n; t += batch) {
         int nb = n - t < batch ? n - t : batch;
-        if (pi2_forward(c, ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
+        if (pi2_forward(ss.ctx, ss.ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
     }
-    if (!o->all_logits) memcpy(out, pi2_ctx_logits(c), V * sizeof(float));
+    if (!o->all_logits) memcpy(out, pi2_ctx_logits(ss.ctx), V * sizeof(float));
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.partial", o->logits_out);
     FILE *f = fopen(tmp, "wb");
-    size_t rows = o->all_logits ? (size_t)n : 1;
     if (!f || fwrite(out, sizeof(float), V * rows, f) != V * rows || fclose(f) != 0 || rename(tmp, o->logits_out) != 0) {
         pi2_set_error("cannot write %s", o->logits_out);
         goto done;
@@ -147,11 +140,7 @@ static int cmd_eval(const pi2_options *o) {
 done:
     if (rc) die();
     free(out);
-    pi2_sparse_close(sp);
-    pi2_ctx_free(c);
-    pi2_pool_free(pool);
-    pi2_model_free(&m);
-    free(ids);
+    pi2_session_close(&ss);
     return rc;
 }
 
@@ -166,7 +155,7 @@ static int cmd_generate(const pi2_options *o) {
     int rc = 1;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
     char tok_json[400];
-    if (pi2_session_load(&ss, o, 1) != 0) goto done;
+    if (pi2_session_load(&ss, o, PI2_TOKENIZER_NEEDED) != 0) goto done;
     const pi2_model *mp = &ss.m;
     int n_prompt;
     if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */

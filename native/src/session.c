@@ -8,12 +8,12 @@
 
 #define DEFAULT_CTX 4096
 
-int pi2_session_load(pi2_session *s, const pi2_options *o, int need_tokenizer) {
+int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use) {
     memset(s, 0, sizeof *s);
     s->t_load0 = pi2_now_ns();
     if (pi2_model_load_for(&s->m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return -1;
     s->model_loaded = 1;
-    if (!s->m.file.tokenizer_len && !need_tokenizer) return 0;
+    if (use == PI2_TOKENIZER_NONE || (use == PI2_TOKENIZER_IF_ANY && !s->m.file.tokenizer_len)) return 0;
     if (!s->m.file.tokenizer_len) {
         pi2_set_error("%s: the model has no tokenizer section (use eval with token ids)", o->model);
         return -1;
@@ -42,9 +42,12 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
     s->n_batch = n_batch;
     if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
     if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
-    if (measure) return pi2_sparse_measure(&s->m, s->ctx, s->pool, &o->sparse, shape, measure);
-    if (o->sparse.policy != PI2_POLICY_DENSE && !(s->sparse = pi2_sparse_open(&s->m, s->ctx, s->pool, &o->sparse)))
-        return -1;
+    const uint64_t ctx_bytes = pi2_ctx_bytes(s->ctx);
+    if (measure) return pi2_sparse_measure(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse, shape, measure);
+    if (o->sparse.policy != PI2_POLICY_DENSE) {
+        if (!(s->sparse = pi2_sparse_open(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse))) return -1;
+        pi2_ctx_set_ffn(s->ctx, pi2_sparse_backend(s->sparse)); /* the FFN from flash, below forward.c */
+    }
     if (pi2_sampler_init(&s->sampler, (int32_t)s->m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) return -1;
     if (pi2_events_open(&s->ev, o->events) != 0) return -1;
     return 0;
@@ -53,6 +56,7 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
 void pi2_session_close(pi2_session *s) {
     pi2_events_close(&s->ev);
     pi2_sampler_free(&s->sampler);
+    if (s->ctx) pi2_ctx_set_ffn(s->ctx, NULL);
     pi2_sparse_close(s->sparse);
     pi2_ctx_free(s->ctx);
     pi2_pool_free(s->pool);

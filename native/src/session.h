@@ -38,9 +38,13 @@ typedef struct {
     int32_t pending;
 } pi2_session;
 
-/* The model and its tokenizer (need_tokenizer 0: a model without one loads too, s->tok NULL). s is
- * zeroed first; close it whatever this returns. 0 or -1 + error. */
-int pi2_session_load(pi2_session *s, const pi2_options *o, int need_tokenizer);
+/* Whether a session loads the model's tokenizer: no (eval: token ids only), yes (a model without one is
+ * an error), or when it has one (size: the process a run would have). */
+typedef enum { PI2_TOKENIZER_NONE, PI2_TOKENIZER_NEEDED, PI2_TOKENIZER_IF_ANY } pi2_tokenizer_use;
+
+/* The model and (as `use` says) its tokenizer. s is zeroed first; close it whatever this returns. 0 or
+ * -1 + error. */
+int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use);
 /* The most tokens per forward pass when none is asked for: a batch's scratch grows with its tokens
  * (~10 bytes per FFN neuron and ~4 per activation each): under a budget 64 keeps it a small share, and
  * prefill batches still stream a block per 64 tokens. */

@@ -10,7 +10,6 @@
 #include <sys/mman.h>
 
 #include "common.h"
-#include "forward.h"
 #include "neuron_cache.h"
 #include "parmat.h"
 #include "sparse_internal.h"
@@ -187,8 +186,8 @@ static int find_resident(pi2_sparse *s) {
 
 /* pi2_sparse_open up to its sizing: the engine with its predictors, scratch and store, the budget and the
  * cache's split decided (s->size) but no cache yet. NULL + error. */
-static pi2_sparse *open_sized(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg,
-                              pi2_sparse_shape *shape_out) {
+static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
+                              const pi2_sparse_config *cfg, pi2_sparse_shape *shape_out) {
     const pi2_header *h = &m->h;
     if (cfg->policy == PI2_POLICY_DENSE) {
         pi2_set_error("the dense policy does not use the sparse engine");
@@ -205,12 +204,11 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, 
     pi2_sparse *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->m = m;
-    s->ctx = ctx;
     s->pool = pool;
     s->cfg = *cfg;
     s->cfg.io.cpus = s->cfg.io.n_cpus ? s->cfg.io_cpus : NULL;
     s->nth = pool ? pi2_pool_size(pool) : 1;
-    s->n_batch = pi2_ctx_n_batch(ctx);
+    s->n_batch = n_batch;
     s->n_blocks = (int)h->n_layer * m->n_ffn_blocks;
     s->E = h->n_embd;
     s->F = h->n_ff;
@@ -258,7 +256,7 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, 
      * below then counts. */
     if (pi2_predictors_own(&s->pred) != 0) goto fail;
     const pi2_sparse_shape shape = pi2_sparse_shape_of(m, s->n_batch, s->ra, pi2_predictors_scratch_bytes(&s->pred),
-                                                       pi2_rss_bytes(), pi2_ctx_bytes(ctx));
+                                                       pi2_rss_bytes(), ctx_bytes);
     *shape_out = shape;
     if (pi2_sparse_size(cfg, &shape, &s->size) != 0) goto fail;
     const pi2_sparse_sizing *z = &s->size;
@@ -277,18 +275,19 @@ fail:
     return NULL;
 }
 
-int pi2_sparse_measure(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg,
-                       pi2_sparse_shape *sh, pi2_sparse_sizing *z) {
+int pi2_sparse_measure(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
+                       const pi2_sparse_config *cfg, pi2_sparse_shape *sh, pi2_sparse_sizing *z) {
     memset(sh, 0, sizeof *sh);
-    pi2_sparse *s = open_sized(m, ctx, pool, cfg, sh);
+    pi2_sparse *s = open_sized(m, pool, n_batch, ctx_bytes, cfg, sh);
     if (s) *z = s->size;
     pi2_sparse_close(s);
     return s ? 0 : -1;
 }
 
-pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg) {
+pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
+                            const pi2_sparse_config *cfg) {
     pi2_sparse_shape shape;
-    pi2_sparse *s = open_sized(m, ctx, pool, cfg, &shape);
+    pi2_sparse *s = open_sized(m, pool, n_batch, ctx_bytes, cfg, &shape);
     if (!s) return NULL;
     const pi2_sparse_sizing *z = &s->size;
     const pi2_policy p = cfg->policy;
@@ -332,7 +331,6 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_ctx *ctx, pi2_pool *pool, co
         if (s->two_phase && cfg->two_phase == 0)
             s->two_phase = 1.0 / s->probe_gate_reads_per_s + 0.5 / s->probe_rest_reads_per_s < 1.0 / s->rand_reads_per_s;
     }
-    pi2_ctx_set_sparse(ctx, s);
     return s;
 fail:
     pi2_sparse_close(s);
@@ -341,7 +339,6 @@ fail:
 
 void pi2_sparse_close(pi2_sparse *s) {
     if (!s) return;
-    if (s->ctx) pi2_ctx_set_sparse(s->ctx, NULL);
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     free(s->block_base);
@@ -441,7 +438,7 @@ static void lookahead(pi2_sparse *s, int layer, const float *x) {
     }
 }
 
-void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens) {
+static void layer_begin(pi2_sparse *s, int layer, const float *x, int tokens) {
     if (!s->prefetch || atomic_load(&s->failed)) return;
     if (s->lookahead && tokens == 1 && s->pred.fc1) lookahead(s, layer, x);
     const int hot = pi2_ncache_cfg(s->cache)->hot_neurons, cl = pi2_ncache_cfg(s->cache)->cluster;
@@ -734,7 +731,7 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
     return n;
 }
 
-int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out) {
+static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out) {
     if (atomic_load(&s->failed)) goto failed;
     const uint64_t t0 = pi2_now_ns();
     const int b = layer * s->m->n_ffn_blocks + expert;
@@ -813,10 +810,26 @@ failed:
     return -1;
 }
 
-void pi2_sparse_step_end(pi2_sparse *s) {
+static void step_end(pi2_sparse *s) {
     s->step++;
     if (s->cfg.policy == PI2_POLICY_LLMFLASH) pi2_ncache_drop_older(s->cache, s->step - s->cfg.llmflash_window);
 }
+
+/* ---- the forward pass's FFN backend ---------------------------------------------------------- */
+
+static void backend_layer_begin(void *s, int layer, const float *x, int tokens) {
+    layer_begin(s, layer, x, tokens);
+}
+static int backend_ffn(void *s, int layer, int expert, const float *in, int tokens, float *out) {
+    return sparse_ffn(s, layer, expert, in, tokens, out);
+}
+static void backend_step_end(void *s) { step_end(s); }
+
+const pi2_ffn_backend *pi2_sparse_backend(pi2_sparse *s) {
+    s->backend = (pi2_ffn_backend){s, backend_layer_begin, backend_ffn, backend_step_end};
+    return &s->backend;
+}
+
 
 /* ---- stats ------------------------------------------------------------------------------------ */
 

@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "forward.h"
+#include "norm.h"
 #include "neuron_cache.h"
 #include "sparse.h"
 #include "sparse_predict.h"
@@ -20,7 +20,7 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
 
 struct pi2_sparse {
     const pi2_model *m;
-    pi2_ctx *ctx;
+    pi2_ffn_backend backend; /* what forward.c calls (pi2_sparse_backend) */
     pi2_pool *pool;
     pi2_sparse_config cfg;
     int nth, n_batch, n_blocks;

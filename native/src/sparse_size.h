@@ -54,8 +54,7 @@ uint64_t pi2_sparse_min_budget(const pi2_sparse_config *cfg, const pi2_sparse_sh
 /* sparse.c: what pi2_sparse_open would decide for this model, context and config, by the same steps
  * up to the cache (predictors owned, scratch allocated, the process's RSS then): the shape it measured
  * (zeros if it failed before) and the sizing; 0, or -1 with the error open would give. */
-struct pi2_ctx;
-int pi2_sparse_measure(const pi2_model *m, struct pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg,
-                       pi2_sparse_shape *sh, pi2_sparse_sizing *z);
+int pi2_sparse_measure(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
+                       const pi2_sparse_config *cfg, pi2_sparse_shape *sh, pi2_sparse_sizing *z);
 
 #endif
