@@ -386,24 +386,6 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
     for (int t = 0; t < nt; t++) out[t] = vaddvq_f32(acc[t]) + c[t];
 }
 
-/* A tile's block scales, and Q4_1's activation sums (times its m: the correction term). */
-static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
-                             float *sd, float *ss) {
-    for (int64_t t = 0; t < tn; t++) {
-        const uint8_t *a = acts + (size_t)(t0 + t) * act_bytes;
-        float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *sg = ss + (t / MICRO) * nb * MICRO + t % MICRO;
-        for (int64_t b = 0; b < nb; b++) {
-            if (kind == KIND_Q4_1) {
-                const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
-                dg[b * MICRO] = h2f(q->d);
-                sg[b * MICRO] = h2f(q->s);
-            } else {
-                dg[b * MICRO] = h2f(((const pi2_block_q8_0 *)a + b)->d);
-            }
-        }
-    }
-}
-
 PI2_GEMM_VIA_DOT(f32)
 PI2_GEMM_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(f32)

@@ -7,21 +7,42 @@
  * arrays laid out [group of MICRO tokens][block][token in group], so one vector load gives a block's
  * values for the whole micro-tile.
  *
- * The including header defines, before including this one, PI2_GEMM_ACT (the element type its
- * micro-kernel reads activation quants as), and after it:
- *   fill_tile_scales(kind, acts, act_bytes, t0, tn, nb, sd, sc)   a tile's scales sd and terms sc
- *   gemm_row_micro(kind, nt, wrow, nb, acts, ablock, da, ca, out) one weight row against nt tokens */
+ * The including header defines h2f() and, before including this one, PI2_GEMM_ACT (the element type its
+ * micro-kernel reads activation quants as) and optionally PI2_GEMM_Q4_0_OFFSET(q8_0 block) (Q4_0's
+ * per-token correction term, for a micro-kernel that unpacks nibbles without the -8), and after it:
+ *   gemm_row_micro(kind, nt, wrow, nb, acts, ablock, da, ca, out)   one weight row against nt tokens */
 #ifndef PI2_KERNELS_GEMM_TILES_H
 #define PI2_KERNELS_GEMM_TILES_H
 
 enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
 #define MICRO 4
 
-static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
-                             float *sd, float *sc);
 static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
                                                                  const PI2_GEMM_ACT *const *acts, size_t ablock,
                                                                  const float *da, const float *ca, float *out);
+
+/* A tile's block scales sd, and the correction terms sc: Q4_1's activation sums (the micro-kernel
+ * multiplies them by the weight block's m) and, where the level asks (PI2_GEMM_Q4_0_OFFSET), Q4_0's. */
+static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
+                             float *sd, float *sc) {
+    for (int64_t t = 0; t < tn; t++) {
+        const uint8_t *a = acts + (size_t)(t0 + t) * act_bytes;
+        float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *cg = sc + (t / MICRO) * nb * MICRO + t % MICRO;
+        for (int64_t b = 0; b < nb; b++) {
+            if (kind == KIND_Q4_1) {
+                const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
+                dg[b * MICRO] = h2f(q->d);
+                cg[b * MICRO] = h2f(q->s);
+            } else {
+                const pi2_block_q8_0 *q = (const pi2_block_q8_0 *)a + b;
+                dg[b * MICRO] = h2f(q->d);
+#ifdef PI2_GEMM_Q4_0_OFFSET
+                if (kind == KIND_Q4_0) cg[b * MICRO] = PI2_GEMM_Q4_0_OFFSET(q);
+#endif
+            }
+        }
+    }
+}
 
 static int64_t tile_tokens(size_t act_bytes) {
     int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;

@@ -334,7 +334,17 @@ static void act_f16(const float *x, void *out, int64_t n) {
 
 /* ---- gemm: the tiling driver (kernels_gemm_tiles.h) around this level's micro-kernel ---- */
 
+/* Q4_0's nibbles are unpacked as 0..15: the -8 comes back as a per-token term, 8 * d * the block's sum. */
+static inline int block_sum_s8(const int8_t *qs) {
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
 #define PI2_GEMM_ACT uint8_t
+#define PI2_GEMM_Q4_0_OFFSET(q) (8.0f * h2f((q)->d) * (float)block_sum_s8((q)->qs))
 #include "kernels_gemm_tiles.h"
 
 /* One 128-bit load gives a block's scales for the whole micro-tile. */
@@ -378,35 +388,6 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) + c[t];
 }
 
-static inline int block_sum_s8(const int8_t *qs) {
-    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
-    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    return _mm_cvtsi128_si32(s4);
-}
-
-/* A tile's block scales, and the correction terms: Q4_1's activation sums (times its m), Q4_0's
- * offset (its nibbles are unpacked as 0..15; the -8 comes back as 8 * d * sum of the block). */
-static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
-                             float *sd, float *sc) {
-    for (int64_t t = 0; t < tn; t++) {
-        const uint8_t *a = acts + (size_t)(t0 + t) * act_bytes;
-        float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *cg = sc + (t / MICRO) * nb * MICRO + t % MICRO;
-        for (int64_t b = 0; b < nb; b++) {
-            if (kind == KIND_Q4_1) {
-                const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
-                dg[b * MICRO] = h2f(q->d);
-                cg[b * MICRO] = h2f(q->s);
-            } else {
-                const pi2_block_q8_0 *q = (const pi2_block_q8_0 *)a + b;
-                dg[b * MICRO] = h2f(q->d);
-                if (kind == KIND_Q4_0) cg[b * MICRO] = 8.0f * h2f(q->d) * (float)block_sum_s8(q->qs);
-            }
-        }
-    }
-}
 
 PI2_ROWS_VIA_DOT(f32)
 PI2_ROWS_VIA_DOT(f16)
