@@ -1,6 +1,7 @@
 /* Opening and closing a session (session.h). */
 #include "session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,4 +91,56 @@ int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_b
         if (n < -1) pi2_set_error("the tokenizer asked for room twice");
     }
     return n < 0 ? -1 : n;
+}
+
+int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
+                     void (*emit)(const char *piece, int n), pi2_turn *r) {
+    memset(r, 0, sizeof *r);
+    r->stop = "length";
+    s->has_pending = 0;
+    pi2_sparse_stats st_prev = {0}, st_cur = {0};
+    char tok_json[400], turn_json[32] = "", piece[256];
+    if (turn_index >= 0) snprintf(turn_json, sizeof turn_json, "\"turn\": %d, ", turn_index);
+    pi2_sparse_snapshot(s->sparse, &st_prev);
+    for (int t = 0; t < n_new; t += s->n_batch) {
+        int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
+        if (pi2_forward(s->ctx, s->ids + t, nb, NULL) != 0) return -1;
+    }
+    pi2_sparse_snapshot(s->sparse, &st_cur);
+    uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
+    int n_gen = 0;
+    while (n_gen < n_predict) {
+        int32_t next = pi2_sample(&s->sampler, pi2_ctx_logits(s->ctx));
+        uint64_t now = pi2_now_ns();
+        if (!n_gen) t_first = now;
+        t_last = now;
+        /* with the sparse engine: what the forward pass that produced this token's logits cost */
+        pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
+        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, %s\"i\": %d, \"id\": %d%s}",
+                        pi2_seconds(now), pi2_cpu_ns() / 1e9, turn_json, n_gen, next, tok_json);
+        n_gen++;
+        if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
+            /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */
+            r->stop = "eog";
+            break;
+        }
+        int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
+        if (np > 0) emit(piece, np);
+        if (n_gen < n_predict) {
+            st_prev = st_cur;
+            if (pi2_forward(s->ctx, &next, 1, NULL) != 0) return -1;
+            pi2_sparse_snapshot(s->sparse, &st_cur);
+        } else {
+            /* The answer's last token joins the cache with the next turn's prefill. */
+            s->has_pending = 1;
+            s->pending = next;
+        }
+    }
+    r->n_gen = n_gen;
+    r->prefill_s = pi2_seconds(t_prefill - t0);
+    r->ttft_s = t_first ? pi2_seconds(t_first - t0) : 0;
+    r->decode_s = t_first ? pi2_seconds(t_last - t_first) : 0;
+    r->decode_tps = n_gen > 1 && r->decode_s > 0 ? (n_gen - 1) / r->decode_s : 0;
+    r->prefill_tps = r->prefill_s > 0 ? n_new / r->prefill_s : 0;
+    return 0;
 }
