@@ -51,7 +51,7 @@ int pi2_sparse_size(const pi2_sparse_config *cfg, const pi2_sparse_shape *sh, pi
 /* The smallest budget pi2_sparse_size accepts for this shape (cfg's budget ignored). */
 uint64_t pi2_sparse_min_budget(const pi2_sparse_config *cfg, const pi2_sparse_shape *sh);
 
-/* sparse.c: what pi2_sparse_open would decide for this model, context and config, by the same steps
+/* sparse_open.c: what pi2_sparse_open would decide for this model, context and config, by the same steps
  * up to the cache (predictors owned, scratch allocated, the process's RSS then): the shape it measured
  * (zeros if it failed before) and the sizing; 0, or -1 with the error open would give. */
 int pi2_sparse_measure(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
