@@ -79,14 +79,15 @@ static int forward_some(const pi2_model *m, const pi2_sparse_config *cfg) {
     if (!c) return refused();
     pi2_sparse *s = NULL;
     int ok = 0;
-    if (cfg && !(s = pi2_sparse_open(m, c, pool, cfg))) goto done;
+    if (cfg && !(s = pi2_sparse_open(m, pool, 4, pi2_ctx_bytes(c), cfg))) goto done;
+    if (s) pi2_ctx_set_ffn(c, pi2_sparse_backend(s));
     const int32_t V = (int32_t)m->h.n_vocab, ids[4] = {1 % V, 2 % V, 3 % V, (V - 1)};
     if (pi2_forward(c, ids, 3, NULL) != 0 || pi2_forward(c, ids + 3, 1, NULL) != 0) goto done;
     ok = 1;
 done:
     if (!ok) refused();
-    pi2_sparse_close(s);
     pi2_ctx_free(c);
+    pi2_sparse_close(s);
     return ok;
 }
 

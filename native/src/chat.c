@@ -88,56 +88,14 @@ static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request
         emit_error_record(s, turn, msg);
         return 0;
     }
-    s->has_pending = 0;
-    pi2_sparse_stats st_prev = {0}, st_cur = {0};
-    char tok_json[400];
-    pi2_sparse_snapshot(s->sparse, &st_prev);
-    for (int t = 0; t < n_new; t += s->n_batch) {
-        int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
-        if (pi2_forward(s->ctx, s->ids + t, nb, NULL) != 0) return -1;
-    }
-    pi2_sparse_snapshot(s->sparse, &st_cur);
-    uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
-    int n_gen = 0;
-    const char *stop = "length";
-    char piece[256];
-    while (n_gen < n_predict) {
-        int32_t next = pi2_sample(&s->sampler, pi2_ctx_logits(s->ctx));
-        uint64_t now = pi2_now_ns();
-        if (!n_gen) t_first = now;
-        t_last = now;
-        pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
-        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, \"turn\": %d, \"i\": %d, \"id\": %d%s}",
-                        pi2_seconds(now), pi2_cpu_ns() / 1e9, turn, n_gen, next, tok_json);
-        n_gen++;
-        if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
-            /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */
-            stop = "eog";
-            break;
-        }
-        int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
-        if (np > 0) emit_text(piece, np);
-        if (n_gen < n_predict) {
-            st_prev = st_cur;
-            if (pi2_forward(s->ctx, &next, 1, NULL) != 0) return -1;
-            pi2_sparse_snapshot(s->sparse, &st_cur);
-        } else {
-            /* The answer's last token joins the cache with the next request's prefill. */
-            s->has_pending = 1;
-            s->pending = next;
-        }
-    }
-    double prefill_s = pi2_seconds(t_prefill - t0);
-    double ttft = t_first ? pi2_seconds(t_first - t0) : 0;
-    double decode_s = t_first ? pi2_seconds(t_last - t_first) : 0;
-    double decode_tps = n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0;
-    double prefill_tps = prefill_s > 0 ? n_new / prefill_s : 0;
+    pi2_turn r;
+    if (pi2_session_turn(s, n_new, n_predict, ignore_eos, turn, t0, emit_text, &r) != 0) return -1;
     char rec[640];
     snprintf(rec, sizeof rec,
              "{\"event\": \"turn\", \"turn\": %d, \"t0\": %.9f, \"n_prompt\": %d, \"n_cached\": %d, \"n_gen\": %d, "
              "\"ttft_s\": %.6f, \"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f, "
              "\"stop\": \"%s\", \"n_past\": %d, \"peak_rss_bytes\": %llu}",
-             turn, pi2_seconds(t0), n_new, n_past, n_gen, ttft, prefill_s, prefill_tps, decode_s, decode_tps, stop,
+             turn, pi2_seconds(t0), n_new, n_past, r.n_gen, r.ttft_s, r.prefill_s, r.prefill_tps, r.decode_s, r.decode_tps, r.stop,
              pi2_ctx_n_past(s->ctx) + s->has_pending, (unsigned long long)pi2_peak_rss_bytes());
     emit_record(s, rec);
     return 0;
@@ -145,7 +103,7 @@ static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request
 
 /* The model once, a context for the whole conversation. */
 static int open_session(pi2_session *s, const pi2_options *o) {
-    if (pi2_session_load(s, o, 1) != 0) return -1;
+    if (pi2_session_load(s, o, PI2_TOKENIZER_NEEDED) != 0) return -1;
     const int n_ctx = o->n_ctx ? o->n_ctx : pi2_session_default_ctx(&s->m);
     int n_batch = o->n_batch ? o->n_batch : pi2_session_max_batch(o);
     if (n_batch > n_ctx) n_batch = n_ctx;

@@ -115,30 +115,23 @@ static int cmd_eval(const pi2_options *o) {
         pi2_set_error("eval needs --tokens and --logits-out");
         return die();
     }
-    int32_t *ids = malloc(sizeof(int32_t) * 65536);
-    if (!ids) return die();
-    int n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ids, 65536);
-    if (n < 0) { free(ids); return die(); }
-    pi2_model m;
-    if (pi2_model_load_for(&m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) { free(ids); return die(); }
-    int n_threads = 1, rc = 1;
-    pi2_pool *pool = pi2_pool_from_flags(o->threads, o->affinity, &n_threads);
-    int batch = o->n_batch ? o->n_batch : n;
-    pi2_ctx *c = pool ? pi2_ctx_create(&m, o->n_ctx ? o->n_ctx : n, batch, pool) : NULL;
-    pi2_sparse *sp = NULL;
-    size_t V = m.h.n_vocab;
+    pi2_session ss;
     float *out = NULL;
-    if (!c || (o->sparse.policy != PI2_POLICY_DENSE && !(sp = pi2_sparse_open(&m, c, pool, &o->sparse)))) goto done;
-    if (!(out = malloc(sizeof(float) * V * (size_t)(o->all_logits ? n : 1)))) goto done;
+    int rc = 1, n;
+    if (pi2_session_load(&ss, o, PI2_TOKENIZER_NONE) != 0 || pi2_session_reserve(&ss, 65536) != 0) goto done;
+    if ((n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ss.ids, 65536)) < 0) goto done;
+    const int batch = o->n_batch ? o->n_batch : n;
+    if (pi2_session_start(&ss, o, o->n_ctx ? o->n_ctx : n, batch, NULL, NULL) != 0) goto done;
+    const size_t V = ss.m.h.n_vocab, rows = o->all_logits ? (size_t)n : 1;
+    if (!(out = malloc(sizeof(float) * V * rows))) goto done;
     for (int t = 0; t < n; t += batch) {
         int nb = n - t < batch ? n - t : batch;
-        if (pi2_forward(c, ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
+        if (pi2_forward(ss.ctx, ss.ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
     }
-    if (!o->all_logits) memcpy(out, pi2_ctx_logits(c), V * sizeof(float));
+    if (!o->all_logits) memcpy(out, pi2_ctx_logits(ss.ctx), V * sizeof(float));
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.partial", o->logits_out);
     FILE *f = fopen(tmp, "wb");
-    size_t rows = o->all_logits ? (size_t)n : 1;
     if (!f || fwrite(out, sizeof(float), V * rows, f) != V * rows || fclose(f) != 0 || rename(tmp, o->logits_out) != 0) {
         pi2_set_error("cannot write %s", o->logits_out);
         goto done;
@@ -147,15 +140,17 @@ static int cmd_eval(const pi2_options *o) {
 done:
     if (rc) die();
     free(out);
-    pi2_sparse_close(sp);
-    pi2_ctx_free(c);
-    pi2_pool_free(pool);
-    pi2_model_free(&m);
-    free(ids);
+    pi2_session_close(&ss);
     return rc;
 }
 
 /* ---- generate -------------------------------------------------------------------------------- */
+
+/* generate's text goes to stdout as it comes. */
+static void emit_stdout(const char *piece, int n) {
+    fwrite(piece, 1, (size_t)n, stdout);
+    fflush(stdout);
+}
 
 static int cmd_generate(const pi2_options *o) {
     if (!o->prompt == !o->tokens) {
@@ -164,9 +159,7 @@ static int cmd_generate(const pi2_options *o) {
     }
     pi2_session ss;
     int rc = 1;
-    pi2_sparse_stats st_prev = {0}, st_cur = {0};
-    char tok_json[400];
-    if (pi2_session_load(&ss, o, 1) != 0) goto done;
+    if (pi2_session_load(&ss, o, PI2_TOKENIZER_NEEDED) != 0) goto done;
     const pi2_model *mp = &ss.m;
     int n_prompt;
     if (o->tokens) { /* token ids given directly (benchmarks use fixed-length prompts) */
@@ -188,69 +181,34 @@ static int cmd_generate(const pi2_options *o) {
     if (pi2_session_start(&ss, o, n_ctx, o->n_batch ? o->n_batch : (n_prompt < max_batch ? n_prompt : max_batch),
                           NULL, NULL) != 0)
         goto done;
-    const int batch = ss.n_batch, n_threads = ss.n_threads;
+    const int n_threads = ss.n_threads;
     const uint64_t t_load0 = ss.t_load0;
     pi2_sparse *sp = ss.sparse;
-    pi2_ctx *c = ss.ctx;
-    pi2_events ev = ss.ev;
+    pi2_events *ev = &ss.ev;
     const int32_t *ids = ss.ids;
-    pi2_sparse_snapshot(sp, &st_prev); /* token events count from here: the preload is part of the load */
     uint64_t t0 = pi2_now_ns();
-    if (ev.f) {
-        fprintf(ev.f,
+    if (ev->f) {
+        fprintf(ev->f,
                 "{\"event\": \"start\", \"t\": %.9f, \"engine\": \"pi2-engine %s\", \"threads\": %d, "
                 "\"kernels\": \"%s\", \"n_prompt\": %d, \"load_s\": %.6f, \"prompt_ids\": [",
                 pi2_seconds(t0), PI2_VERSION, n_threads, pi2_kernel_level_name(pi2_kernels_current()), n_prompt,
                 pi2_seconds(t0 - t_load0));
-        for (int i = 0; i < n_prompt; i++) fprintf(ev.f, i ? ", %d" : "%d", ids[i]);
-        pi2_events_emit(&ev, "]}");
+        for (int i = 0; i < n_prompt; i++) fprintf(ev->f, i ? ", %d" : "%d", ids[i]);
+        pi2_events_emit(ev, "]}");
     }
-    for (int t = 0; t < n_prompt; t += batch) {
-        int nb = n_prompt - t < batch ? n_prompt - t : batch;
-        if (pi2_forward(c, ids + t, nb, NULL) != 0) goto done;
-    }
-    pi2_sparse_snapshot(sp, &st_cur);
-    uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
-    int n_gen = 0;
-    char piece[256];
-    for (; n_gen < o->n_predict; n_gen++) {
-        int32_t next = pi2_sample(&ss.sampler, pi2_ctx_logits(c));
-        uint64_t now = pi2_now_ns();
-        if (!n_gen) t_first = now;
-        t_last = now;
-        /* with the sparse engine: what the forward pass that produced this token's logits cost */
-        pi2_sparse_token_json(sp, &st_prev, &st_cur, tok_json, sizeof tok_json);
-        pi2_events_emit(&ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, \"i\": %d, \"id\": %d%s}",
-                        pi2_seconds(now), pi2_cpu_ns() / 1e9, n_gen, next, tok_json);
-        if (!o->ignore_eos && pi2_token_is_eog(ss.tok, next)) {
-            n_gen++;
-            break;
-        }
-        int np = pi2_token_to_piece(ss.tok, next, piece, sizeof piece);
-        if (np > 0) {
-            fwrite(piece, 1, (size_t)np, stdout);
-            fflush(stdout);
-        }
-        if (n_gen + 1 < o->n_predict) {
-            st_prev = st_cur;
-            if (pi2_forward(c, &next, 1, NULL) != 0) goto done;
-            pi2_sparse_snapshot(sp, &st_cur);
-        }
-    }
-    double prefill_s = pi2_seconds(t_prefill - t0);
-    double ttft = t_first ? pi2_seconds(t_first - t0) : 0;
-    double decode_s = pi2_seconds(t_last - t_first);
-    double decode_tps = n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0;
-    double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
-    pi2_events_emit(&ev,
+    pi2_turn r;
+    if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, -1, t0, emit_stdout, &r) != 0) goto done;
+    const int n_gen = r.n_gen;
+    const double ttft = r.ttft_s, prefill_tps = r.prefill_tps, decode_tps = r.decode_tps;
+    pi2_events_emit(ev,
                     "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
-                    n_prompt, n_gen, ttft, prefill_s, prefill_tps, decode_s, decode_tps);
+                    n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
     char sparse_json[4096], sparse_line[400];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
     const uint64_t peak = pi2_peak_rss_bytes();
-    pi2_events_emit(&ev,
+    pi2_events_emit(ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
                     "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),

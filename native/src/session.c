@@ -1,6 +1,7 @@
 /* Opening and closing a session (session.h). */
 #include "session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,12 +9,12 @@
 
 #define DEFAULT_CTX 4096
 
-int pi2_session_load(pi2_session *s, const pi2_options *o, int need_tokenizer) {
+int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use) {
     memset(s, 0, sizeof *s);
     s->t_load0 = pi2_now_ns();
     if (pi2_model_load_for(&s->m, o->model, o->verify_neurons, o->no_pack, &o->sparse) != 0) return -1;
     s->model_loaded = 1;
-    if (!s->m.file.tokenizer_len && !need_tokenizer) return 0;
+    if (use == PI2_TOKENIZER_NONE || (use == PI2_TOKENIZER_IF_ANY && !s->m.file.tokenizer_len)) return 0;
     if (!s->m.file.tokenizer_len) {
         pi2_set_error("%s: the model has no tokenizer section (use eval with token ids)", o->model);
         return -1;
@@ -42,9 +43,12 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
     s->n_batch = n_batch;
     if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
     if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
-    if (measure) return pi2_sparse_measure(&s->m, s->ctx, s->pool, &o->sparse, shape, measure);
-    if (o->sparse.policy != PI2_POLICY_DENSE && !(s->sparse = pi2_sparse_open(&s->m, s->ctx, s->pool, &o->sparse)))
-        return -1;
+    const uint64_t ctx_bytes = pi2_ctx_bytes(s->ctx);
+    if (measure) return pi2_sparse_measure(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse, shape, measure);
+    if (o->sparse.policy != PI2_POLICY_DENSE) {
+        if (!(s->sparse = pi2_sparse_open(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse))) return -1;
+        pi2_ctx_set_ffn(s->ctx, pi2_sparse_backend(s->sparse)); /* the FFN from flash, below forward.c */
+    }
     if (pi2_sampler_init(&s->sampler, (int32_t)s->m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) return -1;
     if (pi2_events_open(&s->ev, o->events) != 0) return -1;
     return 0;
@@ -53,6 +57,7 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
 void pi2_session_close(pi2_session *s) {
     pi2_events_close(&s->ev);
     pi2_sampler_free(&s->sampler);
+    if (s->ctx) pi2_ctx_set_ffn(s->ctx, NULL);
     pi2_sparse_close(s->sparse);
     pi2_ctx_free(s->ctx);
     pi2_pool_free(s->pool);
@@ -86,4 +91,56 @@ int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_b
         if (n < -1) pi2_set_error("the tokenizer asked for room twice");
     }
     return n < 0 ? -1 : n;
+}
+
+int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
+                     void (*emit)(const char *piece, int n), pi2_turn *r) {
+    memset(r, 0, sizeof *r);
+    r->stop = "length";
+    s->has_pending = 0;
+    pi2_sparse_stats st_prev = {0}, st_cur = {0};
+    char tok_json[400], turn_json[32] = "", piece[256];
+    if (turn_index >= 0) snprintf(turn_json, sizeof turn_json, "\"turn\": %d, ", turn_index);
+    pi2_sparse_snapshot(s->sparse, &st_prev);
+    for (int t = 0; t < n_new; t += s->n_batch) {
+        int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
+        if (pi2_forward(s->ctx, s->ids + t, nb, NULL) != 0) return -1;
+    }
+    pi2_sparse_snapshot(s->sparse, &st_cur);
+    uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
+    int n_gen = 0;
+    while (n_gen < n_predict) {
+        int32_t next = pi2_sample(&s->sampler, pi2_ctx_logits(s->ctx));
+        uint64_t now = pi2_now_ns();
+        if (!n_gen) t_first = now;
+        t_last = now;
+        /* with the sparse engine: what the forward pass that produced this token's logits cost */
+        pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
+        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, %s\"i\": %d, \"id\": %d%s}",
+                        pi2_seconds(now), pi2_cpu_ns() / 1e9, turn_json, n_gen, next, tok_json);
+        n_gen++;
+        if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
+            /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */
+            r->stop = "eog";
+            break;
+        }
+        int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
+        if (np > 0) emit(piece, np);
+        if (n_gen < n_predict) {
+            st_prev = st_cur;
+            if (pi2_forward(s->ctx, &next, 1, NULL) != 0) return -1;
+            pi2_sparse_snapshot(s->sparse, &st_cur);
+        } else {
+            /* The answer's last token joins the cache with the next turn's prefill. */
+            s->has_pending = 1;
+            s->pending = next;
+        }
+    }
+    r->n_gen = n_gen;
+    r->prefill_s = pi2_seconds(t_prefill - t0);
+    r->ttft_s = t_first ? pi2_seconds(t_first - t0) : 0;
+    r->decode_s = t_first ? pi2_seconds(t_last - t_first) : 0;
+    r->decode_tps = n_gen > 1 && r->decode_s > 0 ? (n_gen - 1) / r->decode_s : 0;
+    r->prefill_tps = r->prefill_s > 0 ? n_new / r->prefill_s : 0;
+    return 0;
 }

@@ -38,9 +38,13 @@ typedef struct {
     int32_t pending;
 } pi2_session;
 
-/* The model and its tokenizer (need_tokenizer 0: a model without one loads too, s->tok NULL). s is
- * zeroed first; close it whatever this returns. 0 or -1 + error. */
-int pi2_session_load(pi2_session *s, const pi2_options *o, int need_tokenizer);
+/* Whether a session loads the model's tokenizer: no (eval: token ids only), yes (a model without one is
+ * an error), or when it has one (size: the process a run would have). */
+typedef enum { PI2_TOKENIZER_NONE, PI2_TOKENIZER_NEEDED, PI2_TOKENIZER_IF_ANY } pi2_tokenizer_use;
+
+/* The model and (as `use` says) its tokenizer. s is zeroed first; close it whatever this returns. 0 or
+ * -1 + error. */
+int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use);
 /* The most tokens per forward pass when none is asked for: a batch's scratch grows with its tokens
  * (~10 bytes per FFN neuron and ~4 per activation each): under a budget 64 keeps it a small share, and
  * prefill batches still stream a block per 64 tokens. */
@@ -53,6 +57,21 @@ int pi2_session_default_ctx(const pi2_model *m);
 int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_batch, pi2_sparse_shape *shape,
                       pi2_sparse_sizing *measure);
 void pi2_session_close(pi2_session *s);
+
+/* What a turn did, for its record. */
+typedef struct {
+    int n_gen;
+    const char *stop;        /* "length" or "eog" */
+    double ttft_s, prefill_s, prefill_tps, decode_s, decode_tps;
+} pi2_turn;
+
+/* One turn: prefill s->ids[0..n_new) in batches, then sample up to n_predict tokens (stopping at an
+ * end-of-generation token unless ignore_eos), each with a token event (with "turn": turn_index when it
+ * is >= 0) and its text handed to emit. The last token sampled is not run: it stays in s->pending for
+ * the next turn's prefill. t0: when the turn began (its TTFT counts from there). 0, or -1 with an
+ * error from the forward pass. */
+int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
+                     void (*emit)(const char *piece, int n), pi2_turn *r);
 
 /* Tokenize text into s->ids[off..): the count (0 when it tokenizes to nothing), or -1 + error. */
 int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_bos, int off);

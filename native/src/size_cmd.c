@@ -185,7 +185,7 @@ int pi2_size_main(const pi2_options *o) {
     pi2_session ss;
     memset(&ss, 0, sizeof ss);
     if (o->model) { /* open the session as generate and chat do, and let the engine measure itself */
-        if (pi2_session_load(&ss, &opt, 0) != 0) goto done;
+        if (pi2_session_load(&ss, &opt, PI2_TOKENIZER_IF_ANY) != 0) goto done;
         r.model_bytes = ss.m.file.size;
         r.n_ctx = o->n_ctx ? o->n_ctx : pi2_session_default_ctx(&ss.m);
         if (r.n_batch > r.n_ctx) r.n_batch = r.n_ctx;

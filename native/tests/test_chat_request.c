@@ -1,8 +1,8 @@
 /* The chat request parser: the accepted keys, escapes to UTF-8, and clear errors for bad lines. */
 #include <string.h>
 
-#include "../src/chat_request.h"
-#include "../src/common.h"
+#include "chat_request.h"
+#include "common.h"
 #include "check.h"
 
 static int parse(const char *line, pi2_chat_request *r) { return pi2_chat_request_parse(line, strlen(line), r); }

@@ -1,11 +1,11 @@
-"""Generate native/src/unicode_tables.c: the Unicode general-category ranges the pre-tokenizers need.
+"""Generate native/src/tokenizer/unicode_tables.c: the Unicode general-category ranges the pre-tokenizers need.
 
 The byte-level BPE pre-tokenizers classify each code point as letter (\\p{L}), number (\\p{N}),
 punctuation (\\p{P}), ... exactly like llama.cpp's tables, which are built from the latest
 UnicodeData.txt. Python's own unicodedata lags behind (3.11 has Unicode 14), so this script prefers the
 `unicodedata2` backport when it is installed. Run it only when updating the Unicode version:
 
-    python native/tools/gen_unicode_tables.py > native/src/unicode_tables.c
+    python native/tools/gen_unicode_tables.py > native/src/tokenizer/unicode_tables.c
 """
 
 import sys

@@ -6,7 +6,7 @@
 
 #include "common.h"
 #include "pretok.h"
-#include "tokenizer_internal.h"
+#include "tok_tables.h"
 #include "unicode.h"
 
 typedef struct {

@@ -18,19 +18,10 @@
 
 #include "common.h"
 #include "pretok.h"
-#include "tokenizer_internal.h"
+#include "tok_tables.h"
 #include "unicode.h"
 
 /* ---------- hash tables ---------- */
-
-static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-#define HASH_SEED 0xcbf29ce484222325ULL
 
 static uint32_t table_size_for(size_t n) {
     uint32_t size = 16;
@@ -38,18 +29,9 @@ static uint32_t table_size_for(size_t n) {
     return size;
 }
 
-int32_t pi2_tok_find(const pi2_tokenizer *tok, const char *text, size_t len) {
-    uint64_t h = hash_bytes(HASH_SEED, text, len);
-    for (uint32_t slot = (uint32_t)h & tok->tok_mask;; slot = (slot + 1) & tok->tok_mask) {
-        int32_t id = tok->tok_table[slot];
-        if (id < 0) return -1;
-        if (tok->tok_len[id] == len && memcmp(tok->pool + tok->tok_off[id], text, len) == 0) return id;
-    }
-}
-
 static void tok_insert(pi2_tokenizer *tok, int32_t id) {
     const char *text = tok->pool + tok->tok_off[id];
-    uint64_t h = hash_bytes(HASH_SEED, text, tok->tok_len[id]);
+    uint64_t h = pi2_tok_hash(PI2_TOK_HASH_SEED, text, tok->tok_len[id]);
     for (uint32_t slot = (uint32_t)h & tok->tok_mask;; slot = (slot + 1) & tok->tok_mask) {
         int32_t other = tok->tok_table[slot];
         if (other < 0) {
@@ -64,30 +46,11 @@ static void tok_insert(pi2_tokenizer *tok, int32_t id) {
     }
 }
 
-static uint64_t pair_hash(const char *l, size_t ln, const char *r, size_t rn) {
-    uint64_t h = hash_bytes(HASH_SEED, l, ln);
-    h = hash_bytes(h ^ 0xFF, "\xff", 1); /* separator no UTF-8 text contains */
-    return hash_bytes(h, r, rn);
-}
-
-int32_t pi2_tok_merge_rank(const pi2_tokenizer *tok, const char *l, size_t ln, const char *r, size_t rn) {
-    if (!tok->merge_table) return -1;
-    uint64_t h = pair_hash(l, ln, r, rn);
-    for (uint32_t slot = (uint32_t)h & tok->merge_mask;; slot = (slot + 1) & tok->merge_mask) {
-        int32_t m = tok->merge_table[slot];
-        if (m < 0) return -1;
-        const pi2_merge *e = &tok->merges[m];
-        if (e->left_len == ln && e->right_len == rn && memcmp(tok->merge_pool + e->off, l, ln) == 0 &&
-            memcmp(tok->merge_pool + e->off + ln + 1, r, rn) == 0)
-            return e->rank;
-    }
-}
-
 /* Insert merge m unless its pair is already there: the first (highest-priority) rank wins. */
 static void merge_insert(pi2_tokenizer *tok, int32_t m) {
     const pi2_merge *e = &tok->merges[m];
     const char *l = tok->merge_pool + e->off, *r = l + e->left_len + 1;
-    uint64_t h = pair_hash(l, e->left_len, r, e->right_len);
+    uint64_t h = pi2_tok_pair_hash(l, e->left_len, r, e->right_len);
     for (uint32_t slot = (uint32_t)h & tok->merge_mask;; slot = (slot + 1) & tok->merge_mask) {
         int32_t other = tok->merge_table[slot];
         if (other < 0) {
@@ -408,53 +371,6 @@ oom:
     free(next.v);
     pi2_set_error("tokenizer: out of memory");
     return -1;
-}
-
-/* ---------- output ---------- */
-
-static int bigram_before(const pi2_bigram *a, const pi2_bigram *b) {
-    if (a->order != b->order) return a->order < b->order;
-    return a->left < b->left;
-}
-
-int pi2_bigram_push(pi2_bigram_heap *h, pi2_bigram b) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        pi2_bigram *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_before(&b, &h->v[parent])) break;
-        h->v[i] = h->v[parent];
-        i = parent;
-    }
-    h->v[i] = b;
-    return 0;
-}
-
-pi2_bigram pi2_bigram_pop(pi2_bigram_heap *h) {
-    pi2_bigram top = h->v[0];
-    pi2_bigram last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!bigram_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
-}
-
-void pi2_tok_emit(pi2_tok_out *o, int32_t id) {
-    if (o->n < o->max) o->out[o->n] = id;
-    o->n++;
 }
 
 /* ---------- public API ---------- */

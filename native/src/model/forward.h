@@ -8,7 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ffn_backend.h"
 #include "model.h"
+#include "norm.h"
 #include "threadpool.h"
 
 typedef struct pi2_ctx pi2_ctx;
@@ -32,11 +34,9 @@ size_t pi2_ctx_kv_bytes(const pi2_ctx *c); /* of which the KV cache */
 /* What pi2_ctx_create would allocate for a model of header h (nth: compute threads), without one;
  * *kv_bytes (if given): of which the KV cache. */
 size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, size_t *kv_bytes);
-/* Compute FFN blocks through the sparse engine (sparse.h) instead of densely; NULL detaches. */
-struct pi2_sparse;
-void pi2_ctx_set_sparse(pi2_ctx *c, struct pi2_sparse *s);
-/* out = x / rms(x) * w over n values (ggml's rounding); shared with the sparse engine's lookahead. */
-void pi2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* Compute FFN blocks through a backend (the sparse engine: pi2_sparse_backend) instead of densely; NULL
+ * detaches. The backend must outlive its use by this context. */
+void pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_backend *b);
 /* Forget the cache (a new conversation). */
 void pi2_ctx_reset(pi2_ctx *c);
 

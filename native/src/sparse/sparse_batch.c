@@ -44,55 +44,41 @@ static void span_down_worker(void *p, int ith, int nth) {
     int idx[4], n = 0;
     for (int k = 0; k <= j->n; k++) {
         if (k < j->n) {
-            if (!s->live[k]) continue;
+            if (!s->scratch.live[k]) continue;
             cols[n] = j->base + (size_t)k * j->stride + skip;
             idx[n++] = k;
             if (n < 4) continue;
         }
         if (!n) break;
-        for (int t = 0; t < s->tokens; t++) {
-            const float *h = s->gates + (size_t)t * j->n;
+        for (int t = 0; t < s->wave.tokens; t++) {
+            const float *h = s->scratch.gates + (size_t)t * j->n;
             float a[4];
             int any = 0;
             for (int r = 0; r < n; r++) any |= (a[r] = h[idx[r]]) != 0.0f;
-            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->out + (size_t)t * s->E + d0);
+            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
         }
         n = 0;
     }
 }
 
-/* s->out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
+/* s->scratch.out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
 static void dense_span(pi2_sparse *s, const uint8_t *base, size_t stride, int n) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
     const uint32_t act = s->m->h.ffn_act;
     pi2_mat w = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E), .stride = stride};
-    pi2_par_matmul(s->pool, &w, s->act, s->tokens, s->gates, n);
+    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->scratch.gates, n);
     w.data += s->part;
-    pi2_par_matmul(s->pool, &w, s->act, s->tokens, s->up_out, n);
-    memset(s->live, 0, (size_t)n);
-    for (int t = 0; t < s->tokens; t++)
+    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->batch.up_out, n);
+    memset(s->scratch.live, 0, (size_t)n);
+    for (int t = 0; t < s->wave.tokens; t++)
         for (int k = 0; k < n; k++) {
-            float *h = s->gates + (size_t)t * n + k;
+            float *h = s->scratch.gates + (size_t)t * n + k;
             const float g = *h;
-            *h = act == PI2_ACT_SWIGLU || g > 0.0f ? pi2_neuron_output(act, g, s->up_out[(size_t)t * n + k]) : 0.0f;
-            s->live[k] |= *h != 0.0f;
+            *h = act == PI2_ACT_SWIGLU || g > 0.0f ? pi2_neuron_output(act, g, s->batch.up_out[(size_t)t * n + k]) : 0.0f;
+            s->scratch.live[k] |= *h != 0.0f;
         }
     span_job j = {s, base, stride, n};
     pi2_pool_run_or_inline(s->pool, span_down_worker, &j);
-}
-
-int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
-    while (!arrived[c & 1]) {
-        uint64_t tags[8];
-        const int got = pi2_io_reap(s->io, tags, 8, 1);
-        if (got < 0) {
-            snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
-            atomic_store(&s->failed, 1);
-            return -1;
-        }
-        for (int i = 0; i < got; i++) arrived[tags[i] & 1] = 1;
-    }
-    return 0;
 }
 
 /* An acquired slot's bytes from src (its neuron's or cluster's streamed bundles), ready and recent. */
@@ -120,7 +106,7 @@ static void warm_from_stream(pi2_sparse *s, int b, int k0, int n, const uint8_t 
         const int64_t h = pi2_ncache_acquire(s->cache, b, k);
         if (h < 0) continue;
         fill_slot(s, h, stage + (size_t)(k - k0) * stride);
-        s->warmed_bundles += (uint64_t)(last - k);
+        s->batch.warmed_bundles += (uint64_t)(last - k);
     }
     const int lo = k0 > cc->hot_neurons ? k0 : cc->hot_neurons, hi = end < s->admit_limit ? end : s->admit_limit;
     for (int k = lo; k < hi; k++) {
@@ -128,26 +114,26 @@ static void warm_from_stream(pi2_sparse *s, int b, int k0, int n, const uint8_t 
         const int64_t h = pi2_ncache_acquire(s->cache, b, k);
         if (h < 0) continue;
         fill_slot(s, h, stage + (size_t)(k - k0) * stride);
-        s->warmed_bundles++;
+        s->batch.warmed_bundles++;
     }
 }
 
 int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
-    if (s->block_base) {
-        dense_span(s, s->block_base[b], s->res_stride, (int)s->F);
-        s->dense_blocks++;
+    if (s->batch.block_base) {
+        dense_span(s, s->batch.block_base[b], s->batch.res_stride, (int)s->F);
+        s->batch.dense_blocks++;
         return 0;
     }
     pi2_sparse_drain(s); /* prefetched clusters land in the cache; then only streamed reads fly */
     if (atomic_load(&s->failed)) return -1;
     const size_t stride = s->m->h.bundle_stride;
-    const int per = s->stream_n, n_chunks = (int)((s->F + per - 1) / per);
+    const int per = s->batch.stream_n, n_chunks = (int)((s->F + per - 1) / per);
     int arrived[2] = {0, 0};
     for (int c = 0; c <= n_chunks; c++) {
         if (c < n_chunks) { /* read chunk c while chunk c - 1 computes */
             const int n = s->F - (int64_t)c * per < per ? (int)(s->F - (int64_t)c * per) : per;
             arrived[c & 1] = 0;
-            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)c * per * stride, (size_t)n * stride, s->stage[c & 1],
+            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)c * per * stride, (size_t)n * stride, s->batch.stage[c & 1],
                               STREAM_TAG | (uint64_t)c) != 0 ||
                 pi2_io_flush(s->io) != 0) {
                 snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
@@ -158,17 +144,17 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
         if (c == 0) continue;
         if (pi2_sparse_wait_chunk(s, c - 1, arrived) != 0) return -1;
         const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
-        dense_span(s, s->stage[(c - 1) & 1], stride, n);
-        warm_from_stream(s, b, (c - 1) * per, n, s->stage[(c - 1) & 1]);
+        dense_span(s, s->batch.stage[(c - 1) & 1], stride, n);
+        warm_from_stream(s, b, (c - 1) * per, n, s->batch.stage[(c - 1) & 1]);
     }
-    s->streamed_blocks++;
+    s->batch.streamed_blocks++;
     return 0;
 }
 
 int pi2_sparse_stream_pays(const pi2_sparse *s, int missing) {
-    if (!s->stage[0] || missing <= 0) return 0;
-    const double t_rand = missing / s->rand_reads_per_s;
-    const double t_seq = (double)s->F * s->m->h.bundle_stride / s->seq_bytes_per_s;
+    if (!s->batch.stage[0] || missing <= 0) return 0;
+    const double t_rand = missing / s->batch.rand_reads_per_s;
+    const double t_seq = (double)s->F * s->m->h.bundle_stride / s->batch.seq_bytes_per_s;
     return t_seq < t_rand;
 }
 
@@ -189,10 +175,10 @@ static double timed_reads(pi2_sparse *s, const uint64_t *offs, int n, size_t len
 }
 
 int pi2_sparse_stream_open(pi2_sparse *s) {
-    const size_t chunk = (size_t)s->stream_n * s->m->h.bundle_stride, align = s->ra > 4096 ? s->ra : 4096;
+    const size_t chunk = (size_t)s->batch.stream_n * s->m->h.bundle_stride, align = s->ra > 4096 ? s->ra : 4096;
     const size_t bytes = (chunk + align - 1) / align * align;
-    if (!(s->stage[0] = aligned_alloc(align, bytes)) || !(s->stage[1] = aligned_alloc(align, bytes)) ||
-        !(s->up_out = malloc((size_t)s->n_batch * s->stream_n * sizeof(float)))) {
+    if (!(s->batch.stage[0] = aligned_alloc(align, bytes)) || !(s->batch.stage[1] = aligned_alloc(align, bytes)) ||
+        !(s->batch.up_out = malloc((size_t)s->n_batch * s->batch.stream_n * sizeof(float)))) {
         pi2_set_error("out of memory for the streamed prefill's staging buffers");
         return -1;
     }
@@ -214,7 +200,7 @@ static double random_rate(pi2_sparse *s, int n, size_t skip, size_t len, uint8_t
 }
 
 int pi2_sparse_probe_storage(pi2_sparse *s) {
-    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)s->stream_n * stride;
+    const size_t stride = s->m->h.bundle_stride, chunk = (size_t)s->batch.stream_n * stride;
     const size_t align = s->ra > 4096 ? s->ra : 4096, bytes = (128 * s->full_len > chunk ? 128 * s->full_len : chunk);
     uint8_t *buf = aligned_alloc(align, (bytes + align - 1) / align * align);
     if (!buf) {
@@ -223,22 +209,22 @@ int pi2_sparse_probe_storage(pi2_sparse *s) {
     }
     /* whole bundles, two-phase's gate part and rest at random; then whole chunks one after another, as
      * a stream reads them (the last block's first two) */
-    s->rand_reads_per_s = random_rate(s, 128, 0, s->full_len, buf);
-    s->probe_gate_reads_per_s = random_rate(s, 128, 0, s->gate_len, buf);
-    s->probe_rest_reads_per_s = random_rate(s, 128, s->rest_off, s->rest_len, buf);
+    s->batch.rand_reads_per_s = random_rate(s, 128, 0, s->full_len, buf);
+    s->batch.probe_gate_reads_per_s = random_rate(s, 128, 0, s->gate_len, buf);
+    s->batch.probe_rest_reads_per_s = random_rate(s, 128, s->rest_off, s->rest_len, buf);
     const uint64_t b = (uint64_t)s->n_blocks - 1;
-    const size_t len = s->F > s->stream_n ? chunk : (size_t)s->F * stride;
+    const size_t len = s->F > s->batch.stream_n ? chunk : (size_t)s->F * stride;
     const uint64_t offs[2] = {s->block_off[b], s->block_off[b] + chunk};
-    const double t = timed_reads(s, offs, 1, len, buf) + (s->F > s->stream_n ? timed_reads(s, offs + 1, 1, len, buf) : 0);
+    const double t = timed_reads(s, offs, 1, len, buf) + (s->F > s->batch.stream_n ? timed_reads(s, offs + 1, 1, len, buf) : 0);
     free(buf);
-    if (s->rand_reads_per_s < 0 || s->probe_gate_reads_per_s < 0 || s->probe_rest_reads_per_s < 0 || t < 0)
+    if (s->batch.rand_reads_per_s < 0 || s->batch.probe_gate_reads_per_s < 0 || s->batch.probe_rest_reads_per_s < 0 || t < 0)
         return -1; /* the failed read's error names the file, offset and why */
-    s->seq_bytes_per_s = (double)(s->F > s->stream_n ? 2 : 1) * len / (t > 1e-6 ? t : 1e-6);
+    s->batch.seq_bytes_per_s = (double)(s->F > s->batch.stream_n ? 2 : 1) * len / (t > 1e-6 ? t : 1e-6);
     return 0;
 }
 
 void pi2_sparse_stream_close(pi2_sparse *s) {
-    free(s->stage[0]);
-    free(s->stage[1]);
-    s->stage[0] = s->stage[1] = NULL;
+    free(s->batch.stage[0]);
+    free(s->batch.stage[1]);
+    s->batch.stage[0] = s->batch.stage[1] = NULL;
 }

@@ -6,7 +6,7 @@
  *   cold  single-bundle slots for the other neurons, LRU per neuron.
  * Entries are read-only copies of the file, so eviction just forgets them.
  *
- * No I/O happens here: the caller (sparse.c) asks where a neuron is, acquires a slot for a miss,
+ * No I/O happens here: the caller (sparse_ffn.c, sparse_io.c) asks where a neuron is, acquires a slot for a miss,
  * reads into it and moves the slot's state along. A handle names a slot in either region: cold
  * slots are [0, cold_slots), hot slots [cold_slots, cold_slots + hot_slots). Pinned slots (reads in
  * flight, neurons the current wave computes) are never evicted.

@@ -21,6 +21,7 @@
 
 #include <stdint.h>
 
+#include "ffn_backend.h"
 #include "model.h"
 #include "neuron_io.h"
 #include "threadpool.h"
@@ -66,20 +67,18 @@ typedef struct {
 int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg);
 
 typedef struct pi2_sparse pi2_sparse;
-struct pi2_ctx;
 
-/* Size the cache from the budget (the process's RSS now plus what `ctx` has reserved), open the
- * neuron store and attach to ctx. NULL + error when the model lacks predictors (unless oracle), the
- * budget cannot hold the fixed region, or the file cannot be read. */
-pi2_sparse *pi2_sparse_open(const pi2_model *m, struct pi2_ctx *ctx, pi2_pool *pool, const pi2_sparse_config *cfg);
+/* Size the cache from the budget (the process's RSS now plus ctx_bytes, what the forward pass's
+ * context has reserved: pi2_ctx_bytes) and open the neuron store, for batches of up to n_batch tokens.
+ * NULL + error when the model lacks predictors (unless oracle), the budget cannot hold the fixed
+ * region, or the file cannot be read. Attach it to a context with pi2_ctx_set_ffn(ctx,
+ * pi2_sparse_backend(s)), and detach before closing. */
+pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_pool *pool, int n_batch, uint64_t ctx_bytes,
+                            const pi2_sparse_config *cfg);
 void pi2_sparse_close(pi2_sparse *s);
 
-/* Called by forward.c. */
-/* Before a layer's attention; x: the residual stream of the batch's `tokens` tokens. */
-void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens);
-/* out[t] = FFN of block (layer, expert) of in[t] (normalized inputs), t < tokens. -1 on a read error. */
-int pi2_sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out);
-void pi2_sparse_step_end(pi2_sparse *s);
+/* The engine as the forward pass's FFN backend (ffn_backend.h): its layer_begin, ffn and step_end. */
+const pi2_ffn_backend *pi2_sparse_backend(pi2_sparse *s);
 
 void pi2_sparse_get_stats(const pi2_sparse *s, pi2_sparse_stats *st);
 

@@ -1,11 +1,12 @@
-/* What tokenizer.c, tokenizer_spm.c and tokenizer_bpe.c share: the tokenizer's tables and an output
+/* What tokenizer.c, tokenizer_lookup.c, tokenizer_spm.c and tokenizer_bpe.c share: the tokenizer's tables and an output
  * sink that keeps counting past the caller's buffer (so pi2_tokenize can report the size needed). */
-#ifndef PI2_TOKENIZER_INTERNAL_H
-#define PI2_TOKENIZER_INTERNAL_H
+#ifndef PI2_TOK_TABLES_H
+#define PI2_TOK_TABLES_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bigram_heap.h"
 #include "tokenizer.h"
 
 typedef struct {
@@ -45,29 +46,28 @@ typedef struct {
     size_t n;
 } pi2_tok_out;
 
+/* FNV-1a: the tables' hash (tokenizer.c builds them, tokenizer_lookup.c reads them). */
+static inline uint64_t pi2_tok_hash(uint64_t h, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+#define PI2_TOK_HASH_SEED 0xcbf29ce484222325ULL
+
+static inline uint64_t pi2_tok_pair_hash(const char *l, size_t ln, const char *r, size_t rn) {
+    uint64_t h = pi2_tok_hash(PI2_TOK_HASH_SEED, l, ln);
+    h = pi2_tok_hash(h ^ 0xFF, "\xff", 1); /* separator no UTF-8 text contains */
+    return pi2_tok_hash(h, r, rn);
+}
+
+/* tokenizer_lookup.c */
 void pi2_tok_emit(pi2_tok_out *o, int32_t id);
 /* id of the token with exactly this text, or -1 */
 int32_t pi2_tok_find(const pi2_tokenizer *tok, const char *text, size_t len);
 /* rank of the merge (left, right), or -1 */
 int32_t pi2_tok_merge_rank(const pi2_tokenizer *tok, const char *l, size_t ln, const char *r, size_t rn);
-
-/* Both BPE flavours merge adjacent symbols through one priority queue of candidate pairs. Lower
- * `order` merges first (byte-level BPE: the merge rank; SPM: minus the merged token's score), ties go
- * to the leftmost pair. left_n/right_n are the symbols' sizes when queued, so a pair whose symbols
- * have changed since is recognised as stale when popped. */
-typedef struct {
-    int left, right;
-    double order;
-    size_t left_n, right_n;
-} pi2_bigram;
-
-typedef struct {
-    pi2_bigram *v;
-    size_t n, cap;
-} pi2_bigram_heap;
-
-int pi2_bigram_push(pi2_bigram_heap *h, pi2_bigram b); /* 0, or -1 when out of memory */
-pi2_bigram pi2_bigram_pop(pi2_bigram_heap *h);          /* h->n must be > 0 */
 
 /* Encode one raw-text fragment. 0, or -1 (pi2_set_error) when out of memory. */
 int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int space_prefix, pi2_tok_out *o);

@@ -20,46 +20,6 @@ _Static_assert(sizeof(pi2_block_q4_1) == 20, "q4_1 block must match ggml");
 _Static_assert(sizeof(pi2_block_q8_0) == 34, "q8_0 block must match ggml");
 _Static_assert(sizeof(pi2_block_q8_1) == 36, "q8_1 block must match ggml");
 
-const char *pi2_type_name(pi2_type t) {
-    switch (t) {
-    case PI2_F32: return "F32";
-    case PI2_F16: return "F16";
-    case PI2_Q4_0: return "Q4_0";
-    case PI2_Q4_1: return "Q4_1";
-    case PI2_Q8_0: return "Q8_0";
-    case PI2_Q8_1: return "Q8_1";
-    }
-    return "unknown";
-}
-
-int pi2_type_valid_weight(int t) {
-    return t == PI2_F32 || t == PI2_F16 || t == PI2_Q4_0 || t == PI2_Q4_1 || t == PI2_Q8_0;
-}
-
-size_t pi2_row_size(pi2_type t, int64_t n) {
-    if (n < 0) return 0;
-    size_t blocks = (size_t)n / PI2_QK;
-    switch (t) {
-    case PI2_F32: return (size_t)n * sizeof(float);
-    case PI2_F16: return (size_t)n * sizeof(pi2_f16);
-    case PI2_Q4_0: return blocks * sizeof(pi2_block_q4_0);
-    case PI2_Q4_1: return blocks * sizeof(pi2_block_q4_1);
-    case PI2_Q8_0: return blocks * sizeof(pi2_block_q8_0);
-    case PI2_Q8_1: return blocks * sizeof(pi2_block_q8_1);
-    }
-    return 0;
-}
-
-pi2_type pi2_act_type(pi2_type weight_type) {
-    switch (weight_type) {
-    case PI2_Q4_0:
-    case PI2_Q8_0: return PI2_Q8_0;
-    case PI2_Q4_1: return PI2_Q8_1;
-    case PI2_F16: return PI2_F16;
-    default: return PI2_F32;
-    }
-}
-
 /* ---- fp16 ---------------------------------------------------------------------------------------
  * Portable bit-exact IEEE binary16 conversion (round to nearest even, subnormals, inf, NaN kept
  * quiet). aarch64 always has the FCVT instructions, so there the compiler's __fp16 is used. */
@@ -193,75 +153,115 @@ static void quantize_q8_1_ref(const float *x, pi2_block_q8_1 *y, int64_t nb) {
     }
 }
 
-static void require_blocks(pi2_type t, int64_t n, const char *what) {
-    if (n < 0 || (t != PI2_F32 && t != PI2_F16 && n % PI2_QK != 0)) {
-        fprintf(stderr, "pi2: %s: bad row length %lld for %s\n", what, (long long)n, pi2_type_name(t));
+/* ---- the row converters of each type ------------------------------------------------------------ */
+
+static void from_f32(const float *x, void *out, int64_t n) { memcpy(out, x, (size_t)n * sizeof(float)); }
+static void from_f16(const float *x, void *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ((pi2_f16 *)out)[i] = pi2_f32_to_f16(x[i]);
+}
+static void from_q4_0(const float *x, void *out, int64_t n) { quantize_q4_0_ref(x, out, n / PI2_QK); }
+static void from_q4_1(const float *x, void *out, int64_t n) { quantize_q4_1_ref(x, out, n / PI2_QK); }
+static void from_q8_0(const float *x, void *out, int64_t n) { quantize_q8_0_ref(x, out, n / PI2_QK); }
+static void from_q8_1(const float *x, void *out, int64_t n) { quantize_q8_1_ref(x, out, n / PI2_QK); }
+
+static void to_f32(const void *row, float *out, int64_t n) { memcpy(out, row, (size_t)n * sizeof(float)); }
+static void to_f16(const void *row, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = pi2_f16_to_f32(((const pi2_f16 *)row)[i]);
+}
+static void to_q4_0(const void *row, float *out, int64_t n) {
+    for (int64_t i = 0; i < n / PI2_QK; i++, out += PI2_QK) {
+        const pi2_block_q4_0 *b = (const pi2_block_q4_0 *)row + i;
+        const float d = pi2_f16_to_f32(b->d);
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            out[j] = (float)((b->qs[j] & 0xf) - 8) * d;
+            out[j + PI2_QK / 2] = (float)((b->qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+static void to_q4_1(const void *row, float *out, int64_t n) {
+    for (int64_t i = 0; i < n / PI2_QK; i++, out += PI2_QK) {
+        const pi2_block_q4_1 *b = (const pi2_block_q4_1 *)row + i;
+        const float d = pi2_f16_to_f32(b->d), m = pi2_f16_to_f32(b->m);
+        for (int j = 0; j < PI2_QK / 2; j++) {
+            out[j] = (float)(b->qs[j] & 0xf) * d + m;
+            out[j + PI2_QK / 2] = (float)(b->qs[j] >> 4) * d + m;
+        }
+    }
+}
+static void to_q8_0(const void *row, float *out, int64_t n) {
+    for (int64_t i = 0; i < n / PI2_QK; i++, out += PI2_QK) {
+        const pi2_block_q8_0 *b = (const pi2_block_q8_0 *)row + i;
+        const float d = pi2_f16_to_f32(b->d);
+        for (int j = 0; j < PI2_QK; j++) out[j] = (float)b->qs[j] * d;
+    }
+}
+static void to_q8_1(const void *row, float *out, int64_t n) {
+    for (int64_t i = 0; i < n / PI2_QK; i++, out += PI2_QK) {
+        const pi2_block_q8_1 *b = (const pi2_block_q8_1 *)row + i;
+        const float d = pi2_f16_to_f32(b->d);
+        for (int j = 0; j < PI2_QK; j++) out[j] = (float)b->qs[j] * d;
+    }
+}
+
+/* ---- type traits: one row per type, as ggml's type_traits ---------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int64_t block;        /* elements per block (1: a plain float type) */
+    size_t block_bytes;
+    int weight;           /* may be a tensor's type in a .pi2 file */
+    pi2_type act;         /* the activation type its dot products take */
+    void (*from_float)(const float *x, void *out, int64_t n); /* ggml's reference rounding */
+    void (*to_float)(const void *row, float *out, int64_t n);
+} type_traits;
+
+static const type_traits traits[] = {
+    [PI2_F32] = {"F32", 1, sizeof(float), 1, PI2_F32, from_f32, to_f32},
+    [PI2_F16] = {"F16", 1, sizeof(pi2_f16), 1, PI2_F16, from_f16, to_f16},
+    [PI2_Q4_0] = {"Q4_0", PI2_QK, sizeof(pi2_block_q4_0), 1, PI2_Q8_0, from_q4_0, to_q4_0},
+    [PI2_Q4_1] = {"Q4_1", PI2_QK, sizeof(pi2_block_q4_1), 1, PI2_Q8_1, from_q4_1, to_q4_1},
+    [PI2_Q8_0] = {"Q8_0", PI2_QK, sizeof(pi2_block_q8_0), 1, PI2_Q8_0, from_q8_0, to_q8_0},
+    [PI2_Q8_1] = {"Q8_1", PI2_QK, sizeof(pi2_block_q8_1), 0, PI2_F32, from_q8_1, to_q8_1}, /* activations only: no act */
+};
+
+/* The traits of t, or NULL for a number that names no type. */
+static const type_traits *traits_of(int t) {
+    return t >= 0 && (size_t)t < sizeof traits / sizeof traits[0] && traits[t].name ? &traits[t] : NULL;
+}
+
+const char *pi2_type_name(pi2_type t) { return traits_of((int)t) ? traits[t].name : "unknown"; }
+
+int pi2_type_valid_weight(int t) { return traits_of(t) && traits[t].weight; }
+
+size_t pi2_row_size(pi2_type t, int64_t n) {
+    const type_traits *tt = traits_of((int)t);
+    return n < 0 || !tt ? 0 : (size_t)(n / tt->block) * tt->block_bytes;
+}
+
+pi2_type pi2_act_type(pi2_type weight_type) {
+    const type_traits *tt = traits_of((int)weight_type);
+    return tt ? tt->act : PI2_F32;
+}
+
+static const type_traits *row_traits(pi2_type t, int64_t n, const char *what) {
+    const type_traits *tt = traits_of((int)t);
+    if (!tt) {
+        fprintf(stderr, "pi2: %s: unknown type %d\n", what, (int)t);
         abort();
     }
+    if (n < 0 || n % tt->block != 0) {
+        fprintf(stderr, "pi2: %s: bad row length %lld for %s\n", what, (long long)n, tt->name);
+        abort();
+    }
+    return tt;
 }
 
 void pi2_quantize_row(pi2_type t, const float *x, void *out, int64_t n) {
-    require_blocks(t, n, "quantize_row");
-    int64_t nb = n / PI2_QK;
-    switch (t) {
-    case PI2_F32: memcpy(out, x, (size_t)n * sizeof(float)); return;
-    case PI2_F16:
-        for (int64_t i = 0; i < n; i++) ((pi2_f16 *)out)[i] = pi2_f32_to_f16(x[i]);
-        return;
-    case PI2_Q4_0: quantize_q4_0_ref(x, out, nb); return;
-    case PI2_Q4_1: quantize_q4_1_ref(x, out, nb); return;
-    case PI2_Q8_0: quantize_q8_0_ref(x, out, nb); return;
-    case PI2_Q8_1: quantize_q8_1_ref(x, out, nb); return;
-    }
-    fprintf(stderr, "pi2: quantize_row: unknown type %d\n", (int)t);
-    abort();
+    row_traits(t, n, "quantize_row")->from_float(x, out, n);
 }
 
 void pi2_dequantize_row(pi2_type t, const void *row, float *out, int64_t n) {
-    require_blocks(t, n, "dequantize_row");
-    int64_t nb = n / PI2_QK;
-    switch (t) {
-    case PI2_F32: memcpy(out, row, (size_t)n * sizeof(float)); return;
-    case PI2_F16:
-        for (int64_t i = 0; i < n; i++) out[i] = pi2_f16_to_f32(((const pi2_f16 *)row)[i]);
-        return;
-    case PI2_Q4_0:
-        for (int64_t i = 0; i < nb; i++, out += PI2_QK) {
-            const pi2_block_q4_0 *b = (const pi2_block_q4_0 *)row + i;
-            const float d = pi2_f16_to_f32(b->d);
-            for (int j = 0; j < PI2_QK / 2; j++) {
-                out[j] = (float)((b->qs[j] & 0xf) - 8) * d;
-                out[j + PI2_QK / 2] = (float)((b->qs[j] >> 4) - 8) * d;
-            }
-        }
-        return;
-    case PI2_Q4_1:
-        for (int64_t i = 0; i < nb; i++, out += PI2_QK) {
-            const pi2_block_q4_1 *b = (const pi2_block_q4_1 *)row + i;
-            const float d = pi2_f16_to_f32(b->d), m = pi2_f16_to_f32(b->m);
-            for (int j = 0; j < PI2_QK / 2; j++) {
-                out[j] = (float)(b->qs[j] & 0xf) * d + m;
-                out[j + PI2_QK / 2] = (float)(b->qs[j] >> 4) * d + m;
-            }
-        }
-        return;
-    case PI2_Q8_0:
-        for (int64_t i = 0; i < nb; i++, out += PI2_QK) {
-            const pi2_block_q8_0 *b = (const pi2_block_q8_0 *)row + i;
-            const float d = pi2_f16_to_f32(b->d);
-            for (int j = 0; j < PI2_QK; j++) out[j] = (float)b->qs[j] * d;
-        }
-        return;
-    case PI2_Q8_1:
-        for (int64_t i = 0; i < nb; i++, out += PI2_QK) {
-            const pi2_block_q8_1 *b = (const pi2_block_q8_1 *)row + i;
-            const float d = pi2_f16_to_f32(b->d);
-            for (int j = 0; j < PI2_QK; j++) out[j] = (float)b->qs[j] * d;
-        }
-        return;
-    }
-    fprintf(stderr, "pi2: dequantize_row: unknown type %d\n", (int)t);
-    abort();
+    row_traits(t, n, "dequantize_row")->to_float(row, out, n);
 }
 
 /* ---- activation quantizers (llama.cpp run-time semantics) --------------------------------------- */

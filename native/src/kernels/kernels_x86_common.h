@@ -332,18 +332,24 @@ static void act_f16(const float *x, void *out, int64_t n) {
     for (; i < n; i++) h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-/* ---- gemm ----
- * Tokens are processed in tiles whose activations fit in L2; within a tile every weight row is read
- * once and each unpacked weight block is multiplied with up to 4 tokens while in registers. Per tile,
- * the per-block activation scales (and Q4_0's offset term) are gathered into small float arrays. */
+/* ---- gemm: the tiling driver (kernels_gemm_tiles.h) around this level's micro-kernel ---- */
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
-#define MICRO 4
+/* Q4_0's nibbles are unpacked as 0..15: the -8 comes back as a per-token term, 8 * d * the block's sum. */
+static inline int block_sum_s8(const int8_t *qs) {
+    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
+#define PI2_GEMM_ACT uint8_t
+#define PI2_GEMM_Q4_0_OFFSET(q) (8.0f * h2f((q)->d) * (float)block_sum_s8((q)->qs))
+#include "kernels_gemm_tiles.h"
 
-/* Per tile, block scales are laid out [group of MICRO tokens][block][token in group], so one 128-bit
- * load gives a block's values for the whole micro-tile. */
+/* One 128-bit load gives a block's scales for the whole micro-tile. */
 static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
-                                                                 const uint8_t *const *acts, size_t ablock,
+                                                                 const PI2_GEMM_ACT *const *acts, size_t ablock,
                                                                  const float *da, const float *ca, float *out) {
     __m256 acc[MICRO];
     __m128 corr = _mm_setzero_ps();
@@ -382,70 +388,6 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) + c[t];
 }
 
-static inline int block_sum_s8(const int8_t *qs) {
-    __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)qs));
-    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    return _mm_cvtsi128_si32(s4);
-}
-
-static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
-                       size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
-    const int64_t nb = n / PI2_QK;
-    const size_t ablock = kind == KIND_Q4_1 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
-    const size_t qs_off = kind == KIND_Q4_1 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
-    /* tile: activations of up to ~256 KiB, a multiple of MICRO tokens */
-    int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;
-    tile = tile < MICRO ? MICRO : tile > 64 ? 64 : tile / MICRO * MICRO;
-    float *sd = calloc((size_t)(tile * nb) * 2 + 1, sizeof(float));
-    if (!sd) abort();
-    float *sc = sd + tile * nb;
-    const uint8_t *ab = acts;
-    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
-        const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
-        for (int64_t t = 0; t < tn; t++) {
-            const uint8_t *a = ab + (size_t)(t0 + t) * act_bytes;
-            float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *cg = sc + (t / MICRO) * nb * MICRO + t % MICRO;
-            for (int64_t b = 0; b < nb; b++) {
-                if (kind == KIND_Q4_1) {
-                    const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
-                    dg[b * MICRO] = h2f(q->d);
-                    cg[b * MICRO] = h2f(q->s);
-                } else {
-                    const pi2_block_q8_0 *q = (const pi2_block_q8_0 *)a + b;
-                    dg[b * MICRO] = h2f(q->d);
-                    if (kind == KIND_Q4_0) cg[b * MICRO] = 8.0f * h2f(q->d) * (float)block_sum_s8(q->qs);
-                }
-            }
-        }
-        for (int64_t r = 0; r < rows; r++) {
-            const void *wrow = (const uint8_t *)w + (size_t)r * row_bytes;
-            for (int64_t t = 0; t < tn; t += MICRO) {
-                const int nt = tn - t < MICRO ? (int)(tn - t) : MICRO;
-                const uint8_t *ap[MICRO];
-                float out[MICRO];
-                for (int k = 0; k < nt; k++) ap[k] = ab + (size_t)(t0 + t + k) * act_bytes + qs_off;
-                const float *dp = sd + (t / MICRO) * nb * MICRO, *cp = sc + (t / MICRO) * nb * MICRO;
-                switch (kind * 8 + nt) { /* constant kind and nt let the compiler keep acc[] in registers */
-#define CASE(K, NT) \
-    case K * 8 + NT: gemm_row_micro(K, NT, wrow, nb, ap, ablock, dp, cp, out); break;
-                    CASE(KIND_Q4_0, 1) CASE(KIND_Q4_0, 2) CASE(KIND_Q4_0, 3) CASE(KIND_Q4_0, 4)
-                    CASE(KIND_Q4_1, 1) CASE(KIND_Q4_1, 2) CASE(KIND_Q4_1, 3) CASE(KIND_Q4_1, 4)
-                    CASE(KIND_Q8_0, 1) CASE(KIND_Q8_0, 2) CASE(KIND_Q8_0, 3) CASE(KIND_Q8_0, 4)
-#undef CASE
-                }
-                for (int k = 0; k < nt; k++) y[(t0 + t + k) * ldy + r] = out[k];
-            }
-        }
-    }
-    free(sd);
-}
-
-PI2_GEMM_OF_KIND(gemm_q4_0, gemm_quant, KIND_Q4_0)
-PI2_GEMM_OF_KIND(gemm_q4_1, gemm_quant, KIND_Q4_1)
-PI2_GEMM_OF_KIND(gemm_q8_0, gemm_quant, KIND_Q8_0)
 
 PI2_ROWS_VIA_DOT(f32)
 PI2_ROWS_VIA_DOT(f16)

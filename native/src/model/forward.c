@@ -9,7 +9,6 @@
 
 #include "common.h"
 #include "parmat.h"
-#include "sparse.h"
 
 struct pi2_ctx {
     const pi2_model *m;
@@ -30,7 +29,7 @@ struct pi2_ctx {
     float *logits;                         /* [n_vocab] */
     size_t bytes;                          /* all of the above */
     size_t kv_bytes;                       /* of which the KV cache */
-    pi2_sparse *sparse;                    /* FFN from flash (sparse.h), or NULL: dense */
+    const pi2_ffn_backend *ffn;            /* FFN computed elsewhere (the sparse engine), or NULL: dense */
 };
 
 /* Every buffer of a context (count_only: only add up their bytes, so sizing can ask what a context of
@@ -131,7 +130,7 @@ void pi2_ctx_free(pi2_ctx *c) {
 const float *pi2_ctx_logits(const pi2_ctx *c) { return c->logits; }
 size_t pi2_ctx_bytes(const pi2_ctx *c) { return c->bytes; }
 size_t pi2_ctx_kv_bytes(const pi2_ctx *c) { return c->kv_bytes; }
-void pi2_ctx_set_sparse(pi2_ctx *c, pi2_sparse *s) { c->sparse = s; }
+void pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_backend *b) { c->ffn = b; }
 int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }
 int pi2_ctx_n_batch(const pi2_ctx *c) { return c->n_batch; }
@@ -194,14 +193,6 @@ static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float 
 }
 
 /* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
-
-void pi2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    const float mean = (float)(sum / (double)n);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
 
 /* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does. */
 static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
@@ -355,7 +346,7 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 /* out[t] = FFN of block (layer, expert) of in[t] for t < tokens (in: normalized inputs, n_embd each).
  * -1 only when the sparse engine fails to read neurons. */
 static int ffn_block(pi2_ctx *c, int layer, int expert, const float *in, int tokens, float *out) {
-    if (c->sparse) return pi2_sparse_ffn(c->sparse, layer, expert, in, tokens, out);
+    if (c->ffn) return c->ffn->ffn(c->ffn->impl, layer, expert, in, tokens, out);
     const pi2_ffn_block *b = &c->m->layers[layer].ffn[expert];
     const int64_t E = c->n_embd, F = c->n_ff;
     const uint32_t act = c->m->h.ffn_act;
@@ -467,10 +458,10 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         }
         const pi2_mat *emb = &m->tok_embd;
         pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
-        if (c->sparse && emb->data != m->output.data) release_row(emb, tokens[t]);
+        if (c->ffn && emb->data != m->output.data) release_row(emb, tokens[t]);
     }
     for (uint32_t l = 0; l < m->h.n_layer; l++) {
-        if (c->sparse) pi2_sparse_layer_begin(c->sparse, (int)l, c->x, n); /* reads fly during attention */
+        if (c->ffn) c->ffn->layer_begin(c->ffn->impl, (int)l, c->x, n); /* reads fly during attention */
         attention(c, &m->layers[l], (int)l, n);
         if (ffn(c, (int)l, n) != 0) return -1;
     }
@@ -486,6 +477,6 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
     }
     if (logits_all) memcpy(c->logits, logits_all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     c->n_past += n;
-    if (c->sparse) pi2_sparse_step_end(c->sparse);
+    if (c->ffn) c->ffn->step_end(c->ffn->impl);
     return 0;
 }

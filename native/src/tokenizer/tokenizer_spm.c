@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "tokenizer_internal.h"
+#include "tok_tables.h"
 #include "unicode.h"
 
 typedef struct {

@@ -1,6 +1,8 @@
-/* The sparse engine's state, shared by its files: sparse.c (options, opening, the per-block waves of
- * predicted neurons, stats) and sparse_batch.c (batches computed densely: a resident FFN, or one
- * streamed from storage in large sequential reads). Not part of the engine's interface (sparse.h). */
+/* The sparse engine's state, shared by its files, one job each: sparse_open.c (opening, closing),
+ * sparse_size.c (the budget and the cache split), sparse_io.c (reads), sparse_ffn.c (the per-block
+ * waves of predicted neurons), sparse_batch.c (batches computed densely: a resident FFN, or one
+ * streamed from storage in large sequential reads), sparse_stats.c (counters and reports). Not part of
+ * the engine's interface (sparse.h). */
 #ifndef PI2_SPARSE_INTERNAL_H
 #define PI2_SPARSE_INTERNAL_H
 
@@ -9,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "forward.h"
+#include "norm.h"
 #include "neuron_cache.h"
 #include "sparse.h"
 #include "sparse_predict.h"
@@ -20,19 +22,16 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
 
 struct pi2_sparse {
     const pi2_model *m;
-    pi2_ctx *ctx;
+    pi2_ffn_backend backend; /* what forward.c calls (pi2_sparse_backend) */
     pi2_pool *pool;
     pi2_sparse_config cfg;
     int nth, n_batch, n_blocks;
     int64_t E, F;
     int two_phase, pipeline, prefetch, keep, lookahead;
-    float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
-    uint8_t *look_mask;
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */
     float miss_logit;    /* decode: a cold miss whose predictor score is at most this is not read (INFINITY: off) */
-    uint64_t skipped_misses, skipped_active; /* skipped_active: of those, truly active (--check-predictor) */
     pi2_io *io;
     pi2_ncache *cache;
     pi2_predictors pred;
@@ -40,51 +39,61 @@ struct pi2_sparse {
     pi2_sparse_sizing size; /* how open sized the budget and the cache (sparse_size.h) */
     uint64_t fixed_bytes, preload_ns, preload_bytes;
     const char *budget_source; /* how the budget was set (pi2_sparse_sizing) */
+
     /* Dense batches (sparse_batch.c). Resident (the cache holds every bundle, preloaded block by block
      * into consecutive slots): block b's bundle k sits at block_base[b] + k * res_stride, so a batch's
      * gate and up rows go through the GEMM as one strided matrix. Streamed (powerinfer2 under a
      * budget): two staging chunks of stream_n bundles, and the storage rates measured at open. */
-    const uint8_t **block_base;
-    size_t res_stride;
-    uint8_t *stage[2];
-    int stream_n;
-    double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
-    double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
-    uint64_t streamed_blocks, dense_blocks, warmed_bundles; /* warmed: copied into the cache from streams */
-    float *up_out; /* a dense batch's up dots [n_batch][span] (the gate dots, then outputs: `gates`) */
+    struct {
+        const uint8_t **block_base;
+        size_t res_stride;
+        uint8_t *stage[2];
+        int stream_n;
+        double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
+        double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
+        uint64_t streamed_blocks, dense_blocks, warmed_bundles; /* warmed: copied into the cache from streams */
+        float *up_out; /* a dense batch's up dots [n_batch][span] (the gate dots, then outputs: `gates`) */
+    } batch;
 
-    /* scratch */
-    uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
-    size_t act_row;
-    uint8_t *pact; /* the same, packed for many dots (pi2_pack_act) [n_batch][pact_row], 64-aligned */
-    size_t pact_row;
-    uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
-    int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
-    float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
-    float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
-    uint8_t *live;         /* [F]: unit has a non-zero output for some token */
-    float *out;            /* the block's output being accumulated [n_batch][E] */
+    struct { /* scratch, sized at open (sparse_size.c counts it in the fixed region) */
+        uint8_t *act; /* FFN inputs prepared for the neuron type [n_batch][act_row] */
+        size_t act_row;
+        uint8_t *pact; /* the same, packed for many dots (pi2_pack_act) [n_batch][pact_row], 64-aligned */
+        size_t pact_row;
+        uint8_t *mask, *truth; /* [n_batch][F]: compute neuron k for token t / k is truly active */
+        int32_t *active;       /* union of the batch's masks, ascending (hottest first) */
+        float *gates;          /* two-phase: gate outputs kept between phases [F][n_batch] */
+        float *hv;             /* neuron outputs of the wave [F][n_batch], for the down pass */
+        uint8_t *live;         /* [F]: unit has a non-zero output for some token */
+        float *out;            /* the block's output being accumulated [n_batch][E] */
+        float *look_in;        /* lookahead: the residual normalized with the coming layer's ffn_norm */
+        uint8_t *look_mask;
+    } scratch;
 
-    /* the wave being computed: units i < wave_len are neurons wave_k[i] in slots wave_h[i] */
-    int tokens, wave_len;
-    int32_t *wave_k;
-    int64_t *wave_h;
-    uint8_t *phase;       /* 1: gate computed, rest in flight */
-    int32_t *wait_head;   /* per slot handle: first unit waiting for its read, -1 none */
-    int32_t *acq_wave;    /* per slot handle: the wave that acquired it (hit/miss counting) */
-    int32_t wave_serial;
-    int32_t *wait_next;   /* per unit */
-    int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
-    _Atomic int n_ready, next_ticket, pending;
-    int64_t *to_read;     /* slot handles to read for this wave, with their kind */
-    uint8_t *to_read_kind;
-    int n_to_read;
+    struct { /* the wave being computed: units i < len are neurons k[i] in slots h[i] */
+        int tokens, len;
+        int32_t *k;
+        int64_t *h;
+        uint8_t *phase;       /* 1: gate computed, rest in flight */
+        int32_t *wait_head;   /* per slot handle: first unit waiting for its read, -1 none */
+        int32_t *acq;         /* per slot handle: the wave that acquired it (hit/miss counting) */
+        int32_t serial;
+        int32_t *wait_next;   /* per unit */
+        int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
+        _Atomic int n_ready, next_ticket, pending;
+        int64_t *to_read;     /* slot handles to read for this wave, with their kind */
+        uint8_t *to_read_kind;
+        int n_to_read;
+    } wave;
     pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
     _Atomic int failed;
     char error[300];
 
     pi2_sparse_stats st;
-    uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen; /* --check-predictor, per layer */
+    struct { /* --check-predictor per layer; misses --miss-threshold left unread (and of those, truly active) */
+        uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen;
+        uint64_t skipped_misses, skipped_active;
+    } check;
 };
 
 /* powerinfer2 computes a batch of at least this many tokens over every neuron (sparse_batch.c): by 8
@@ -101,9 +110,21 @@ static inline float pi2_neuron_output(uint32_t act, float g, float u) {
     return act == PI2_ACT_SWIGLU ? g / (1.0f + expf(-g)) * u : act == PI2_ACT_RELU ? g * u : (u > 0.0f ? g * u : 0.0f);
 }
 
-/* sparse.c: collect every read in flight into the cache (blocking). */
+/* sparse_io.c: read slot hdl's bundle (READ_* kind) into the cache, pinned while in flight. 0, or -1
+ * with s->error set. */
+int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind);
+/* sparse_io.c: harvest finished reads, blocking when wait and reads fly; the caller holds s->lock. The
+ * count, or -1 with s->error set. */
+int pi2_sparse_reap(pi2_sparse *s, int wait);
+/* sparse_io.c: collect every read in flight into the cache (blocking). */
 void pi2_sparse_drain(pi2_sparse *s);
-/* sparse_batch.c: wait until chunk c of a double-buffered stream has arrived (its read's tag has c's
+/* sparse_io.c: bytes read from the neuron region so far. */
+uint64_t pi2_sparse_io_bytes(const pi2_sparse *s);
+/* sparse_io.c: the cache holds every bundle: read them all in, block by block. 0 or -1 with an error. */
+int pi2_sparse_preload(pi2_sparse *s);
+/* sparse_io.c: before a layer's attention: start the reads its FFN will want (hot clusters, lookahead). */
+void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens);
+/* sparse_io.c: wait until chunk c of a double-buffered stream has arrived (its read's tag has c's
  * parity in the low bit; at most two chunks fly, completions come in any order): arrived[c & 1]. The
  * preload and the streamed batches both read blocks this way. 0, or -1 with s->error set. */
 int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived);

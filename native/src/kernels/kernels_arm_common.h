@@ -331,10 +331,10 @@ static void act_f16(const float *x, void *out, int64_t n) {
     for (; i < n; i++) h[i] = pi2_f32_to_f16(x[i]);
 }
 
-/* ---- gemm: token tiles that stay in cache; each unpacked weight block meets 4 tokens ---- */
+/* ---- gemm: the tiling driver (kernels_gemm_tiles.h) around this level's micro-kernel ---- */
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
-#define MICRO 4
+#define PI2_GEMM_ACT int8_t
+#include "kernels_gemm_tiles.h"
 
 static inline __attribute__((always_inline)) void load_wblock(int kind, const void *wrow, int64_t b, int8x16_t *w0,
                                                                int8x16_t *w1, float *dw, float *mw) {
@@ -361,7 +361,7 @@ static inline __attribute__((always_inline)) void load_wblock(int kind, const vo
 
 /* da/sa: [block][MICRO] activation scales (and Q8_1 sums) of this micro-tile */
 static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int nt, const void *wrow, int64_t nb,
-                                                                 const int8_t *const *acts, size_t ablock,
+                                                                 const PI2_GEMM_ACT *const *acts, size_t ablock,
                                                                  const float *da, const float *sa, float *out) {
     float32x4_t acc[MICRO];
     float32x4_t corr = vdupq_n_f32(0);
@@ -386,68 +386,6 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
     for (int t = 0; t < nt; t++) out[t] = vaddvq_f32(acc[t]) + c[t];
 }
 
-/* Gathers a tile's per-block activation scales into [group][block][MICRO] order. */
-static void fill_tile_scales(int kind, const uint8_t *acts, size_t act_bytes, int64_t t0, int64_t tn, int64_t nb,
-                             float *sd, float *ss) {
-    for (int64_t t = 0; t < tn; t++) {
-        const uint8_t *a = acts + (size_t)(t0 + t) * act_bytes;
-        float *dg = sd + (t / MICRO) * nb * MICRO + t % MICRO, *sg = ss + (t / MICRO) * nb * MICRO + t % MICRO;
-        for (int64_t b = 0; b < nb; b++) {
-            if (kind == KIND_Q4_1) {
-                const pi2_block_q8_1 *q = (const pi2_block_q8_1 *)a + b;
-                dg[b * MICRO] = h2f(q->d);
-                sg[b * MICRO] = h2f(q->s);
-            } else {
-                dg[b * MICRO] = h2f(((const pi2_block_q8_0 *)a + b)->d);
-            }
-        }
-    }
-}
-
-static int64_t tile_tokens(size_t act_bytes) {
-    int64_t tile = act_bytes ? (int64_t)((256u << 10) / act_bytes) : 64;
-    return tile < MICRO ? MICRO : tile > 64 ? 64 : tile / MICRO * MICRO;
-}
-
-static void gemm_quant(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
-                       size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
-    const int64_t nb = n / PI2_QK;
-    const size_t ablock = kind == KIND_Q4_1 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
-    const size_t qs_off = kind == KIND_Q4_1 ? offsetof(pi2_block_q8_1, qs) : offsetof(pi2_block_q8_0, qs);
-    const int64_t tile = tile_tokens(act_bytes);
-    float *sd = calloc((size_t)(tile * nb) * 2 + MICRO, sizeof(float));
-    if (!sd) abort();
-    float *ss = sd + tile * nb;
-    const uint8_t *ab = acts;
-    for (int64_t t0 = 0; t0 < tokens; t0 += tile) {
-        const int64_t tn = tokens - t0 < tile ? tokens - t0 : tile;
-        fill_tile_scales(kind, ab, act_bytes, t0, tn, nb, sd, ss);
-        for (int64_t r = 0; r < rows; r++) {
-            const void *wrow = (const uint8_t *)w + (size_t)r * row_bytes;
-            for (int64_t t = 0; t < tn; t += MICRO) {
-                const int nt = tn - t < MICRO ? (int)(tn - t) : MICRO;
-                const int8_t *ap[MICRO];
-                float out[MICRO];
-                for (int k = 0; k < nt; k++) ap[k] = (const int8_t *)(ab + (size_t)(t0 + t + k) * act_bytes + qs_off);
-                const float *dp = sd + (t / MICRO) * nb * MICRO, *sp = ss + (t / MICRO) * nb * MICRO;
-                switch (kind * 8 + nt) {
-#define CASE(K, NT) \
-    case K * 8 + NT: gemm_row_micro(K, NT, wrow, nb, ap, ablock, dp, sp, out); break;
-                    CASE(KIND_Q4_0, 1) CASE(KIND_Q4_0, 2) CASE(KIND_Q4_0, 3) CASE(KIND_Q4_0, 4)
-                    CASE(KIND_Q4_1, 1) CASE(KIND_Q4_1, 2) CASE(KIND_Q4_1, 3) CASE(KIND_Q4_1, 4)
-                    CASE(KIND_Q8_0, 1) CASE(KIND_Q8_0, 2) CASE(KIND_Q8_0, 3) CASE(KIND_Q8_0, 4)
-#undef CASE
-                }
-                for (int k = 0; k < nt; k++) y[(t0 + t + k) * ldy + r] = out[k];
-            }
-        }
-    }
-    free(sd);
-}
-
-PI2_GEMM_OF_KIND(gemm_q4_0, gemm_quant, KIND_Q4_0)
-PI2_GEMM_OF_KIND(gemm_q4_1, gemm_quant, KIND_Q4_1)
-PI2_GEMM_OF_KIND(gemm_q8_0, gemm_quant, KIND_Q8_0)
 PI2_GEMM_VIA_DOT(f32)
 PI2_GEMM_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(f32)

@@ -1,0 +1,390 @@
+/* The sparse engine's FFN of one block (the forward pass's FFN backend): the predicted neurons in waves,
+ * computed from the cache while the missing ones are read, then the down pass. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "neuron_cache.h"
+#include "parmat.h"
+#include "sparse_internal.h"
+#include "sparse_predict.h"
+
+static void add_waiter(pi2_sparse *s, int64_t hdl, int unit) {
+    s->wave.wait_next[unit] = s->wave.wait_head[hdl];
+    s->wave.wait_head[hdl] = unit;
+}
+
+/* ---- computing one neuron -------------------------------------------------------------------- */
+
+/* Unit i: neuron wave_k[i] for every token whose mask asks for it. Returns 1 when the unit needs a
+ * second read (two-phase: a gate came out positive and only the gate part is in memory). */
+static int compute_unit(pi2_sparse *s, int i) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const uint32_t act = s->m->h.ffn_act;
+    const int k = s->wave.k[i];
+    const int64_t hdl = s->wave.h[i];
+    const uint8_t *bundle = pi2_ncache_bundle(s->cache, hdl, k);
+    const int gate_only = pi2_ncache_state(s->cache, hdl) == PI2_SLOT_GATE;
+    float *gates = s->scratch.gates + (size_t)i * s->n_batch;
+    if (gate_only) { /* phase one: gates, and whether any token needs the rest */
+        int need = 0;
+        for (int t = 0; t < s->wave.tokens; t++) {
+            if (!s->scratch.mask[(size_t)t * s->F + k]) continue;
+            gates[t] = pi2_vec_dot_packed(wt, s->E, bundle, s->scratch.pact + (size_t)t * s->scratch.pact_row);
+            need |= gates[t] > 0.0f;
+        }
+        return need;
+    }
+    float *hv = s->scratch.hv + (size_t)i * s->n_batch;
+    uint8_t live = 0;
+    for (int t = 0; t < s->wave.tokens; t++) {
+        hv[t] = 0.0f;
+        if (!s->scratch.mask[(size_t)t * s->F + k]) continue;
+        const uint8_t *a = s->scratch.pact + (size_t)t * s->scratch.pact_row;
+        const float g = s->wave.phase[i] ? gates[t] : pi2_vec_dot_packed(wt, s->E, bundle, a);
+        if (act == PI2_ACT_SWIGLU || g > 0.0f)
+            hv[t] = pi2_neuron_output(act, g, pi2_vec_dot_packed(wt, s->E, bundle + s->part, a));
+        live |= hv[t] != 0.0f;
+    }
+    s->scratch.live[i] = live;
+    return 0;
+}
+
+/* Units units[0..cnt) (cnt <= 4) for a single token, their rows through the activation together
+ * (pi2_vec_dot_packed_rows: the same floats as compute_unit's one-at-a-time dots, so results do not
+ * depend on how units were grouped). rest[j] = 1 where compute_unit would have returned 1. */
+static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t *rest) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const uint32_t act = s->m->h.ffn_act;
+    const uint8_t *bundle[4], *rows[4];
+    float g[4], y[4];
+    int gate_only[4], pick[4], n = 0;
+    for (int j = 0; j < cnt; j++) {
+        const int i = units[j];
+        bundle[j] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]);
+        gate_only[j] = pi2_ncache_state(s->cache, s->wave.h[i]) == PI2_SLOT_GATE;
+        rest[j] = 0;
+        if (s->wave.phase[i]) g[j] = s->scratch.gates[(size_t)i * s->n_batch];
+        else rows[n] = bundle[j], pick[n++] = j;
+    }
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y);
+    for (int q = 0; q < n; q++) g[pick[q]] = y[q];
+    n = 0;
+    for (int j = 0; j < cnt; j++) {
+        const int i = units[j];
+        if (gate_only[j]) { /* phase one: keep the gate; the rest is read only if it is positive */
+            s->scratch.gates[(size_t)i * s->n_batch] = g[j];
+            rest[j] = g[j] > 0.0f;
+            continue;
+        }
+        s->scratch.hv[(size_t)i * s->n_batch] = 0.0f;
+        s->scratch.live[i] = 0;
+        if (act == PI2_ACT_SWIGLU || g[j] > 0.0f) rows[n] = bundle[j] + s->part, pick[n++] = j;
+    }
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y);
+    for (int q = 0; q < n; q++) {
+        const int j = pick[q], i = units[j];
+        const float h = pi2_neuron_output(act, g[j], y[q]);
+        s->scratch.hv[(size_t)i * s->n_batch] = h;
+        s->scratch.live[i] = h != 0.0f;
+    }
+}
+
+/* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
+ * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
+ * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
+ * thresholds would otherwise turn last-bit noise into different neurons, and different text). */
+static void down_worker(void *p, int ith, int nth) {
+    pi2_sparse *s = p;
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    int64_t d0, d1;
+    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    if (d0 >= d1) return;
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    if (s->wave.tokens == 1) { /* decode: live columns four at a time through one pass over the output slice */
+        const uint8_t *cols[4];
+        float a[4];
+        int n = 0;
+        for (int i = 0; i < s->wave.len; i++) {
+            if (!s->scratch.live[i]) continue;
+            cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+            __builtin_prefetch(cols[n], 0, 3);
+            a[n++] = s->scratch.hv[(size_t)i * s->n_batch];
+            if (n == 4) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + d0), n = 0;
+        }
+        if (n) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + d0);
+        return;
+    }
+    /* a batch: four live columns at a time, each token's slice of the output read and written once per
+     * group while the four columns stay in L1 across tokens. A token whose four outputs are all zero
+     * is skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
+    const uint8_t *cols[4];
+    const float *hv[4];
+    int n = 0;
+    for (int i = 0; i <= s->wave.len; i++) {
+        if (i < s->wave.len) {
+            if (!s->scratch.live[i]) continue;
+            cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+            hv[n++] = s->scratch.hv + (size_t)i * s->n_batch;
+            if (n < 4) continue;
+        }
+        if (!n) break;
+        for (int t = 0; t < s->wave.tokens; t++) {
+            float a[4];
+            int any = 0;
+            for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
+            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
+        }
+        n = 0;
+    }
+}
+
+/* Bring the first lines of a unit's rows towards this core while the current unit computes: bundles
+ * sit at random places in the cache, and each row start would otherwise wait for DRAM. */
+static void prefetch_unit(const pi2_sparse *s, int i) {
+    const uint8_t *b = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]);
+    for (int l = 0; l < 4; l++) {
+        __builtin_prefetch(b + 64 * l, 0, 3);
+        __builtin_prefetch(b + s->part + 64 * l, 0, 3);
+    }
+}
+
+/* Phase two of a two-phase neuron: register as waiting, then read the up row and down column. */
+static void read_rest(pi2_sparse *s, int i) {
+    const int64_t hdl = s->wave.h[i];
+    pthread_mutex_lock(&s->lock);
+    s->wave.phase[i] = 1;
+    const int first = pi2_ncache_state(s->cache, hdl) == PI2_SLOT_GATE;
+    if (first) pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
+    add_waiter(s, hdl, i);
+    pthread_mutex_unlock(&s->lock);
+    if (first && pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+}
+
+#define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
+
+/* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
+ * becoming the reaper (one thread at a time) while nothing else is ready. Thread 0 first issues the
+ * wave's reads when the pipeline is on, so the other threads compute cached neurons meanwhile.
+ * Finished units are subtracted from `pending` in batches, always before waiting. */
+static void wave_worker(void *p, int ith, int nth) {
+    pi2_sparse *s = p;
+    if (ith == 0 && s->pipeline) {
+        for (int r = 0; r < s->wave.n_to_read; r++)
+            if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) break;
+        pi2_io_flush(s->io);
+    }
+    int finished = 0;
+    for (;;) {
+        const int t0 = atomic_fetch_add(&s->wave.next_ticket, TICKETS);
+        int t = t0;
+        if (s->wave.tokens == 1) { /* decode: the tickets already filled go through the kernel together */
+            const int n_ready = atomic_load_explicit(&s->wave.n_ready, memory_order_acquire);
+            const int cnt = n_ready - t0 < TICKETS ? n_ready - t0 : TICKETS;
+            if (cnt > 1) {
+                uint8_t rest[TICKETS];
+                compute_units_1tok(s, s->wave.ready + t0, cnt, rest);
+                for (int j = 0; j < cnt; j++) {
+                    if (rest[j]) read_rest(s, s->wave.ready[t0 + j]);
+                    else finished++;
+                }
+                t += cnt;
+            }
+        }
+        for (; t < t0 + TICKETS; t++) {
+            for (;;) {
+                if (atomic_load_explicit(&s->failed, memory_order_relaxed)) return;
+                const int n_ready = atomic_load_explicit(&s->wave.n_ready, memory_order_acquire);
+                if (t < n_ready) {
+                    if (t + 1 < n_ready) prefetch_unit(s, s->wave.ready[t + 1]);
+                    const int i = s->wave.ready[t];
+                    if (compute_unit(s, i)) read_rest(s, i);
+                    else finished++;
+                    break;
+                }
+                if (finished) {
+                    atomic_fetch_sub(&s->wave.pending, finished);
+                    finished = 0;
+                }
+                if (atomic_load(&s->wave.pending) == 0) return;
+                if (pthread_mutex_trylock(&s->lock) == 0) {
+                    pi2_sparse_reap(s, 1);
+                    pthread_mutex_unlock(&s->lock);
+                } else {
+                    sched_yield();
+                }
+            }
+        }
+    }
+}
+
+/* ---- one FFN block ---------------------------------------------------------------------------- */
+
+static void count_check(pi2_sparse *s, int layer, int tokens) {
+    uint64_t tp = 0, fp = 0, fn = 0;
+    for (size_t i = 0; i < (size_t)tokens * s->F; i++) {
+        tp += s->scratch.mask[i] && s->scratch.truth[i];
+        fp += s->scratch.mask[i] && !s->scratch.truth[i];
+        fn += !s->scratch.mask[i] && s->scratch.truth[i];
+    }
+    s->check.layer_tp[layer] += tp;
+    s->check.layer_fp[layer] += fp;
+    s->check.layer_fn[layer] += fn;
+    s->check.layer_seen[layer] += (uint64_t)tokens * s->F;
+    s->st.pred_tp += tp;
+    s->st.pred_fp += fp;
+    s->st.pred_fn += fn;
+}
+
+/* Take units from active[*pos..) until the cache cannot pin another slot; returns the wave size. */
+static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
+    int n = 0;
+    s->wave.n_to_read = 0;
+    s->wave.serial++;
+    atomic_store(&s->wave.n_ready, 0);
+    while (*pos < n_active) {
+        const int k = s->scratch.active[*pos];
+        const int hot = pi2_ncache_is_hot(s->cache, k);
+        int64_t hdl = pi2_ncache_find(s->cache, b, k);
+        int hit = hdl >= 0;
+        if (!hit && !hot && s->wave.tokens == 1 && s->miss_logit < INFINITY && s->pred.scores[k] <= s->miss_logit) {
+            s->check.skipped_misses++; /* predicted, but too unlikely to pay for its read (--miss-threshold) */
+            if (s->cfg.check_predictor && s->scratch.truth[k]) s->check.skipped_active++;
+            (*pos)++;
+            continue;
+        }
+        if (hit) {
+            pi2_ncache_pin(s->cache, hdl);
+        } else {
+            if ((hdl = pi2_ncache_acquire(s->cache, b, k)) < 0) break; /* everything pinned: compute first */
+            int kind = hot ? READ_CLUSTER : s->two_phase ? READ_GATE : READ_FULL;
+            pi2_ncache_set_state(s->cache, hdl, kind == READ_GATE ? PI2_SLOT_LOADING_GATE : PI2_SLOT_LOADING);
+            s->wave.to_read[s->wave.n_to_read] = hdl;
+            s->wave.to_read_kind[s->wave.n_to_read++] = (uint8_t)kind;
+        }
+        if (!hit && !hot && k >= s->admit_limit) pi2_ncache_demote(s->cache, hdl); /* see admit_limit */
+        else pi2_ncache_touch(s->cache, hdl, s->step);
+        /* A neuron of a cluster this wave is reading is a miss too, like the neuron that asked for it;
+         * one of a cluster a prefetch is reading is a hit (that read was not on demand). */
+        if (!hit) s->wave.acq[hdl] = s->wave.serial;
+        else hit = s->wave.acq[hdl] != s->wave.serial;
+        const int st = pi2_ncache_state(s->cache, hdl);
+        const int loaded = st == PI2_SLOT_READY || st == PI2_SLOT_GATE;
+        if (hot) hit ? s->st.hits_hot++ : s->st.misses_hot++;
+        else hit ? s->st.hits_cold++ : s->st.misses_cold++;
+        s->wave.k[n] = k;
+        s->wave.h[n] = hdl;
+        s->wave.phase[n] = 0;
+        s->scratch.live[n] = 0; /* a neuron whose gate part alone shows it inactive never gets to set it */
+        if (loaded) s->wave.ready[atomic_fetch_add(&s->wave.n_ready, 1)] = n;
+        else add_waiter(s, hdl, n);
+        n++;
+        (*pos)++;
+    }
+    return n;
+}
+
+static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int tokens, float *out) {
+    if (atomic_load(&s->failed)) goto failed;
+    const uint64_t t0 = pi2_now_ns();
+    const int b = layer * s->m->n_ffn_blocks + expert;
+    const int64_t F = s->F, E = s->E;
+    const pi2_ffn_block *blk = &s->m->layers[layer].ffn[expert];
+    s->wave.tokens = tokens;
+    pi2_par_prepare(s->pool, (pi2_type)s->m->h.neuron_type, in, E, E, tokens, s->scratch.act, s->scratch.act_row);
+    for (int t = 0; t < tokens; t++) /* every neuron's dots reuse it */
+        pi2_pack_act((pi2_type)s->m->h.neuron_type, s->scratch.act + (size_t)t * s->scratch.act_row, E, s->scratch.pact + (size_t)t * s->scratch.pact_row);
+
+    /* Which neurons: the predictor's choice, or the truth; for powerinfer2's batches of at least
+     * PI2_DENSE_BATCH tokens, every neuron (the paper's prefill is dense). Those come from the resident
+     * FFN or a stream of the block when that costs less than reading the missing bundles one by one
+     * (sparse_batch.c), else through the waves below: the same floats either way, so the text never
+     * depends on the budget or on what the storage probe measured. */
+    const int exact = s->cfg.oracle || s->cfg.check_predictor;
+    const int dense = s->pipeline && tokens >= PI2_DENSE_BATCH && !exact;
+    if (exact) pi2_true_activations(s->pool, s->m, blk, s->scratch.act, s->scratch.act_row, tokens, s->scratch.truth);
+    if (s->cfg.oracle) memcpy(s->scratch.mask, s->scratch.truth, (size_t)tokens * F);
+    else if (dense) memset(s->scratch.mask, 1, (size_t)tokens * F);
+    else pi2_predict(&s->pred, s->pool, b, in, tokens, s->scratch.mask);
+    if (s->cfg.check_predictor) count_check(s, layer, tokens);
+    int n_active = 0;
+    for (int64_t k = 0; k < F; k++) {
+        uint8_t any = 0;
+        for (int t = 0; t < tokens && !any; t++) any |= s->scratch.mask[(size_t)t * F + k];
+        if (any) s->scratch.active[n_active++] = (int32_t)k;
+    }
+    s->st.neurons_visited += (uint64_t)F * tokens;
+    int missing = 0;
+    if (dense && !s->batch.block_base)
+        for (int64_t k = 0; k < F; k++) missing += pi2_ncache_find(s->cache, b, (int)k) < 0;
+    const int stream = s->cfg.prefill_stream > 0 || (s->cfg.prefill_stream == 0 && pi2_sparse_stream_pays(s, missing));
+    if (dense && (s->batch.block_base || (s->batch.stage[0] && stream))) {
+        s->st.neurons_computed += (uint64_t)F * tokens;
+        memset(out, 0, (size_t)tokens * E * sizeof(float));
+        s->scratch.out = out;
+        if (pi2_sparse_dense_batch(s, b) != 0) goto failed;
+        s->st.ffn_ns += pi2_now_ns() - t0;
+        return 0;
+    }
+    for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
+
+    memset(out, 0, (size_t)tokens * E * sizeof(float));
+    s->scratch.out = out;
+    for (int pos = 0; pos < n_active;) {
+        const int start = pos;
+        s->wave.len = build_wave(s, b, n_active, &pos);
+        if (s->wave.len == 0) {
+            pi2_set_error("neuron cache too small: no slot free for neuron %d of block %d", s->scratch.active[start], b);
+            return -1;
+        }
+        atomic_store(&s->wave.pending, s->wave.len);
+        atomic_store(&s->wave.next_ticket, 0);
+        if (!s->pipeline) {
+            /* Read everything first, then compute (bundle, llmflash, cache). */
+            for (int r = 0; r < s->wave.n_to_read; r++)
+                if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) goto failed;
+            pi2_io_flush(s->io);
+            pthread_mutex_lock(&s->lock);
+            while (atomic_load(&s->wave.n_ready) < s->wave.len && !atomic_load(&s->failed))
+                if (pi2_sparse_reap(s, 1) == 0 && pi2_io_in_flight(s->io) == 0) break;
+            pthread_mutex_unlock(&s->lock);
+        }
+        pi2_pool_run_or_inline(s->pool, wave_worker, s);
+        if (atomic_load(&s->failed)) goto failed;
+        pi2_pool_run_or_inline(s->pool, down_worker, s);
+        for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
+    }
+    if (!s->keep) pi2_ncache_drop_all(s->cache);
+
+    s->st.ffn_ns += pi2_now_ns() - t0;
+    return 0;
+failed:
+    pi2_set_error("%s", s->error[0] ? s->error : "neuron read failed");
+    return -1;
+}
+
+static void step_end(pi2_sparse *s) {
+    s->step++;
+    if (s->cfg.policy == PI2_POLICY_LLMFLASH) pi2_ncache_drop_older(s->cache, s->step - s->cfg.llmflash_window);
+}
+
+/* ---- the forward pass's FFN backend ---------------------------------------------------------- */
+
+static void backend_layer_begin(void *s, int layer, const float *x, int tokens) {
+    pi2_sparse_layer_begin(s, layer, x, tokens);
+}
+static int backend_ffn(void *s, int layer, int expert, const float *in, int tokens, float *out) {
+    return sparse_ffn(s, layer, expert, in, tokens, out);
+}
+static void backend_step_end(void *s) { step_end(s); }
+
+const pi2_ffn_backend *pi2_sparse_backend(pi2_sparse *s) {
+    s->backend = (pi2_ffn_backend){s, backend_layer_begin, backend_ffn, backend_step_end};
+    return &s->backend;
+}
+
+
