@@ -4,7 +4,7 @@ Every size the host takes (memory budgets on `pi2 bench` and `pi2 plan`, a plan'
 through parse_size, so they all accept the same spellings and share one sane upper bound: a budget
 above MAX_MEMORY_BYTES is a typo (no phone or host has 16 TiB of memory), and letting it through
 stores numbers SQLite cannot hold and writes plans the engine refuses. Powers of 1024 throughout, as
-pi2-engine's own parser (native/src/common.c) reads them.
+pi2-engine's own parser (native/src/base/common.c) reads them.
 """
 
 from __future__ import annotations

@@ -486,7 +486,7 @@ def _pack_entry(e: TensorEntry) -> bytes:
 class Pi2File:
     """Reads and validates a .pi2 file (numpy memmap for the data). Raises Pi2FormatError with one
     line naming the problem and the rule it breaks; tests, the planner, `pi2 models show` and the
-    reference forward use it, the engine has its own reader (native/src/pi2file.c).
+    reference forward use it, the engine has its own reader (native/src/model/pi2file.c).
 
     The checks are the engine's, in the engine's order, numbered as in docs/FORMAT.md ("Validation
     rules"), so a file one reader refuses the other refuses too. Python integers do not wrap, so sizes

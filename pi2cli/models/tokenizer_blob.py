@@ -1,6 +1,6 @@
 """The vocabulary blob: the tokenizer data a .pi2 file stores verbatim for the native tokenizer.
 
-The byte layout is documented at the top of native/src/vocab_blob.h (and parsed there); this module
+The byte layout is documented at the top of native/src/tokenizer/vocab_blob.h (and parsed there); this module
 writes it, from a GGUF file's tokenizer.ggml.* keys or from plain Python lists. Defaults that GGUF
 leaves implicit are resolved here the way llama.cpp resolves them, so the native side stays simple:
 missing special ids fall back to llama.cpp's per-model defaults, add_bos follows the pre-tokenizer,
@@ -25,7 +25,7 @@ FLAG_HAS_SCORES = 4
 FLAG_HAS_TYPES = 8
 
 # GGUF tokenizer.ggml.pre values the native byte-level BPE tokenizer implements (keep in sync with
-# pi2_pre_type_from_name in native/src/pretok.c). Grouped by the pre-tokenizer regex llama.cpp uses.
+# pi2_pre_type_from_name in native/src/tokenizer/pretok.c). Grouped by the pre-tokenizer regex llama.cpp uses.
 BPE_PRE_TOKENIZERS = {
     "default": ("default",),
     "gpt2": (
