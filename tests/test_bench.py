@@ -86,10 +86,11 @@ def test_bench_code_both_engines_locally(env, model_dir):
         assert run["memory"]["budget_bytes"] == 1 << 30 and run["memory"]["enforced"] == cgroups.usable
         if cgroups.usable:
             assert run["counters"]["budget_peak_bytes"] <= 1 << 30
-        # memory was sampled while the engine ran, and the engine's own peak is at least what was seen
+        # memory was sampled while the engine ran, and the engine's own peak is at least what was seen (less
+        # a few pages: the kernel folds per-thread RSS counts into VmHWM lazily; 24 KiB short was seen)
         assert run["memory_samples"] and run["summary"]["peak_rss_bytes"] >= max(
             m["rss_bytes"] for m in run["memory_samples"]
-        )
+        ) - (1 << 20)
         # ... and it is the kernel's high-water mark, never a poll
         source = {"pi2": "engine VmHWM at exit", "llama.cpp": "VmHWM before stop"}[row["engine"]]
         assert run["counters"]["peak_rss_source"] == row["peak_rss_source"] == source
