@@ -78,7 +78,7 @@ def build_target_for(target) -> str:
     for local and for devices of this machine's architecture (x86-64 emulators, the test adb daemon);
     arm64 devices get the NDK build when ANDROID_NDK_HOME is set, else the static linux-arm64 one
     (static binaries run on Android from /data/local/tmp)."""
-    if target.kind == "local" or target.arch == normalize_arch(platform.machine()):
+    if target.arch == normalize_arch(platform.machine()):  # this machine, or a device of its kind
         return "host"
     if target.arch == "arm64":
         return "android-arm64" if os.environ.get("ANDROID_NDK_HOME") else "linux-arm64"
@@ -117,21 +117,19 @@ class LlamaCppDriver(Driver):
 
     def measurement(self, target) -> str:
         """`how` as it applies on `target` (the bench stores this in each result)."""
-        return self.how + (DEVICE_HOW if target.kind == "adb" else "")
+        return self.how + ("" if target.on_this_machine else DEVICE_HOW)
 
     def supports(self, target) -> str | None:
-        if target.kind == "local":
+        if target.native_here:
             return None
-        if target.kind == "adb":
-            if "shell_v2" not in getattr(target, "features", set()):
-                return f"llama.cpp on {target.name} needs adb shell v2 (Android 7 or later)"
-            if target.arch not in ("arm64", normalize_arch(platform.machine())):
-                return (
-                    f"no llama.cpp build runs on {target.name} ({target.arch}): arm64 or this machine's only"
-                )
-            return None
-        return (f"llama.cpp does not run on {target.name} ({target.kind}) in pi2 bench: use this machine or "
-                f"an adb device")  # fmt: skip
+        if target.on_this_machine:  # emulated: no llama.cpp build for it
+            return (f"llama.cpp does not run on {target.name} ({target.kind}) in pi2 bench: use this machine or "
+                    f"an adb device")  # fmt: skip
+        if "shell_v2" not in getattr(target, "features", set()):
+            return f"llama.cpp on {target.name} needs adb shell v2 (Android 7 or later)"
+        if target.arch not in ("arm64", normalize_arch(platform.machine())):
+            return f"no llama.cpp build runs on {target.name} ({target.arch}): arm64 or this machine's only"
+        return None
 
     @property
     def bin_dir(self) -> Path:
@@ -152,7 +150,7 @@ class LlamaCppDriver(Driver):
         return self._device_bin_dirs[which]
 
     def binaries(self, target) -> list[Path]:
-        if target.kind == "local":
+        if target.on_this_machine:
             return []
         binary = self.bin_dir_for(target) / "llama-server"
         if not binary.is_file():
@@ -162,13 +160,13 @@ class LlamaCppDriver(Driver):
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> LlamaCppSession:  # fmt: skip
         # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
-        if target.kind == "adb":
+        if target.on_this_machine:
+            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
+        else:
             from pi2cli.engines.llamacpp_device import DeviceLlamaServer
 
             binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
             server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)
-        else:
-            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         server.start()
         return LlamaCppSession(server, seed)
 

@@ -175,7 +175,7 @@ class MlcDriver(Driver):
                 wrapper_binary()  # a command runner runs under pi2-rusage, which measures its peak memory
             except Pi2Error as exc:
                 return str(exc)
-        if target.kind != "local":
+        if not target.native_here:
             return ("mlc-llm is benched from this machine (--device local): point the runner at the phone "
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
         return None
@@ -197,7 +197,7 @@ class MlcDriver(Driver):
                   budget=None, seed: int = 0, budget_bytes: int | None = None) -> MlcSession:  # fmt: skip
         runner = self.resolved_runner()
         model_id = self.model or os.environ.get(MODEL_ENV) or (None if is_url(runner) else model)
-        return MlcSession(runner, model_id, seed=seed, budget=budget, local=target.kind == "local")
+        return MlcSession(runner, model_id, seed=seed, budget=budget, local=target.native_here)
 
     def engine_info(self, target) -> dict:
         return {"name": self.name, "version": None, "commit": None, "build_flags": None, "build_type": None,
