@@ -1,10 +1,11 @@
-"""llama.cpp for `pi2 bench` (BenchDriver): llama-server with one slot and the prompt cache on, on this
-machine or on an adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
+"""llama.cpp's driver: llama-server with one slot and the prompt cache on, on this machine or on an
+adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
 through adb forward).
 
 Each turn sends the whole conversation so far (rendered by the host with the model's chat template,
 the same text pi2 gets); the server reuses the longest common prefix already in its KV cache
-(cache_prompt), so a turn prefills only what is new. See pi2cli/engines/llamacpp.py for how it measures.
+(cache_prompt), so a turn prefills only what is new; `pi2 generate` is one turn on a fresh server. See
+pi2cli/engines/llamacpp.py for how it measures.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import platform
 from pathlib import Path
 
-from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult, TurnFailed
-from pi2cli.engines.llamacpp import LlamaCppEngine, LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.base import Driver, TurnFailed
+from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -26,10 +27,14 @@ DEVICE_HOW = (
 )
 
 
+DEFAULT_CTX = 4096  # llama-server's context when the caller names none (`pi2 generate`)
+
+
 class LlamaCppSession:
-    def __init__(self, server: LlamaServer, seed: int = 0):
+    def __init__(self, server: LlamaServer, seed: int = 0, temperature: float = 0.0):
         self.server = server
         self.seed = seed
+        self.temperature = temperature
         self.pid = server.proc.pid if server.proc else None
 
     def _down(self, wait_s: float = 0.0) -> Exception | None:
@@ -48,7 +53,7 @@ class LlamaCppSession:
             raise down
         try:
             turn = self.server.complete(
-                prompt, n_predict, temperature=0.0, seed=self.seed, ignore_eos=ignore_eos
+                prompt, n_predict, temperature=self.temperature, seed=self.seed, ignore_eos=ignore_eos
             )
         except Pi2Error as exc:
             down = self._down(wait_s=3.0)  # a broken stream: did the server or the device go away?
@@ -86,8 +91,8 @@ def build_target_for(target) -> str:
 
 
 class LlamaCppDriver(Driver):
-    """llama.cpp: `pi2 generate` through LlamaCppEngine, `pi2 bench` through llama-server sessions here
-    or on an adb device; option: the host build to use (--llamacpp bin dir)."""
+    """llama.cpp: llama-server sessions here or on an adb device (`pi2 generate`: one turn of one);
+    option: the host build to use (--llamacpp bin dir)."""
 
     name = "llama.cpp"
     policy = None
@@ -102,9 +107,6 @@ class LlamaCppDriver(Driver):
     def set_option(self, name: str, value) -> None:
         assert name == "llamacpp_bin_dir"
         self._bin_dir = Path(value)
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        return LlamaCppEngine(self._bin_dir).generate(request)
 
     @property
     def how(self) -> str:
@@ -157,9 +159,11 @@ class LlamaCppDriver(Driver):
             raise Pi2Error(f"llama-server not found in {binary.parent} (run `pi2 build --engine llama.cpp`)")
         return [binary]
 
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> LlamaCppSession:  # fmt: skip
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  temperature: float = 0.0) -> LlamaCppSession:  # fmt: skip
         # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
+        n_ctx = n_ctx or DEFAULT_CTX
         if target.on_this_machine:
             server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         else:
@@ -168,7 +172,10 @@ class LlamaCppDriver(Driver):
             binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
             server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)
         server.start()
-        return LlamaCppSession(server, seed)
+        return LlamaCppSession(server, seed, temperature)
+
+    def generate_extra(self, session, turn) -> dict:
+        return {"host_decode_tps": turn.host_decode_tps, "server_args": session.server.args}
 
     def engine_info(self, target) -> dict:
         from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
