@@ -4,9 +4,12 @@ one turn of one for `pi2 generate` (engines/generate.py); every argv from pi2_ar
 from __future__ import annotations
 
 import json
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli.engines.base import Driver
+from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.engines.pi2_chat import (
     HOW,
     Pi2ChatSession,
@@ -41,6 +44,33 @@ def parse_events(lines: list[str]) -> dict:
         elif kind:
             out[kind] = event
     return out
+
+
+@dataclass
+class GenerateRun:
+    """One `pi2-engine generate` run: its events grouped (parse_events; {} when it failed), the
+    engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
+
+    events: dict
+    error: str | None = None
+    budget: dict = field(default_factory=dict)
+
+
+def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: float | None = 3600,
+                 **argv) -> GenerateRun:  # fmt: skip
+    """`pi2-engine generate` on `model` to completion, for the measurements that need the engine's raw
+    events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
+    to the engine as --memory-budget (last, pi2_args), `evict`ed from the page cache first. argv: the
+    keywords of pi2_args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
+    from pi2cli.plan.budget import run_budgeted
+
+    with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
+        events = Path(tmp) / "events.jsonl"
+        cmd = engine_argv(engine_binary(), "generate", model, events=events, memory_budget=budget, **argv)
+        done = run_budgeted(cmd, budget, evict=evict, timeout=timeout)
+        if done.returncode != 0:
+            return GenerateRun({}, (done.stderr.strip().splitlines() or ["no output"])[-1], done.budget)
+        return GenerateRun(parse_events(events.read_text().splitlines()), None, done.budget)
 
 
 class Pi2Driver(Driver):
