@@ -185,6 +185,7 @@ def test_which_build_runs_where(monkeypatch):
     class T:
         def __init__(self, kind, arch, features=("shell_v2",)):
             self.kind, self.arch, self.name, self.features = kind, arch, "t", set(features)
+            self.on_this_machine, self.native_here = kind in ("local", "qemu"), kind == "local"
 
     import platform
 
