@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.budget import Budget
 from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
@@ -300,21 +301,6 @@ class LlamaServer:
         if final is None:
             raise Pi2Error(f"llama-server stream ended without a final event ({self.log_tail()})")
         return turn_metrics(final, "".join(pieces), token_ids, times)
-
-
-def iter_sse(resp):
-    """JSON payloads of a server-sent-events stream (`data: {...}` lines)."""
-    while True:
-        line = resp.readline()
-        if not line:
-            return
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        yield json.loads(payload)
 
 
 def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float]) -> TurnMetrics:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 
 RUNNER_ENV = "PI2_MLC_RUNNER"
@@ -168,14 +169,8 @@ def stream_chat(url: str, body: dict, timeout_s: float) -> StreamOutcome:
         resp = conn.getresponse()
         if resp.status != 200:
             raise Pi2Error(f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}")
-        while line := resp.readline():
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            events.append((time.monotonic() - sent, json.loads(data)))
+        for chunk in iter_sse(resp):
+            events.append((time.monotonic() - sent, chunk))
     except (OSError, http.client.HTTPException) as err:
         raise Pi2Error(f"cannot reach the MLC server at {url}: {err}") from err
     finally:
