@@ -103,6 +103,10 @@ class Driver:
         self.configure(target, model)
         return str(model)
 
+    def generate_ctx(self, request: GenerateRequest) -> int | None:
+        """The context `pi2 generate` opens the session with; None: the engine's default."""
+        return None
+
     def generate_extra(self, session, turn) -> dict:
         """What `pi2 generate --json` adds under `extra` for this engine, once the session is closed."""
         return {}

@@ -26,7 +26,8 @@ def generate(driver: Driver, request: GenerateRequest, target=None) -> GenerateR
     model = driver.prepare_generate(target, Path(request.model))
     # no budget: the record says so (enforced false), as the bench's results do for unbudgeted runs
     with Budget(None) as budget:
-        session = driver.open_chat(target, model, binary_dir=None, threads=request.threads, n_ctx=None,
+        session = driver.open_chat(target, model, binary_dir=None, threads=request.threads,
+                                   n_ctx=driver.generate_ctx(request),
                                    budget=budget, seed=request.seed, temperature=request.temperature)  # fmt: skip
         try:
             turn = session.turn(request.prompt, request.n_predict, ignore_eos=False)

@@ -139,6 +139,13 @@ class Pi2Driver(Driver):
         self.policy = type(self).policy
         return model_arg
 
+    def generate_ctx(self, request) -> int:
+        """Room for the prompt and every token asked for, as `pi2-engine generate` sizes its context
+        (n_prompt + n_predict): a text token is at least one byte (a few more for BOS and the leading
+        space SentencePiece adds), so this never falls short, and a long generation is not cut at the
+        chat's default context."""
+        return len(request.prompt.encode()) + 4 + int(request.n_predict)
+
     def generate_extra(self, session, turn) -> dict:
         """The engine's start and summary events: threads, kernels, bytes read and the sparse figures."""
         counters = session.counters
