@@ -18,12 +18,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.engines.pi2 import run_generate
 from pi2cli.models.convert import convert_gguf
 from pi2cli.models.testmodels import smollm2_gguf
 from pi2cli.paths import cache_dir
@@ -43,11 +42,13 @@ def llama_bench(bindir: Path, gguf: Path, threads: int, p: int, n: int) -> dict:
     }
 
 
-def pi2_run(model: Path, threads: int, p: int, n: int, ids: list[int], events: Path) -> dict:
-    cmd = [str(engine_binary()), "generate", "-m", str(model), "--tokens", ",".join(map(str, ids)), "-n", str(n),
-           "--ignore-eos", "--threads", str(threads), "--events", str(events)]  # fmt: skip
-    subprocess.run(cmd, capture_output=True, check=True)
-    turn = parse_events(events.read_text().splitlines())["turn"]
+def pi2_run(model: Path, threads: int, p: int, n: int, ids: list[int]) -> dict:
+    run = run_generate(
+        model, n_predict=n, ignore_eos=True, threads=threads, more=["--tokens", ",".join(map(str, ids))]
+    )
+    if run.error is not None:
+        sys.exit(f"dense_vs_llamacpp: pi2-engine failed: {run.error}")
+    turn = run.events["turn"]
     return {"prefill_tps": turn["prefill_tps"], "decode_tps": turn["decode_tps"]}
 
 
@@ -57,11 +58,10 @@ def alternate(
     """pi2 and llama.cpp one repetition each, in turn; medians and the median per-repetition ratio."""
     rng = np.random.default_rng(0)
     runs: dict[str, list[dict]] = {"pi2": [], "llama.cpp": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(reps):
-            ids = [int(t) for t in rng.integers(0, n_vocab, size=p)]
-            runs["pi2"].append(pi2_run(model, threads, p, n, ids, Path(tmp) / "events.jsonl"))
-            runs["llama.cpp"].append(llama_bench(bindir, gguf, threads, p, n))
+    for _ in range(reps):
+        ids = [int(t) for t in rng.integers(0, n_vocab, size=p)]
+        runs["pi2"].append(pi2_run(model, threads, p, n, ids))
+        runs["llama.cpp"].append(llama_bench(bindir, gguf, threads, p, n))
     keys = ("prefill_tps", "decode_tps")
     out = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
     out["llama.cpp"]["build"] = runs["llama.cpp"][0]["build"]

@@ -27,14 +27,12 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from sparse_decode import probe  # the same pi2-probe runs as the decode benchmark
+from sparse_decode import model_pair, probe  # the same checks and pi2-probe runs as the decode benchmark
 
 from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.engines.pi2 import run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
@@ -53,17 +51,11 @@ def run_pi2(
     model: Path, budget: int | None, p: int, n: int, threads: int, seed: int, vocab: int, more: tuple = ()
 ) -> dict:
     ids = ",".join(str(1 + (i * 7919) % (min(vocab, 32000) - 1)) for i in range(p))  # ids any tokenizer has
-    with tempfile.TemporaryDirectory() as tmp:
-        events = Path(tmp) / "events.jsonl"
-        cmd = [str(engine_binary()), "generate", "-m", str(model), "--tokens", ids, "-n", str(n), "--temperature",
-               "0.8", "--seed", str(seed), "--ignore-eos", "--threads", str(threads), "--policy", "powerinfer2",
-               "--events", str(events), *more]  # fmt: skip
-        if budget:
-            cmd += ["--memory-budget", str(budget)]
-        done = run_budgeted(cmd, budget, evict=[model], timeout=3600)
-        if done.returncode != 0:
-            return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-        ev = parse_events(events.read_text().splitlines())
+    run = run_generate(model, budget=budget, evict=[model], n_predict=n, temperature=0.8, seed=seed,
+                       ignore_eos=True, threads=threads, policy="powerinfer2", more=["--tokens", ids, *more])  # fmt: skip
+    if run.error is not None:
+        return {"error": run.error}
+    ev = run.events
     times = [e["t"] for e in ev["token"]]
     tbt = [b - a for a, b in zip(times, times[1:], strict=False)]
     s, turn = ev["summary"], ev["turn"]
@@ -111,10 +103,7 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     a = ap.parse_args()
-    pi2, gguf = a.model_dir / "model.pi2", a.model_dir / "model.gguf"
-    for f in (pi2, gguf):
-        if not f.is_file():
-            sys.exit(f"prefill_tbt: {f} is missing (see --help for how to make it)")
+    pi2, gguf = model_pair(a.model_dir, "prefill_tbt")
     budget = parse_size(a.budget)
     pf = Pi2File(pi2)
     vocab, synthetic = pf.header.n_vocab, bool(pf.metadata.get("synthetic"))

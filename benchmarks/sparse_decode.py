@@ -37,13 +37,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import engine_binary, parse_events
-from pi2cli.engines.pi2_args import engine_argv
+from pi2cli.engines.pi2 import engine_binary, run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
@@ -66,6 +64,15 @@ def probe(args: list[str]) -> dict:
     if done.returncode != 0:
         sys.exit(f"sparse_decode: pi2-probe {' '.join(args)} failed: {done.stderr.strip()}")
     return json.loads(done.stdout)
+
+
+def model_pair(model_dir: Path, prog: str) -> tuple[Path, Path]:
+    """model.pi2 and its GGUF twin in model_dir (as `pi2 models synth` writes them), or exit saying so."""
+    pi2, gguf = model_dir / "model.pi2", model_dir / "model.gguf"
+    for p in (pi2, gguf):
+        if not p.is_file():
+            sys.exit(f"{prog}: {p} is missing (see --help for how to make it)")
+    return pi2, gguf
 
 
 def model_facts(pi2: Path) -> dict:
@@ -99,17 +106,13 @@ def run_pi2(
 ) -> dict:
     policy, *extra = variant.split()
     extra += more
-    with tempfile.TemporaryDirectory() as tmp:
-        events = Path(tmp) / "events.jsonl"
-        # the budget comes last (engine_argv): it overrides a plan's own (the same value when made for it)
-        cmd = engine_argv(engine_binary(), "generate", model, events=events, prompt=PROMPT, n_predict=n,
-                          temperature=TEMPERATURE, seed=seed, ignore_eos=True, threads=threads, policy=policy,
-                          more=extra, memory_budget=budget)  # fmt: skip
-        t0 = time.monotonic()
-        done = run_budgeted(cmd, budget, evict=[model], timeout=3600)
-        if done.returncode != 0:
-            return {"engine": "pi2", "policy": variant, "error": done.stderr.strip().splitlines()[-1:]}
-        ev = parse_events(events.read_text().splitlines())
+    t0 = time.monotonic()
+    # the budget comes last (engine_argv): it overrides a plan's own (the same value when made for it)
+    run = run_generate(model, budget=budget, evict=[model], prompt=PROMPT, n_predict=n, temperature=TEMPERATURE,
+                       seed=seed, ignore_eos=True, threads=threads, policy=policy, more=extra)  # fmt: skip
+    if run.error is not None:
+        return {"engine": "pi2", "policy": variant, "error": [run.error]}
+    ev = run.events
     tokens, s = ev["token"], ev["summary"]
     times = [e["t"] for e in tokens]
     steady = times[warmup:]
@@ -124,7 +127,7 @@ def run_pi2(
         "storage_bytes_per_token": per_tok("bytes_read"), "reads_per_token": per_tok("reads"),
         "hit_rate": s.get("hit_rate"), "io_share": io / (io + comp) if io + comp else None,
         "io_method": s.get("io_method"), "o_direct": s.get("o_direct"), "cache_bytes": s.get("cache_bytes"),
-        "active_fraction": s.get("active_fraction"), "budget": done.budget, "wall_s": time.monotonic() - t0,
+        "active_fraction": s.get("active_fraction"), "budget": run.budget, "wall_s": time.monotonic() - t0,
     }  # fmt: skip
 
 
@@ -170,10 +173,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     ap.add_argument("--plan", type=Path, help="also run powerinfer2 with this plan (pi2 plan ... --out FILE)")
     a = ap.parse_args()
-    pi2, gguf = a.model_dir / "model.pi2", a.model_dir / "model.gguf"
-    for p in (pi2, gguf):
-        if not p.is_file():
-            sys.exit(f"sparse_decode: {p} is missing (see --help for how to make it)")
+    pi2, gguf = model_pair(a.model_dir, "sparse_decode")
     facts = model_facts(pi2)
     budget = (
         (facts["resident_bytes"] + facts["ffn_bytes"] // 2 + 128 * MiB)

@@ -28,6 +28,20 @@ def llamacpp_bindir() -> Path:
     return ensure_built("host")
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer synthetic model (16 MB): DIR/model.pi2 + its GGUF twin, which llama.cpp runs."""
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    out = tmp_path_factory.mktemp("tiny")
+    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mistral-7b", "--layers", "2",
+                                 "--hidden", "256", "--ffn", "512", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return out / "model.pi2"
+
+
 @pytest.fixture(autouse=True)
 def _unsaved_results_in_tmp(tmp_path_factory, monkeypatch):
     """Runs a test cannot store (deliberately bad ones included) are kept here, not in ~/.cache/pi2."""

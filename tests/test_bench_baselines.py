@@ -427,6 +427,25 @@ def test_generate_with_llmflash(synth_dir):
     )
 
 
+@needs_sparse_engine
+def test_generate_with_pi2_keeps_the_engines_default_policy(synth_dir):
+    # `pi2 generate` is one turn of the bench's chat session, but on a model with predictors it runs
+    # dense as `pi2-engine generate` does; only the bench picks powerinfer2 for such a model
+    result = CliRunner().invoke(cli, ["generate", "-m", str(synth_dir / "model.pi2"), "-p", "Hello", "-n", "3",
+                                      "--temperature", "0.5", "--seed", "7", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (
+        out["engine"] == "pi2" and out["extra"]["sparse"]["policy"] == "dense" and len(out["token_ids"]) == 3
+    )
+    assert out["extra"]["stop_type"] and out["extra"]["budget"]["enforced"] is False
+    # the context holds the prompt and every token asked for, as pi2-engine generate's did: more than
+    # the chat's default context (4096) still runs
+    long = CliRunner().invoke(cli, ["generate", "-m", str(synth_dir / "model.pi2"), "-p", "Hello", "-n", "4200",
+                                    "--json"])  # fmt: skip
+    assert long.exit_code == 0, long.output
+
+
 def test_sparse_engine_check_is_what_the_skip_says():
     # the skip condition reads the engine's own help; keep it honest when the engine is there
     if ENGINE.is_file():

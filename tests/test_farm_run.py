@@ -28,16 +28,6 @@ needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is no
 ARM64 = shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-gcc")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """A 2-layer synthetic model (16 MB): model.pi2 + its GGUF twin."""
-    out = tmp_path_factory.mktemp("tiny")
-    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mistral-7b", "--layers", "2",
-                                 "--hidden", "256", "--ffn", "512", "--out", str(out)])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    return out / "model.pi2"
-
-
 def write_farm(path: Path, devices: list[str], model: Path, engines=("pi2",), workloads=("code", "math"),
                gate: str = "max_cpu_temp_c = 45", n_gen: int = 8, repetitions: int = 1) -> Path:  # fmt: skip
     text = f'name = "ci"\nresults_dir = "results"\nrepetitions = {repetitions}\n'
@@ -56,7 +46,7 @@ def device(name: str, extra: str = "") -> str:
 
 @needs_engine
 @pytest.mark.skipif(not ARM64, reason="needs qemu-aarch64 and aarch64-linux-gnu-gcc")
-def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_device, monkeypatch):
+def test_three_devices_one_killed_then_resumed(tiny_model, tmp_path, adb_server, make_device, monkeypatch):
     sensors_a, sensors_b = tmp_path / "sensors-a", tmp_path / "sensors-b"
     phone = make_device("--sensors", str(sensors_a))
     arm = make_device("--abi", "arm64-v8a", "--qemu", "--sensors", str(sensors_b))
@@ -66,7 +56,7 @@ def test_three_devices_one_killed_then_resumed(tiny, tmp_path, adb_server, make_
     monkeypatch.delenv("ANDROID_ADB_SERVER_PORT")
     server = f'adb_server = "127.0.0.1:{adb_server.port}"\n'
     devices = [device("local"), device(phone.serial, server), device(arm.serial, server)]
-    farm = write_farm(tmp_path / "farm.toml", devices, tiny)
+    farm = write_farm(tmp_path / "farm.toml", devices, tiny_model)
     r = CliRunner().invoke(cli, ["farm", "check", str(farm)])
     assert r.exit_code == 0, r.output
     assert f"device {arm.serial}: reachable, arm64" in r.stdout and "(emulated)" in r.stdout
@@ -151,7 +141,7 @@ def chromium() -> str | None:
 
 
 @needs_engine
-def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp_path, monkeypatch):
+def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny_model, tmp_path, monkeypatch):
     # the cached llama.cpp build, not a fresh one in the adb fixture's cache directory
     if CACHE is None:
         monkeypatch.delenv("PI2_CACHE", raising=False)
@@ -160,7 +150,7 @@ def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny, tmp
     delay_us = 10_000  # ten times the tiny model's time per token: far above a shared machine's noise
     for night in range(1, 11):
         env = f'env = {{ PI2_TEST_DELAY_US = "{delay_us}" }}\n' if night >= 8 else ""
-        farm = write_farm(tmp_path / "farm.toml", [device("local", env)], tiny, engines=("pi2", "llama.cpp"),
+        farm = write_farm(tmp_path / "farm.toml", [device("local", env)], tiny_model, engines=("pi2", "llama.cpp"),
                           workloads=("code",), n_gen=24, repetitions=2, gate='max_cpu_temp_c = "none"')  # fmt: skip
         if night < 10:
             outcome = run_farm(farm, night=f"2026-11-{night:02d}")

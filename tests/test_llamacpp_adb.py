@@ -22,16 +22,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer, TestDevice  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A 2-layer synthetic model (16 MB): DIR/model.pi2 + its GGUF twin, which llama.cpp runs."""
-    out = tmp_path_factory.mktemp("tiny")
-    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mistral-7b", "--layers", "2",
-                                 "--hidden", "256", "--ffn", "512", "--out", str(out)])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    return out / "model.pi2"
-
-
 @pytest.fixture
 def env(monkeypatch, tmp_path, llamacpp_bindir):
     monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
@@ -185,6 +175,7 @@ def test_which_build_runs_where(monkeypatch):
     class T:
         def __init__(self, kind, arch, features=("shell_v2",)):
             self.kind, self.arch, self.name, self.features = kind, arch, "t", set(features)
+            self.on_this_machine, self.native_here = kind in ("local", "qemu"), kind == "local"
 
     import platform
 

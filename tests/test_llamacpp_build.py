@@ -70,9 +70,11 @@ def test_cache_key_follows_flags_target_and_source():
 
 
 def test_parse_progress_understands_ninja_and_make():
-    assert lb.parse_progress("[12/224] Building CXX object src/llama.cpp.o") == (12, 224)
-    assert lb.parse_progress("[ 45%] Building C object ggml.c.o") == (45, 100)
-    assert lb.parse_progress("-- Configuring done") is None
+    from pi2cli.build.cmake_run import parse_progress
+
+    assert parse_progress("[12/224] Building CXX object src/llama.cpp.o") == (12, 224)
+    assert parse_progress("[ 45%] Building C object ggml.c.o") == (45, 100)
+    assert parse_progress("-- Configuring done") is None
 
 
 def test_sdist_with_wrong_hash_is_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""The llama.cpp driver end to end on SmolLM2: generate, a two-turn conversation, llama-bench."""
+"""The llama.cpp driver end to end on SmolLM2: generate (one turn), a two-turn session, llama-bench."""
 
 import json
 
@@ -6,8 +6,11 @@ import pytest
 
 from pi2cli.engines import get_driver
 from pi2cli.engines.base import GenerateRequest
-from pi2cli.engines.llamacpp import LlamaCppEngine, parse_llama_bench_json, run_llama_bench, turn_metrics
+from pi2cli.engines.generate import generate
+from pi2cli.engines.llamacpp import parse_llama_bench_json, run_llama_bench, turn_metrics
+from pi2cli.engines.llamacpp_chat import LlamaCppDriver
 from pi2cli.errors import Pi2Error
+from pi2cli.targets import get_target
 
 pytestmark = pytest.mark.slow
 
@@ -15,10 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_generate_streams_tokens_with_timings(llamacpp_bindir, smollm2_gguf):
-    engine = LlamaCppEngine(llamacpp_bindir)
-    result = engine.generate(
-        GenerateRequest(model=smollm2_gguf, prompt="The capital of France is", n_predict=12, threads=1)
-    )
+    request = GenerateRequest(model=smollm2_gguf, prompt="The capital of France is", n_predict=12, threads=1)
+    result = generate(LlamaCppDriver(llamacpp_bindir), request)
     assert result.engine == "llama.cpp"
     assert len(result.token_ids) == 12 == len(result.token_times_s)
     assert "Paris" in result.text
@@ -34,37 +35,41 @@ def test_generate_streams_tokens_with_timings(llamacpp_bindir, smollm2_gguf):
 
 
 def test_greedy_generation_is_deterministic(llamacpp_bindir, smollm2_gguf):
-    engine = LlamaCppEngine(llamacpp_bindir)
     request = GenerateRequest(model=smollm2_gguf, prompt="Once upon a time", n_predict=8, threads=1)
-    assert engine.generate(request).token_ids == engine.generate(request).token_ids
+    driver = LlamaCppDriver(llamacpp_bindir)
+    assert generate(driver, request).token_ids == generate(driver, request).token_ids
 
 
 def test_conversation_reuses_the_kv_cache(llamacpp_bindir, smollm2_gguf):
-    engine = LlamaCppEngine(llamacpp_bindir, ctx_size=2048)
-    conv = engine.run_conversation(
-        smollm2_gguf,
-        ["Name three colors.", "Which of them is the color of the sky?"],
-        max_new_tokens=16,
-        system="You are a helpful assistant.",
-        threads=1,
-    )
-    first, second = conv.turns
+    # the bench's session: each turn sends the whole conversation rendered with the chat template
+    session = LlamaCppDriver(llamacpp_bindir).open_chat(get_target("local"), str(smollm2_gguf), binary_dir=None,
+                                                        threads=1, n_ctx=2048)  # fmt: skip
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    prompts, turns = [], []
+    try:
+        for user in ("Name three colors.", "Which of them is the color of the sky?"):
+            messages.append({"role": "user", "content": user})
+            prompts.append(session.server.apply_template(messages))
+            turns.append(session.turn(prompts[-1], 16))
+            messages.append({"role": "assistant", "content": turns[-1].text})
+    finally:
+        counters = session.close()
+    first, second = turns
     assert len(first.token_ids) == 16 == len(second.token_ids)  # ignore_eos: same length every turn
     assert first.n_prompt_cached == 0
     # turn 2's prompt starts with turn 1's prompt and answer: most of it comes from the KV cache
-    assert conv.prompts[1].startswith(conv.prompts[0])
+    assert prompts[1].startswith(prompts[0])
     assert second.n_prompt_cached >= first.n_prompt
     assert second.n_prompt_processed < second.n_prompt
     assert second.n_prompt == second.n_prompt_cached + second.n_prompt_processed
-    assert conv.peak_rss_bytes > 0 and conv.load_s > 0
+    assert counters["peak_rss_bytes"] > 0 and counters["load_s"] > 0
     assert len(second.tbt_s) == 15
-    json.dumps(conv.to_json())
+    json.dumps(second.to_json())
 
 
 def test_driver_is_registered_and_checks_the_model(tmp_path):
-    engine = get_driver("llama.cpp")
     with pytest.raises(Pi2Error, match="model file not found"):
-        engine.generate(GenerateRequest(model=tmp_path / "missing.gguf", prompt="x"))
+        generate(get_driver("llama.cpp"), GenerateRequest(model=tmp_path / "missing.gguf", prompt="x"))
 
 
 def test_llama_bench_keeps_its_json_fields(llamacpp_bindir, smollm2_gguf):

@@ -12,13 +12,14 @@ from click.testing import CliRunner
 from pi2cli.cli import cli
 from pi2cli.engines import get_driver
 from pi2cli.engines.base import GenerateRequest
+from pi2cli.engines.generate import generate
 from pi2cli.engines.mlc import (
-    MlcEngine,
     parse_chat_stream,
     parse_runner_output,
     resolve_runner,
     stats_from_usage,
 )
+from pi2cli.engines.mlc_chat import MlcDriver
 from pi2cli.errors import Pi2Error
 
 # usage as mlc_llm serve / MLCEngine report it (RequestMetrics::AsJSON under "extra")
@@ -115,7 +116,7 @@ def test_command_runner_gets_the_request_on_stdin(tmp_path, monkeypatch):
     )
     runner.chmod(runner.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PI2_MLC_RUNNER", f"{sys.executable} {runner}")
-    result = get_driver("mlc-llm").generate(GenerateRequest(model="m", prompt="Hi", n_predict=5))
+    result = generate(get_driver("mlc-llm"), GenerateRequest(model="m", prompt="Hi", n_predict=5))
     assert result.text == "echo: Hi max=5"
     assert (result.prefill_tps, result.decode_tps, result.ttft_s, result.n_prompt) == (
         143.61,
@@ -123,13 +124,16 @@ def test_command_runner_gets_the_request_on_stdin(tmp_path, monkeypatch):
         0.188,
         27,
     )
-    assert "usage.extra" in result.how
+    assert (
+        result.extra["mlc_stats"] == "usage.extra"
+        and result.extra["mlc_runner"] == f"{sys.executable} {runner}"
+    )
 
 
 def test_failing_command_runner_is_reported(tmp_path):
-    engine = MlcEngine(runner=f"{sys.executable} -c \"import sys; sys.exit('no model lib for android')\"")
+    driver = MlcDriver(runner=f"{sys.executable} -c \"import sys; sys.exit('no model lib for android')\"")
     with pytest.raises(Pi2Error, match="no model lib for android"):
-        engine.generate(GenerateRequest(model="m", prompt="Hi"))
+        generate(driver, GenerateRequest(model="m", prompt="Hi"))
 
 
 class _FakeMlcServer(BaseHTTPRequestHandler):
@@ -155,8 +159,8 @@ def test_url_runner_streams_chat_completions():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        engine = MlcEngine(runner=f"http://127.0.0.1:{server.server_address[1]}")
-        result = engine.generate(GenerateRequest(model="llama2-MLC", prompt="Capital?", n_predict=32))
+        driver = MlcDriver(runner=f"http://127.0.0.1:{server.server_address[1]}")
+        result = generate(driver, GenerateRequest(model="llama2-MLC", prompt="Capital?", n_predict=32))
     finally:
         server.shutdown()
     path, body = _FakeMlcServer.requests[-1]
@@ -165,4 +169,5 @@ def test_url_runner_streams_chat_completions():
     assert body["max_tokens"] == 32 and body["messages"][0]["content"] == "Capital?"
     assert result.text == "The capital is Paris."
     assert len(result.token_times_s) == 3 and result.ttft_s == result.token_times_s[0] > 0
-    assert result.decode_tps == 11.87 and result.extra["mlc_ttft_s"] == 0.188
+    assert result.decode_tps == 11.87 and result.extra["timings"]["mlc_ttft_s"] == 0.188
+    assert body["model"] == "llama2-MLC"  # `pi2 generate -m` names the model the runner serves

@@ -129,6 +129,8 @@ def test_qemu_runs_an_arm64_binary_and_marks_itself_emulated(tmp_path):
     assert b"".join(out) == b"hello from arm64\n"
     facts = t.facts()
     assert facts["arch"] == "arm64" and facts["emulated"] is True and "correctness" in facts["note"]
+    # here, but not natively: host programs (llama-bench, an MLC runner) do not run "on" it
+    assert t.on_this_machine and not t.native_here
 
 
 def test_each_target_names_the_engine_builds_that_run_on_it(tmp_path, monkeypatch):
@@ -142,5 +144,6 @@ def test_each_target_names_the_engine_builds_that_run_on_it(tmp_path, monkeypatc
     assert emulator.build_dirs(tmp_path) == [tmp_path / "host"] and emulator.build_hint() == "make engine"
     local = get_target("local")
     assert local.on_this_machine and local.build_dirs(tmp_path) == [tmp_path / "host"]
+    assert local.native_here and not phone.native_here and not emulator.native_here
     monkeypatch.setenv("PI2_BUILD_DIR", str(tmp_path / "mine"))
     assert local.build_dirs(tmp_path) == [tmp_path / "mine"]

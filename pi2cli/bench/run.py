@@ -642,7 +642,7 @@ def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) ->
         target = get_target(cfg.device)
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
-    if target.kind != "local":
+    if not target.native_here:
         raise Pi2Error(
             f"--mode llama-bench runs on this machine only (target {target.name} is {target.kind})"
         )

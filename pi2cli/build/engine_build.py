@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from pi2cli.build.cmake_run import default_jobs, log_tail, parse_progress, run_logged
+from pi2cli.build.cmake_run import cmake_build, default_jobs
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
 
@@ -114,34 +114,7 @@ def ensure_engine_built(
 
 
 def _build(build_dir: Path, target: str, args: list[str], jobs: int, show: bool) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    log_path = build_dir / "build.log"
-    progress = Progress(
-        TextColumn(f"pi2-engine [{target}]"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        transient=True,
-        disable=not show,
-    )
-    configure = ["cmake", "-S", str(NATIVE), "-B", str(build_dir), *generator, *args]
-    if show and not sys.stderr.isatty():  # no progress bar off a terminal: say what runs, and for how long
-        print(f"pi2: building pi2-engine for {target} (about 1-3 minutes on 2 cores; log: {log_path})",
-              file=sys.stderr, flush=True)  # fmt: skip
-    with open(log_path, "w") as log, progress:
-        task = progress.add_task("build", total=None)
-        if run_logged(configure, log) != 0:
-            raise Pi2Error(
-                f"pi2-engine configure failed for {target}: {log_tail(log_path)} (log: {log_path})"
-            )
-
-        def on_line(line: str) -> None:
-            if got := parse_progress(line):
-                progress.update(task, completed=got[0], total=got[1])
-
-        if run_logged(["cmake", "--build", str(build_dir), "-j", str(jobs)], log, on_line) != 0:
-            raise Pi2Error(f"pi2-engine build failed for {target}: {log_tail(log_path)} (log: {log_path})")
+    cmake_build(NATIVE, build_dir, name="pi2-engine", label="pi2-engine", target=target, args=args, jobs=jobs,
+                show=show, takes="about 1-3 minutes on 2 cores")  # fmt: skip
     if not (build_dir / "pi2-engine").exists():
         raise Pi2Error(f"pi2-engine build for {target} produced no pi2-engine (log: {log_path})")

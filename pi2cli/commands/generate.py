@@ -1,4 +1,5 @@
-"""`pi2 generate`: run one prompt through an engine on this machine and print the text."""
+"""`pi2 generate`: run one prompt through an engine on this machine (one turn of its chat session,
+pi2cli.engines.generate) and print the text."""
 
 import json
 from pathlib import Path
@@ -7,6 +8,7 @@ import click
 
 from pi2cli.engines import DRIVERS, get_driver
 from pi2cli.engines.base import GenerateRequest
+from pi2cli.engines.generate import generate
 
 
 @click.command(name="generate")
@@ -48,7 +50,7 @@ def command(model, prompt, n_predict, temperature, seed, engine, threads, as_jso
     """
     request = GenerateRequest(model=model, prompt=prompt, n_predict=n_predict, temperature=temperature,
                               seed=seed, threads=threads)  # fmt: skip
-    result = get_driver(engine).generate(request)
+    result = generate(get_driver(engine), request)
     if as_json:
         click.echo(json.dumps(result.to_json(), default=str))
     else:

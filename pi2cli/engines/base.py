@@ -73,7 +73,8 @@ class ChatSession(Protocol):
 
 class Driver:
     """One engine as pi2 drives it, for `pi2 generate` and `pi2 bench` alike: which model twin it runs,
-    the options it declares, what it puts on a target and a session to run conversations in. A driver
+    the options it declares, what it puts on a target and a session to run conversations in (`pi2
+    generate` is one turn of that session). A driver
     subclasses this and overrides what differs; the defaults are what most engines need, so the bench
     calls every member on every driver and never asks which engine it has."""
 
@@ -92,11 +93,23 @@ class Driver:
         """One of `options` from the bench's command line."""
         raise NotImplementedError(f"{self.name} declares option {name} but does not take it")
 
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        """`pi2 generate`: one prompt on this machine."""
+    def prepare_generate(self, target, model: Path) -> str:
+        """`pi2 generate`: check what `-m` names and configure for it as the bench does; returns the
+        model argument for open_chat (pi2cli.engines.generate runs the one turn)."""
         from pi2cli.errors import Pi2Error
 
-        raise Pi2Error(f"engine '{self.name}' does not run `pi2 generate`")
+        if not model.is_file():
+            raise Pi2Error(f"model file not found: {model}")
+        self.configure(target, model)
+        return str(model)
+
+    def generate_ctx(self, request: GenerateRequest) -> int | None:
+        """The context `pi2 generate` opens the session with; None: the engine's default."""
+        return None
+
+    def generate_extra(self, session, turn) -> dict:
+        """What `pi2 generate --json` adds under `extra` for this engine, once the session is closed."""
+        return {}
 
     def supports(self, target) -> str | None:
         """None when this engine can run on `target`, else the one-line reason it cannot."""
@@ -124,11 +137,13 @@ class Driver:
         """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
         return None
 
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> ChatSession:  # fmt: skip
-        """Start the engine on `target` with `model` (a path there). budget: a pi2cli.plan.budget.Budget
-        (local targets only) the process must start inside; budget_bytes: the same budget in bytes on
-        any target, for engines that manage their own memory (pi2-engine --memory-budget)."""
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  temperature: float = 0.0) -> ChatSession:  # fmt: skip
+        """Start the engine on `target` with `model` (a path there). n_ctx None: the engine's default
+        context. budget: a pi2cli.plan.budget.Budget (local targets only) the process must start inside;
+        budget_bytes: the same budget in bytes on any target, for engines that manage their own memory
+        (pi2-engine --memory-budget). temperature: 0 is greedy (the bench's); `pi2 generate` may sample."""
         raise NotImplementedError
 
     def engine_info(self, target) -> dict:

@@ -15,9 +15,10 @@ How it measures (also stored in every result's `how`):
     it is stopped; with a budget also the cgroup's peak (page cache included). llama-bench, which runs
     to completion, runs under pi2-rusage instead: its peak is wait4's ru_maxrss (pi2cli.hw.rusage).
   * Multi-turn conversations keep the KV cache: one server slot, and each turn's prompt is the whole
-    conversation so far rendered with the model's chat template (the server's /apply-template). The
-    server reuses the longest common prefix of what it already has in the KV cache (cache_prompt), so a
-    turn only prefills what is new; `timings.cache_n` says how many prompt tokens came from the cache.
+    conversation so far rendered with the model's chat template (by the bench, the same text every
+    engine gets). The server reuses the longest common prefix of what it already has in the KV cache
+    (cache_prompt), so a turn only prefills what is new; `timings.cache_n` says how many prompt
+    tokens came from the cache. `pi2 generate` is one such turn (llamacpp_chat.py, engines/generate.py).
 """
 
 import contextlib
@@ -31,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pi2cli.engines.base import GenerateRequest, GenerateResult
+from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.budget import Budget
 from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
@@ -98,26 +99,6 @@ class TurnMetrics:
     def to_json(self) -> dict:
         out = asdict(self)
         out["tbt_s"] = self.tbt_s
-        return out
-
-
-@dataclass
-class ConversationResult:
-    """What run_conversation returns: per-turn metrics plus what holds for the whole session."""
-
-    engine: str
-    model: str
-    turns: list[TurnMetrics]
-    prompts: list[str]  # the full rendered prompt each turn sent (conversation so far)
-    peak_rss_bytes: int
-    load_s: float  # server start until it answered /health (model load + warm-up)
-    how: str
-    budget: dict = field(default_factory=dict)
-    server_args: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["turns"] = [t.to_json() for t in self.turns]
         return out
 
 
@@ -322,21 +303,6 @@ class LlamaServer:
         return turn_metrics(final, "".join(pieces), token_ids, times)
 
 
-def iter_sse(resp):
-    """JSON payloads of a server-sent-events stream (`data: {...}` lines)."""
-    while True:
-        line = resp.readline()
-        if not line:
-            return
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        yield json.loads(payload)
-
-
 def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float]) -> TurnMetrics:
     """Combine the final stream event (server timings) with the host's arrival times."""
     timings = final.get("timings") or {}
@@ -359,156 +325,6 @@ def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float
         stop_type=str(final.get("stop_type", "")),
         timings=timings,
     )
-
-
-class LlamaCppEngine:
-    """llama.cpp behind the EngineDriver interface (see the module doc for how it measures).
-
-    Options beyond GenerateRequest are constructor arguments so `pi2 generate` works with defaults:
-    bin_dir (default $PI2_LLAMACPP_BIN_DIR or the cached build), ctx_size, load_mode ("mmap", "none",
-    "mlock", ...), repack (False keeps weights file-backed), budget_bytes (a memory cgroup limit, page
-    cache counted; the model is evicted from the page cache first), extra_server_args.
-    """
-
-    name = "llama.cpp"
-
-    def __init__(
-        self,
-        bin_dir: Path | None = None,
-        *,
-        ctx_size: int = 4096,
-        load_mode: str = "mmap",
-        repack: bool = False,
-        budget_bytes: int | None = None,
-        extra_server_args: list[str] | None = None,
-    ):
-        self._bin_dir = Path(bin_dir) if bin_dir else None
-        self.ctx_size = ctx_size
-        self.load_mode = load_mode
-        self.repack = repack
-        self.budget_bytes = budget_bytes
-        self.extra_server_args = extra_server_args or []
-
-    @property
-    def bin_dir(self) -> Path:
-        if self._bin_dir is None:
-            self._bin_dir = default_bin_dir()
-        return self._bin_dir
-
-    def _how(self) -> str:
-        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT
-
-        return HOW.format(commit=LLAMACPP_COMMIT, load_mode=self.load_mode, repack=self.repack)
-
-    def _server(self, model: Path, threads: int | None, budget: Budget | None) -> LlamaServer:
-        return LlamaServer(
-            self.bin_dir, model, threads=threads, ctx_size=self.ctx_size, load_mode=self.load_mode,
-            repack=self.repack, budget=budget, extra_args=self.extra_server_args,
-        )  # fmt: skip
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        """One prompt, used as is (no chat template), on a fresh server."""
-        model = Path(request.model)
-        if not model.is_file():
-            raise Pi2Error(f"model file not found: {model}")
-        evict = [model] if self.budget_bytes else []
-        with (
-            Budget(self.budget_bytes, evict=evict) as budget,
-            self._server(model, request.threads, budget) as server,
-        ):
-            turn = server.complete(
-                request.prompt, request.n_predict, temperature=request.temperature, seed=request.seed
-            )
-            peak = server.current_peak_rss()
-            load_s = server.load_s
-            args = server.args
-        return GenerateResult(
-            engine=self.name,
-            text=turn.text,
-            token_ids=turn.token_ids,
-            n_prompt=turn.n_prompt,
-            ttft_s=turn.ttft_s,
-            prefill_tps=turn.prefill_tps,
-            decode_tps=turn.decode_tps,
-            peak_rss_bytes=peak,
-            token_times_s=turn.token_times_s,
-            how=self._how(),
-            extra={
-                "host_decode_tps": turn.host_decode_tps,
-                "timings": turn.timings,
-                "stop_type": turn.stop_type,
-                "load_s": load_s,
-                "budget": budget.record(),
-                "server_args": args,
-            },
-        )
-
-    def run_conversation(
-        self,
-        model: Path,
-        turns: list[str],
-        max_new_tokens: int,
-        system: str | None = None,
-        *,
-        threads: int | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-        ignore_eos: bool = True,
-        chat_template: bool = True,
-    ) -> ConversationResult:
-        """Run a multi-turn conversation on one server, keeping the KV cache across turns.
-
-        model: the GGUF. turns: the user messages, in order. max_new_tokens: tokens generated per turn
-        (exactly that many with ignore_eos=True, the default, so every engine generates the same
-        length; False stops at end-of-turn). system: an optional system message.
-        chat_template=True renders [system, user1, assistant1, ..., userK] with the model's own chat
-        template for turn K; False concatenates raw text (previous prompt + answer + new turn).
-
-        Returns a ConversationResult: for each turn a TurnMetrics (text, token ids, TTFT, per-token
-        arrival times and TBT, prefill/decode tok/s, n_prompt / n_prompt_cached / n_prompt_processed:
-        turn 2 onwards shows the reuse of the previous turns' KV cache in n_prompt_cached), plus the
-        server's peak RSS over the whole conversation, its load time, and the budget record when the
-        engine has budget_bytes (model evicted from the page cache before the server starts).
-        """
-        model = Path(model)
-        if not turns:
-            raise Pi2Error("a conversation needs at least one turn")
-        if not model.is_file():
-            raise Pi2Error(f"model file not found: {model}")
-        results: list[TurnMetrics] = []
-        prompts: list[str] = []
-        evict = [model] if self.budget_bytes else []
-        with Budget(self.budget_bytes, evict=evict) as budget, self._server(model, threads, budget) as server:
-            messages = [{"role": "system", "content": system}] if system else []
-            raw = f"{system}\n\n" if system else ""
-            for user in turns:
-                if chat_template:
-                    messages.append({"role": "user", "content": user})
-                    prompt = server.apply_template(messages)
-                else:
-                    raw += user
-                    prompt = raw
-                turn = server.complete(
-                    prompt, max_new_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos
-                )
-                results.append(turn)
-                prompts.append(prompt)
-                messages.append({"role": "assistant", "content": turn.text})
-                raw += turn.text
-            peak = server.current_peak_rss()
-            load_s = server.load_s
-            args = server.args
-        return ConversationResult(
-            engine=self.name,
-            model=str(model),
-            turns=results,
-            prompts=prompts,
-            peak_rss_bytes=peak,
-            load_s=load_s,
-            how=self._how() + "; multi-turn: one slot, cache_prompt (KV prefix reuse)",
-            budget=budget.record(),
-            server_args=args,
-        )
 
 
 # ------------------------------------------------------------------------------ llama-bench mode

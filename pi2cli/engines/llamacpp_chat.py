@@ -1,10 +1,11 @@
-"""llama.cpp for `pi2 bench` (BenchDriver): llama-server with one slot and the prompt cache on, on this
-machine or on an adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
+"""llama.cpp's driver: llama-server with one slot and the prompt cache on, on this machine or on an
+adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
 through adb forward).
 
 Each turn sends the whole conversation so far (rendered by the host with the model's chat template,
 the same text pi2 gets); the server reuses the longest common prefix already in its KV cache
-(cache_prompt), so a turn prefills only what is new. See pi2cli/engines/llamacpp.py for how it measures.
+(cache_prompt), so a turn prefills only what is new; `pi2 generate` is one turn on a fresh server. See
+pi2cli/engines/llamacpp.py for how it measures.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import platform
 from pathlib import Path
 
-from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult, TurnFailed
-from pi2cli.engines.llamacpp import LlamaCppEngine, LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.base import Driver, TurnFailed
+from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -26,10 +27,14 @@ DEVICE_HOW = (
 )
 
 
+DEFAULT_CTX = 4096  # llama-server's context when the caller names none (`pi2 generate`)
+
+
 class LlamaCppSession:
-    def __init__(self, server: LlamaServer, seed: int = 0):
+    def __init__(self, server: LlamaServer, seed: int = 0, temperature: float = 0.0):
         self.server = server
         self.seed = seed
+        self.temperature = temperature
         self.pid = server.proc.pid if server.proc else None
 
     def _down(self, wait_s: float = 0.0) -> Exception | None:
@@ -48,7 +53,7 @@ class LlamaCppSession:
             raise down
         try:
             turn = self.server.complete(
-                prompt, n_predict, temperature=0.0, seed=self.seed, ignore_eos=ignore_eos
+                prompt, n_predict, temperature=self.temperature, seed=self.seed, ignore_eos=ignore_eos
             )
         except Pi2Error as exc:
             down = self._down(wait_s=3.0)  # a broken stream: did the server or the device go away?
@@ -78,7 +83,7 @@ def build_target_for(target) -> str:
     for local and for devices of this machine's architecture (x86-64 emulators, the test adb daemon);
     arm64 devices get the NDK build when ANDROID_NDK_HOME is set, else the static linux-arm64 one
     (static binaries run on Android from /data/local/tmp)."""
-    if target.kind == "local" or target.arch == normalize_arch(platform.machine()):
+    if target.arch == normalize_arch(platform.machine()):  # this machine, or a device of its kind
         return "host"
     if target.arch == "arm64":
         return "android-arm64" if os.environ.get("ANDROID_NDK_HOME") else "linux-arm64"
@@ -86,8 +91,8 @@ def build_target_for(target) -> str:
 
 
 class LlamaCppDriver(Driver):
-    """llama.cpp: `pi2 generate` through LlamaCppEngine, `pi2 bench` through llama-server sessions here
-    or on an adb device; option: the host build to use (--llamacpp bin dir)."""
+    """llama.cpp: llama-server sessions here or on an adb device (`pi2 generate`: one turn of one);
+    option: the host build to use (--llamacpp bin dir)."""
 
     name = "llama.cpp"
     policy = None
@@ -103,9 +108,6 @@ class LlamaCppDriver(Driver):
         assert name == "llamacpp_bin_dir"
         self._bin_dir = Path(value)
 
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        return LlamaCppEngine(self._bin_dir).generate(request)
-
     @property
     def how(self) -> str:
         from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT
@@ -117,21 +119,19 @@ class LlamaCppDriver(Driver):
 
     def measurement(self, target) -> str:
         """`how` as it applies on `target` (the bench stores this in each result)."""
-        return self.how + (DEVICE_HOW if target.kind == "adb" else "")
+        return self.how + ("" if target.on_this_machine else DEVICE_HOW)
 
     def supports(self, target) -> str | None:
-        if target.kind == "local":
+        if target.native_here:
             return None
-        if target.kind == "adb":
-            if "shell_v2" not in getattr(target, "features", set()):
-                return f"llama.cpp on {target.name} needs adb shell v2 (Android 7 or later)"
-            if target.arch not in ("arm64", normalize_arch(platform.machine())):
-                return (
-                    f"no llama.cpp build runs on {target.name} ({target.arch}): arm64 or this machine's only"
-                )
-            return None
-        return (f"llama.cpp does not run on {target.name} ({target.kind}) in pi2 bench: use this machine or "
-                f"an adb device")  # fmt: skip
+        if target.on_this_machine:  # emulated: no llama.cpp build for it
+            return (f"llama.cpp does not run on {target.name} ({target.kind}) in pi2 bench: use this machine or "
+                    f"an adb device")  # fmt: skip
+        if "shell_v2" not in getattr(target, "features", set()):
+            return f"llama.cpp on {target.name} needs adb shell v2 (Android 7 or later)"
+        if target.arch not in ("arm64", normalize_arch(platform.machine())):
+            return f"no llama.cpp build runs on {target.name} ({target.arch}): arm64 or this machine's only"
+        return None
 
     @property
     def bin_dir(self) -> Path:
@@ -152,25 +152,30 @@ class LlamaCppDriver(Driver):
         return self._device_bin_dirs[which]
 
     def binaries(self, target) -> list[Path]:
-        if target.kind == "local":
+        if target.on_this_machine:
             return []
         binary = self.bin_dir_for(target) / "llama-server"
         if not binary.is_file():
             raise Pi2Error(f"llama-server not found in {binary.parent} (run `pi2 build --engine llama.cpp`)")
         return [binary]
 
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> LlamaCppSession:  # fmt: skip
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  temperature: float = 0.0) -> LlamaCppSession:  # fmt: skip
         # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
-        if target.kind == "adb":
+        n_ctx = n_ctx or DEFAULT_CTX
+        if target.on_this_machine:
+            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
+        else:
             from pi2cli.engines.llamacpp_device import DeviceLlamaServer
 
             binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
             server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)
-        else:
-            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         server.start()
-        return LlamaCppSession(server, seed)
+        return LlamaCppSession(server, seed, temperature)
+
+    def generate_extra(self, session, turn) -> dict:
+        return {"host_decode_tps": turn.host_decode_tps, "server_args": session.server.args}
 
     def engine_info(self, target) -> dict:
         from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record

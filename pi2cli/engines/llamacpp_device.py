@@ -57,7 +57,7 @@ class DeviceLlamaServer(LlamaServer):
     """A llama-server process on an adb target, reachable at 127.0.0.1:self.port here (a forward).
 
     Same interface as LlamaServer (start/stop, complete, apply_template, current_peak_rss, log_tail,
-    proc with poll()/returncode/pid), so the bench session and run_conversation use either."""
+    proc with poll()/returncode/pid), so the driver's session uses either."""
 
     health_timeout_s = 5.0  # the /health request crosses adb's forward
     peak_rss_source = PEAK_RSS_DEVICE  # VmHWM read through the device's shell, last right before stop

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2 import Pi2Driver, engine_binary
-from pi2cli.engines.pi2_chat import engine_flags, model_has_predictor, target_engine_flags
+from pi2cli.engines.pi2 import Pi2Driver
+from pi2cli.engines.pi2_chat import model_has_predictor, target_engine_flags
 from pi2cli.errors import Pi2Error
 
 DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)
@@ -63,14 +63,3 @@ class LlmFlashDriver(Pi2Driver):
 
     def engine_options(self, budget_bytes: int | None) -> dict:
         return {**super().engine_options(budget_bytes), "llmflash_window": self.window}
-
-    def generate(self, request):
-        """`pi2 generate --engine llmflash`: pi2-engine generate with the llmflash policy."""
-        if "--llmflash-window" not in engine_flags(engine_binary(), "generate"):
-            raise Pi2Error(
-                f"{engine_binary()} has no --policy llmflash (the sparse engine): rebuild it (make engine)"
-            )
-        result = super().generate(request, policy="llmflash", llmflash_window=self.window)
-        result.engine = self.name
-        result.extra["llmflash_window"] = self.window
-        return result

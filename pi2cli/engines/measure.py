@@ -8,12 +8,9 @@ checked against the truth: all gate and up rows multiplied out), so the two can 
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 from pathlib import Path
 
-from pi2cli.engines.pi2 import engine_binary, parse_events
-from pi2cli.engines.pi2_args import engine_argv
+from pi2cli.engines.pi2 import run_generate
 from pi2cli.errors import Pi2Error
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -25,16 +22,11 @@ def measure_with_engine(model: Path, n_tokens: int = 32, prompt: str = DEFAULT_P
     model = Path(model)
     if not model.is_file():
         raise Pi2Error(f"{model}: no such file")
-    with tempfile.TemporaryDirectory() as tmp:
-        events = Path(tmp) / "events.jsonl"
-        cmd = engine_argv(engine_binary(), "generate", model, events=events, prompt=prompt, n_predict=n_tokens,
-                          temperature=0.8, seed=seed, ignore_eos=True, policy="cache",
-                          more=["--check-predictor"])  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1:] or ["no output"]
-            raise Pi2Error(f"pi2-engine could not measure {model}: {last[0]}")
-        ev = parse_events(events.read_text().splitlines())
+    run = run_generate(model, prompt=prompt, n_predict=n_tokens, temperature=0.8, seed=seed, ignore_eos=True,
+                       policy="cache", more=["--check-predictor"], timeout=None)  # fmt: skip
+    if run.error is not None:
+        raise Pi2Error(f"pi2-engine could not measure {model}: {run.error}")
+    ev = run.events
     s = ev.get("summary") or {}
     if "predictor_recall" not in s:
         raise Pi2Error(f"pi2-engine reported no predictor statistics for {model}")

@@ -1,7 +1,7 @@
 """The MLC-LLM baseline driver, against a runner the user provides (see docs/MLC.md).
 
 MLC-LLM compiles each model into a device-specific library with TVM; pi2 cannot build that for you.
-So the driver talks to a runner you set up, named by $PI2_MLC_RUNNER (or MlcEngine(runner=...)):
+So the driver (mlc_chat.py) talks to a runner you set up, named by $PI2_MLC_RUNNER (or --mlc-runner):
 
   * a URL, e.g. http://127.0.0.1:8000: a running `mlc_llm serve MODEL --model-lib LIB` (on this
     machine, or a phone's port forwarded with `adb forward tcp:8000 tcp:8000`). The driver streams
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pi2cli.engines.base import GenerateRequest, GenerateResult
+from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 
 RUNNER_ENV = "PI2_MLC_RUNNER"
@@ -169,14 +169,8 @@ def stream_chat(url: str, body: dict, timeout_s: float) -> StreamOutcome:
         resp = conn.getresponse()
         if resp.status != 200:
             raise Pi2Error(f"MLC server answered {resp.status}: {resp.read().decode(errors='replace')[:300]}")
-        while line := resp.readline():
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            events.append((time.monotonic() - sent, json.loads(data)))
+        for chunk in iter_sse(resp):
+            events.append((time.monotonic() - sent, chunk))
     except (OSError, http.client.HTTPException) as err:
         raise Pi2Error(f"cannot reach the MLC server at {url}: {err}") from err
     finally:
@@ -249,79 +243,3 @@ def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) ->
         tail = " | ".join("".join(err).strip().splitlines()[-3:])[-300:]
         raise Pi2Error(f"the MLC runner failed with code {usage.returncode}: {tail}")
     return RunnerRun("".join(out), wall, usage.maxrss_bytes)
-
-
-class MlcEngine:
-    """MLC-LLM behind the EngineDriver interface. `model` is passed to the runner as is (the model
-    id `mlc_llm serve` was started with, or whatever your command runner understands)."""
-
-    name = "mlc-llm"
-
-    def __init__(self, runner: str | None = None, timeout_s: float = 3600):
-        self._runner = runner
-        self.timeout_s = timeout_s
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        runner = resolve_runner(self._runner)
-        body = {
-            "model": str(request.model),
-            "messages": [{"role": "user", "content": request.prompt}],
-            "max_tokens": request.n_predict,
-            "temperature": request.temperature,
-            "seed": request.seed,
-        }
-        if runner.startswith(("http://", "https://")):
-            return self._generate_http(runner, body)
-        return self._generate_command(runner, body)
-
-    def _generate_http(self, url: str, body: dict) -> GenerateResult:
-        out = stream_chat(url, body, self.timeout_s)
-        ttft = out.chunk_times_s[0] if out.chunk_times_s else (out.stats.ttft_s or 0.0)
-        return GenerateResult(
-            engine=self.name,
-            text=out.text,
-            token_ids=[],  # the OpenAI stream carries text, not token ids
-            n_prompt=out.stats.prompt_tokens or 0,
-            ttft_s=ttft,
-            prefill_tps=out.stats.prefill_tps,
-            decode_tps=out.stats.decode_tps,
-            peak_rss_bytes=0,  # the server is not our child; measure it on its device
-            token_times_s=out.chunk_times_s,
-            how=(
-                "mlc_llm serve, streamed /v1/chat/completions: TTFT and chunk times stamped on the host; "
-                "prefill/decode tok/s from MLC's usage.extra; peak RSS not measured (external server)"
-            ),
-            extra={
-                "runner": url,
-                "mlc_ttft_s": out.stats.ttft_s,
-                "mlc_inter_token_latency_s": out.stats.inter_token_latency_s,
-                "completion_tokens": out.stats.completion_tokens,
-                "finish_reason": out.finish_reason,
-                "usage": out.stats.raw,
-            },
-        )
-
-    def _generate_command(self, runner: str, body: dict) -> GenerateResult:
-        done = run_command_runner(runner, body, self.timeout_s)
-        wall = done.wall_s
-        text, stats = parse_runner_output(done.stdout)
-        return GenerateResult(
-            engine=self.name,
-            text=text,
-            token_ids=[],
-            n_prompt=stats.prompt_tokens or 0,
-            ttft_s=stats.ttft_s or 0.0,
-            prefill_tps=stats.prefill_tps,
-            decode_tps=stats.decode_tps,
-            # the runner's ru_maxrss is the engine's only when the runner IS the engine, not an adb client
-            peak_rss_bytes=done.peak_rss_bytes if Path(shlex.split(runner)[0]).name != "adb" else 0,
-            token_times_s=[],
-            how=f"MLC runner command; figures from its {stats.source} (MLC's own timing); no per-token times",
-            extra={
-                "runner": runner,
-                "wall_s": wall,
-                "mlc_inter_token_latency_s": stats.inter_token_latency_s,
-                "completion_tokens": stats.completion_tokens,
-                "stats": stats.raw,
-            },
-        )

@@ -1,4 +1,4 @@
-"""MLC-LLM for `pi2 bench` (BenchDriver), through the runner the user provides (docs/MLC.md).
+"""MLC-LLM's driver, through the runner the user provides (docs/MLC.md); `pi2 generate` is one turn.
 
 Every turn sends the conversation so far as chat messages (the same messages the other engines get
 rendered with the model's chat template; MLC applies its own conversation template to them):
@@ -19,11 +19,10 @@ import shlex
 import shutil
 from pathlib import Path
 
-from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult
+from pi2cli.engines.base import Driver
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.engines.mlc import (
     RUNNER_ENV,
-    MlcEngine,
     parse_runner_output,
     resolve_runner,
     run_command_runner,
@@ -41,10 +40,15 @@ def is_url(runner: str) -> bool:
 
 
 def request_body(messages: list[dict], n_predict: int, *, model: str | None, seed: int, ignore_eos: bool,
-                 url: bool) -> dict:  # fmt: skip
-    """The chat request both runner kinds get (greedy). A URL runner gets ignore_eos the way
-    `mlc_llm serve` takes it (debug_config), a command runner as a plain key."""
-    body: dict = {"messages": messages, "max_tokens": int(n_predict), "temperature": 0.0, "seed": seed}
+                 url: bool, temperature: float = 0.0) -> dict:  # fmt: skip
+    """The chat request both runner kinds get (greedy unless `pi2 generate --temperature`). A URL runner
+    gets ignore_eos the way `mlc_llm serve` takes it (debug_config), a command runner as a plain key."""
+    body: dict = {
+        "messages": messages,
+        "max_tokens": int(n_predict),
+        "temperature": temperature,
+        "seed": seed,
+    }
     if model:
         body["model"] = model
     if url:
@@ -61,8 +65,9 @@ class MlcSession:
     pid = None
 
     def __init__(self, runner: str, model: str | None, *, seed: int = 0, budget=None, local: bool = True,
-                 timeout_s: float = 3600.0):  # fmt: skip
+                 timeout_s: float = 3600.0, temperature: float = 0.0):  # fmt: skip
         self.runner, self.model, self.seed, self.budget = runner, model, seed, budget
+        self.temperature = temperature
         self.timeout_s = timeout_s
         cmd = shlex.split(runner) if not is_url(runner) else []
         # the runner's peak RSS is the engine's only when the runner IS the engine, here
@@ -74,9 +79,8 @@ class MlcSession:
              messages: list[dict] | None = None) -> TurnMetrics:  # fmt: skip
         messages = messages or [{"role": "user", "content": prompt}]
         url = is_url(self.runner)
-        body = request_body(
-            messages, n_predict, model=self.model, seed=self.seed, ignore_eos=ignore_eos, url=url
-        )
+        body = request_body(messages, n_predict, model=self.model, seed=self.seed, ignore_eos=ignore_eos, url=url,
+                            temperature=self.temperature)  # fmt: skip
         if url:
             out = stream_chat(self.runner, body, self.timeout_s)
             text, stats, times = out.text, out.stats, out.chunk_times_s
@@ -127,8 +131,8 @@ class MlcSession:
 
 
 class MlcDriver(Driver):
-    """MLC-LLM through the runner the user provides: `pi2 generate` through MlcEngine, `pi2 bench`
-    through MlcSession; options: the runner (URL or command) and the model id it is given."""
+    """MLC-LLM through the runner the user provides, in MlcSession; options: the runner (URL or command)
+    and the model id it is given (`pi2 generate -m` names it there)."""
 
     name = "mlc-llm"
     policy = None
@@ -145,9 +149,6 @@ class MlcDriver(Driver):
             self.runner = value
         else:
             self.model = value
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        return MlcEngine(self.runner).generate(request)
 
     def resolved_runner(self) -> str:
         return resolve_runner(self.runner)
@@ -175,7 +176,7 @@ class MlcDriver(Driver):
                 wrapper_binary()  # a command runner runs under pi2-rusage, which measures its peak memory
             except Pi2Error as exc:
                 return str(exc)
-        if target.kind != "local":
+        if not target.native_here:
             return ("mlc-llm is benched from this machine (--device local): point the runner at the phone "
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
         return None
@@ -193,11 +194,22 @@ class MlcDriver(Driver):
         self.extra_settings = {"mlc_runner": self.resolved_runner(),
                                "mlc_model": self.model or os.environ.get(MODEL_ENV) or None}  # fmt: skip
 
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> MlcSession:  # fmt: skip
+    def prepare_generate(self, target, model: Path) -> str:
+        """`pi2 generate -m ID`: the id the runner is given (the runner loads its own compiled model)."""
+        self.model = self.model or str(model)
+        self.configure(target, model)
+        return str(model)
+
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  temperature: float = 0.0) -> MlcSession:  # fmt: skip
         runner = self.resolved_runner()
         model_id = self.model or os.environ.get(MODEL_ENV) or (None if is_url(runner) else model)
-        return MlcSession(runner, model_id, seed=seed, budget=budget, local=target.kind == "local")
+        return MlcSession(runner, model_id, seed=seed, budget=budget, local=target.native_here,
+                          temperature=temperature)  # fmt: skip
+
+    def generate_extra(self, session, turn) -> dict:
+        return {"mlc_stats": ", ".join(sorted(session.sources)) or None, "n_gen": turn.n_gen}
 
     def engine_info(self, target) -> dict:
         return {"name": self.name, "version": None, "commit": None, "build_flags": None, "build_type": None,

@@ -1,21 +1,20 @@
-"""The pi2 engine's driver: `pi2 generate` through `pi2-engine generate` on this machine, `pi2 bench`
-through `pi2-engine chat` sessions on any target (pi2_chat.py), every argv from pi2_args.py."""
+"""The pi2 engine's driver: `pi2-engine chat` sessions on any target (pi2_chat.py) for `pi2 bench`, and
+one turn of one for `pi2 generate` (engines/generate.py); every argv from pi2_args.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult
+from pi2cli.engines.base import Driver
 from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.engines.pi2_chat import (
     HOW,
     Pi2ChatSession,
     model_has_predictor,
     open_chat_session,
-    summary_counters,
     target_engine_flags,
 )
 from pi2cli.errors import Pi2Error
@@ -47,43 +46,35 @@ def parse_events(lines: list[str]) -> dict:
     return out
 
 
-def result_from_events(text: str, events: dict) -> GenerateResult:
-    for kind in ("start", "turn", "summary"):
-        if kind not in events:
-            raise Pi2Error(f"pi2-engine's events have no '{kind}' record")
-    start, turn, summary = events["start"], events["turn"], events["summary"]
-    t0 = start["t"]
-    return GenerateResult(
-        engine="pi2",
-        text=text,
-        token_ids=[e["id"] for e in events["token"]],
-        n_prompt=turn["n_prompt"],
-        ttft_s=turn["ttft_s"],
-        prefill_tps=turn["prefill_tps"],
-        decode_tps=turn["decode_tps"],
-        peak_rss_bytes=summary["peak_rss_bytes"],
-        token_times_s=[e["t"] - t0 for e in events["token"]],
-        how="pi2-engine --events JSONL: monotonic clock; TTFT from prompt processing start to the first "
-        "sampled token; decode rate over tokens after the first",
-        extra={
-            "prompt_ids": start.get("prompt_ids", []),
-            "threads": start.get("threads"),
-            "kernels": start.get("kernels"),
-            "load_s": start.get("load_s"),
-            "bytes_read": summary.get("bytes_read"),
-            # the sparse engine's figures (policy, io_method, storage_bytes_read, hit_rate, io_share, ...)
-            "sparse": {
-                k: v
-                for k, v in summary_counters(summary).items()
-                if k not in ("peak_rss_bytes", "bytes_read")
-            },
-        },
-    )
+@dataclass
+class GenerateRun:
+    """One `pi2-engine generate` run: its events grouped (parse_events; {} when it failed), the
+    engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
+
+    events: dict
+    error: str | None = None
+    budget: dict = field(default_factory=dict)
+
+
+def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: float | None = 3600,
+                 **argv) -> GenerateRun:  # fmt: skip
+    """`pi2-engine generate` on `model` to completion, for the measurements that need the engine's raw
+    events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
+    to the engine as --memory-budget (last, pi2_args), `evict`ed from the page cache first. argv: the
+    keywords of pi2_args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
+    from pi2cli.plan.budget import run_budgeted
+
+    with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
+        events = Path(tmp) / "events.jsonl"
+        cmd = engine_argv(engine_binary(), "generate", model, events=events, memory_budget=budget, **argv)
+        done = run_budgeted(cmd, budget, evict=evict, timeout=timeout)
+        if done.returncode != 0:
+            return GenerateRun({}, (done.stderr.strip().splitlines() or ["no output"])[-1], done.budget)
+        return GenerateRun(parse_events(events.read_text().splitlines()), None, done.budget)
 
 
 class Pi2Driver(Driver):
-    """The pi2 engine: `pi2-engine generate` for `pi2 generate`, `pi2-engine chat` on any target for
-    `pi2 bench`, on the .pi2 twin of the model.
+    """The pi2 engine: `pi2-engine chat` on any target, on the .pi2 twin of the model.
 
     The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
     otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
@@ -136,25 +127,33 @@ class Pi2Driver(Driver):
     def binaries(self, target) -> list[Path]:
         return [self.local_binary(target)]
 
-    def generate(self, request: GenerateRequest, **sparse) -> GenerateResult:
-        """One prompt through `pi2-engine generate` here; `sparse`: keywords of pi2_args.sparse_flags."""
-        model = Path(request.model)
+    def prepare_generate(self, target, model: Path) -> str:
+        """`pi2 generate -m X.pi2`: the driver's own policy (pi2: dense, the engine's default, as
+        `pi2-engine generate` runs it; llmflash: llmflash); only the bench picks powerinfer2 for a
+        model with predictors (configure())."""
         if not model.is_file():
             raise Pi2Error(f"{model}: no such model file")
         if model.suffix != ".pi2":
             raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
-        with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
-            events_path = Path(tmp) / "events.jsonl"
-            argv = engine_argv(engine_binary(), "generate", model, events=events_path, prompt=request.prompt,
-                               n_predict=request.n_predict, temperature=request.temperature, seed=request.seed,
-                               threads=request.threads, **sparse)  # fmt: skip
-            done = subprocess.run(argv, capture_output=True)
-            if done.returncode != 0:
-                lines = done.stderr.decode(errors="replace").strip().splitlines()
-                msg = lines[-1] if lines else f"exit code {done.returncode}"
-                raise Pi2Error(msg.removeprefix("pi2-engine: error: "))
-            events = parse_events(events_path.read_text().splitlines())
-        return result_from_events(done.stdout.decode("utf-8", errors="replace"), events)
+        model_arg = super().prepare_generate(target, model)
+        self.policy = type(self).policy
+        return model_arg
+
+    def generate_ctx(self, request) -> int:
+        """Room for the prompt and every token asked for, as `pi2-engine generate` sizes its context
+        (n_prompt + n_predict): a text token is at least one byte (a few more for BOS and the leading
+        space SentencePiece adds), so this never falls short, and a long generation is not cut at the
+        chat's default context."""
+        return len(request.prompt.encode()) + 4 + int(request.n_predict)
+
+    def generate_extra(self, session, turn) -> dict:
+        """The engine's start and summary events: threads, kernels, bytes read and the sparse figures."""
+        counters = session.counters
+        common = ("peak_rss_bytes", "bytes_read", "load_s", "peak_rss_source")
+        return {"threads": session.start_event.get("threads"), "kernels": session.start_event.get("kernels"),
+                "bytes_read": counters.get("bytes_read"),
+                # the sparse engine's figures (policy, io_method, storage_bytes_read, hit_rate, io_share, ...)
+                "sparse": {k: v for k, v in counters.items() if k not in common}}  # fmt: skip
 
     def configure(self, target, model_local: Path) -> None:
         """Choose the policy for this model and this engine build (before engine_info records it)."""
@@ -173,11 +172,12 @@ class Pi2Driver(Driver):
         return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
                 "accepts": self._sparse_flags}  # fmt: skip
 
-    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None) -> Pi2ChatSession:  # fmt: skip
+    def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
+                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  temperature: float = 0.0) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
         return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
-                                 **self.engine_options(budget_bytes))  # fmt: skip
+                                 temperature=temperature, **self.engine_options(budget_bytes))  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__

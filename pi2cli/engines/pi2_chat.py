@@ -388,11 +388,13 @@ class Pi2ChatSession:
                 cleanup()
 
 
-def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, budget=None, seed: int = 0,
-                      events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
+def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 4096, budget=None, seed: int = 0,
+                      temperature: float = 0.0, events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
-    (a temporary directory here, the working directory on a device). `sparse`: the keywords of
-    pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
+    (a temporary directory here, the working directory on a device). n_ctx None: the engine's default;
+    temperature 0 (greedy) is the engine's default and left off the command line. `sparse`: the
+    keywords of pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
+    flags = dict(n_ctx=n_ctx, seed=seed, temperature=temperature or None, **sparse)
     if target.on_this_machine:
         import shutil
         import tempfile
@@ -401,8 +403,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, bud
         events_dir = events_dir or tempfile.mkdtemp(prefix="pi2-chat-")
         events = str(Path(events_dir) / "events.jsonl")
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
-        argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx, seed=seed,
-                                                     **sparse)  # fmt: skip
+        argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, **flags)
         process = LocalChatProcess(argv, budget=budget)
     else:
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
@@ -413,8 +414,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int = 4096, bud
             target.sh(f"rm -f {shlex.quote(events)}", timeout=10)
 
         try:
-            process = adb_chat_process(target, engine_argv(binary, "chat", model, events=events, n_ctx=n_ctx,
-                                                           seed=seed, **sparse))  # fmt: skip
+            process = adb_chat_process(target, engine_argv(binary, "chat", model, events=events, **flags))
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)

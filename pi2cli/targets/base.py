@@ -110,6 +110,9 @@ class Target(Protocol):
     @property
     def on_this_machine(self) -> bool: ...
 
+    @property
+    def native_here(self) -> bool: ...
+
     def build_dirs(self, root: Path) -> list[Path]: ...
 
     def build_hint(self) -> str: ...
@@ -342,6 +345,12 @@ class ShellTarget:
     def on_this_machine(self) -> bool:
         """True for targets that run here (local, qemu-user): their files are used in place (no push),
         their events files read directly, and a memory cgroup binds their processes."""
+        return False
+
+    @property
+    def native_here(self) -> bool:
+        """True for this machine itself, not emulated: programs built for the host (llama-bench, an MLC
+        runner command, the host's llama-server) run on it as they are."""
         return False
 
     def build_dirs(self, root: Path) -> list[Path]:

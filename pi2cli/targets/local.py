@@ -108,6 +108,10 @@ class LocalTarget(ShellTarget):
     def on_this_machine(self) -> bool:
         return True
 
+    @property
+    def native_here(self) -> bool:
+        return not self.emulated  # qemu-user (a LocalTarget too) runs another architecture's programs
+
     def build_dirs(self, root: Path) -> list[Path]:
         """`make engine`'s build ($PI2_BUILD_DIR overrides it)."""
         return [Path(os.environ["PI2_BUILD_DIR"])] if os.environ.get("PI2_BUILD_DIR") else [root / "host"]

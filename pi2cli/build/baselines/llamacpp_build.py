@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi2cli.build.cmake_run import default_jobs, log_tail, parse_progress, run_logged
+from pi2cli.build.cmake_run import cmake_build, default_jobs
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import cache_dir
 
@@ -276,35 +276,10 @@ def ensure_built(target: str = "host", jobs: int | None = None, show_progress: b
 
 
 def _build(source: Path, build_dir: Path, target: str, args: list[str], jobs: int, show: bool) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    log_path = build_dir / "build.log"
     started = time.monotonic()
-    configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *args]
-    build = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TOOLS]
-    progress = Progress(
-        TextColumn(f"llama.cpp {LLAMACPP_COMMIT} [{target}]"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        transient=True,
-        disable=not show,
-    )
-    if show and not sys.stderr.isatty():  # no progress bar off a terminal: say what runs, and for how long
-        print(f"pi2: building llama.cpp {LLAMACPP_COMMIT} for {target} (about 6-10 minutes on 2 cores; "
-              f"log: {log_path})", file=sys.stderr, flush=True)  # fmt: skip
-    with open(log_path, "w") as log, progress:
-        task = progress.add_task("configure", total=None)
-        if run_logged(configure, log) != 0:
-            raise Pi2Error(f"llama.cpp configure failed for {target}: {log_tail(log_path)} (log: {log_path})")
-
-        def on_line(line: str) -> None:
-            if got := parse_progress(line):
-                progress.update(task, completed=got[0], total=got[1])
-
-        if run_logged(build, log, on_line) != 0:
-            raise Pi2Error(f"llama.cpp build failed for {target}: {log_tail(log_path)} (log: {log_path})")
+    cmake_build(source, build_dir, name="llama.cpp", label=f"llama.cpp {LLAMACPP_COMMIT}", target=target, args=args,
+                jobs=jobs, show=show, takes="about 6-10 minutes on 2 cores", build_targets=TOOLS)  # fmt: skip
+    log_path = build_dir / "build.log"
     missing = [t for t in TOOLS if not (build_dir / "bin" / t).exists()]
     if missing:
         raise Pi2Error(f"llama.cpp build for {target} produced no {', '.join(missing)} (log: {log_path})")
