@@ -120,3 +120,17 @@ def test_compare_and_report_show_quality_beside_speedups(tmp_path):
     files = write_report([base, sparse], tmp_path / "rep")
     assert any(p.name == "quality" for p in files.figures)
     assert "KL 0.0123" in files.markdown.read_text() and "Quality beside speed" in files.markdown.read_text()
+
+
+def test_layer_statistics_on_a_known_activation_pattern():
+    from pi2cli.models.measure import layer_statistics
+
+    active = np.zeros((50, 100), dtype=bool)
+    active[:, :20] = True  # 20 always-on neurons, side by side in the file
+    active[::2, 50] = True  # one more, every other token
+    s = layer_statistics(active, np.random.default_rng(0))
+    assert s["sparsity"] == pytest.approx(1 - (20 * 50 + 25) / 5000)
+    assert s["top20_share"] == pytest.approx(1000 / 1025)  # the top 20 neurons; neuron 50 is the 21st
+    # of the 21 on-neurons, 19 have an always-on right neighbour; neuron 19's and 50's neighbours are off
+    assert s["adjacent_coactivation"] == pytest.approx(19 * 50 / (20 * 50 + 25))
+    assert s["random_coactivation"] < s["adjacent_coactivation"]
