@@ -134,3 +134,16 @@ def test_layer_statistics_on_a_known_activation_pattern():
     # of the 21 on-neurons, 19 have an always-on right neighbour; neuron 19's and 50's neighbours are off
     assert s["adjacent_coactivation"] == pytest.approx(19 * 50 / (20 * 50 + 25))
     assert s["random_coactivation"] < s["adjacent_coactivation"]
+
+
+def test_bench_hook_skips_dense_engines_and_never_loses_the_run(tmp_path):
+    from pi2cli.quality.bench_hook import attach_quality
+
+    run = fake_run("llama.cpp")
+    assert (
+        "skipped" in attach_quality(run, tmp_path / "m.gguf", "multi-turn", None, 2) and "quality" not in run
+    )
+    run = fake_run("pi2", policy="powerinfer2")
+    line = attach_quality(run, tmp_path / "missing.pi2", "multi-turn", 128 << 20, 2)
+    assert line.startswith("quality: not measured:") and "no such file" in line and "quality" not in run
+    S.validate(run)  # the speed run is intact and still saves
