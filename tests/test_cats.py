@@ -138,9 +138,15 @@ def smollm2_dense(smollm2_gguf, tmp_path_factory):
     return out
 
 
+# The real model's tolerance (tests/test_smollm2_agreement.py): 30 layers amplify float summation
+# order, so the dense path's own batched and one-token passes differ by 2.7% of the largest logit on
+# this file; its sparse policies by 2.4% (KL 0.003 nats).
+REAL_TOL, REAL_KL = 0.05, 0.05
+
+
 @pytest.mark.slow
 def test_smollm2_cats_at_sparsity_zero_gives_the_dense_logits(smollm2_dense, tmp_path):
-    from pi2cli.quality import text
+    from pi2cli.quality import metrics, text
 
     out = tmp_path / "cats0.pi2"
     res = CliRunner().invoke(cli, ["convert", str(smollm2_dense), "--sparsify", "cats", "--sparsity", "0",
@@ -148,8 +154,14 @@ def test_smollm2_cats_at_sparsity_zero_gives_the_dense_logits(smollm2_dense, tmp
     assert res.exit_code == 0, res.output
     ids = [int(t) for t in text.tokenize(out, text.workload_text("multi-turn", "evaluation")).ids[:24]]
     want = engine_logits(out, ids, tmp_path, "--batch", "1")
+    oracle = engine_logits(out, ids, tmp_path, "--batch", "1", "--policy", "cache", "--predictor", "oracle")
     for policy in ("cache", "powerinfer2"):
-        _close(engine_logits(out, ids, tmp_path, "--batch", "1", "--policy", policy), want, policy)
+        got = engine_logits(out, ids, tmp_path, "--batch", "1", "--policy", policy)
+        assert np.array_equal(got, oracle), f"{policy}: threshold 0 dropped a neuron the oracle computes"
+        scale, err = np.abs(want).max(), np.abs(got - want).max()
+        assert err <= REAL_TOL * scale, f"{policy}: max diff {err:.3g} vs scale {scale:.3g}"
+        kl = metrics.score_positions(want, got, np.zeros(len(ids), dtype=int)).kl.mean()
+        assert kl < REAL_KL, f"{policy}: KL {kl:.4f}"
 
 
 @pytest.mark.slow

@@ -79,7 +79,11 @@ def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type
     bundle_type: re-encode the bundles in this type (the gate predictor keeps the source rows)."""
     f = Pi2File(dense, verify=False)
     src_type = f.header.neuron_type
-    h = dataclasses.replace(f.header, has_predictor=True, gate_predictor=True,
+    # No dense down copy: the dense policy then multiplies the bundles' down columns as every sparse
+    # policy does, so at threshold 0 they compute the same thing (the copy's Q4_1 rows against the
+    # columns' Q8_0 moved SmolLM2's logits by 4.4% of the largest). What the re-encoding costs against
+    # the source is measured against the source file (pi2 quality --reference).
+    h = dataclasses.replace(f.header, has_predictor=True, gate_predictor=True, dense_down=False,
                             neuron_type=bundle_type or src_type, bundle_align=0)  # fmt: skip
     meta = dict(f.metadata)
     meta["predictor"] = {"kind": "cats-gate", "sparsity_target": sparsity, "paper": "arXiv 2404.08763",
@@ -104,10 +108,8 @@ def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type
                     else encode_rows(decode_rows(rows, src_type, h.n_embd), h.neuron_type)
                 )
 
-            if h.dense_down:  # the columns from the lossless dense copy, not the source's re-quantized ones
-                name = f"blk.{layer}.ffn_down.weight"
-                w.add_ffn(layer, part(0), part(1), f.tensor(name), order=order, down_raw=f.raw(name),
-                          down_raw_type=f.tensors[name].type)  # fmt: skip
+            if f.header.dense_down:  # the columns from the lossless dense copy, not the re-quantized ones
+                w.add_ffn(layer, part(0), part(1), f.tensor(f"blk.{layer}.ffn_down.weight"), order=order)
             else:
                 w.add_ffn(layer, part(0), part(1), None, order=order, down_cols=part(2))
             # the predictor: the gate rows again, resident, in bundle order (row k scores bundle k)
