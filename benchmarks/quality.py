@@ -221,10 +221,10 @@ def markdown(out: dict) -> str:
     lp = out["llama_perplexity"]
     lines += [
         "",
-        f"Dense (pi2-engine --policy dense, same text): ppl {q0['ppl_dense']:.3f}; decode "
-        f"{dm.get('decode_tps', 0):.1f} tok/s in memory, {db.get('decode_tps', 0):.2f} under the budget "
-        f"({db.get('storage_bytes_per_token', 0) / MiB:.2f} MiB read/token, peak RSS "
-        f"{db.get('peak_rss_bytes', 0) / MiB:.0f} MiB).",
+        f"Dense (pi2-engine --policy dense on the lossless {out['dense_pi2_bytes'] / MiB:.0f} MiB .pi2, same text): "
+        f"ppl {q0['ppl_dense']:.3f}; decode {dm.get('decode_tps', 0):.1f} tok/s in memory, "
+        f"{db.get('decode_tps', 0):.2f} under the budget (it pages the file through mmap; its token events "
+        f"carry no read counts; peak RSS {db.get('peak_rss_bytes', 0) / MiB:.0f} MiB).",
         f"llama.cpp llama-perplexity on the GGUF, same text file, -c {out['ctx']} --chunks {out['chunks']}: "
         f"PPL {lp['ppl']:.4f} +/- {lp['ppl_stderr']:.4f} (pi2 dense {q0['ppl_dense']:.4f}: "
         f"{q0['ppl_dense'] / lp['ppl'] - 1:+.2%}; pi2 CATS 0% {out['rows']['0%']['quality']['ppl_sparse']:.4f}: "
