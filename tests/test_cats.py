@@ -118,6 +118,10 @@ def test_q8_bundles_take_the_down_columns_from_the_dense_copy(tmp_path):
 
 def test_convert_errors_are_one_line(dense, tmp_path):
     runner = CliRunner()
+    relu = write_random_model(tmp_path / "relu.pi2", ffn_act="relu")
+    res = runner.invoke(cli, ["convert", str(relu), "--sparsify", "cats", "--sparsity", "0", "--out",
+                              str(tmp_path / "x.pi2")])  # fmt: skip
+    assert res.exit_code != 0 and "CATS needs a dense SwiGLU model" in res.output, res.output
     for args, words in (
         (["--sparsity", "0.5"], "go with --sparsify"),
         (["--sparsify", "cats"], "needs --sparsity"),

@@ -78,6 +78,10 @@ def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type
     """dense .pi2 -> the same weights plus the gate predictor (flags bit3) and its thresholds.
     bundle_type: re-encode the bundles in this type (the gate predictor keeps the source rows)."""
     f = Pi2File(dense, verify=False)
+    if f.header.arch != "llama" or f.header.ffn_act != "swiglu":
+        raise Pi2Error(
+            f"{dense}: CATS needs a dense SwiGLU model (this one is {f.header.arch}/{f.header.ffn_act})"
+        )
     src_type = f.header.neuron_type
     # No dense down copy: the dense policy then multiplies the bundles' down columns as every sparse
     # policy does, so at threshold 0 they compute the same thing (the copy's Q4_1 rows against the
