@@ -147,3 +147,20 @@ def test_bench_hook_skips_dense_engines_and_never_loses_the_run(tmp_path):
     line = attach_quality(run, tmp_path / "missing.pi2", "multi-turn", 128 << 20, 2)
     assert line.startswith("quality: not measured:") and "no such file" in line and "quality" not in run
     S.validate(run)  # the speed run is intact and still saves
+
+
+def test_pi2_quality_refuses_bad_input_with_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+    from pi2cli.randmodel import write_random_model
+
+    model = write_random_model(tmp_path / "m.pi2")
+    for args, words in (
+        (["-m", str(tmp_path / "none.pi2")], "no such file"),
+        (["-m", str(model), "--policy", "dense"], "measures nothing"),
+        (["-m", str(model)], "no tokenizer section"),
+    ):
+        res = CliRunner().invoke(cli, ["quality", *args])
+        assert res.exit_code != 0 and words in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
