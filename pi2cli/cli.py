@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "profile": "Measure a device's CPU, memory and storage throughput with pi2-probe.",
     "plan": "Choose cache sizes, hot set, threads and load strategy for a model, device and budget.",
     "bench": "Run engines x workloads on a device and record TTFT, TBT and memory.",
+    "quality": "Score a sparse configuration against the dense model on real text: KL, top-1, perplexity.",
     "compare": "Compare runs side by side with speedups and confidence intervals.",
     "report": "Write a markdown and HTML report with plots from runs.",
     "results": "List and filter recorded runs in the results index.",

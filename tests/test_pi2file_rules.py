@@ -109,6 +109,14 @@ def _n_embd(raw):
     return raw
 
 
+def _gate_predictor_alone(raw):
+    """flags bit3 (the CATS gate predictor) without bit2 (predictors present)."""
+    (flags,) = struct.unpack_from("<I", raw, 76)
+    struct.pack_into("<I", raw, 76, (flags & ~4) | 8)
+    _header_crc(raw)
+    return raw
+
+
 def _n_tensors(raw):
     struct.pack_into("<I", raw, 112, 0)
     _header_crc(raw)
@@ -191,6 +199,7 @@ CASES = [
     ("bad version", _version, 3, "format version 2"),
     ("header checksum", _header_checksum, 4, "header checksum"),
     ("n_embd", _n_embd, 8, "n_embd 65"),
+    ("gate predictor without predictors", _gate_predictor_alone, 8, "gate predictor"),
     ("n_tensors 0", _n_tensors, 10, "n_tensors 0"),
     ("section past EOF", _section_past_eof, 11, "beyond the end of the file"),
     ("overflowing shape", _overflowing_shape, 17, "its shape needs"),

@@ -397,5 +397,10 @@ def test_models_show_measure_prints_the_engine_measured_statistics(dense_arch):
     m = json.loads(out.output)["engine_measured"]
     assert m["tokens"] == 8 and len(m["layers"]) == 2
     assert 0.5 < m["sparsity"] < 1 and 0 < m["recall"] <= 1 and 0 < m["precision"] <= 1
-    text = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "4"])
+    text = CliRunner().invoke(cli, ["models", "show", str(dense_arch), "--measure", "--tokens", "4",
+                                    "--text-tokens", "48"])  # fmt: skip
     assert text.exit_code == 0 and "engine-measured" in text.output and "layer   1" in text.output
+    # the synthesizer's assumptions measured on real text: the top 20% carry most activations by design
+    a = json.loads(out.output)["activations"]["model.pi2"]
+    assert a["tokens"] == 128 and 0.5 < a["top20_share"] <= 1 and 0.5 < a["sparsity"] < 1
+    assert "top-20% share of activations" in text.output

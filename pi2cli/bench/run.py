@@ -230,6 +230,7 @@ class BenchConfig:
     mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
     plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
     annotate: Callable[[dict], None] | None = None  # called on every run right before it is saved (pi2 farm)
+    quality: bool = False  # sparse pi2 runs: also score them against the dense model (pi2cli.quality)
 
 
 @dataclass
@@ -487,6 +488,12 @@ def run_one(
         S.mark_failed(run, "failed", f"every turn failed: {first}")
     if cfg.annotate:
         cfg.annotate(run)
+    if cfg.quality:  # measured here, with the host engine, on the same file, policy and budget
+        from pi2cli.quality.bench_hook import attach_quality
+
+        reporter.message(
+            f"{label}: " + attach_quality(run, prepared.model_local, workload, budget_bytes, cfg.threads)
+        )
     path = store.save_run(run, cfg.results_dir)
     reporter.run_done(label, run["status"])
     return RunOutcome(driver.name, workload, budget_bytes, run, path)

@@ -125,14 +125,20 @@ def print_table(console, outcomes) -> None:
               help="pi2 only: run pi2-engine with this plan (`pi2 plan --out`); pushed to WORKDIR/plans/ on a "
                    "device. --memory-budget and --threads override the plan's; without --memory-budget the "
                    "plan's budget is the run's (enforced like any budget). Stored in the result's settings.")  # fmt: skip
+@click.option(
+    "--quality",
+    is_flag=True,
+    help="Also score each sparse pi2 run against the dense model on the workload's real text "
+    "(pi2 quality; measured on this machine).",
+)
 @click.option("--tag", "tags", multiple=True, help="Label stored with every run (e.g. nightly).")
 @results_dir_option
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
 def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit, seed,
-            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, tags, results_dir,
-            as_json) -> None:  # fmt: skip
+            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, quality, tags,
+            results_dir, as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
     Every (engine, workload, budget) is one run, saved as one result JSON (see `pi2 results list`).
@@ -162,7 +168,7 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
-        mlc_model=mlc_model, plan=plan,
+        mlc_model=mlc_model, plan=plan, quality=quality,
     )  # fmt: skip
     from pi2cli.results import store
 

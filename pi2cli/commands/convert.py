@@ -93,8 +93,37 @@ def convert_any(src: Path, out: Path, gguf_twin=None, ffn_act=None, profile=None
     default=None,
     help="Safetensors only (required there): a GGUF with the same vocabulary, whose tokenizer is reused.",
 )
+@click.option(
+    "--sparsify",
+    type=click.Choice(["cats"]),
+    default=None,
+    help="Add a gate predictor by CATS thresholds (SwiGLU models; docs/MODELS.md).",
+)
+@click.option(
+    "--sparsity",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    default=None,
+    help="With --sparsify: the fraction of FFN activations below each layer's threshold on the "
+    "calibration text (0 keeps every neuron).",
+)
+@click.option(
+    "--calibration",
+    "calibration",
+    type=click.Choice(["multi-turn", "code", "math", "role-play"]),
+    default="multi-turn",
+    show_default=True,
+    help="With --sparsify: the workload whose calibration part (held apart from evaluation) sets t.",
+)
+@click.option(
+    "--bundle-type",
+    type=click.Choice(["source", "q8_0", "f16"]),
+    default=None,
+    help="With --sparsify: the bundles' type [default: q8_0 for 4-bit sources, whose re-quantized "
+    "down columns would cost quality; else source].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_json):
+def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, sparsify, sparsity, calibration,
+            bundle_type, as_json):  # fmt: skip
     """Convert a model to .pi2: a llama-architecture GGUF (Llama-2, Mistral, Mixtral, SmolLM2...), a
     PowerInfer GGUF (ReLU-Llama, ProSparse, Bamboo, with their fc1/fc2 predictors), or a Hugging Face
     safetensors checkpoint (a directory, or one of its .safetensors files).
@@ -110,7 +139,14 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_jso
       pi2 convert SmolLM2-135M-Instruct.Q4_1.gguf --out smollm2.pi2 --gguf-twin smollm2.gguf
       pi2 convert prosparse-llama-2-7b.powerinfer.gguf --out prosparse.pi2 --profile p.npz
       pi2 convert ./Bamboo-base-v0_1 --tokenizer-gguf bamboo.gguf --out bamboo.pi2 --gguf-twin bamboo.gguf
+      pi2 convert SmolLM2-135M-Instruct.Q4_1.gguf --sparsify cats --sparsity 0.5 --out smollm2-cats50.pi2
     """
+    if sparsify is None and (sparsity is not None or bundle_type is not None):
+        raise Pi2Error("--sparsity and --bundle-type go with --sparsify cats")
+    if sparsify is not None:
+        return _sparsify(src, out, sparsity, calibration, bundle_type, as_json,
+                         gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, quant=quant,
+                         tokenizer_gguf=tokenizer_gguf)  # fmt: skip
     from pi2cli.outputs import check_file_writable
 
     check_file_writable(out, "--out")  # a conversion takes minutes: refuse an impossible output first
@@ -141,3 +177,30 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, as_jso
                        "same neurons only approximately; see docs/MODELS.md")  # fmt: skip
     if summary.get("gguf_twin"):
         click.echo(f"wrote {summary['gguf_twin']} (GGUF twin)")
+
+
+def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, **others) -> None:
+    from pi2cli.models.cats import convert_cats
+    from pi2cli.outputs import check_file_writable
+
+    given = [f"--{k.replace('_', '-')}" for k, v in others.items() if v is not None]
+    if given:
+        raise Pi2Error(f"{given[0]} does not go with --sparsify (convert the dense model first)")
+    if sparsity is None:
+        raise Pi2Error("--sparsify cats needs --sparsity S (0 <= S < 1)")
+    if out.suffix != ".pi2":
+        raise Pi2Error(f"--out {out}: the output name must end in .pi2")
+    check_file_writable(out, "--out")
+    with Progress(TextColumn("calibrating"), TimeElapsedColumn(), transient=True, disable=as_json) as bar:
+        bar.add_task("cats", total=None)
+        try:
+            summary = convert_cats(src, out, sparsity, calibration, bundle_type=bundle_type)
+        except Pi2FormatError as err:
+            raise Pi2Error(f"{src}: {err}") from None
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    t = summary["calibration"]["thresholds"]
+    click.echo(f"wrote {summary['out']} ({summary['bytes'] / 2**20:.1f} MiB, bundles {summary['bundle_type']}): "
+               f"CATS gate predictor, target sparsity {sparsity:.0%}, thresholds {min(t):.4g}..{max(t):.4g} "
+               f"from {summary['calibration']['tokens']} tokens of {calibration} (calibration part)")  # fmt: skip

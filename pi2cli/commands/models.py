@@ -53,32 +53,54 @@ def list_cmd(as_json: bool) -> None:
     show_default=True,
     help="Tokens to generate for --measure.",
 )
-def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, tokens: int) -> None:
+@click.option(
+    "--text-tokens",
+    type=click.IntRange(2, 4096),
+    default=128,
+    show_default=True,
+    help="--measure: tokens of real text (multi-turn's evaluation part) for the activation statistics.",
+)
+@click.option(
+    "--beside",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="--measure: another .pi2 (e.g. a synthetic model) measured the same way, printed beside it.",
+)
+def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, tokens: int, text_tokens: int,
+             beside: Path | None) -> None:  # fmt: skip
     """Show a registry model (by name) or a model file (.pi2 or .gguf).
 
     For a registry name: architecture, dimensions, parameters (computed from the dimensions), size per
     quant type, activation and published sparsity, Hugging Face repository and chat template.
     For a .pi2 file: its header and metadata; for synthetic models the MEASURED statistics (sparsity,
     hot-set coverage, predictor recall/precision) per layer, as the generator measured them; with
-    --measure also as pi2-engine measures them while generating (--check-predictor).
+    --measure also as pi2-engine measures them while generating (--check-predictor), and the activation
+    statistics the synthesizer assumes (per-layer sparsity, the share of activations the top 20% of
+    neurons carry, co-activation of file neighbours) measured on real text, --beside another model.
     """
+    if beside is not None and not measure:
+        raise Pi2Error("--beside goes with --measure")
     path = Path(name_or_file)
     if path.suffix in (".pi2", ".gguf") or path.exists():
         data = info.file_info(path, verify=verify)
         if measure:
             if data["format"] != "pi2" or not data["header"]["has_predictor"]:
                 raise Pi2Error(f"{path}: --measure needs a .pi2 file with activation predictors")
-            from pi2cli.engines.measure import measure_with_engine
+            from pi2cli.engines.measure import measure_activations, measure_with_engine
 
-            data["engine_measured"] = measure_with_engine(path, n_tokens=tokens)
+            if not data["header"]["gate_predictor"]:  # a CATS gate predictor is exact: nothing to check
+                data["engine_measured"] = measure_with_engine(path, n_tokens=tokens)
+            data["activations"] = {p.name: measure_activations(p, text_tokens) for p in (path, beside) if p}
         if as_json:
             click.echo(json.dumps(data, indent=2, default=str))
             return
         click.echo(info.format_file_info(data))
         if measure:
-            from pi2cli.engines.measure import format_measurement
+            from pi2cli.engines.measure import format_activations, format_measurement
 
-            click.echo(format_measurement(data["engine_measured"]))
+            if "engine_measured" in data:
+                click.echo(format_measurement(data["engine_measured"]))
+            click.echo(format_activations(data["activations"]))
         return
     spec = get_model(name_or_file)
     click.echo(json.dumps(spec.to_json(), indent=2) if as_json else info.format_spec(spec))

@@ -6,7 +6,7 @@ events. Events are JSON lines on stdout ({"event": ..., "device": ...}); everyth
 which the parent keeps in a log file.
 
 For each cell not finished yet: gate the device (pi2cli.farm.gating), sample the battery gauge, run
-the cell through pi2cli.bench.run_bench (which pushes with hash skipping, so files are copied once per
+the cell through pi2cli.bench.run.run_bench (which pushes with hash skipping, so files are copied once per
 device), and store the gate, conditions and energy in the run's `farm` block just before bench saves
 it, so a run is written once, whole. A device that vanishes is waited for (reconnect_timeout_s) and the
 cell retried once; a device that does not come back is reported lost with the cells it leaves undone,

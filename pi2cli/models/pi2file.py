@@ -46,6 +46,7 @@ ROPE_NORMAL = 0
 FLAG_TIED_EMBEDDINGS = 1 << 0
 FLAG_DENSE_DOWN = 1 << 1
 FLAG_PREDICTOR = 1 << 2
+FLAG_GATE_PREDICTOR = 1 << 3  # the predictor is the thresholded gate (CATS): blk.L.pred_gate
 
 # Type ids are ggml's. I32 is for index tensors (neuron order) only.
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "I32": 26}
@@ -110,6 +111,7 @@ class Pi2Header:
     tied_embeddings: bool = False
     dense_down: bool = True  # also store each FFN down matrix densely in the resident region
     has_predictor: bool = False
+    gate_predictor: bool = False  # the predictor is blk.L.pred_gate thresholded on |silu| (CATS)
     bundle_align: int = 0  # 0: default_bundle_align()
     rope_type: int = ROPE_NORMAL
 
@@ -151,6 +153,7 @@ class Pi2Header:
             (FLAG_TIED_EMBEDDINGS if self.tied_embeddings else 0)
             | (FLAG_DENSE_DOWN if self.dense_down else 0)
             | (FLAG_PREDICTOR if self.has_predictor else 0)
+            | (FLAG_GATE_PREDICTOR if self.gate_predictor else 0)
         )
 
     def validate(self) -> None:
@@ -176,6 +179,8 @@ class Pi2Header:
             raise Pi2FormatError("moe needs 0 < n_expert_used <= n_expert")
         if self.arch == "llama" and (self.n_expert or self.n_expert_used):
             raise Pi2FormatError("a dense llama model has n_expert = n_expert_used = 0")
+        if self.gate_predictor and not (self.has_predictor and self.ffn_act == "swiglu"):
+            raise Pi2FormatError("a gate predictor needs has_predictor and a SwiGLU FFN (.pi2 rule 8)")
         a = self.bundle_align
         if a < 512 or a > PAGE or a & (a - 1):
             raise Pi2FormatError("bundle_align must be a power of two in [512, 4096]")
@@ -569,7 +574,9 @@ class Pi2File:
             (math.isfinite(theta) and theta > 0, "rope_theta must be finite and positive"),
             (math.isfinite(eps) and eps > 0, "rms_eps must be finite and positive"),
             (rope == ROPE_NORMAL, f"unknown rope_type {rope}"),
-            (flags & ~7 == 0, f"unknown flags 0x{flags:x}"),
+            (flags & ~15 == 0, f"unknown flags 0x{flags:x}"),
+            (not flags & FLAG_GATE_PREDICTOR or (flags & FLAG_PREDICTOR and act == "swiglu"),
+             "a gate predictor (flags bit3) needs the predictor bit (bit2) and a SwiGLU FFN"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -587,7 +594,8 @@ class Pi2File:
             n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff, n_expert=n_expert, n_expert_used=n_expert_used,
             n_ctx_train=n_ctx, rope_theta=theta, rms_eps=eps, rope_type=rope,
             tied_embeddings=bool(flags & FLAG_TIED_EMBEDDINGS), dense_down=bool(flags & FLAG_DENSE_DOWN),
-            has_predictor=bool(flags & FLAG_PREDICTOR), neuron_type=neuron_type, bundle_align=a,
+            has_predictor=bool(flags & FLAG_PREDICTOR), gate_predictor=bool(flags & FLAG_GATE_PREDICTOR),
+            neuron_type=neuron_type, bundle_align=a,
         )  # fmt: skip
         h = self.header
         if (f[21], f[22], f[23]) != (h.part_bytes, h.bundle_stride, h.ffn_block_bytes):

@@ -123,6 +123,7 @@ class Row:
     decode_speedup: Ratio | None = None
     tbt_p50_speedup: Ratio | None = None
     ttft_speedup: Ratio | None = None
+    quality: dict | None = None  # the run's divergence from the dense model (pi2 bench --quality)
 
 
 @dataclass
@@ -221,6 +222,7 @@ def compare_runs(
                 tbt_p99_ms=_ms(summary["tbt_p99_ns"]),
                 ttft_ms=_ms(summary["ttft_avg_ns"]),
                 peak_rss_mib=None if summary["peak_rss_bytes"] is None else summary["peak_rss_bytes"] / 2**20,
+                quality=run.get("quality"),
             )
             if not is_base:
                 tbt = schema.tbt_samples_ns(run)
@@ -239,13 +241,29 @@ def compare_runs(
 # Rendering.
 
 HEADERS = ["model", "workload", "budget", "engine", "decode tok/s (pooled)", "decode speedup", "TBT P50 ms",
-           "TBT P50 speedup", "TBT P90/P99 ms", "TTFT ms", "TTFT speedup", "run"]  # fmt: skip
+           "TBT P50 speedup", "TBT P90/P99 ms", "TTFT ms", "TTFT speedup", "quality vs dense", "run"]  # fmt: skip
 
 
 CSV_HEADERS = ["model", "workload", "budget_bytes", "engine", "synthetic", "run_id", "baseline", "n_turns",
                "decode_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms",
                "decode_speedup", "decode_ci_low", "decode_ci_high", "tbt_p50_speedup", "tbt_p50_ci_low",
-               "tbt_p50_ci_high", "ttft_speedup", "ttft_ci_low", "ttft_ci_high"]  # fmt: skip
+               "tbt_p50_ci_high", "ttft_speedup", "ttft_ci_low", "ttft_ci_high", "kl_nats", "kl_ci_low",
+               "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio", "ppl_ratio_ci_low",
+               "ppl_ratio_ci_high"]  # fmt: skip
+QUALITY_KEYS = ("kl_nats", "top1_agreement", "ppl_ratio")
+
+
+def quality_text(q: dict | None) -> str:
+    """KL, top-1 agreement and perplexity ratio with their intervals, or '-' for a run without them."""
+    if not q:
+        return "-"
+
+    def ci(key: str, fmt: str) -> str:
+        c = q.get(f"{key}_ci")
+        return f" [{format(c[0], fmt)}, {format(c[1], fmt)}]" if c else ""
+
+    return (f"KL {q['kl_nats']:.4f}{ci('kl_nats', '.4f')}, top-1 {q['top1_agreement']:.1%}"
+            f"{ci('top1_agreement', '.1%')}, ppl x{q['ppl_ratio']:.3f}{ci('ppl_ratio', '.3f')}")  # fmt: skip
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -277,6 +295,7 @@ def table_rows(comparison: Comparison) -> list[list[str]]:
             f"{_num(row.tbt_p90_ms)} / {_num(row.tbt_p99_ms)}",
             _num(row.ttft_ms, 1),
             _speedup(row, row.ttft_speedup),
+            quality_text(row.quality),
             row.run_id,
         ])  # fmt: skip
     return out
@@ -287,7 +306,8 @@ def footnote(comparison: Comparison) -> str:
     return (f"Speedups over the baseline ({comparison.baseline} where present) with {pct}% bootstrap "
             f"intervals: {comparison.resamples} resamples of the per-token TBT (per-turn TTFT), "
             f"numpy default_rng(seed={comparison.seed}). decode tok/s (pooled): all decode tokens over all "
-            f"decode time, ± the stddev of the per-turn rates.")  # fmt: skip
+            f"decode time, ± the stddev of the per-turn rates. Quality vs dense (pi2 bench --quality): "
+            f"KL(dense || run) nats/token, top-1 agreement, perplexity ratio, 95% intervals (docs/QUALITY.md).")  # fmt: skip
 
 
 def render(comparison: Comparison, fmt: str) -> str:
@@ -305,6 +325,9 @@ def render(comparison: Comparison, fmt: str) -> str:
                      row.tbt_p99_ms, row.ttft_ms]  # fmt: skip
             for ratio in (row.decode_speedup, row.tbt_p50_speedup, row.ttft_speedup):
                 cells += [None, None, None] if ratio is None else [ratio.ratio, ratio.ci_low, ratio.ci_high]
+            for key in QUALITY_KEYS:
+                q = row.quality or {}
+                cells += [q.get(key), *(q.get(f"{key}_ci") or [None, None])]
             writer.writerow(["" if c is None else (f"{c:.6g}" if isinstance(c, float) else c) for c in cells])
         return buf.getvalue().rstrip("\n")
     if fmt == "md":

@@ -293,8 +293,10 @@ def make_plots(runs: Sequence[dict]) -> list[Plot]:
     ok = [r for r in runs if r["status"] == schema.STATUS_OK]
     if not ok:
         return []
+    from pi2cli.quality.plot import plot_quality
+
     plots = [plot_decode(ok), plot_tbt_cdf(ok), plot_ttft(ok), plot_memory(ok), plot_budget(ok),
-             plot_ablation(ok)]  # fmt: skip
+             plot_ablation(ok), plot_quality(ok)]  # fmt: skip
     return [p for p in plots if p is not None]
 
 

@@ -468,7 +468,20 @@ _RUN_FIELDS = {
 _OPTIONAL_RUN_FIELDS = {
     "llama_bench": (_LIST, False),  # llama-bench's own -o json records, unchanged (--mode llama-bench)
     "farm": (_DICT, False),  # a `pi2 farm run` cell: night, gate, conditions, energy (docs/FARM.md)
+    "quality": (_DICT, False),  # divergence from the dense model (pi2 bench --quality, pi2cli.quality)
 }
+# run.quality: point values, their 95% intervals ([low, high] or null) and how they were measured
+_QUALITY_FIELDS = {"tokens_scored": (_INT, False), "kl_nats": (_NUM, False), "kl_nats_ci": (_LIST, True),
+                   "top1_agreement": (_NUM, False), "top1_agreement_ci": (_LIST, True),
+                   "ppl_dense": (_NUM, False), "ppl_sparse": (_NUM, False), "ppl_ratio": (_NUM, False),
+                   "ppl_ratio_ci": (_LIST, True), "reference": (_STR, False), "policy": (_STR, False),
+                   "memory_budget": (_STR, True), "workload": (_STR, False), "text": (_STR, False),
+                   "ctx": (_INT, False), "chunks": (_INT, False), "batch": (_INT, False), "how": (_STR, False)}  # fmt: skip
+# (low, high) bounds of the quality numbers: KL of a 2^24-token vocabulary is at most ~17 nats unless a
+# distribution is degenerate; perplexities stay below the vocabulary's size times a wide margin.
+_QUALITY_RANGE = {"kl_nats": (0.0, 1e3), "top1_agreement": (0.0, 1.0), "ppl_dense": (1.0, 1e9),
+                  "ppl_sparse": (1.0, 1e9), "ppl_ratio": (1e-9, 1e9), "tokens_scored": (1, (1 << 53)),
+                  "ctx": (1, (1 << 53)), "chunks": (1, (1 << 53)), "batch": (1, (1 << 53))}  # fmt: skip
 _ENGINE_FIELDS = {"name": (_STR, False), "version": (_STR, True), "commit": (_STR, True),
                   "build_flags": (_STR, True), "build_type": (_STR, True), "policy": (_STR, True),
                   "binary_sha256": (_STR, True)}  # fmt: skip
@@ -652,10 +665,25 @@ def validate(run: Any) -> None:
     for i, record in enumerate(run.get("llama_bench") or []):
         if not isinstance(record, dict):
             raise ResultSchemaError(f"run.llama_bench[{i}]: must be an object")
+    if "quality" in run:
+        _check_quality(run["quality"])
     for i, sample in enumerate(run["memory_samples"]):
         _check_fields(sample, _MEMORY_SAMPLE_FIELDS, f"run.memory_samples[{i}]")
     if run["status"] == STATUS_OK and not measured_turns(run):
         raise ResultSchemaError("run.turns: an ok run needs at least one finished, measured turn")
+
+
+def _check_quality(q: dict) -> None:
+    _check_fields(q, _QUALITY_FIELDS, "run.quality")
+    for name, (low, high) in _QUALITY_RANGE.items():
+        if not low <= q[name] <= high:
+            raise ResultSchemaError(
+                f"run.quality.{name}: {q[name]!r:.40} is out of range [{low:g}, {high:g}]"
+            )
+        ci = q.get(f"{name}_ci")
+        if ci is not None and not (len(ci) == 2 and all(_kind_ok(v, _NUM) and low <= v <= high for v in ci)
+                                   and ci[0] <= ci[1]):  # fmt: skip
+            raise ResultSchemaError(f"run.quality.{name}_ci: must be [low, high] within [{low:g}, {high:g}]")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -102,7 +102,9 @@ static int parse_header(pi2_file *f) {
     if (!isfinite(h->rope_theta) || h->rope_theta <= 0) FAIL("rope_theta must be positive");
     if (!isfinite(h->rms_eps) || h->rms_eps <= 0) FAIL("rms_eps must be positive");
     if (h->rope_type != 0) FAIL("unknown rope_type %u", h->rope_type);
-    if (h->flags & ~7u) FAIL("unknown flags 0x%x", h->flags);
+    if (h->flags & ~15u) FAIL("unknown flags 0x%x", h->flags);
+    if ((h->flags & PI2_FLAG_GATE_PREDICTOR) && (!(h->flags & PI2_FLAG_PREDICTOR) || h->ffn_act != PI2_ACT_SWIGLU))
+        FAIL("a gate predictor (flags bit3) needs the predictor bit (bit2) and a SwiGLU FFN");
     if (!pi2_type_valid_weight((int)h->neuron_type)) FAIL("neuron_type %u is not a weight type", h->neuron_type);
     uint32_t a = h->bundle_align;
     if (a < 512 || a > PI2_PAGE || (a & (a - 1))) FAIL("bundle_align %u is not a power of two in [512, 4096]", a);

@@ -15,7 +15,8 @@
 
 enum { PI2_ARCH_LLAMA = 1, PI2_ARCH_MOE = 2 };
 enum { PI2_ACT_SWIGLU = 1, PI2_ACT_RELU = 2, PI2_ACT_DRELU = 3 };
-enum { PI2_FLAG_TIED = 1u << 0, PI2_FLAG_DENSE_DOWN = 1u << 1, PI2_FLAG_PREDICTOR = 1u << 2 };
+enum { PI2_FLAG_TIED = 1u << 0, PI2_FLAG_DENSE_DOWN = 1u << 1, PI2_FLAG_PREDICTOR = 1u << 2,
+       PI2_FLAG_GATE_PREDICTOR = 1u << 3 /* the predictor is the thresholded gate (CATS), with bit2, SwiGLU */ };
 enum { PI2_SEC_NEURONS = 0, PI2_SEC_RESIDENT, PI2_SEC_TABLE, PI2_SEC_TOKENIZER, PI2_SEC_METADATA,
        PI2_N_SECTIONS };
 

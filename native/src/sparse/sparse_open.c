@@ -149,6 +149,12 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, u
                    (h->neuron_type == PI2_Q4_0 || h->neuron_type == PI2_Q4_1);
     pthread_mutex_init(&s->lock, NULL);
     if (pi2_predictors_bind(&s->pred, m, s->n_batch, cfg->oracle && !cfg->check_predictor) != 0) goto fail;
+    if (s->pred.gate && (cfg->miss_threshold > 0 || cfg->pred_threshold > 0)) { /* those are probabilities */
+        pi2_set_error("%s: --pred-threshold and --miss-threshold are probabilities of an fc1/fc2 predictor; this "
+                      "file's gate predictor (CATS) has a threshold per layer instead (pi2 convert --sparsity)",
+                      m->file.path);
+        goto fail;
+    }
     s->miss_logit = INFINITY;
     if (cfg->miss_threshold > 0 && s->pred.fc1 && !cfg->oracle)
         s->miss_logit = logf(cfg->miss_threshold / (1.0f - cfg->miss_threshold));

@@ -40,6 +40,7 @@ int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int 
     p->n_batch = n_batch;
     p->E = h->n_embd;
     p->F = h->n_ff;
+    p->gate = (h->flags & PI2_FLAG_GATE_PREDICTOR) != 0;
     p->fc1 = calloc((size_t)p->n_blocks, sizeof *p->fc1);
     p->fc2 = calloc((size_t)p->n_blocks, sizeof *p->fc2);
     p->thr_logit = calloc((size_t)p->n_blocks, sizeof *p->thr_logit);
@@ -56,6 +57,21 @@ int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int 
         for (int e = 0; e < nb; e++) {
             const int b = (int)l * nb + e;
             if (h->arch == PI2_ARCH_MOE) snprintf(sfx, sizeof sfx, ".%d", e);
+            if (p->gate) { /* CATS: the gate rows themselves, in bundle order, and t on |silu(gate . x)| */
+                snprintf(name, sizeof name, "blk.%u.pred_gate%s", l, sfx);
+                if (bind_pred_mat(m, &p->fc1[b], name, p->E, p->F) != 0) return -1;
+                float thr;
+                memcpy(&thr, t->data + (size_t)e * 4, 4);
+                if (!isfinite(thr) || thr < 0.0f) {
+                    pi2_set_error("%s: blk.%u.pred_threshold must hold finite thresholds >= 0 for a gate predictor",
+                                  m->file.path, l);
+                    return -1;
+                }
+                p->thr_logit[b] = thr;
+                size_t r1 = pi2_row_size(pi2_act_type(p->fc1[b].type), p->E);
+                if (r1 > p->act1_row) p->act1_row = r1;
+                continue;
+            }
             snprintf(name, sizeof name, "blk.%u.pred_fc1%s", l, sfx);
             if (bind_pred_mat(m, &p->fc1[b], name, p->E, 0) != 0) return -1;
             snprintf(name, sizeof name, "blk.%u.pred_fc2%s", l, sfx);
@@ -76,8 +92,8 @@ int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int 
         }
     }
     p->act1 = calloc((size_t)n_batch, p->act1_row);
-    p->act2 = calloc((size_t)n_batch, p->act2_row);
-    p->hid = calloc((size_t)n_batch * p->rank_max, sizeof(float));
+    p->act2 = calloc((size_t)n_batch, p->act2_row ? p->act2_row : 1);
+    p->hid = calloc((size_t)n_batch * (p->rank_max ? p->rank_max : 1), sizeof(float));
     p->scores = calloc((size_t)n_batch * p->F, sizeof(float));
     if (!p->act1 || !p->act2 || !p->hid || !p->scores) goto oom;
     return 0;
@@ -101,6 +117,7 @@ int pi2_predictors_own(pi2_predictors *p) {
         pi2_mat *mats[2] = {&p->fc1[b], &p->fc2[b]};
         for (int i = 0; i < 2; i++) {
             const size_t bytes = (size_t)mats[i]->rows * mats[i]->stride;
+            if (!bytes) continue; /* a gate predictor has no fc2 */
             memcpy(at, mats[i]->data, bytes);
             /* the mapping's pages are not read again: give them back (the mapping stays valid) */
             const uintptr_t a = ((uintptr_t)mats[i]->data + page - 1) / page * page,
@@ -133,6 +150,16 @@ void pi2_predict(pi2_predictors *p, pi2_pool *pool, int block, const float *in, 
     const pi2_mat *fc1 = &p->fc1[block], *fc2 = &p->fc2[block];
     const int64_t R = fc1->rows;
     for (int t = 0; t < tokens; t++) pi2_prepare_act(fc1->type, in + (size_t)t * p->E, p->act1 + (size_t)t * p->act1_row, p->E);
+    if (p->gate) { /* CATS: |silu(g)| > t; at t = 0 every neuron whose output is not exactly zero */
+        pi2_par_matmul(pool, fc1, p->act1, tokens, p->scores, p->F);
+        const float thr = p->thr_logit[block];
+        for (size_t i = 0; i < (size_t)tokens * p->F; i++) {
+            const float g = p->scores[i];
+            p->scores[i] = fabsf(g / (1.0f + expf(-g)));
+            mask[i] = p->scores[i] > thr;
+        }
+        return;
+    }
     pi2_par_matmul(pool, fc1, p->act1, tokens, p->hid, R);
     for (int t = 0; t < tokens; t++) {
         float *hid = p->hid + (size_t)t * R;

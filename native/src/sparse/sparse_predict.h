@@ -1,6 +1,8 @@
 /* Which FFN neurons to compute: the model's activation predictors (per layer, per expert: score =
- * fc2 . relu(fc1 . x), active when sigmoid(score) > threshold; docs/FORMAT.md), and the truth they
- * are judged against (the oracle: every gate and up row multiplied out). */
+ * fc2 . relu(fc1 . x), active when sigmoid(score) > threshold; or, in files with a gate predictor
+ * (CATS), score = |silu(gate . x)| from a resident copy of the gate rows, active when score > the
+ * layer's threshold; docs/FORMAT.md), and the truth they are judged against (the oracle: every gate
+ * and up row multiplied out). */
 #ifndef PI2_SPARSE_PREDICT_H
 #define PI2_SPARSE_PREDICT_H
 
@@ -12,6 +14,7 @@
 
 typedef struct {
     int n_blocks, n_batch, rank_max;
+    int gate;            /* 1: fc1 is the block's gate [E, F] (CATS), fc2 unused, thr_logit holds t itself */
     int64_t E, F;
     pi2_mat *fc1, *fc2;  /* per block; fc2 row k scores bundle k */
     float *thr_logit;    /* per block: logit(threshold), so no sigmoid per neuron */
