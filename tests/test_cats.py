@@ -1,4 +1,4 @@
-"""CATS (pi2cli/models/cats.py) and the engine's gate predictor (flags bit3, sparse_predict.c).
+"""CATS (pi2cli/quality/cats.py) and the engine's gate predictor (flags bit3, sparse_predict.c).
 
 On small random SwiGLU models: at threshold 0 every policy's logits equal the dense policy's (the
 oracle tests' tolerance, tests/test_engine_reference.py); at a real threshold they equal a numpy
@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from engine_helpers import engine_logits, run_engine
 
 from pi2cli.cli import cli
-from pi2cli.models.cats import calibrate, write_cats
 from pi2cli.models.numpy_llama import Reference
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.models.randmodel import write_random_model
+from pi2cli.quality.cats import calibrate, write_cats
 
 TOKENS = [1, 5, 7, 9, 11, 3, 42, 17, 60, 2, 33, 71]
 REL_TOL = 2e-2  # tests/test_engine_reference.py

@@ -56,7 +56,7 @@ def test_mismatched_shapes_are_refused():
 
 
 def test_calibration_and_evaluation_text_are_disjoint_and_real():
-    from pi2cli.bench.workloads import read_workload
+    from pi2cli.workloads import read_workload
 
     ids = [r.id for r in read_workload("multi-turn")]
     cal = [i for i in ids if is_calibration(i)]
@@ -123,7 +123,7 @@ def test_compare_and_report_show_quality_beside_speedups(tmp_path):
 
 
 def test_layer_statistics_on_a_known_activation_pattern():
-    from pi2cli.engines.measure import layer_statistics
+    from pi2cli.quality.activations import layer_statistics
 
     active = np.zeros((50, 100), dtype=bool)
     active[:, :20] = True  # 20 always-on neurons, side by side in the file

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench.workloads import (
+from pi2cli.cli import cli
+from pi2cli.errors import Pi2Error
+from pi2cli.paths import REPO_ROOT
+from pi2cli.workloads import (
     Conversation,
     gguf_chat_template,
     list_workloads,
@@ -21,9 +24,6 @@ from pi2cli.bench.workloads import (
     render_chat,
     summarize,
 )
-from pi2cli.cli import cli
-from pi2cli.errors import Pi2Error
-from pi2cli.paths import REPO_ROOT
 
 EXPECTED_COUNTS = {"multi-turn": 200, "code": 174, "math": 60, "role-play": 120}
 

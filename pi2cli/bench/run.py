@@ -25,18 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pi2cli.bench.workloads import (
+from pi2cli.engines.base import TurnFailed
+from pi2cli.errors import Pi2Error
+from pi2cli.results import schema as S
+from pi2cli.targets.base import TargetError
+from pi2cli.units import parse_size
+from pi2cli.workloads import (
     ChatTemplate,
     Conversation,
     gguf_chat_template,
     load_workload,
     workload_path,
 )
-from pi2cli.engines.base import TurnFailed
-from pi2cli.errors import Pi2Error
-from pi2cli.results import schema as S
-from pi2cli.targets.base import TargetError
-from pi2cli.units import parse_size
 
 DEFAULT_COOL_BELOW_PHONE = 45.0
 DEFAULT_CTX = 4096

@@ -8,52 +8,8 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models.convert import convert_gguf
+from pi2cli.models.convert_any import convert_any
 from pi2cli.models.pi2file import Pi2FormatError
-
-# --ffn-act names -> the safetensors converter's --activation names
-HF_ACTIVATIONS = {"swiglu": "silu", "relu": "relu", "drelu": "drelu"}
-
-
-def is_safetensors_source(src: Path) -> bool:
-    return src.is_dir() or src.suffix == ".safetensors"
-
-
-def convert_any(src: Path, out: Path, gguf_twin=None, ffn_act=None, profile=None, quant=None,
-                tokenizer_gguf=None, progress=None) -> dict:  # fmt: skip
-    """Route SRC by kind: a directory or .safetensors file goes to the safetensors converter, anything
-    else is read as a GGUF. Options that mean nothing for the kind are refused, not ignored."""
-    if out.suffix != ".pi2":
-        raise Pi2Error(f"--out {out}: the output name must end in .pi2")
-    if is_safetensors_source(src):
-        from pi2cli.models.convert_safetensors import convert
-
-        if not src.exists():
-            raise Pi2Error(f"{src}: no such file or directory")
-        root = src if src.is_dir() else src.parent
-        if tokenizer_gguf is None:
-            raise Pi2Error(
-                f"{src} is a safetensors checkpoint: give --tokenizer-gguf (a GGUF with the same vocabulary)"
-            )
-        result = convert(
-            root, out.parent, Path(tokenizer_gguf), quant or "q4_0",
-            activation=HF_ACTIVATIONS[ffn_act] if ffn_act else None, profile=profile,
-            progress=(lambda _name, done, total: progress(done, total)) if progress else None,
-            pi2_path=out, gguf_path=gguf_twin,
-        )  # fmt: skip
-        return {"out": result["pi2"], "gguf_twin": result["gguf"], "arch": result["arch"],
-                "source_format": "safetensors", "ffn_act": ffn_act or result["activation"],
-                "n_layer": result["layers"], "neuron_type": (quant or "q4_0").upper(),
-                "profile": str(profile) if profile else None, "bytes": out.stat().st_size}  # fmt: skip
-    if quant is not None:
-        raise Pi2Error(
-            "--quant applies to safetensors checkpoints; GGUF weights are copied in their own types"
-        )
-    if tokenizer_gguf is not None:
-        raise Pi2Error(
-            "--tokenizer-gguf applies to safetensors checkpoints; a GGUF carries its own vocabulary"
-        )
-    return convert_gguf(src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, progress=progress)
 
 
 @click.command(name="convert")
@@ -180,8 +136,8 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, sparsi
 
 
 def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, **others) -> None:
-    from pi2cli.models.cats import convert_cats
     from pi2cli.outputs import check_file_writable
+    from pi2cli.quality.cats import convert_cats
 
     given = [f"--{k.replace('_', '-')}" for k, v in others.items() if v is not None]
     if given:

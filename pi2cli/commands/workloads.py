@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pi2cli.bench.workloads import (
+from pi2cli.workloads import (
     WORKLOADS,
     load_workload,
     read_stats,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.bench.workloads import read_workload
 from pi2cli.errors import Pi2Error
 from pi2cli.models.pi2file import Pi2File, Pi2FormatError
 from pi2cli.paths import host_build_dir
+from pi2cli.workloads import read_workload
 
 
 def is_calibration(record_id: str) -> bool:

@@ -137,7 +137,7 @@ def default_bundle_type(src_type: str, choice: str | None) -> str:
 def convert_cats(src: Path, out: Path, sparsity: float, workload: str = "multi-turn", progress=None,
                  bundle_type: str | None = None) -> dict:  # fmt: skip
     """SRC (a GGUF, or a dense .pi2 without predictors) -> a CATS .pi2 at OUT."""
-    from pi2cli.commands.convert import convert_any
+    from pi2cli.models.convert_any import convert_any
 
     if not 0.0 <= sparsity < 1.0:
         raise Pi2Error(f"--sparsity {sparsity}: must be in [0, 1)")
