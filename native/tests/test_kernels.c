@@ -571,20 +571,20 @@ static void test_x4(pi2_kernel_level level) {
 }
 
 /* AVX-512's strided GEMM (rows as lanes, the FFN's batches) gives the scalar level's floats bit for bit
- * for Q4_0 and Q8_0: every token count of a register tile and past it, a last group of fewer than 16
+ * for Q4_0, Q4_1 and Q8_0: every token count of a register tile and past it, a last group of fewer than 16
  * rows, and rows taken from the middle of a matrix give the same floats as in the whole. */
 static void test_gemm_lanes(void) {
     if (pi2_kernels_force(PI2_KERNELS_AVX512) != 0) return;
-    const pi2_type types[] = {PI2_Q4_0, PI2_Q8_0};
+    const pi2_type types[] = {PI2_Q4_0, PI2_Q4_1, PI2_Q8_0};
     const int64_t ns[] = {32, 96, 4096};
     int bad = 0;
-    for (size_t ty = 0; ty < 2; ty++)
+    for (size_t ty = 0; ty < 3; ty++)
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             const pi2_type wt = types[ty];
             const int64_t rows = 37, n = ns[k], maxt = 19;
             struct case_data c;
             make_case(&c, wt, n, rows);
-            const size_t rs = pi2_row_size(wt, n), stride = rs + 6, as = pi2_row_size(PI2_Q8_0, n);
+            const size_t rs = pi2_row_size(wt, n), stride = rs + 6, as = pi2_row_size(pi2_act_type(wt), n);
             uint8_t *ws = malloc(stride * rows), *acts = malloc(as * maxt);
             float *x = malloc(sizeof(float) * n * maxt), *ya = malloc(sizeof(float) * (rows + 1) * maxt),
                   *yb = malloc(sizeof(float) * (rows + 1) * maxt);
