@@ -155,8 +155,11 @@ PI2_GEMM_OF_KIND(gemm_lanes_q4_0, gemm_lanes, LK_Q4_0)
 PI2_GEMM_OF_KIND(gemm_lanes_q4_1, gemm_lanes, LK_Q4_1)
 PI2_GEMM_OF_KIND(gemm_lanes_q8_0, gemm_lanes, LK_Q8_0)
 
+/* Q4_1 and Q8_0 take it for every GEMM (attention, a dense down copy, the output matrix): no
+ * interleaved layout has to agree with their plain GEMM. Q4_0's plain GEMM stays gemm512, whose floats
+ * the x4 layout (pi2_x4_gemm, decode's attention) repeats. */
 void pi2_kernels_fill_lanes_avx512(pi2_kernel_table *t) {
     t->gemm_strided[PI2_Q4_0] = gemm_lanes_q4_0;
-    t->gemm_strided[PI2_Q4_1] = gemm_lanes_q4_1;
-    t->gemm_strided[PI2_Q8_0] = gemm_lanes_q8_0;
+    t->gemm[PI2_Q4_1] = t->gemm_strided[PI2_Q4_1] = gemm_lanes_q4_1;
+    t->gemm[PI2_Q8_0] = t->gemm_strided[PI2_Q8_0] = gemm_lanes_q8_0;
 }
