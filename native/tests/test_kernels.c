@@ -570,6 +570,49 @@ static void test_x4(pi2_kernel_level level) {
     CHECK(bad == 0);
 }
 
+/* AVX-512's strided GEMM (rows as lanes, the FFN's batches) gives the scalar level's floats bit for bit
+ * for Q4_0, Q4_1 and Q8_0: every token count of a register tile and past it, a last group of fewer than 16
+ * rows, and rows taken from the middle of a matrix give the same floats as in the whole. */
+static void test_gemm_lanes(void) {
+    if (pi2_kernels_force(PI2_KERNELS_AVX512) != 0) return;
+    const pi2_type types[] = {PI2_Q4_0, PI2_Q4_1, PI2_Q8_0};
+    const int64_t ns[] = {32, 96, 4096};
+    int bad = 0;
+    for (size_t ty = 0; ty < 3; ty++)
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const pi2_type wt = types[ty];
+            const int64_t rows = 37, n = ns[k], maxt = 19;
+            struct case_data c;
+            make_case(&c, wt, n, rows);
+            const size_t rs = pi2_row_size(wt, n), stride = rs + 6, as = pi2_row_size(pi2_act_type(wt), n);
+            uint8_t *ws = malloc(stride * rows), *acts = malloc(as * maxt);
+            float *x = malloc(sizeof(float) * n * maxt), *ya = malloc(sizeof(float) * (rows + 1) * maxt),
+                  *yb = malloc(sizeof(float) * (rows + 1) * maxt);
+            memset(ws, 0x5a, stride * rows);
+            for (int64_t r = 0; r < rows; r++) memcpy(ws + r * stride, c.w + r * rs, rs);
+            fill_gauss(x, n * maxt, 1.0f);
+            for (int64_t t = 0; t < maxt; t++) pi2_prepare_act(wt, x + t * n, acts + t * as, n);
+            for (int64_t tokens = 2; tokens <= maxt; tokens++) {
+                const int64_t ldy = rows + 1;
+                for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = yb[i] = -555.0f;
+                pi2_kernels_force(PI2_KERNELS_SCALAR);
+                pi2_gemm_strided(wt, ws, stride, rows, n, acts, tokens, ya, ldy);
+                pi2_kernels_force(PI2_KERNELS_AVX512);
+                pi2_gemm_strided(wt, ws, stride, rows, n, acts, tokens, yb, ldy);
+                if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
+                /* rows 5..25 alone: groups that start elsewhere */
+                pi2_gemm_strided(wt, ws + 5 * stride, stride, 21, n, acts, tokens, yb, ldy);
+                for (int64_t t = 0; t < tokens; t++)
+                    if (memcmp(ya + t * ldy + 5, yb + t * ldy, 21 * sizeof(float))) bad++;
+            }
+            free(ws), free(acts), free(x), free(ya), free(yb);
+            free_case(&c);
+        }
+    if (bad) fprintf(stderr, "avx512: strided gemm %d mismatches with the scalar level\n", bad);
+    CHECK(bad == 0);
+    pi2_kernels_force(pi2_kernels_best());
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -588,6 +631,7 @@ int main(void) {
         levels_tested++;
     }
     CHECK(levels_tested >= 1);
+    test_gemm_lanes();
     CHECK(pi2_kernels_force((pi2_kernel_level)99) == -1);
     CHECK(pi2_kernels_force(pi2_kernels_best()) == 0 && pi2_kernels_current() == pi2_kernels_best());
     return pi2_test_summary("test_kernels");

@@ -11,7 +11,8 @@
  * lane holds (the sum of 4 products), and the float steps repeat the AVX2 order, so Q4_1 and Q8_0 dots
  * and gemv give the AVX2 dots' floats bit for bit and the gemm gives the AVX2 gemm's (Q4_0 aside, whose
  * AVX2 gemm corrects the offset in float). Q4_0's single rows go four blocks a step instead (quad_rows,
- * their own order, for every size), and matrices repacked by four rows have their own kernel (x4_gemm_q4_0). */
+ * their own order, for every size), matrices repacked by four rows have their own kernel (x4_gemm_q4_0),
+ * and the FFN's batches (the strided GEMM) take rows as lanes (kernels_lanes_avx512.c). */
 #include "kernels_x86_common.h"
 
 /* Two blocks' packed nibbles -> 64 bytes [lo(q0) hi(q0) lo(q1) hi(q1)], the element order of two
@@ -694,6 +695,7 @@ void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     t->gemm[PI2_Q4_1] = gemm_q4_1_512;
     t->gemm[PI2_Q8_0] = gemm_q8_0_512;
     t->x4_gemm[PI2_Q4_0] = x4_gemm_q4_0;
+    pi2_kernels_fill_lanes_avx512(t); /* the FFN's batches: rows as lanes (kernels_lanes_avx512.c) */
 #define SET_PACKED(ID, T)               \
     t->packed_size[ID] = packed_size_##T; \
     t->pack[ID] = pack_##T;               \

@@ -294,5 +294,7 @@ void pi2_gemm_strided(pi2_type wt, const void *w, size_t row_stride, int64_t row
     check_weight("gemm_strided", wt, n);
     if (rows < 0 || tokens < 0 || (tokens > 1 && ldy < rows) || row_stride < pi2_row_size(wt, n))
         die("gemm_strided", wt, n);
-    pi2_kernels_table()->gemm[wt](w, row_stride, rows, n, acts, pi2_row_size(pi2_act_type(wt), n), tokens, y, ldy);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    const pi2_gemm_fn f = t->gemm_strided[wt] && tokens > 1 ? t->gemm_strided[wt] : t->gemm[wt];
+    f(w, row_stride, rows, n, acts, pi2_row_size(pi2_act_type(wt), n), tokens, y, ldy);
 }

@@ -39,6 +39,9 @@ typedef struct {
     /* optional: GEMM over rows interleaved by four (pi2_x4_pack); NULL: no such layout at this level */
     void (*x4_gemm[PI2_N_TYPES])(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                                  int64_t ldy);
+    /* optional: the GEMM of rows inside larger records (pi2_gemm_strided: the FFN's gate and up in a
+     * batch); NULL: gemm */
+    pi2_gemm_fn gemm_strided[PI2_N_TYPES];
     pi2_f16_mad_fn f16_mad;
     pi2_f16_scale_fn f16_scale;
 } pi2_kernel_table;
@@ -67,6 +70,7 @@ void pi2_kernels_fill_scalar(pi2_kernel_table *t);
 #if defined(__x86_64__) || defined(__i386__)
 void pi2_kernels_fill_avx2(pi2_kernel_table *t);
 void pi2_kernels_fill_avx512(pi2_kernel_table *t);
+void pi2_kernels_fill_lanes_avx512(pi2_kernel_table *t); /* kernels_lanes_avx512.c */
 #endif
 #if defined(__aarch64__)
 void pi2_kernels_fill_neon(pi2_kernel_table *t);

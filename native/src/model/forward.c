@@ -295,6 +295,10 @@ typedef struct {
     int tokens;
 } axpy_job;
 
+/* Neurons per chunk of a batch's down pass: their columns (n_embd wide) stay in L2 while every token
+ * of the batch goes through them. */
+#define AXPY_CHUNK 32
+
 /* y[t] += sum_k h[t][k] * down_col[k]: each thread takes a range of neurons into its own
  * accumulator; zero activations (ReLU models) cost nothing. */
 static void axpy_worker(void *p, int ith, int nth) {
@@ -319,11 +323,23 @@ static void axpy_worker(void *p, int ith, int nth) {
         if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc);
         return;
     }
-    for (int64_t k = b; k < e; k++) {
-        const uint8_t *col = d->data + (size_t)k * d->stride;
+    /* a batch: chunk by chunk of neurons (their columns stay in cache while the tokens go by), each
+     * token's own non-zero outputs four at a time, in neuron order: the sums of one pi2_axpy per
+     * non-zero output, with the accumulator read and written once per four */
+    for (int64_t k0 = b; k0 < e; k0 += AXPY_CHUNK) {
+        const int64_t k1 = e - k0 < AXPY_CHUNK ? e : k0 + AXPY_CHUNK;
         for (int t = 0; t < j->tokens; t++) {
-            float a = c->h[t * F + k];
-            if (a != 0.0f) pi2_axpy(d->type, E, a, col, acc + t * E);
+            const float *h = c->h + (size_t)t * F;
+            const uint8_t *cols[4];
+            float a[4];
+            int n = 0;
+            for (int64_t k = k0; k < k1; k++) {
+                if (h[k] == 0.0f) continue;
+                cols[n] = d->data + (size_t)k * d->stride;
+                a[n++] = h[k];
+                if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E), n = 0;
+            }
+            if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E);
         }
     }
 }
