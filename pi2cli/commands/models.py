@@ -180,7 +180,9 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
 
     if out_dir is None:
         if layers or hidden or ffn:
-            raise Pi2Error("--out is required with --layers/--hidden/--ffn (the store holds full-size models)")
+            raise Pi2Error(
+                "--out is required with --layers/--hidden/--ffn (the store holds full-size models)"
+            )
         out_dir = store.synthetic_dir(get_model(like))
     if out_dir.exists() and not out_dir.is_dir():
         raise Pi2Error(f"--out {out_dir} exists and is not a directory")

@@ -114,7 +114,45 @@ def missing_message(spec: ModelSpec) -> str:
         else f"only {free / GiB:.0f} GiB free there: not enough (keep {SPARE_BYTES / GiB:.0f} GiB spare)"
     )
     pull = f"`pi2 models pull {spec.name}` (real weights, {spec.hf_repo})" if spec.hf_repo else None
-    how = f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 cores)"
+    how = (
+        f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 cores)"
+    )
     if pull:
         how = f"{pull}, or {how}"
     return f"model {spec.name} is not in {models_dir()}: get it with {how}, or add --synth; {room}"
+
+
+def model_arg(text: str, synth: bool = False) -> str:
+    """What a command's --model becomes: a path stays as it is; a registry name becomes the stored
+    model's file (.pi2, else .gguf). Missing: with `synth`, make the synthetic model first (sizes
+    stated, disk checked); without, the one-line how-to-get-it error."""
+    if not looks_like_name(text):
+        return text
+    spec = get_model(text)
+    found = find(spec)
+    if found is None and synth:
+        synthesize_into_store(spec)
+        found = find(spec)
+    if found is None:
+        raise Pi2Error(missing_message(spec))
+    return str(found.pi2 or found.gguf)
+
+
+def synthesize_into_store(spec: ModelSpec) -> Path:
+    """`pi2 models synth --like NAME` into the store, with progress on stderr (`--synth`)."""
+    import sys
+
+    from pi2cli.models import info, synth
+
+    if spec.activation == "silu":
+        raise Pi2Error(f"{spec.name} is a dense SwiGLU model: there is no synthetic version; "
+                       f"`pi2 models pull {spec.name}` fetches it")  # fmt: skip
+    cfg = synth.default_config(spec.name)
+    out = synthetic_dir(spec)
+    resolved = synth.resolve(cfg)
+    sizes = synth.planned_sizes(cfg, resolved[0], resolved[3])
+    check_room(out, sizes, f"--synth {spec.name}")
+    print(f"pi2: synthesizing {spec.name} (SYNTHETIC weights): {describe_sizes(sizes)} into {out}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    info.run_with_progress(lambda progress: synth.synthesize(cfg, out, progress=progress), "synth")
+    return out
