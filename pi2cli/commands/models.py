@@ -195,7 +195,8 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
     check_dir_writable(out_dir, "--out")  # before minutes of synthesis and measurement
     from pi2cli.models.synth import planned_sizes, resolve
 
-    sizes = planned_sizes(cfg, *_spec_and_rank(resolve(cfg)))
+    spec, fields, _sparsity, rank = resolve(cfg)
+    sizes = planned_sizes(cfg, spec, rank, fields)
     store.check_room(out_dir, sizes, f"synth --like {like}")
     click.echo(f"writing {store.describe_sizes(sizes)} into {out_dir}", err=True)
     summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress), "synth")
@@ -204,11 +205,6 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
     else:
         click.echo(info.format_measured(summary))
         click.echo(f"wrote {out_dir / 'model.pi2'} and {out_dir / 'model.gguf'} in {summary['seconds']} s")
-
-
-def _spec_and_rank(resolved):
-    spec, _fields, _sparsity, rank = resolved
-    return spec, rank
 
 
 @command.command(name="profile")

@@ -149,8 +149,8 @@ def synthesize_into_store(spec: ModelSpec) -> Path:
                        f"`pi2 models pull {spec.name}` fetches it")  # fmt: skip
     cfg = synth.default_config(spec.name)
     out = synthetic_dir(spec)
-    resolved = synth.resolve(cfg)
-    sizes = synth.planned_sizes(cfg, resolved[0], resolved[3])
+    full, fields, _sparsity, rank = synth.resolve(cfg)
+    sizes = synth.planned_sizes(cfg, full, rank, fields)
     check_room(out, sizes, f"--synth {spec.name}")
     print(f"pi2: synthesizing {spec.name} (SYNTHETIC weights): {describe_sizes(sizes)} into {out}",
           file=sys.stderr, flush=True)  # fmt: skip

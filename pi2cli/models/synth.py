@@ -515,9 +515,12 @@ def _tokenizer_blob(fields: list) -> tuple[bytes, str]:
     return blob, "copied from the tokenizer GGUF"
 
 
-def planned_sizes(cfg: SynthConfig, spec: ModelSpec, rank: int) -> dict[str, int]:
-    """Bytes each output file will have, from the writers' own layouts (tensor data exactly; the
-    tokenizer, metadata and GGUF header approximately: a few MB at most)."""
+def planned_sizes(
+    cfg: SynthConfig, spec: ModelSpec, rank: int, tok_fields: list | None = None
+) -> dict[str, int]:
+    """Bytes each output file will have, from the writers' own layouts: tensor data exactly; the GGUF
+    header exactly when the tokenizer fields are given (else ~4 MB), the .pi2's tokenizer and metadata
+    approximately (2 MB)."""
     from pi2cli.pi2file import PAGE, round_up
 
     if cfg.dense_down is None:
@@ -537,9 +540,17 @@ def planned_sizes(cfg: SynthConfig, spec: ModelSpec, rank: int) -> dict[str, int
     tensors = resident + spec.n_layer * (per_layer + n_blocks * per_block + [4 * n_blocks])
     pi2 = 4096 + header.neuron_region_bytes + sum(round_up(t, PAGE) for t in tensors)
     pi2 += 2 * 1024 * 1024  # tensor table, tokenizer blob (~1 MB for 49152 tokens), metadata
+    header_bytes = 4 * 1024 * 1024  # ~4 MB of tokenizer strings and merges
+    if tok_fields is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = gguf_twin.GgufTwinWriter(Path(tmp) / "probe.gguf", _twin_kv(spec, cfg, tok_fields))
+            _declare_twin(probe, spec, quant)
+            header_bytes = probe._write_header(Path(tmp) / "header.gguf", probe=True)
     twin = gguf_twin.GgufTwinWriter(Path("unused.gguf"), [])
     _declare_twin(twin, spec, quant)
-    gguf_bytes = twin.planned_bytes(4 * 1024 * 1024)  # header: ~4 MB of tokenizer strings and merges
+    gguf_bytes = twin.planned_bytes(header_bytes)
     return {"model.pi2": int(pi2), "model.gguf": int(gguf_bytes)}
 
 
