@@ -46,7 +46,7 @@ import numpy as np
 from pi2cli.errors import Pi2Error
 from pi2cli.models import gguf_twin
 from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
-from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, ModelSpec, get_model, validate_dims
+from pi2cli.models.registry import ModelSpec, get_model, validate_dims
 
 HOT_FRACTION = 0.2
 LOGNORMAL_SIGMA = 2.1  # with the 0.8 cap, the top 20% of neurons hold ~80% of the activations
@@ -666,6 +666,7 @@ def synthesize(
         summary.update(
             synthetic=True, generator="pi2 models synth", like=cfg.like, seed=cfg.seed, quant=quant,
             gguf_twin=gguf_path.name, tokenizer=f"{Path(cfg.tokenizer_gguf).name} ({tok_note})",
+            planned_bytes=planned_sizes(cfg, spec, rank, tok_fields),
             seconds=round(time.monotonic() - started, 1), resumed_from_layer=state["layer_done"] if state else None,
             dims={"n_layer": spec.n_layer, "hidden": h, "ffn": f, "n_head": spec.n_head,
                   "n_kv_head": spec.n_kv_head, "vocab": vocab, "n_expert": spec.n_expert,
@@ -943,5 +944,4 @@ def _model_summary(
             }
             for s in per_layer
         ],  # fmt: skip
-        "size_bytes_estimate": int(spec.size_bytes(quant)) if quant in QUANT_BYTES_PER_ELEMENT else None,
     }
