@@ -108,3 +108,32 @@ def test_plan_predicts_the_phone_from_a_name_without_the_file(tmp_path, monkeypa
     assert p19["hit_rate"] > p7["hit_rate"]
     bad = CliRunner().invoke(cli, [*args[:-1], "--memory-budget", "19G", "--profile", "no-such-phone"])
     assert bad.exit_code == 1 and "oneplus-12" in bad.stderr
+
+
+def test_synth_flag_makes_the_model_into_the_store_first(tmp_path, monkeypatch, smollm2_gguf, capsys):
+    monkeypatch.setenv("PI2_MODELS_DIR", str(tmp_path))
+    small = lambda name: synth.SynthConfig(like=name, tokenizer_gguf=smollm2_gguf, **TINY_MOE)  # noqa: E731
+    monkeypatch.setattr(synth, "default_config", small)
+    path = store.model_arg("turbosparse-mixtral-47b", synth=True)
+    assert path == str(tmp_path / "synthetic-turbosparse-mixtral-47b" / "model.pi2")
+    err = capsys.readouterr().err
+    assert "SYNTHETIC" in err and "model.pi2" in err and "bytes" in err
+    with pytest.raises(Pi2Error, match="dense SwiGLU"):
+        store.model_arg("smollm2-135m-instruct", synth=True)
+
+
+def test_plain_progress_lines_have_eta_and_are_throttled():
+    import io
+
+    from pi2cli.models.info import PlainProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = PlainProgress("synth", out, every_s=10, clock=lambda: now[0])
+    for step in range(1, 11):
+        now[0] = step * 4.0  # a step every 4 s: a line at most every 10 s, and the last one
+        p(f"layer {step}", step, 10)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("synth: layer 1 (1/10) 0m00s elapsed")
+    assert 3 <= len(lines) <= 5 and lines[-1].startswith("synth: layer 10 (10/10)")
+    assert "ETA 0m" in lines[1]  # 9 steps left at 4 s each: half a minute
