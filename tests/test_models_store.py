@@ -37,6 +37,12 @@ def test_a_stored_model_resolves_by_name_and_stays_labelled_synthetic(tmp_path, 
     assert store.model_arg(str(out / "model.gguf")) == str(out / "model.gguf")  # paths stay paths
     with pytest.raises(Pi2Error, match="not in"):
         store.model_arg("turbosparse-mistral-7b")
+    # generate takes the name too (pi2-engine runs the .pi2, llama.cpp would run its twin)
+    result = CliRunner().invoke(
+        cli, ["generate", "-m", "turbosparse-mixtral-47b", "-p", "Hello", "-n", "3", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout.strip().splitlines()[-1])["token_ids"]) == 3
 
 
 @pytest.mark.parametrize("like,dims", [("turbosparse-mixtral-47b", TINY_MOE),
