@@ -249,13 +249,17 @@ def predictor_bytes_in_file(path: str | Path) -> int | None:
 
 # ---------------------------------------------------------------------------------------- the command
 def prediction_wanted(model: str, profile: str | Path | None) -> bool:
-    """`pi2 plan` predicts (instead of writing a plan file) for a shipped/TOML device profile, or for a
-    registry name that is not a file."""
-    from pi2cli.models.store import looks_like_name
+    """`pi2 plan` predicts (instead of writing a plan file) for a shipped or TOML device profile, or
+    for a registry name with no file in the store (given a profile). A stored name plans as its file."""
+    from pi2cli.models import store
+    from pi2cli.models.registry import get_model
 
     prof = str(profile or "")
-    shipped = prof in shipped_profiles() or prof.endswith(".toml")
-    return shipped or (looks_like_name(model) and not Path(model).exists())
+    if prof in shipped_profiles() or prof.endswith(".toml"):
+        return True
+    if prof and store.looks_like_name(model) and not Path(model).exists():
+        return store.find(get_model(model)) is None
+    return False
 
 
 def facts_for(model: str) -> tuple[ModelFacts, int]:

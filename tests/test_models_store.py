@@ -23,7 +23,7 @@ def test_missing_model_is_one_line_with_how_to_get_it_and_its_size(tmp_path, mon
     assert len(lines) == 1 and lines[0].startswith("pi2: error: model turbosparse-mixtral-47b is not in")
     line = lines[0]
     assert "pi2 models synth --like turbosparse-mixtral-47b" in line and "pi2 models pull" in line
-    assert " GB" in line and " min" in line and "free" in line and "--synth" in line
+    assert " GB" in line and " min" in line and "free" in line and "bench --synth" in line
     assert not (tmp_path / "store").exists()  # nothing made
 
 

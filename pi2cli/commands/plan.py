@@ -107,6 +107,9 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
             write_json_atomic(out, data)
         click.echo(json.dumps(data, indent=1) if as_json else format_prediction(data))
         return
+    from pi2cli.models.store import model_arg
+
+    model = Path(model_arg(str(model)))  # a registry name: its stored file (or the how-to-get-it line)
     facts = model_facts(model)
     if profile_path is not None:
         profile = load_profile(profile_path)

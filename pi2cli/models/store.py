@@ -119,7 +119,7 @@ def missing_message(spec: ModelSpec) -> str:
     )
     if pull:
         how = f"{pull}, or {how}"
-    return f"model {spec.name} is not in {models_dir()}: get it with {how}, or add --synth; {room}"
+    return f"model {spec.name} is not in {models_dir()}: get it with {how} (or `pi2 bench --synth`); {room}"
 
 
 def model_arg(text: str, synth: bool = False) -> str:
