@@ -151,7 +151,7 @@ def coverage(m: ModelFacts, frac: float) -> float:
     curve = _design_coverage_curve(round(float(m.measured.get("sparsity", 0.9)), 3))
     x = frac * (len(curve) - 1)
     i = min(int(x), len(curve) - 2)
-    return curve[i] + (curve[i + 1] - curve[i]) * (x - i)
+    return float(curve[i] + (curve[i + 1] - curve[i]) * (x - i))  # a Python float: it ends up in JSON
 
 
 # --------------------------------------------------------------------------------------- prediction

@@ -21,7 +21,7 @@ def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
     for name in EXPERIMENTS:
         data = json.loads((out / f"{name}.json").read_text())
         assert data["small"] is True and data["synthetic"] is True
-        assert isinstance(data["holds"], bool) and data["verdict"] and data["expect"]
+        assert isinstance(data["holds"], bool) and data["verdict"] and data["expect"], (name, data["holds"])
     sweep = json.loads((out / "memory-sweep.json").read_text())
     assert len(sweep["points"]) == 4
     for p in sweep["points"]:

@@ -40,7 +40,7 @@ def run(ctx: Ctx) -> dict:
         else:
             runs.append((label, pi2(ctx, model, policy, b)))
     rates = [r.get("decode_tps") for _, r in runs]
-    holds = monotone(rates, slack=0.05)
+    holds = bool(monotone(rates, slack=0.05))
     rows = [[label, fmt_tps(r), f"{r.get('io_share') or 0:.2f}", f"{(r.get('storage_bytes_per_token') or 0) / 2**20:.1f}",
              f"{PAPER['rungs'][i]}: {PAPER['tok_s'][i]}"] for i, (label, r) in enumerate(runs)]  # fmt: skip
     headers = ["rung", "tok/s", "I/O share", "MiB read/token", "paper (Bamboo-7B, OnePlus 12)"]

@@ -24,7 +24,7 @@ def run(ctx: Ctx) -> dict:
     )
     ll = llama(ctx, model, None, n_prompt=N_PROMPT, n_gen=ctx.n_tokens)
     ratio = p.get("decode_tps") / ll["decode_tps"] if p.get("decode_tps") and ll.get("decode_tps") else None
-    holds = ratio is not None and ratio >= 1.0
+    holds = bool(ratio is not None and ratio >= 1.0)
     rows = [["decode tok/s", fmt_tps(p), fmt_tps(ll), "-" if ratio is None else f"{ratio:.2f}x", "2.24x"],
             ["prefill tok/s", f"{pf.get('prefill_tps') or 0:.1f}", f"{ll.get('prefill_tps') or 0:.1f}",
              f"{pf['prefill_tps'] / ll['prefill_tps']:.2f}x" if pf.get("prefill_tps") and ll.get("prefill_tps") else "-",

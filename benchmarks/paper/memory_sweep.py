@@ -59,7 +59,7 @@ def run(ctx: Ctx) -> dict:
     headers = ["budget GiB", "pi2 tok/s", "llmflash tok/s", "llama.cpp tok/s", "pi2 peak RSS GiB", "pi2 hit rate",
                "paper pi2 (OnePlus 12, linear 2.13..11.68)"]  # fmt: skip
     expect = "pi2 grows with the budget and beats llama.cpp at every budget; pi2's peak RSS stays under each budget"
-    holds = grows and beats and rss_ok
+    holds = bool(grows and beats and rss_ok)
     verdict = (f"grows: {'yes' if grows else 'NO'}; beats llama.cpp at every budget: {'yes' if beats else 'NO'}; "
                f"RSS under budget: {'yes' if rss_ok else 'NO'}")  # fmt: skip
 

@@ -55,7 +55,7 @@ def run(ctx: Ctx) -> dict:
     expect = (
         "the pi2/llama.cpp ratio grows with the offloaded share; pi2 keeps > 20% of its in-memory rate at 75%"
     )
-    holds = grows and gentle
+    holds = bool(grows and gentle)
     verdict = f"ratio grows: {'yes' if grows else 'NO'}; pi2 degrades gently: {'yes' if gentle else 'NO'}"
 
     def plot(ax):

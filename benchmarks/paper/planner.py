@@ -105,7 +105,7 @@ def run(ctx: Ctx) -> dict:
         "measured hit",
     ]
     h2 = ["budget GB", "predicted tok/s", "paper tok/s", "error", "memory ms", "storage ms"]
-    holds = med is not None and med <= 0.10
+    holds = bool(med is not None and med <= 0.10)
     verdict = (f"median |error| here {100 * med:.0f}% (target <= 10%): {'holds' if holds else 'does NOT hold'}; "
                if med is not None else "no measured points; ") + f"vs the paper: median |error| {100 * median(paper_err):.0f}%"  # fmt: skip
     result = {"title": TITLE, "here": {"headers": h1, "rows": rows, "median_abs_error": med, "fitted": eff_note},

@@ -47,7 +47,7 @@ def run(ctx: Ctx) -> dict:
     share_ok = (
         p2.get("io_share") is not None and fl.get("io_share") is not None and p2["io_share"] < fl["io_share"]
     )
-    holds = tail is not None and tail <= 1.5 and share_ok
+    holds = bool(tail is not None and tail <= 1.5 and share_ok)
     f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     rows5 = [[k, f(tb.get(k)), PAPER["tbt_ms"][k]] for k in ("mean", "p50", "p90", "p99")]
     rows4 = [[pol, f(100 * (1 - out[pol]["io_share"])) if out.get(pol, {}).get("io_share") is not None else "-",
