@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "report": "Write a markdown and HTML report with plots from runs.",
     "results": "List and filter recorded runs in the results index.",
     "farm": "Nightly device-farm runs with regression flags.",
+    "repro": "Reproduce the paper's experiments on this machine, each table beside the paper's.",
 }
 
 

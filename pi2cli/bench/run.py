@@ -74,7 +74,7 @@ def resolve_model(
     path = Path(model).expanduser()
     if not path.exists():
         raise Pi2Error(
-            f"model {model}: no such file (registry names are not supported yet: give a .pi2 or .gguf)"
+            f"model {model}: no such file (give a .pi2, a .gguf or a registry name: `pi2 models list`)"
         )
     if path.is_dir():
         found = sorted(path.glob("*.pi2")) or sorted(path.glob("*.gguf"))

@@ -74,7 +74,11 @@ def print_table(console, outcomes) -> None:
 @click.command(name="bench")
 @click.option("--model", "-m", required=True,
               help="DIR/model.pi2 (its GGUF twin DIR/model.gguf runs llama.cpp and gives the chat template), "
-                   "or a .gguf (converted to the .pi2 beside it when pi2 needs it).")  # fmt: skip
+                   "a .gguf (converted to the .pi2 beside it when pi2 needs it), or a registry name "
+                   "(`pi2 models list`) found in the local store.")  # fmt: skip
+@click.option("--synth", "make_synth", is_flag=True,
+              help="With a registry name not in the store: synthesize it there first (SYNTHETIC weights; "
+                   "sizes stated and disk checked before writing).")  # fmt: skip
 @click.option("--engine", "-e", "engines", multiple=True,
               help="Engine to run; repeat for several: pi2 (policy powerinfer2 when the model has predictors, "
                    "else dense), llmflash (pi2-engine --policy llmflash: the LLM-in-a-Flash baseline), "
@@ -136,8 +140,8 @@ def print_table(console, outcomes) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
-def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit, seed,
-            budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, quality, tags,
+def command(model, make_synth, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit,
+            seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, quality, tags,
             results_dir, as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
@@ -160,8 +164,10 @@ def command(model, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_mod
     from rich.console import Console
 
     from pi2cli.bench.run import BenchConfig, Reporter, run_bench
+    from pi2cli.models.store import model_arg
     from pi2cli.units import parse_size
 
+    model = model_arg(model, synth=make_synth)
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
     cfg = BenchConfig(
         model=model, engines=engines, workloads=list(workloads), limit=limit, seed=seed,

@@ -16,8 +16,8 @@ from pi2cli.engines.generate import generate
     "--model",
     "-m",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Model file: .pi2 for --engine pi2, .gguf for --engine llama.cpp.",
+    help="Model file: .pi2 for --engine pi2, .gguf for --engine llama.cpp; or a registry name found "
+    "in the local store (`pi2 models list`).",
 )
 @click.option("--prompt", "-p", required=True, help="Prompt text (used as is; no chat template).")
 @click.option(
@@ -48,6 +48,11 @@ def command(model, prompt, n_predict, temperature, seed, engine, threads, as_jso
       pi2 generate -m smollm2.pi2 -p "The capital of France is" -n 16
       pi2 generate --engine llama.cpp -m smollm2.gguf -p "Hello" -n 16 --json
     """
+    from pi2cli.models.store import model_arg
+
+    model = Path(model_arg(model))
+    if engine == "llama.cpp" and model.suffix == ".pi2" and model.with_suffix(".gguf").is_file():
+        model = model.with_suffix(".gguf")  # a name resolves to the .pi2; llama.cpp runs its twin
     request = GenerateRequest(model=model, prompt=prompt, n_predict=n_predict, temperature=temperature,
                               seed=seed, threads=threads)  # fmt: skip
     result = generate(get_driver(engine), request)

@@ -160,9 +160,9 @@ def pull_cmd(name: str, out: Path | None) -> None:
 )
 @click.option(
     "--dense-down/--no-dense-down",
-    default=True,
-    show_default=True,
-    help="Also store the dense down matrix in the .pi2 (lossless GGUF copy, +~22% size).",
+    default=None,
+    help="Also store the dense down matrix in the .pi2 (lossless GGUF copy, +~22% size) "
+    "[default: for dense FFNs only; MoE FFNs are read as bundles].",
 )
 @click.option(
     "--tokenizer",
@@ -174,9 +174,10 @@ def pull_cmd(name: str, out: Path | None) -> None:
 @click.option(
     "--out",
     "out_dir",
-    required=True,
+    default=None,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Output directory: writes model.pi2 and model.gguf there.",
+    help="Output directory: writes model.pi2 and model.gguf there [default, at full size: the local "
+    "store, ~/.cache/pi2/models/synthetic-NAME ($PI2_MODELS_DIR), where `--model NAME` finds it].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the measured summary as JSON.")
 def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, calib_seqs, eval_seqs,
@@ -198,8 +199,15 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
       pi2 models synth --like turbosparse-mixtral-47b --layers 4 --hidden 1024 --ffn 3584 --out moe/
       pi2 models synth --like turbosparse-mistral-7b --out full7b/     # full size, ~4.5 GB .pi2
     """
+    from pi2cli.models import store
     from pi2cli.models.synth import SynthConfig, check_config, synthesize
 
+    if out_dir is None:
+        if layers or hidden or ffn:
+            raise Pi2Error(
+                "--out is required with --layers/--hidden/--ffn (the store holds full-size models)"
+            )
+        out_dir = store.synthetic_dir(get_model(like))
     if out_dir.exists() and not out_dir.is_dir():
         raise Pi2Error(f"--out {out_dir} exists and is not a directory")
     cfg = SynthConfig(like=like, n_layer=layers, hidden=hidden, ffn=ffn, quant=quant, seed=seed,
@@ -209,6 +217,12 @@ def synth_cmd(like, layers, hidden, ffn, quant, seed, sparsity, predictor_rank, 
     from pi2cli.outputs import check_dir_writable
 
     check_dir_writable(out_dir, "--out")  # before minutes of synthesis and measurement
+    from pi2cli.models.synth import planned_sizes, resolve
+
+    spec, fields, _sparsity, rank = resolve(cfg)
+    sizes = planned_sizes(cfg, spec, rank, fields)
+    store.check_room(out_dir, sizes, f"synth --like {like}")
+    click.echo(f"writing {store.describe_sizes(sizes)} into {out_dir}", err=True)
     summary = info.run_with_progress(lambda progress: synthesize(cfg, out_dir, progress=progress), "synth")
     if as_json:
         click.echo(json.dumps(summary, indent=2))

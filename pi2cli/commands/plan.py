@@ -38,9 +38,21 @@ def print_plan(console, plan, out: Path | None) -> None:
         )
 
 
+def format_prediction(d: dict) -> str:
+    mem = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in d["memory_bytes_per_token"].items())
+    return (f"{d['model']}{' (synthetic shape)' if d['synthetic'] else ''} on {d['device']} at "
+            f"{d['memory_budget_bytes'] / 2**30:.1f} GiB: predicted {d['tok_s']:.2f} tok/s "
+            f"(TBT {d['tbt_ms']:.0f} ms: memory {d['memory_ms']:.0f} ms, storage {d['storage_ms']:.0f} ms)\n"
+            f"  cache {d['cache_bytes'] / 2**30:.2f} GiB after a fixed region of {d['fixed_bytes'] / 2**30:.2f} GiB, "
+            f"{100 * d['cached_fraction']:.0f}% of the FFN cached, hit rate {100 * d['hit_rate']:.1f}%\n"
+            f"  per token: {mem}; {d['storage_reads_per_token']} storage reads "
+            f"({d['storage_bytes_per_token'] / 2**20:.0f} MiB)\n  {d['assumptions']}")  # fmt: skip
+
+
 @click.command(name="plan")
 @click.option("--model", "-m", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The .pi2 model (its header and the activation statistics in its metadata are read).")  # fmt: skip
+              help="The .pi2 model (its header and the activation statistics in its metadata are read), or a "
+                   "registry name (with a shipped --profile: a prediction, no file needed).")  # fmt: skip
 @click.option("--memory-budget", "-b", "budget", required=True,
               help="The whole process's memory budget, e.g. 2651M or 8G (what pi2-engine --memory-budget takes).")  # fmt: skip
 @click.option("--profile", "-P", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -86,6 +98,18 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     budget_bytes = parse_size(budget)
     if out is not None:
         check_file_writable(out, "--out")  # before the probe and the planning, not after
+    from pi2cli.plan.predict import prediction_wanted, run_prediction
+
+    if prediction_wanted(str(model), profile_path):
+        # a device profile shipped as data (or a model known only by name): predict tok/s, no file needed
+        data = run_prediction(str(model), str(profile_path or ""), budget_bytes, ctx=ctx)
+        if out is not None:
+            write_json_atomic(out, data)
+        click.echo(json.dumps(data, indent=1) if as_json else format_prediction(data))
+        return
+    from pi2cli.models.store import model_arg
+
+    model = Path(model_arg(str(model)))  # a registry name: its stored file (or the how-to-get-it line)
     facts = model_facts(model)
     if profile_path is not None:
         profile = load_profile(profile_path)

@@ -11,8 +11,9 @@ import click
 @click.option("--device", "-d", default="local", show_default=True,
               help="Target: local, qemu-arm64 or an adb serial (`pi2 devices` lists them; HOST:PORT is "
                    "adb-connected on first use).")  # fmt: skip
-@click.option("--model", "-m", "models", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Model file to push (repeatable); lands in WORKDIR/models/.")  # fmt: skip
+@click.option("--model", "-m", "models", multiple=True,
+              help="Model file to push (repeatable), or a registry name found in the local store; lands in "
+                   "WORKDIR/models/.")  # fmt: skip
 @click.option("--plan", "plans", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Plan JSON to push (repeatable); lands in WORKDIR/plans/.")  # fmt: skip
 @click.option("--workdir", default=None,
@@ -47,6 +48,9 @@ def command(device, models, plans, workdir, no_engine, no_workloads, as_json):
     workdir = target.workdir
     engine = [] if no_engine else engine_files(target)
     workloads = [] if no_workloads else default_workloads()
+    from pi2cli.models.store import model_arg
+
+    models = [Path(model_arg(m)) for m in models]
     items = collect_items(target, workdir, engine=engine, models=list(models), plans=list(plans),
                           workloads=workloads)  # fmt: skip
     if not items:

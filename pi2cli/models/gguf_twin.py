@@ -13,7 +13,6 @@ the header is written, then tensors are written in that order as the generator p
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -102,66 +101,138 @@ def load_tokenizer(path: Path) -> tuple[list, int]:
 
 
 class GgufTwinWriter:
-    """Declare tensors (name, numpy shape, quant), then write them in the same order; close() renames
-    the temp file into place. abort() removes it."""
+    """Declare tensors (name, numpy shape, quant), then write them; close() renames the temp file into
+    place, abort() removes it.
+
+    The header (kv pairs, tensor infos) is written by gguf's GGUFWriter; tensor data is then written
+    with pwrite at each tensor's final offset (the layout GGUFWriter gives: data aligned to 32 bytes,
+    each tensor padded to 32). So an expert's slice of a stacked MoE tensor can be written as soon as
+    that expert exists (`write_part`), and an interrupted synthesis can reopen the temp file and go on
+    (`resume=True`, with `next` restored from its checkpoint)."""
+
+    ALIGN = gguf.GGUF_DEFAULT_ALIGNMENT
 
     def __init__(self, path: Path, kv: list[tuple[str, object, gguf.GGUFValueType, object]]):
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-        self.writer = gguf.GGUFWriter(self.tmp, "llama")
-        for key, value, vtype, sub in kv:
-            self.writer.add_key_value(key, value, vtype, sub)
-        self.declared: list[tuple[str, tuple[int, ...], str]] = []
-        self.next = 0
-        self.started = False
+        self.tmp = self.path.with_name(f".{self.path.name}.partial")
+        self.kv = kv
+        self.declared: list[tuple[str, tuple[int, ...], str, int]] = []
+        self.next = 0  # tensors fully written, in declaration order
+        self._parts: dict[int, int] = {}  # tensor index -> parts written (-1: complete)
+        self._fd: int | None = None
+        self.data_start = 0
+        self.offsets: list[int] = []
 
     def declare(self, name: str, shape: tuple[int, ...], quant: str) -> None:
         nbytes = int(np.prod(shape[:-1])) * row_bytes(quant, shape[-1])
-        byte_shape = (*shape[:-1], row_bytes(quant, shape[-1]))
-        dtype = (
-            np.uint8
-            if quant not in ("f32", "f16")
-            else np.dtype(np.float32 if quant == "f32" else np.float16)
-        )
-        self.writer.add_tensor_info(
-            name,
-            byte_shape if dtype == np.uint8 else shape,
-            np.dtype(dtype),
-            nbytes,
-            raw_dtype=GGML_TYPES[quant],
-        )
-        self.declared.append((name, tuple(shape), quant))
+        self.declared.append((name, tuple(shape), quant, nbytes))
 
-    def start(self) -> None:
-        self.writer.write_header_to_file()
-        self.writer.write_kv_data_to_file()
-        self.writer.write_ti_data_to_file()
-        self.started = True
+    def planned_bytes(self, header_bytes: int) -> int:
+        """File size given the header's size (tensor data only depends on the declarations)."""
+        pad = gguf.GGUFWriter.ggml_pad
+        return pad(header_bytes, self.ALIGN) + sum(pad(n, self.ALIGN) for _, _, _, n in self.declared)
+
+    def _layout(self, header_end: int) -> None:
+        pad = gguf.GGUFWriter.ggml_pad
+        self.data_start = pad(header_end, self.ALIGN)
+        self.offsets, pos = [], 0
+        for _, _, _, nbytes in self.declared:
+            self.offsets.append(pos)
+            pos += pad(nbytes, self.ALIGN)
+        self.total_bytes = self.data_start + pos
+
+    def start(self, resume: bool = False) -> None:
+        """Write the header (or, resuming, check the temp file is there) and open it for pwrite."""
+        if resume and self.tmp.exists():
+            header_end = self._write_header(self.path.with_name(f".{self.path.name}.header"), probe=True)
+            self._layout(header_end)
+            self._fd = os.open(self.tmp, os.O_WRONLY)
+            return
+        self._layout(self._write_header(self.tmp))
+        self._fd = os.open(self.tmp, os.O_WRONLY)
+        os.ftruncate(self._fd, self.total_bytes)  # sparse until written; the size is final from here
+
+    def _write_header(self, path: Path, probe: bool = False) -> int:
+        writer = gguf.GGUFWriter(path, "llama")
+        for key, value, vtype, sub in self.kv:
+            writer.add_key_value(key, value, vtype, sub)
+        for name, shape, quant, nbytes in self.declared:
+            byte_shape = (*shape[:-1], row_bytes(quant, shape[-1]))
+            dtype = (
+                np.uint8
+                if quant not in ("f32", "f16")
+                else np.dtype(np.float32 if quant == "f32" else np.float16)
+            )
+            writer.add_tensor_info(name, byte_shape if dtype == np.uint8 else shape, np.dtype(dtype), nbytes,
+                                   raw_dtype=GGML_TYPES[quant])  # fmt: skip
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        writer.close()
+        end = path.stat().st_size
+        if probe:  # the header is a pure function of the declarations: only its length was wanted
+            path.unlink(missing_ok=True)
+        return end
+
+    def _pwrite(self, data, pos: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(self._fd, view, pos)
+            view, pos = view[n:], pos + n
 
     def write(self, name: str, raw: np.ndarray) -> None:
         """raw: the tensor's bytes (uint8, any shape) in its declared type."""
-        if not self.started:
+        self.write_part(name, raw, 0, 1)
+
+    def write_part(self, name: str, raw: np.ndarray, index: int, count: int) -> None:
+        """Part `index` of `count` equal slices along the first axis (an expert of a stacked tensor).
+        Tensors are completed in declaration order, but the parts of the next few may interleave
+        (gate, up, down of expert 0, then of expert 1...); each tensor's parts go in order."""
+        if self._fd is None:
             self.start()
-        want, shape, quant = self.declared[self.next]
-        if name != want:
-            raise Pi2Error(f"GGUF twin: tensor {name} written out of order (expected {want})")
+        i = next((j for j in range(self.next, len(self.declared)) if self.declared[j][0] == name), None)
+        if i is None:
+            raise Pi2Error(f"GGUF twin: tensor {name} was not declared or is already written")
+        if i > self.next and count == 1 or self._parts.get(i, 0) != index:
+            raise Pi2Error(
+                f"GGUF twin: tensor {name} written out of order (expected {self.declared[self.next][0]})"
+            )
+        _, _, _, nbytes = self.declared[i]
         raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-        expected = int(np.prod(shape[:-1])) * row_bytes(quant, shape[-1])
-        if raw.nbytes != expected:
-            raise Pi2Error(f"GGUF twin: tensor {name} has {raw.nbytes} bytes, expected {expected}")
-        self.writer.write_tensor_data(raw)
-        self.next += 1
+        if raw.nbytes * count != nbytes:
+            raise Pi2Error(f"GGUF twin: tensor {name} has {raw.nbytes * count} bytes, expected {nbytes}")
+        self._pwrite(raw, self.data_start + self.offsets[i] + index * raw.nbytes)
+        self._parts[i] = index + 1
+        if index + 1 == count:
+            self._parts[i] = -1  # complete
+        while self.next < len(self.declared) and self._parts.get(self.next) == -1:
+            del self._parts[self.next]
+            self.next += 1
+
+    def sync(self) -> None:
+        """Make what was written durable (before a checkpoint says it was)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def close(self) -> Path:
         if self.next != len(self.declared):
             missing = self.declared[self.next][0]
             self.abort()
             raise Pi2Error(f"GGUF twin: tensor {missing} was never written")
-        self.writer.close()
+        if self._fd is None:
+            self.start()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
         os.replace(self.tmp, self.path)
         return self.path
 
+    def detach(self) -> None:
+        """Close without removing the temp file (an interrupted run that can be resumed)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def abort(self) -> None:
-        with contextlib.suppress(Exception):  # the file is being thrown away anyway
-            self.writer.close()
+        self.detach()
         self.tmp.unlink(missing_ok=True)

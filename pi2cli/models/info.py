@@ -156,8 +156,14 @@ def format_file_info(data: dict) -> str:
 
 
 def run_with_progress(work: Callable[[Callable[[str, int, int], None]], dict], label: str = "pi2") -> dict:
-    """Run `work(progress)` under a rich progress bar on stderr. The bar appears at the first progress
-    report, so input errors found before any work print as one clean line."""
+    """Run `work(progress)` under a rich progress bar on stderr, or with plain lines (at most one
+    every 10 s, with elapsed time and ETA) when stderr is not a terminal, so a log file stays
+    readable. The bar appears at the first progress report, so input errors found before any work
+    print as one clean line."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return work(PlainProgress(label, sys.stderr))
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -177,3 +183,37 @@ def run_with_progress(work: Callable[[Callable[[str, int, int], None]], dict], l
     finally:
         if task is not None:
             bar.stop()
+
+
+class PlainProgress:
+    """Progress as plain lines: `label: what (done/total) 3m10s elapsed, ETA 12m40s`. The rate is
+    measured from the first report, so a resumed run's ETA counts only the work left."""
+
+    def __init__(self, label: str, stream, every_s: float = 10.0, clock=None):
+        import time
+
+        self.label, self.stream, self.every_s = label, stream, every_s
+        self.clock = clock or time.monotonic
+        self.t0 = self.first = None
+        self.last = float("-inf")
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        now = self.clock()
+        if self.t0 is None:
+            self.t0, self.first = now, done
+        if now - self.last < self.every_s and done < total:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
+        eta = f", ETA {_mmss((total - done) / rate)}" if rate > 0 and done < total else ""
+        print(
+            f"{self.label}: {what} ({done}/{total}) {_mmss(elapsed)} elapsed{eta}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def _mmss(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s"

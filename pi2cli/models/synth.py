@@ -33,8 +33,10 @@ the .pi2 writer places each FFN block at its final offset and the GGUF twin writ
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -44,7 +46,7 @@ import numpy as np
 from pi2cli.errors import Pi2Error
 from pi2cli.models import gguf_twin
 from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
-from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, ModelSpec, get_model, validate_dims
+from pi2cli.models.registry import ModelSpec, get_model, validate_dims
 
 HOT_FRACTION = 0.2
 LOGNORMAL_SIGMA = 2.1  # with the 0.8 cap, the top 20% of neurons hold ~80% of the activations
@@ -69,7 +71,7 @@ class SynthConfig:
     calib_seqs: int = 8
     eval_seqs: int = 4
     seq_len: int = 64
-    dense_down: bool = True
+    dense_down: bool | None = None  # default: only for dense FFNs (MoE FFNs are read as bundles)
     tokenizer_gguf: Path | None = None  # default: SmolLM2's GGUF (its real byte-level BPE vocab)
 
 
@@ -120,6 +122,14 @@ def synth_spec(cfg: SynthConfig, vocab: int) -> ModelSpec:
     return spec
 
 
+SYNTH_VOCAB = 49152  # the default tokenizer's (SmolLM2): sizes can be planned without loading it
+
+
+def default_config(name: str) -> SynthConfig:
+    """The full-size synth of a registry model, as `models synth --like NAME` and the store make it."""
+    return SynthConfig(like=get_model(name).name)
+
+
 def check_config(cfg: SynthConfig) -> ModelSpec:
     """Fail fast (before any work or output) on options that cannot make a model."""
     if cfg.quant not in ("q4_0", "q4_1", "q8_0", "f16"):
@@ -160,97 +170,151 @@ def _column_quantile_shift(z: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.where(k >= 1, 0.5 * (lo + hi), lo0 - 1.0).astype(np.float32)
 
 
+def _transpose(a: np.ndarray, tile: int = 512) -> np.ndarray:
+    """A contiguous transpose in cache-sized tiles: ~4x faster than np.ascontiguousarray(a.T) at
+    (4096, 14336)."""
+    out = np.empty((a.shape[1], a.shape[0]), a.dtype)
+    for i in range(0, a.shape[0], tile):
+        for j in range(0, a.shape[1], tile):
+            out[j : j + tile, i : i + tile] = a[i : i + tile, j : j + tile].T
+    return out
+
+
+def _add_outer(a: np.ndarray, t: np.ndarray, u: np.ndarray, rows: int = 1024) -> np.ndarray:
+    """a += outer(t, u) in place, a few rows at a time (no (n, hidden) temporary)."""
+    for i in range(0, a.shape[0], rows):
+        a[i : i + rows] += t[i : i + rows, None] * u[None, :]
+    return a
+
+
+def _uniform_rows(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    """Random float32 entries with mean 0 and standard deviation `std`, from uniform int8 draws in
+    [-127, 127] (variance 5418.67). Drawing int8 is ~5x faster than Gaussians and projections of these
+    rows are Gaussian all the same (sums of thousands of terms); only the directions' randomness matters."""
+    out = rng.integers(-127, 128, size=shape, dtype=np.int8).astype(np.float32)
+    out *= np.float32(std / math.sqrt((255**2 - 1) / 12))
+    return out
+
+
+@dataclass
+class LayerInputs:
+    """What every FFN block of a layer shares: its normed inputs and their mean direction."""
+
+    x_all: np.ndarray  # (n_all, hidden): calibration rows first, then held-out rows
+    n_calib: int
+    u_hat: np.ndarray  # unit mean direction of the calibration rows
+    c: np.ndarray  # x_calib . u_hat
+    eligible: np.ndarray  # calibration rows with a clearly positive mean component
+    basis: np.ndarray
+    v_r: np.ndarray  # predictor subspace (r, hidden)
+
+
+def layer_inputs(xf: np.ndarray, n_calib: int, basis: np.ndarray, v_r: np.ndarray) -> LayerInputs:
+    mu = xf[:n_calib].mean(axis=0)
+    u_hat = (mu / np.linalg.norm(mu)).astype(np.float32)
+    c = xf[:n_calib] @ u_hat
+    eligible = c > 0.05 * float(np.mean(np.abs(c)))
+    return LayerInputs(xf, n_calib, u_hat, c, eligible, basis, v_r)
+
+
 @dataclass
 class FfnBlock:
     gate_q: np.ndarray  # quantized rows (n_ff, row_bytes)
     up_q: np.ndarray
-    down: np.ndarray  # float (hidden, n_ff), pre-quantization
-    down_q: np.ndarray  # quantized rows (hidden, row_bytes(n_ff))
-    gate: np.ndarray  # dequantized, for the forward
-    up: np.ndarray
-    down_deq: np.ndarray
+    down: np.ndarray  # float (hidden, n_ff), pre-quantization, scaled
+    down_q: np.ndarray  # quantized rows (hidden, row_bytes(n_ff)): the GGUF's and the dense copy's
+    down_cols_q: np.ndarray  # down columns quantized along hidden (n_ff, row_bytes(hidden)): the bundles'
     order: np.ndarray  # hottest first (calibration frequencies)
     fc1: np.ndarray  # (2r, hidden) f16-exact float32
     fc2: np.ndarray  # (n_ff, 2r) in ORIGINAL neuron order
     threshold: float  # sigmoid threshold tau
     calib_freq: np.ndarray
-    act: np.ndarray | None = None  # hidden activations of every forward row
+    rows: np.ndarray  # the rows of x_all this block ran on (the routed ones; all for a dense FFN)
+    act: np.ndarray  # their hidden activations under the QUANTIZED gate/up
+    stats: dict = field(default_factory=dict)
+    out: np.ndarray | None = None  # (len(rows), hidden): this block's weighted output
 
 
 def build_ffn_block(
     rng: np.random.Generator,
-    x_all: np.ndarray,
-    n_calib: int,
-    basis: np.ndarray,
-    v_r: np.ndarray,
+    li: LayerInputs,
+    rows: np.ndarray,
     n_ff: int,
     density: float,
     activation: str,
     quant: str,
 ) -> FfnBlock:
-    """Gate/up rows calibrated so P(neuron active) follows a skewed profile on the first n_calib rows
-    of `x_all`; down rows writing into span(basis) (unscaled: the caller scales them); the predictor.
-    Also returns the hidden activations of all rows under the quantized gate/up (block.act)."""
-    x_calib = x_all[:n_calib]
+    """Gate/up rows calibrated so P(neuron active) follows a skewed profile on the calibration rows;
+    down rows writing into span(basis) (unscaled: build_and_measure scales them); the predictor; and
+    the quantized activations of `rows` (the rows routed to this block).
+
+    Calibration (the gate/up biases, the hot order, the predictor's error scale and threshold) uses the
+    float weights: x . (r + t u) = x . r + t (x . u), so the calibration matmuls are done once, before t
+    is known. Everything measured afterwards uses the quantized weights as written."""
+    x_calib = li.x_all[: li.n_calib]
     n, hidden = x_calib.shape
-    mu = x_calib.mean(axis=0)
-    u_hat = (mu / np.linalg.norm(mu)).astype(np.float32)
-    c = x_calib @ u_hat
-    eligible = c > 0.05 * float(np.mean(np.abs(c)))
+    c, eligible, u_hat = li.c, li.eligible, li.u_hat
     c_safe = np.where(eligible, c, 1.0)[:, None]
 
     p = frequency_targets(rng, n_ff, density)
-    r_gate = rng.standard_normal((n_ff, hidden), dtype=np.float32) / np.float32(math.sqrt(hidden))
-    r_up = rng.standard_normal((n_ff, hidden), dtype=np.float32) / np.float32(math.sqrt(hidden))
+    r_gate = _uniform_rows(rng, (n_ff, hidden), 1.0 / math.sqrt(hidden))
+    r_up = _uniform_rows(rng, (n_ff, hidden), 1.0 / math.sqrt(hidden))
 
     up_pos = np.broadcast_to(eligible[:, None], (n, n_ff))
     up_rows = r_up
+    up_pre = None
     if activation == "drelu":
         s_up = x_calib @ r_up.T
         z_up = -s_up / c_safe
         z_up[~eligible] = np.inf
         t_up = _column_quantile_shift(z_up, np.full(n_ff, int(round(UP_POSITIVE * eligible.sum()))))
         del z_up
-        up_rows = r_up + t_up[:, None] * u_hat[None, :]
-        up_pos = (s_up + c[:, None] * t_up[None, :] > 0) & eligible[:, None]
+        up_rows = _add_outer(r_up, t_up, u_hat)
+        up_pre = s_up + c[:, None] * t_up[None, :]
+        up_pos = (up_pre > 0) & eligible[:, None]
         del s_up
-    z = -(x_calib @ r_gate.T) / c_safe
+    s_gate = x_calib @ r_gate.T
+    z = -s_gate / c_safe
     z[~up_pos] = np.inf
     t_gate = _column_quantile_shift(z, np.round(p * n).astype(np.int64))
     del z, up_pos
-    gate_rows = r_gate + t_gate[:, None] * u_hat[None, :]
-    del r_gate, r_up
+    gate_rows = _add_outer(r_gate, t_gate, u_hat)
+    g_cal = s_gate + c[:, None] * t_gate[None, :]  # float gate pre-activations of the calibration rows
+    del r_gate, r_up, s_gate
+    active_cal = g_cal > 0
+    if up_pre is not None:
+        active_cal &= up_pre > 0
+    del up_pre
+    calib_freq = active_cal.mean(axis=0)
+    order = np.argsort(-calib_freq, kind="stable").astype(np.int32)
 
-    # down: columns write into span(basis) (90% of the energy) plus isotropic (10%)
+    # down: columns write into a random kd-dimensional subspace of span(basis) (90% of the energy) plus
+    # isotropic (10%). kd <= 128 keeps this matmul small at full size; the residual stream's structure
+    # (what the predictors exploit) comes from the basis, not from kd
+    basis = li.basis
     k = basis.shape[0]
-    down = (
-        basis.T @ rng.standard_normal((k, n_ff), dtype=np.float32) * np.float32(math.sqrt(0.9 * hidden / k))
-    )
-    down += rng.standard_normal((hidden, n_ff), dtype=np.float32) * np.float32(math.sqrt(0.1))
+    kd = min(k, 128)
+    dirs = (rng.standard_normal((kd, k), dtype=np.float32) @ basis) / np.float32(math.sqrt(k))
+    down = dirs.T @ rng.standard_normal((kd, n_ff), dtype=np.float32)
+    down *= np.float32(math.sqrt(0.9 * hidden / kd))
+    down += _uniform_rows(rng, (hidden, n_ff), math.sqrt(0.1))
     down /= np.float32(math.sqrt(n_ff))
 
     gate_q = gguf_twin.encode(gate_rows, quant)
     up_q = gguf_twin.encode(up_rows, quant)
-    del gate_rows, up_rows
-    gate = gguf_twin.decode(gate_q, quant, hidden)
-    up = gguf_twin.decode(up_q, quant, hidden)
-
-    # activations of every row with the quantized weights (the forward and the measurements reuse them)
-    g_all = x_all @ gate.T
-    act = ffn_activation(g_all, x_all @ up.T, activation)
-    active = act[:n_calib] != 0
-    calib_freq = active.mean(axis=0)
-    order = np.argsort(-calib_freq, kind="stable").astype(np.int32)
+    del up_rows
 
     # predictor: low-rank projection of the gate pre-activation, in units of its residual std. V_r came
     # from the first PREDICTOR_FIT of the calibration rows; the residual std and the threshold are set
     # on the rest, which V_r never saw (setting them on the fit rows overstates recall on new tokens)
-    n_fit = predictor_fit_rows(n_calib)
-    x_thr, g_thr, active_thr = x_calib[n_fit:], g_all[n_fit:n_calib], active[n_fit:]
-    gp = gate @ v_r.T  # (n_ff, r)
+    v_r = li.v_r
+    n_fit = predictor_fit_rows(li.n_calib)
+    x_thr, g_thr, active_thr = x_calib[n_fit:], g_cal[n_fit:], active_cal[n_fit:]
+    gp = gate_rows @ v_r.T  # (n_ff, r)
+    del gate_rows
     g_hat = (x_thr @ v_r.T) @ gp.T
     err = np.maximum((g_thr - g_hat).std(axis=0), 1e-3).astype(np.float32)
-    del g_hat, g_all
+    del g_hat, g_cal, active_cal
     fc1 = np.concatenate([v_r, -v_r]).astype(np.float16).astype(np.float32)
     fc2 = (
         np.concatenate([gp / err[:, None], -gp / err[:, None]], axis=1).astype(np.float16).astype(np.float32)
@@ -259,9 +323,42 @@ def build_ffn_block(
     active_scores = score[active_thr]
     s_thr = float(np.quantile(active_scores, 1.0 - TARGET_RECALL)) if active_scores.size else 0.0
     threshold = float(1.0 / (1.0 + math.exp(-s_thr)))
-    empty = np.zeros(0, np.float32)
-    block = FfnBlock(gate_q, up_q, down, empty, gate, up, empty, order, fc1, fc2, threshold, calib_freq)
-    block.act = act
+
+    # the quantized weights as written, on the routed rows only
+    xr = li.x_all[rows]
+    gate = gguf_twin.decode(gate_q, quant, hidden)
+    g_r = xr @ gate.T
+    del gate
+    up = gguf_twin.decode(up_q, quant, hidden)
+    act = ffn_activation(g_r, xr @ up.T, activation)
+    del up, g_r
+    empty = np.zeros(0, np.uint8)
+    return FfnBlock(gate_q, up_q, down, empty, empty, order, fc1, fc2, threshold, calib_freq, rows, act)
+
+
+def build_and_measure(
+    rng: np.random.Generator, li: LayerInputs, weight: np.ndarray, n_ff: int, density: float,
+    activation: str, quant: str, target_rms: float,
+) -> FfnBlock:  # fmt: skip
+    """One FFN block (an expert) end to end: built, its down scaled so it adds `target_rms` to the
+    residual, quantized both ways, measured on its held-out routed rows, and its weighted output."""
+    rows = np.flatnonzero(weight > 0)
+    block = build_ffn_block(rng, li, rows, n_ff, density, activation, quant)
+    w = weight[rows]
+    weighted = block.act * w[:, None]
+    # scale down so this block adds the target RMS (measured on a few routed calibration rows)
+    probe = np.flatnonzero(rows < li.n_calib)[:128]
+    if probe.size:
+        block.down *= np.float32(_scale_to_rms(weighted[probe] @ block.down.T, target_rms))
+    block.down_q = gguf_twin.encode(block.down, quant)
+    block.down_cols_q = gguf_twin.encode(_transpose(block.down), quant)
+    # the forward into the next layer uses the float down (the next layer's calibration needs only a
+    # realistic residual stream); the measured statistics below use the quantized gate/up as written
+    block.out = weighted @ block.down.T
+    held = rows >= li.n_calib
+    block.stats = block_stats(block, li.x_all[rows[held]], block.act[held])
+    block.act = np.zeros((0, n_ff), np.float32)
+    block.down = np.zeros((0, 0), np.float32)
     return block
 
 
@@ -328,6 +425,9 @@ class Sinks:
         if self.pi2 is not None:
             self.pi2.add_tensor(name, np.ascontiguousarray(raw).view(np.uint8).reshape(-1), quant.upper(),
                                 shape=tuple(reversed(shape_np)))  # fmt: skip
+
+    def twin_part(self, name: str, raw: np.ndarray, index: int, count: int) -> None:
+        self.twin.write_part(name, raw, index, count)
 
 
 def _declare_twin(twin: gguf_twin.GgufTwinWriter, spec: ModelSpec, quant: str) -> None:
@@ -415,15 +515,67 @@ def _tokenizer_blob(fields: list) -> tuple[bytes, str]:
     return blob, "copied from the tokenizer GGUF"
 
 
-def synthesize(
-    cfg: SynthConfig,
-    out_dir: Path,
-    progress: Callable[[str, int, int], None] | None = None,
-    write_pi2: bool = True,
-) -> dict:
-    """Generate DIR/model.pi2 and DIR/model.gguf. Returns the summary (also stored as metadata)."""
-    from pi2cli.models.pi2file import Pi2Header, Pi2Writer
+def planned_sizes(
+    cfg: SynthConfig, spec: ModelSpec, rank: int, tok_fields: list | None = None
+) -> dict[str, int]:
+    """Bytes each output file will have, from the writers' own layouts: tensor data exactly; the GGUF
+    header exactly when the tokenizer fields are given (else ~4 MB), the .pi2's tokenizer and metadata
+    approximately (2 MB)."""
+    from pi2cli.models.pi2file import PAGE, round_up
 
+    if cfg.dense_down is None:
+        cfg = replace(cfg, dense_down=not spec.is_moe)
+    header = _pi2_header(cfg, spec)
+    h, hd, quant = spec.hidden, spec.head_dim, cfg.quant
+    rb = gguf_twin.row_bytes
+    n_blocks = spec.n_expert if spec.is_moe else 1
+    resident = [spec.vocab * rb(quant, h), spec.vocab * rb(quant, h), 4 * h]
+    per_layer = [4 * h, spec.n_head * hd * rb(quant, h), 2 * spec.n_kv_head * hd * rb(quant, h),
+                 h * rb(quant, spec.n_head * hd), 4 * h]  # fmt: skip
+    if spec.is_moe:
+        per_layer.append(4 * spec.n_expert * h)
+    per_block = [4 * spec.ffn, 2 * (2 * rank) * h, 2 * spec.ffn * 2 * rank]  # order, fc1, fc2 (F16)
+    if cfg.dense_down:
+        per_block.append(h * rb(quant, spec.ffn))
+    tensors = resident + spec.n_layer * (per_layer + n_blocks * per_block + [4 * n_blocks])
+    pi2 = 4096 + header.neuron_region_bytes + sum(round_up(t, PAGE) for t in tensors)
+    pi2 += 2 * 1024 * 1024  # tensor table, tokenizer blob (~1 MB for 49152 tokens), metadata
+    header_bytes = 4 * 1024 * 1024  # ~4 MB of tokenizer strings and merges
+    if tok_fields is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = gguf_twin.GgufTwinWriter(Path(tmp) / "probe.gguf", _twin_kv(spec, cfg, tok_fields))
+            _declare_twin(probe, spec, quant)
+            header_bytes = probe._write_header(Path(tmp) / "header.gguf", probe=True)
+    twin = gguf_twin.GgufTwinWriter(Path("unused.gguf"), [])
+    _declare_twin(twin, spec, quant)
+    gguf_bytes = twin.planned_bytes(header_bytes)
+    return {"model.pi2": int(pi2), "model.gguf": int(gguf_bytes)}
+
+
+def _pi2_header(cfg: SynthConfig, spec: ModelSpec):
+    from pi2cli.models.pi2file import Pi2Header, default_bundle_align
+
+    quant = cfg.quant
+    part = gguf_twin.row_bytes(quant, spec.hidden)
+    # Bundles are read one by one from flash, so padding is read too: at full size a Q4_0 bundle
+    # (3 x 2304 = 6912 bytes) padded to 8 KiB wastes 16% of the file and of every read. 512 bytes is
+    # the O_DIRECT unit the engine needs; PAGE alignment stays for shapes where it costs < 5%.
+    align = default_bundle_align(part)
+    if align > 512 and (-(3 * part) % align) > 0.05 * 3 * part:
+        align = 512
+    return Pi2Header(
+        arch="moe" if spec.is_moe else "llama", ffn_act=spec.activation, n_vocab=spec.vocab,
+        n_embd=spec.hidden, n_layer=spec.n_layer, n_head=spec.n_head, n_head_kv=spec.n_kv_head,
+        n_ff=spec.ffn, neuron_type=quant.upper(), n_expert=spec.n_expert,
+        n_expert_used=spec.n_expert_used, n_ctx_train=spec.context, rope_theta=spec.rope_theta,
+        rms_eps=spec.norm_eps, dense_down=cfg.dense_down, has_predictor=True, bundle_align=align,
+    )  # fmt: skip
+
+
+def resolve(cfg: SynthConfig) -> tuple[ModelSpec, list, float, int]:
+    """(spec with the tokenizer's vocabulary, tokenizer fields, sparsity, predictor rank), checked."""
     if cfg.quant not in ("q4_0", "q4_1", "q8_0", "f16"):
         raise Pi2Error(f"--quant {cfg.quant}: choose q4_0, q4_1, q8_0 or f16")
     if cfg.tokenizer_gguf is None:
@@ -432,49 +584,90 @@ def synthesize(
         cfg.tokenizer_gguf = smollm2_gguf()
     tok_fields, vocab = gguf_twin.load_tokenizer(cfg.tokenizer_gguf)
     spec = synth_spec(cfg, vocab)
+    if cfg.dense_down is None:
+        cfg.dense_down = not spec.is_moe
     sparsity = cfg.sparsity if cfg.sparsity is not None else (get_model(cfg.like).published_sparsity or 0.9)
     if not 0.0 < sparsity < 1.0:
         raise Pi2Error(f"--sparsity must be between 0 and 1, got {sparsity}")
-    h, f, quant = spec.hidden, spec.ffn, cfg.quant
-    rank = cfg.predictor_rank or max(16, h // 16)
-    n_calib, n_eval = cfg.calib_seqs * cfg.seq_len, cfg.eval_seqs * cfg.seq_len
-    if rank > min(h, predictor_fit_rows(n_calib)):
+    rank = cfg.predictor_rank or default_predictor_rank(spec)
+    n_calib = cfg.calib_seqs * cfg.seq_len
+    if rank > min(spec.hidden, predictor_fit_rows(n_calib)):
         raise Pi2Error(
-            f"predictor rank {rank} must be <= hidden {h} and 2/3 of the calibration tokens "
+            f"predictor rank {rank} must be <= hidden {spec.hidden} and 2/3 of the calibration tokens "
             f"({predictor_fit_rows(n_calib)}): lower --predictor-rank or raise --calib-seqs"
         )
+    return spec, tok_fields, sparsity, rank
+
+
+def default_predictor_rank(spec: ModelSpec) -> int:
+    """hidden/16 (>= 16) for a dense FFN; for MoE, hidden/32 per expert: every expert's predictor is
+    resident (the fixed region) while only the routed ones run, so at the 47B shape hidden/16 would be
+    4.8 GB of predictors, more than half of a 7 GB budget (docs/MODELS.md, "What the 47B .pi2 holds")."""
+    return max(16, spec.hidden // (32 if spec.is_moe else 16))
+
+
+def synthesize(
+    cfg: SynthConfig,
+    out_dir: Path,
+    progress: Callable[[str, int, int], None] | None = None,
+    write_pi2: bool = True,
+    workers: int | None = None,
+) -> dict:
+    """Generate DIR/model.pi2 and DIR/model.gguf. Returns the summary (also stored as metadata).
+
+    Resumes from DIR/.synth-state.pkl when an earlier run of the same options was interrupted
+    (pi2cli.models.synth_resume). `workers`: FFN blocks (experts) built at once, each with one BLAS
+    thread [default: the CPU count, for MoE; dense layers use all BLAS threads on their one block]."""
+    from pi2cli.models import synth_resume
+
+    spec, tok_fields, sparsity, rank = resolve(cfg)
+    h, f, quant, vocab = spec.hidden, spec.ffn, cfg.quant, spec.vocab
+    n_calib, n_eval = cfg.calib_seqs * cfg.seq_len, cfg.eval_seqs * cfg.seq_len
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pi2_path, gguf_path = out_dir / "model.pi2", out_dir / "model.gguf"
     tok_blob, tok_note = _tokenizer_blob(tok_fields)
     started = time.monotonic()
+    cfg_fields = {k: v for k, v in asdict(cfg).items() if k != "tokenizer_gguf"}
+    cfg_fields["tokenizer"] = Path(cfg.tokenizer_gguf).name
+    fp = synth_resume.fingerprint({**cfg_fields, "pi2": write_pi2}, asdict(spec))
+    state = synth_resume.load(out_dir, fp)
 
     twin = gguf_twin.GgufTwinWriter(gguf_path, _twin_kv(spec, cfg, tok_fields))
     _declare_twin(twin, spec, quant)
     writer = None
     if write_pi2:
-        header = Pi2Header(
-            arch="moe" if spec.is_moe else "llama", ffn_act=spec.activation, n_vocab=vocab, n_embd=h,
-            n_layer=spec.n_layer, n_head=spec.n_head, n_head_kv=spec.n_kv_head, n_ff=f,
-            neuron_type=quant.upper(), n_expert=spec.n_expert, n_expert_used=spec.n_expert_used,
-            n_ctx_train=spec.context, rope_theta=spec.rope_theta, rms_eps=spec.norm_eps,
-            dense_down=cfg.dense_down, has_predictor=True,
+        writer = synth_resume.ResumablePi2Writer(
+            pi2_path, _pi2_header(cfg, spec), tokenizer_blob=tok_blob, metadata={"synthetic": True},
+            resume_state=state["pi2"] if state else None,
         )  # fmt: skip
-        writer = Pi2Writer(pi2_path, header, tokenizer_blob=tok_blob, metadata={"synthetic": True})
+    if state:
+        twin.start(resume=True)
+        twin.next = state["twin_next"]
     sinks = Sinks(writer, twin, quant)
-    total_steps = spec.n_layer + 2
+    n_blocks = spec.n_expert if spec.is_moe else 1
+    total_steps = spec.n_layer * n_blocks + 2
 
     def step(what: str, done: int) -> None:
         if progress:
             progress(what, done, total_steps)
 
+    def checkpoint(layer_done: int, x, per_layer) -> None:
+        twin.sync()
+        synth_resume.save(out_dir, {
+            "fingerprint": fp, "layer_done": layer_done, "x": x, "per_layer": per_layer,
+            "pi2": writer.snapshot() if writer is not None else None, "twin_next": twin.next,
+        })  # fmt: skip
+
     try:
-        summary = _generate(cfg, spec, sparsity, rank, n_calib, n_eval, sinks, step)
+        summary = _generate(cfg, spec, sparsity, rank, n_calib, n_eval, sinks, step, state, checkpoint,
+                            workers)  # fmt: skip
         summary.update(
             synthetic=True, generator="pi2 models synth", like=cfg.like, seed=cfg.seed, quant=quant,
             gguf_twin=gguf_path.name, tokenizer=f"{Path(cfg.tokenizer_gguf).name} ({tok_note})",
-            seconds=round(time.monotonic() - started, 1),
+            planned_bytes=planned_sizes(cfg, spec, rank, tok_fields),
+            seconds=round(time.monotonic() - started, 1), resumed_from_layer=state["layer_done"] if state else None,
             dims={"n_layer": spec.n_layer, "hidden": h, "ffn": f, "n_head": spec.n_head,
                   "n_kv_head": spec.n_kv_head, "vocab": vocab, "n_expert": spec.n_expert,
                   "n_expert_used": spec.n_expert_used, "activation": spec.activation},
@@ -484,22 +677,35 @@ def synthesize(
         )  # fmt: skip
         if writer is not None:
             # the file stays a pure function of its inputs: no timings in it
-            writer.metadata.update({k: v for k, v in summary.items() if k != "seconds"})
+            writer.metadata.update(
+                {k: v for k, v in summary.items() if k not in ("seconds", "resumed_from_layer")}
+            )
             writer.close()
         twin.close()
+        synth_resume.clear(out_dir)
+    except (KeyboardInterrupt, SystemExit):
+        # interrupted: keep the temp files and the last checkpoint; the same command resumes
+        twin.detach()
+        if writer is not None:
+            writer.detach()
+        raise
     except BaseException:
         twin.abort()
+        synth_resume.clear(out_dir)
         if writer is not None:
             if writer.closed:
                 pi2_path.unlink(missing_ok=True)  # the twin failed after the .pi2 was renamed
             else:
                 writer.abort()
         raise
+    summary["bytes_written"] = {p.name: p.stat().st_size for p in (pi2_path, gguf_path) if p.exists()}
     return summary
 
 
-def _generate(cfg, spec, sparsity, rank, n_calib, n_eval, sinks: Sinks, step) -> dict:
-    h, f, quant, seed = spec.hidden, spec.ffn, cfg.quant, cfg.seed
+def _generate(
+    cfg, spec, sparsity, rank, n_calib, n_eval, sinks: Sinks, step, state, checkpoint, workers
+) -> dict:
+    h, quant, seed = spec.hidden, cfg.quant, cfg.seed
     k = max(8, h // 4)
     basis_rng = _rng(seed, _BASIS)
     basis = basis_rng.standard_normal((k, h), dtype=np.float32) / np.float32(math.sqrt(h))
@@ -515,131 +721,156 @@ def _generate(cfg, spec, sparsity, rank, n_calib, n_eval, sinks: Sinks, step) ->
     probs /= probs.sum()
     n_all = n_calib + n_eval
     tokens = ranks[trng.choice(spec.vocab, size=n_all, p=probs)]
+    n_blocks = spec.n_expert if spec.is_moe else 1
 
-    # embeddings, generated and quantized in chunks; the forward needs only the sampled rows
-    a_mean, a_lat, a_iso = (math.sqrt(s * h) for s in STREAM_SHARES)
-    erng = _rng(seed, _EMBED)
-    chunks, rows = [], 4096
-    for start in range(0, spec.vocab, rows):
-        n = min(rows, spec.vocab - start)
-        z = erng.standard_normal((n, k), dtype=np.float32) * np.sqrt(basis_var)[None, :]
-        emb = np.float32(a_mean) * u[None, :] + np.float32(a_lat) * (z @ basis)
-        emb += erng.standard_normal((n, h), dtype=np.float32) * np.float32(a_iso / math.sqrt(h))
-        chunks.append(gguf_twin.encode(emb, quant))
-    embd_q = np.concatenate(chunks)
-    del chunks
-    sinks.resident("token_embd.weight", embd_q, (spec.vocab, h), quant)
-    x = gguf_twin.decode(embd_q[tokens], quant, h)
-    del embd_q
-    step("embeddings", 1)
+    if state:
+        first, x, per_layer = state["layer_done"], state["x"], state["per_layer"]
+        step(f"resumed after layer {first}", 1 + first * n_blocks)
+    else:
+        # embeddings, generated and quantized in chunks; the forward needs only the sampled rows
+        a_mean, a_lat, a_iso = (math.sqrt(s * h) for s in STREAM_SHARES)
+        erng = _rng(seed, _EMBED)
+        chunks, rows = [], 4096
+        for start in range(0, spec.vocab, rows):
+            n = min(rows, spec.vocab - start)
+            z = erng.standard_normal((n, k), dtype=np.float32) * np.sqrt(basis_var)[None, :]
+            emb = np.float32(a_mean) * u[None, :] + np.float32(a_lat) * (z @ basis)
+            emb += _uniform_rows(erng, (n, h), a_iso / math.sqrt(h))
+            chunks.append(gguf_twin.encode(emb, quant))
+        embd_q = np.concatenate(chunks)
+        del chunks
+        sinks.resident("token_embd.weight", embd_q, (spec.vocab, h), quant)
+        x = gguf_twin.decode(embd_q[tokens], quant, h)
+        del embd_q
+        first, per_layer = 0, []
+        step("embeddings", 1)
 
     ones = np.ones(h, dtype=np.float32)
     raw_ones = gguf_twin.encode(ones[None, :], "f32")
-    per_layer: list[LayerStats] = []
-    calib, held = slice(0, n_calib), slice(n_calib, n_all)
+    calib = slice(0, n_calib)
     lrng = _rng(seed, 7)
-    for layer in range(spec.n_layer):
-        rng = _rng(seed, _LAYER + layer)
-        p = f"blk.{layer}."
-        # attention
-        sinks.resident(p + "attn_norm.weight", raw_ones, (h,), "f32")
-        xn = rms_norm(x, spec.norm_eps)
-        hd = spec.head_dim
-        mats = {}
-        for name, rows_n in (
-            ("attn_q", spec.n_head * hd),
-            ("attn_k", spec.n_kv_head * hd),
-            ("attn_v", spec.n_kv_head * hd),
-        ):
-            w = rng.standard_normal((rows_n, h), dtype=np.float32) / np.float32(math.sqrt(h))
-            mats[name] = gguf_twin.encode(w, quant)
-        wq, wk, wv = (gguf_twin.decode(mats[n], quant, h) for n in ("attn_q", "attn_k", "attn_v"))
-        att = attention(xn, wq, wk, wv, spec.n_head, spec.n_kv_head, cfg.seq_len, spec.rope_theta)
-        wo = (basis.T @ rng.standard_normal((k, spec.n_head * hd), dtype=np.float32)) * np.float32(
-            math.sqrt(0.9 * h / k)
-        )
-        wo += rng.standard_normal(wo.shape, dtype=np.float32) * np.float32(math.sqrt(0.1))
-        wo *= np.float32(_scale_to_rms(att[calib] @ wo.T, LAYER_WRITE_RMS))
-        mats["attn_output"] = gguf_twin.encode(wo, quant)
-        for name in ("attn_q", "attn_k", "attn_v"):
-            sinks.resident(p + name + ".weight", mats[name], (mats[name].shape[0], h), quant)
-        sinks.resident(p + "attn_output.weight", mats["attn_output"], (h, spec.n_head * hd), quant)
-        x = x + att @ gguf_twin.decode(mats["attn_output"], quant, spec.n_head * hd).T
-        del att, mats, wq, wk, wv, wo
-
-        # FFN
-        sinks.resident(p + "ffn_norm.weight", raw_ones, (h,), "f32")
-        xf = rms_norm(x, spec.norm_eps)
-        v_r = top_right_singular_vectors(xf[: predictor_fit_rows(n_calib)], rank)
-        density = float(np.clip((1 - sparsity) * (1 + 0.1 * lrng.uniform(-1, 1)), 1e-4, 0.79))
-        n_blocks = spec.n_expert if spec.is_moe else 1
-        if spec.is_moe:
-            router = rng.standard_normal((spec.n_expert, h), dtype=np.float32) * np.float32(
-                4.0 / math.sqrt(h)
-            )
-            logits = xf @ router.T
-            top = np.argsort(-logits, axis=1)[:, : spec.n_expert_used]
-            sel = np.take_along_axis(logits, top, axis=1)
-            wts = np.exp(sel - sel.max(axis=1, keepdims=True))
-            wts /= wts.sum(axis=1, keepdims=True)
-            sinks.resident(
-                p + "ffn_gate_inp.weight", gguf_twin.encode(router, "f32"), (spec.n_expert, h), "f32"
-            )
-        ffn_out = np.zeros_like(x)
-        blocks_q = []
-        stats_e = []
-        for e in range(n_blocks):
-            block = build_ffn_block(rng, xf, n_calib, basis, v_r, f, density, spec.activation, quant)
-            if spec.is_moe:
-                weight = np.where(top == e, wts, 0.0).sum(axis=1).astype(np.float32)
-            else:
-                weight = np.ones(x.shape[0], dtype=np.float32)
-            weighted = block.act * weight[:, None]
-            # scale down so this block adds the target RMS (measured on a few routed calibration rows)
-            probe = np.flatnonzero(weight[calib] > 0)[:128]
-            target = LAYER_WRITE_RMS / math.sqrt(max(spec.n_expert_used, 1))
-            block.down *= np.float32(
-                _scale_to_rms(weighted[probe] @ block.down.T, target) if probe.size else 1.0
-            )
-            block.down_q = gguf_twin.encode(block.down, quant)
-            block.down_deq = gguf_twin.decode(block.down_q, quant, f)
-            ffn_out += weighted @ block.down_deq.T
-            del weighted
-            routed_eval = np.flatnonzero(weight[held] > 0) + n_calib
-            st = block_stats(block, xf[routed_eval], block.act[routed_eval])
-            st["expert"] = e
-            stats_e.append(st)
-            _emit_ffn(sinks, spec, layer, e, block)
-            if spec.is_moe:
-                blocks_q.append((block.gate_q, block.up_q, block.down_q))
-            else:
-                for name, raw in (
-                    ("ffn_gate", block.gate_q),
-                    ("ffn_up", block.up_q),
-                    ("ffn_down", block.down_q),
-                ):
-                    sinks.twin.write(p + name + ".weight", raw)
-            del block
-        if spec.is_moe:
-            for i, name in enumerate(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
-                sinks.twin.write(p + name + ".weight", np.stack([b[i] for b in blocks_q]))
-            del blocks_q
-        x = x + ffn_out
-        del ffn_out, xf
-        per_layer.append(_layer_summary(layer, 1 - density, stats_e, spec.is_moe))
-        step(f"layer {layer + 1}/{spec.n_layer}", layer + 2)
+    densities = [float(lrng.uniform(-1, 1)) for _ in range(spec.n_layer)]  # drawn up front: resumable
+    if workers is None:
+        workers = (os.cpu_count() or 1) if spec.is_moe else 1
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        for layer in range(first, spec.n_layer):
+            base = 1 + layer * n_blocks
+            x = _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, densities[layer], raw_ones,
+                       sinks, per_layer, pool, lambda what, done, base=base: step(what, base + done))  # fmt: skip
+            checkpoint(layer + 1, x, per_layer)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     sinks.resident("output_norm.weight", raw_ones, (h,), "f32")
     orng = _rng(seed, _OUTPUT)
     out_chunks = []
     for start in range(0, spec.vocab, 4096):
         n = min(4096, spec.vocab - start)
-        out_chunks.append(
-            gguf_twin.encode(orng.standard_normal((n, h), dtype=np.float32) / np.float32(math.sqrt(h)), quant)
-        )
+        out_chunks.append(gguf_twin.encode(_uniform_rows(orng, (n, h), 1.0 / math.sqrt(h)), quant))
     sinks.resident("output.weight", np.concatenate(out_chunks), (spec.vocab, h), quant)
-    step("output", spec.n_layer + 2)
+    step("output", spec.n_layer * n_blocks + 2)
+    del calib
     return _model_summary(per_layer, sparsity, rank, spec, quant)
+
+
+def _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, jitter, raw_ones, sinks, per_layer, pool,
+           step) -> np.ndarray:  # fmt: skip
+    """One transformer layer: attention written and applied, then every FFN block (expert) built,
+    measured and written. Returns the residual stream after the layer."""
+    h, f, quant, seed = spec.hidden, spec.ffn, cfg.quant, cfg.seed
+    calib = slice(0, n_calib)
+    rng = _rng(seed, _LAYER + layer)
+    p = f"blk.{layer}."
+    # attention
+    sinks.resident(p + "attn_norm.weight", raw_ones, (h,), "f32")
+    xn = rms_norm(x, spec.norm_eps)
+    hd = spec.head_dim
+    mats = {}
+    for name, rows_n in (
+        ("attn_q", spec.n_head * hd),
+        ("attn_k", spec.n_kv_head * hd),
+        ("attn_v", spec.n_kv_head * hd),
+    ):
+        mats[name] = gguf_twin.encode(_uniform_rows(rng, (rows_n, h), 1.0 / math.sqrt(h)), quant)
+    wq, wk, wv = (gguf_twin.decode(mats[n], quant, h) for n in ("attn_q", "attn_k", "attn_v"))
+    att = attention(xn, wq, wk, wv, spec.n_head, spec.n_kv_head, cfg.seq_len, spec.rope_theta)
+    wo = (basis.T @ rng.standard_normal((k, spec.n_head * hd), dtype=np.float32)) * np.float32(
+        math.sqrt(0.9 * h / k)
+    )
+    wo += _uniform_rows(rng, wo.shape, math.sqrt(0.1))
+    wo *= np.float32(_scale_to_rms(att[calib] @ wo.T, LAYER_WRITE_RMS))
+    mats["attn_output"] = gguf_twin.encode(wo, quant)
+    for name in ("attn_q", "attn_k", "attn_v"):
+        sinks.resident(p + name + ".weight", mats[name], (mats[name].shape[0], h), quant)
+    sinks.resident(p + "attn_output.weight", mats["attn_output"], (h, spec.n_head * hd), quant)
+    x = x + att @ gguf_twin.decode(mats["attn_output"], quant, spec.n_head * hd).T
+    del att, mats, wq, wk, wv, wo
+
+    # FFN
+    sinks.resident(p + "ffn_norm.weight", raw_ones, (h,), "f32")
+    xf = rms_norm(x, spec.norm_eps)
+    v_r = top_right_singular_vectors(xf[: predictor_fit_rows(n_calib)], rank)
+    density = float(np.clip((1 - sparsity) * (1 + 0.1 * jitter), 1e-4, 0.79))
+    n_blocks = spec.n_expert if spec.is_moe else 1
+    n_all = x.shape[0]
+    if spec.is_moe:
+        router = rng.standard_normal((spec.n_expert, h), dtype=np.float32) * np.float32(4.0 / math.sqrt(h))
+        logits = xf @ router.T
+        top = np.argsort(-logits, axis=1)[:, : spec.n_expert_used]
+        sel = np.take_along_axis(logits, top, axis=1)
+        wts = np.exp(sel - sel.max(axis=1, keepdims=True))
+        wts /= wts.sum(axis=1, keepdims=True)
+        sinks.resident(p + "ffn_gate_inp.weight", gguf_twin.encode(router, "f32"), (spec.n_expert, h), "f32")
+        weights = [np.where(top == e, wts, 0.0).sum(axis=1).astype(np.float32) for e in range(n_blocks)]
+    else:
+        weights = [np.ones(n_all, dtype=np.float32)]
+    li = layer_inputs(xf, n_calib, basis, v_r)
+    target = LAYER_WRITE_RMS / math.sqrt(max(spec.n_expert_used, 1))
+
+    def job(e: int) -> FfnBlock:
+        # every block has its own random stream, so blocks can be built in any order or at once
+        brng = _rng(seed, _LAYER + layer, 1 + e)
+        return build_and_measure(brng, li, weights[e], f, density, spec.activation, quant, target)
+
+    if pool is not None:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):  # the pool's threads each run one BLAS thread
+            ffn_out, stats_e = _emit_all(pool.map(job, range(n_blocks)), sinks, spec, layer, x, step)
+    else:
+        ffn_out, stats_e = _emit_all(map(job, range(n_blocks)), sinks, spec, layer, x, step)
+    per_layer.append(_layer_summary(layer, 1 - density, stats_e, spec.is_moe))
+    return x + ffn_out
+
+
+def _emit_all(blocks, sinks: Sinks, spec: ModelSpec, layer: int, x: np.ndarray, step):
+    """Write each block as it comes (in expert order) and sum their outputs into the residual.
+    Returns (ffn_out, per-block stats)."""
+    ffn_out = np.zeros_like(x)
+    stats_e = []
+    p = f"blk.{layer}."
+    n_blocks = spec.n_expert if spec.is_moe else 1
+    for e, block in enumerate(blocks):
+        ffn_out[block.rows] += block.out
+        st = dict(block.stats)
+        st["expert"] = e
+        stats_e.append(st)
+        _emit_ffn(sinks, spec, layer, e, block)
+        if spec.is_moe:
+            for name, raw in (("ffn_gate_exps", block.gate_q), ("ffn_up_exps", block.up_q),
+                              ("ffn_down_exps", block.down_q)):  # fmt: skip
+                sinks.twin_part(p + name + ".weight", raw, e, n_blocks)
+        else:
+            for name, raw in (("ffn_gate", block.gate_q), ("ffn_up", block.up_q), ("ffn_down", block.down_q)):
+                sinks.twin.write(p + name + ".weight", raw)
+        del block
+        step(
+            f"layer {layer + 1}/{spec.n_layer}" + (f" expert {e + 1}/{n_blocks}" if spec.is_moe else ""),
+            e + 1,
+        )
+    return ffn_out, stats_e
 
 
 def _emit_ffn(sinks: Sinks, spec: ModelSpec, layer: int, expert: int, block: FfnBlock) -> None:
@@ -648,8 +879,8 @@ def _emit_ffn(sinks: Sinks, spec: ModelSpec, layer: int, expert: int, block: Ffn
     e = expert if spec.is_moe else None
     sfx = f".{expert}" if spec.is_moe else ""
     q = sinks.quant.upper()
-    sinks.pi2.add_ffn(layer, block.gate_q, block.up_q, block.down, expert=e, order=block.order,
-                      down_raw=block.down_q, down_raw_type=q)  # fmt: skip
+    sinks.pi2.add_ffn(layer, block.gate_q, block.up_q, None, expert=e, order=block.order,
+                      down_raw=block.down_q, down_raw_type=q, down_cols=block.down_cols_q)  # fmt: skip
     sinks.pi2.add_tensor(f"blk.{layer}.pred_fc1{sfx}", block.fc1, "F16")
     sinks.pi2.add_tensor(f"blk.{layer}.pred_fc2{sfx}", block.fc2[block.order], "F16")
     sinks.thresholds.append(block.threshold)
@@ -713,5 +944,4 @@ def _model_summary(
             }
             for s in per_layer
         ],  # fmt: skip
-        "size_bytes_estimate": int(spec.size_bytes(quant)) if quant in QUANT_BYTES_PER_ELEMENT else None,
     }

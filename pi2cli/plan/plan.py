@@ -207,6 +207,23 @@ def engine_sizing(m: ModelFacts, budget: int, ctx: int, threads: int, **split) -
     return engine_size(facts, flags)
 
 
+def fixed_parts(size: dict) -> dict:
+    """The fixed region of an engine_sizing answer, by part: total, resident, kv_cache, scratch, margin."""
+    fx = size["fixed"]
+    return {"total": fx["bytes"], "resident": fx["resident_bytes"], "kv_cache": fx["kv_cache_bytes"],
+            "scratch": fx["bytes"] - fx["resident_bytes"] - fx["kv_cache_bytes"] - fx["margin_bytes"],
+            "margin": fx["margin_bytes"]}  # fmt: skip
+
+
+def fixed_region(m: ModelFacts, budget: int, ctx: int, threads: int) -> dict:
+    """What the engine holds before any neuron is cached, as the engine sizes it (fixed_parts). A budget
+    the engine finds too small has no split: its total is then the smallest budget that works."""
+    size = engine_sizing(m, budget, ctx, threads)
+    if "error" in size:
+        return {"total": int(size.get("min_budget_bytes") or budget), "too_small": size["error"]}
+    return fixed_parts(size)
+
+
 @dataclass
 class CacheSplit:
     cache_bytes: int
@@ -398,10 +415,7 @@ def make_plan(
         raise Pi2Error(f"--memory-budget {format_size(budget)} is too small for {m.name}: the fixed region needs "
                        + (f"~{format_size(least)} at least" if least else "more")
                        + f" (pi2-engine size: {size['error']})")  # fmt: skip
-    fx = size["fixed"]
-    fixed = {"total": fx["bytes"], "resident": fx["resident_bytes"], "kv_cache": fx["kv_cache_bytes"],
-             "scratch": fx["bytes"] - fx["resident_bytes"] - fx["kv_cache_bytes"] - fx["margin_bytes"],
-             "margin": fx["margin_bytes"]}  # fmt: skip
+    fixed = fixed_parts(size)
     raw = budget - fixed["total"]
     cache = int(size["cache"]["bytes"])
     why.append(f"budget {format_size(budget)} = fixed ~{format_size(fixed['total'])} (resident "

@@ -1,0 +1,290 @@
+"""Predicted decode speed of the sparse engine for a model, a memory budget and a device profile.
+
+`pi2 plan` sizes the engine's regions; this module turns the same facts into a tokens-per-second
+PREDICTION by counting the bytes one decode step really reads and where they come from:
+
+  memory side (at the profile's read bandwidth):
+    attention weights of every layer (q, k, v, o), the KV cache up to the position, the router, the
+    output matrix, one embedding row; the predictors of the ROUTED experts only (top-k of n, not all
+    resident ones); per routed FFN block the predicted neurons' gate rows and, for those whose gate
+    fires (predicted x precision), their up rows and down columns. No dense down copy: the sparse path
+    reads the bundles' down columns.
+  storage side (device time per read from the profile's random-read curve, pi2cli.plan.read_time_s):
+    the predicted neurons that miss the neuron cache, whole bundles or two-phase, whichever is cheaper.
+
+The cache holds what the budget leaves after the fixed region (pi2cli.plan.plan.fixed_region, the engine's own sizing); the
+hit rate is the share of activations that fall on the hottest neurons it can hold (the activation
+profile's coverage curve: the model's measured one, else the synthetic design's lognormal profile).
+With the powerinfer2 pipeline, storage time overlaps compute (max of the two); without it they add.
+Nothing here is fitted to the paper's results; the constants are named where they are used.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pi2cli.errors import Pi2Error
+from pi2cli.plan.plan import (
+    DEFAULT_CTX,
+    ModelFacts,
+    fixed_region,
+    miss_costs,
+    predicted_fraction,
+    round_up,
+)
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+DECODE_POSITION = 512  # KV positions read per token in the prediction (a mid-conversation turn)
+
+
+# ------------------------------------------------------------------------------------------ devices
+@dataclass
+class Device:
+    """What the prediction needs from a device: read bandwidth, the storage curve, compute threads."""
+
+    name: str
+    membw_bytes_per_s: float
+    curve: list[dict]  # [{"block", "qd", "iops", "mb_per_s"}], as pi2 profile measures it
+    threads: int
+    source: str  # the profile file, or "pi2 profile" (measured)
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def load_device(name_or_path: str | Path) -> Device:
+    """A shipped profile by name (pi2cli/plan/profiles/NAME.toml), a TOML file, or a `pi2 profile` JSON."""
+    path = Path(name_or_path)
+    if not path.exists() and (PROFILES_DIR / f"{name_or_path}.toml").is_file():
+        path = PROFILES_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise Pi2Error(f"--profile {name_or_path}: no such file or shipped profile "
+                       f"(shipped: {', '.join(shipped_profiles())})")  # fmt: skip
+    if path.suffix == ".toml":
+        return device_from_toml(path)
+    from pi2cli.plan.profile import read_json_file
+
+    return device_from_probe(read_json_file(path, "--profile"), str(path))
+
+
+def device_from_toml(path: Path) -> Device:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise Pi2Error(f"--profile {path}: {exc}") from None
+    try:
+        mem = data["memory"]
+        bw = float(mem["theoretical_gb_per_s"]) * float(mem["cpu_read_efficiency"]) * 1e9
+        curve = [{"block": int(p["block"]), "qd": int(p.get("qd", 32)), "mb_per_s": float(p["mb_per_s"]),
+                  "iops": float(p["mb_per_s"]) * 1e6 / int(p["block"])} for p in data["storage"]["random_read"]]  # fmt: skip
+        threads = int(data["compute"]["threads"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Pi2Error(f"--profile {path}: missing or bad field {exc}") from None
+    return Device(data.get("name", path.stem), bw, curve, threads, str(path))
+
+
+def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
+    """This machine (or a phone) as `pi2 profile` measured it: all-thread read bandwidth, the curve."""
+    from pi2cli.plan.profile import validate_profile
+
+    validate_profile(profile)
+    rows = sorted(profile["membw"], key=lambda r: r["threads"])
+    threads = int(profile["cores"]["count"])
+    name = str(profile.get("target", {}).get("name", "measured"))
+    return Device(name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source)
+
+
+# ------------------------------------------------------------------------------------------- models
+def facts_from_registry(name: str, quant: str = "q4_0") -> ModelFacts:
+    """ModelFacts for a registry model WITHOUT its file: the .pi2 `models synth --like NAME` writes
+    (same shapes, predictors, bundle layout; synth.planned_sizes), with the design's statistics."""
+    from pi2cli.models import gguf_twin, synth
+    from pi2cli.models.registry import get_model
+
+    spec = get_model(name)
+    cfg = synth.default_config(spec.name)
+    cfg.quant = quant
+    full = synth.synth_spec(cfg, spec.vocab)
+    full = type(full)(**{**full.__dict__, "name": spec.name})
+    rank = synth.default_predictor_rank(full)
+    header = synth._pi2_header(cfg, full)
+    sizes = synth.planned_sizes(cfg, full, rank)
+    resident = sizes["model.pi2"] - 4096 - header.neuron_region_bytes
+    sparsity = spec.published_sparsity or 0.9
+    # the synthetic design's figures (docs/MODELS.md "Measured"): recall 0.95 by construction,
+    # precision ~0.5 at these predictor ranks
+    precision = 0.5
+    measured = {"sparsity": sparsity, "precision": precision, "recall": 0.95,
+                "predicted_fraction": min(1.0, (1 - sparsity) * 0.95 / precision)}  # fmt: skip
+    return ModelFacts(
+        name=spec.name, arch="moe" if spec.is_moe else "llama", ffn_act=spec.activation if spec.activation != "silu" else "swiglu",
+        neuron_type=quant.upper(), n_layer=full.n_layer, n_embd=full.hidden, n_ff=full.ffn, n_head=full.n_head,
+        n_head_kv=full.n_kv_head, head_dim=full.head_dim, n_vocab=full.vocab, has_predictor=True,
+        part_bytes=gguf_twin.row_bytes(quant, full.hidden), bundle_stride=header.bundle_stride,
+        resident_bytes=resident, per_token_resident_bytes=resident, other_bytes=0,
+        n_expert=full.n_expert, n_expert_used=full.n_expert_used, dense_down=header.dense_down,
+        measured=measured, profiled_hot_fraction=None, synthetic=True,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def _design_coverage_curve(sparsity: float) -> tuple:
+    """Cumulative share of activations on the hottest x of neurons, for the synthetic design's
+    lognormal(sigma 2.1, capped 0.8) frequencies at this sparsity (pi2cli.models.synth)."""
+    import numpy as np
+
+    from pi2cli.models.synth import frequency_targets
+
+    p = np.sort(frequency_targets(np.random.default_rng(0), 1 << 16, 1.0 - sparsity))[::-1]
+    cum = np.concatenate([[0.0], np.cumsum(p) / p.sum()])
+    return tuple(cum[:: 1 << 8])  # 257 points, x = 0, 1/256, ..., 1
+
+
+def coverage(m: ModelFacts, frac: float) -> float:
+    """Share of activations on the hottest `frac` of a block's neurons."""
+    frac = min(1.0, max(0.0, frac))
+    curve = _design_coverage_curve(round(float(m.measured.get("sparsity", 0.9)), 3))
+    x = frac * (len(curve) - 1)
+    i = min(int(x), len(curve) - 2)
+    return float(curve[i] + (curve[i + 1] - curve[i]) * (x - i))  # a Python float: it ends up in JSON
+
+
+# --------------------------------------------------------------------------------------- prediction
+def per_token_memory_bytes(m: ModelFacts, pred_bytes_per_block: int, position: int) -> dict:
+    """Bytes one decode step reads from memory, by part (FFN bundles counted separately)."""
+    from pi2cli.models.gguf_twin import row_bytes
+
+    q = m.neuron_type.lower()
+    E, hd = m.n_embd, m.head_dim
+    attn = m.n_layer * (
+        (m.n_head * hd + 2 * m.n_head_kv * hd) * row_bytes(q, E) + E * row_bytes(q, m.n_head * hd)
+    )
+    kv = 2 * m.n_layer * position * m.n_head_kv * hd * 2
+    routed = m.n_expert_used if m.arch == "moe" else 1
+    return {
+        "attention": attn,
+        "kv_cache": kv,
+        "router": m.n_layer * m.n_expert * E * 4,
+        "predictors": m.n_layer * routed * pred_bytes_per_block,
+        "output": m.n_vocab * row_bytes(q, E) + row_bytes(q, E),
+    }
+
+
+def predict(
+    m: ModelFacts,
+    device: Device,
+    budget: int,
+    *,
+    policy: str = "powerinfer2",
+    pred_bytes_per_block: int | None = None,
+    position: int = DECODE_POSITION,
+    ctx: int = DEFAULT_CTX,
+) -> dict:
+    """Predicted decode tok/s and where each millisecond goes (a plain dict: the JSON pi2 plan prints)."""
+    if pred_bytes_per_block is None:
+        pred_bytes_per_block = predictor_bytes(m)
+    threads = device.threads
+    fixed = fixed_region(m, budget, ctx, threads)
+    cache = max(0, budget - fixed["total"])
+    mem = per_token_memory_bytes(m, pred_bytes_per_block, position)
+    pf = predicted_fraction(m)
+    precision = float(m.measured.get("precision", 0.5))
+    blocks = m.blocks_per_token
+    predicted = blocks * pf * m.n_ff  # neurons the predictors name per token
+    ffn_mem = predicted * m.part_bytes * (1 + 2 * precision)  # gate rows; up/down where the gate fires
+    slots = cache // (m.full_len + 48)
+    frac = min(1.0, slots / (m.n_blocks * m.n_ff))
+    hit = coverage(m, frac) if frac < 1 else 1.0
+    misses = predicted * (1 - hit)
+    costs = miss_costs(m, device.curve)
+    per_miss = min(costs.whole_s, costs.two_phase_s) if m.two_phase_applies else costs.whole_s
+    t_mem = (sum(mem.values()) + ffn_mem) / device.membw_bytes_per_s
+    t_io = misses * per_miss
+    pipelined = policy == "powerinfer2"
+    t = max(t_mem, t_io) if pipelined else t_mem + t_io
+    return {
+        "model": m.name,
+        "synthetic": m.synthetic,
+        "device": device.name,
+        "profile": device.source,
+        "policy": policy,
+        "memory_budget_bytes": int(budget),
+        "fixed_bytes": int(fixed["total"]),
+        "cache_bytes": int(cache),
+        "cached_fraction": round(frac, 4),
+        "hit_rate": round(hit, 4),
+        "predicted_neurons_per_token": round(predicted),
+        "memory_bytes_per_token": {k: int(v) for k, v in mem.items()} | {"ffn": int(ffn_mem)},
+        "storage_reads_per_token": round(misses),
+        "storage_bytes_per_token": int(misses * (m.full_len if not m.two_phase_applies else m.gate_len + precision * m.rest_len)),
+        "memory_ms": round(t_mem * 1e3, 2),
+        "storage_ms": round(t_io * 1e3, 2),
+        "tbt_ms": round(t * 1e3, 2),
+        "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
+        "assumptions": f"decode at position {position}; predicted fraction {pf:.3f}, precision {precision:.2f}; "
+        + ("storage overlaps compute (pipeline)" if pipelined else "storage and compute add (no pipeline)"),
+    }  # fmt: skip
+
+
+def predictor_bytes(m: ModelFacts) -> int:
+    """One block's fc1 + fc2 (F16) at the rank synth gives this shape (default_predictor_rank)."""
+    rank = max(16, m.n_embd // (32 if m.arch == "moe" else 16))
+    return 2 * (2 * rank * m.n_embd + m.n_ff * 2 * rank)
+
+
+def predictor_bytes_in_file(path: str | Path) -> int | None:
+    """The mean fc1 + fc2 bytes per block in a .pi2 (None without predictors)."""
+    from pi2cli.models.pi2file import Pi2File
+
+    f = Pi2File(path, verify=False)
+    sizes = [t.nbytes for name, t in f.tensors.items() if ".pred_fc1" in name or ".pred_fc2" in name]
+    blocks = f.header.n_layer * (f.header.n_expert or 1)
+    return round_up(sum(sizes) // blocks, 1) if sizes else None
+
+
+# ---------------------------------------------------------------------------------------- the command
+def prediction_wanted(model: str, profile: str | Path | None) -> bool:
+    """`pi2 plan` predicts (instead of writing a plan file) for a shipped or TOML device profile, or
+    for a registry name with no file in the store (given a profile). A stored name plans as its file."""
+    from pi2cli.models import store
+    from pi2cli.models.registry import get_model
+
+    prof = str(profile or "")
+    if prof in shipped_profiles() or prof.endswith(".toml"):
+        return True
+    if prof and store.looks_like_name(model) and not Path(model).exists():
+        return store.find(get_model(model)) is None
+    return False
+
+
+def facts_for(model: str) -> tuple[ModelFacts, int]:
+    """(facts, predictor bytes per block): from the stored or given file when there is one, else from
+    the registry's shapes as synth would write them."""
+    from pi2cli.models import store
+    from pi2cli.models.registry import get_model
+    from pi2cli.plan.plan import model_facts
+
+    path = Path(model)
+    if not path.is_file() and store.looks_like_name(model):
+        found = store.find(get_model(model))
+        if found is None or found.pi2 is None:
+            m = facts_from_registry(model)
+            return m, predictor_bytes(m)
+        path = found.pi2
+    m = model_facts(path)
+    return m, predictor_bytes_in_file(path) or predictor_bytes(m)
+
+
+def run_prediction(model: str, profile: str, budget: int, ctx: int = DEFAULT_CTX) -> dict:
+    if profile:
+        device = load_device(profile)
+    else:
+        raise Pi2Error("a prediction needs --profile: a shipped one "
+                       f"({', '.join(shipped_profiles())}), a TOML file or a `pi2 profile` JSON")  # fmt: skip
+    m, pred = facts_for(model)
+    return predict(m, device, budget, pred_bytes_per_block=pred, ctx=ctx)

@@ -1,0 +1,44 @@
+"""`pi2 repro --small`: every experiment of the paper end to end on scaled-down synthetic models, in
+under 3 minutes in all (the CI budget for it), each writing its JSON with a table and a verdict."""
+
+import json
+import time
+
+from click.testing import CliRunner
+
+from pi2cli.cli import cli
+
+EXPERIMENTS = ("memory-sweep", "offload-sweep", "ablation", "tbt", "in-memory", "planner")
+
+
+def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
+    out = tmp_path / "report"
+    t0 = time.monotonic()
+    result = CliRunner().invoke(cli, ["repro", "all", "--small", "--out", str(out)])
+    elapsed = time.monotonic() - t0
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert elapsed < 180, f"repro all --small took {elapsed:.0f} s"
+    for name in EXPERIMENTS:
+        data = json.loads((out / f"{name}.json").read_text())
+        assert data["small"] is True and data["synthetic"] is True
+        assert isinstance(data["holds"], bool) and data["verdict"] and data["expect"], (name, data["holds"])
+    sweep = json.loads((out / "memory-sweep.json").read_text())
+    assert len(sweep["points"]) == 4
+    for p in sweep["points"]:
+        assert p["pi2"]["decode_tps"] > 0 and p["pi2"]["peak_rss_bytes"] < p["budget_bytes"]
+        assert "decode_tps" in p["llama.cpp"] or p["llama.cpp"].get("bounded")
+    assert sweep["curves"]["storage_random_read"] and sweep["curves"]["membw_gb_per_s"]
+    planner = json.loads((out / "planner.json").read_text())
+    assert len(planner["here"]["rows"]) == 8 and len(planner["paper"]["rows"]) == 4
+    summary = (out / "summary.txt").read_text()
+    assert all(name in summary for name in EXPERIMENTS)
+    assert "paper" in result.output and "expected:" in result.output
+
+
+def test_repro_single_experiment_prints_the_paper_beside_this_machine(tmp_path):
+    result = CliRunner().invoke(
+        cli, ["repro", "ablation", "--small", "--out", str(tmp_path / "r"), "-n", "6"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "0.4" in result.output and "11.07" in result.output  # the paper's ladder beside ours
+    assert (tmp_path / "r" / "ablation.png").is_file()
