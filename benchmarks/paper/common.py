@@ -106,8 +106,8 @@ def pi2_tokens(ctx: Ctx, model: Path, budget: int | None, policy: str = "powerin
     """One powerinfer2 run keeping every token's time and its I/O and compute seconds (TBT, I/O share)."""
     import tempfile
 
-    from pi2cli.plan.budget import run_budgeted
     from pi2cli.engines.pi2 import engine_binary, parse_events
+    from pi2cli.plan.budget import run_budgeted
 
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
@@ -134,8 +134,8 @@ def pi2_tokens(ctx: Ctx, model: Path, budget: int | None, policy: str = "powerin
 def llama(ctx: Ctx, model: Path, budget: int | None, n_prompt: int = 0, n_gen: int | None = None) -> dict:
     """llama-bench on the GGUF twin, bounded by tokens and by time (docstring above). In memory the
     file is read into the page cache by a first, unmeasured run."""
-    from pi2cli.plan.budget import run_budgeted
     from pi2cli.engines.llamacpp import default_bin_dir
+    from pi2cli.plan.budget import run_budgeted
 
     n = ctx.llama_tokens if n_gen is None else n_gen
     gguf = model / "model.gguf"

@@ -184,7 +184,8 @@ def miss_costs(m: ModelFacts, curve: list[dict]) -> Costs:
 
 # ------------------------------------------------------------------------------------------ the budget
 def engine_sizing(m: ModelFacts, budget: int, ctx: int, threads: int, **split) -> dict:
-    """The engine's own sizing of this model under `budget` (`pi2-engine size --facts`, the host build):
+    """The engine's own sizing of this model under `budget` (`pi2-engine size --facts`, the host build; a
+    budget of 0 or None: the engine's sizing with no budget, the whole model resident):
     fixed region, neuron cache, and with split=(hot_fraction, hot_share, cluster) the hot/cold split it
     would make. The engine is the one authority on these; the planner only chooses the settings."""
     facts = {"n_embd": m.n_embd, "n_layer": m.n_layer, "n_ff": m.n_ff, "n_head": m.n_head,
@@ -192,16 +193,9 @@ def engine_sizing(m: ModelFacts, budget: int, ctx: int, threads: int, **split) -
              "n_expert": m.n_expert if m.arch == "moe" else 0, "n_expert_used": m.n_expert_used,
              "neuron_type": m.neuron_type, "bundle_stride": m.bundle_stride,
              "resident_bytes": m.resident_bytes, "tokenizer_bytes": m.other_bytes}  # fmt: skip
-    flags = [
-        "--policy",
-        "powerinfer2",
-        "--memory-budget",
-        str(int(budget)),
-        "--ctx",
-        str(ctx),
-        "--threads",
-        str(threads),
-    ]
+    flags = ["--policy", "powerinfer2", "--ctx", str(ctx), "--threads", str(threads)]
+    if budget and budget > 0:  # none: the engine sizes the whole model resident
+        flags += ["--memory-budget", str(int(budget))]
     for key, value in split.items():
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return engine_size(facts, flags)
