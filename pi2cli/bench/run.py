@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
+from pi2cli.results import columns as C
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
 from pi2cli.units import parse_size
@@ -767,27 +768,10 @@ def add_llama_bench_turns(run: dict, records: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- table
-TABLE_COLUMNS = ("engine", "workload", "budget", "status", "turns", "TTFT ms", "TBT p50 ms", "p90", "p99",
-                 "decode tok/s", "peak RSS MiB")  # fmt: skip
-
-
-def status_cell(row: dict, width: int = 80) -> str:
-    """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
-    if row["status"] == S.STATUS_OK or not row.get("error"):
-        return row["status"]
-    text = f"{row['status']}: {row['error']}"
-    return text if len(text) <= width else text[: width - 1] + "…"
+# The columns (header and formatting) are declared once in pi2cli.results.columns; this picks the bench's.
+TABLE_COLUMNS = C.select("engine", "workload", "budget_bytes", "status", "n_turns", "ttft_ms", "tbt_p50_ms",
+                         "tbt_p90_ms", "tbt_p99_ms", "decode_ts", "peak_rss_mib")  # fmt: skip
 
 
 def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
-    def f(v, fmt="{:.1f}"):
-        return "-" if v is None else fmt.format(v)
-
-    rows = []
-    for o in outcomes:
-        r = o.row()
-        rows.append([S.engine_label(o.run), r["workload"], S.budget_label(o.budget_bytes), status_cell(r), str(r["n_turns"]),
-                     f(r["ttft_ms"]), f(r["tbt_p50_ms"], "{:.2f}"), f(r["tbt_p90_ms"], "{:.2f}"),
-                     f(r["tbt_p99_ms"], "{:.2f}"), f(r["decode_tps"], "{:.2f}"),
-                     f(None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / 2**20, "{:.0f}")])  # fmt: skip
-    return rows
+    return [[col.cell(o.run) for col in TABLE_COLUMNS] for o in outcomes]

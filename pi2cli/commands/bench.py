@@ -63,7 +63,7 @@ def print_table(console, outcomes) -> None:
 
     table = Table(title="pi2 bench", header_style="bold")
     for i, col in enumerate(TABLE_COLUMNS):
-        table.add_column(col, justify="left" if i < 4 else "right")
+        table.add_column(col.header, justify="left" if i < 4 else "right")
     for row in table_rows(outcomes):
         table.add_row(*(Text(cell) for cell in row))  # Text: an error's "[...]" is not rich markup
     console.print(table)

@@ -5,7 +5,7 @@ import json
 import click
 
 from pi2cli.errors import Pi2Error
-from pi2cli.results import schema, store
+from pi2cli.results import columns, schema, store
 from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option
 
 
@@ -37,6 +37,10 @@ def _ms(ns) -> str:
     return "-" if ns is None else f"{ns / 1e6:.1f}"
 
 
+def _to_ms(ns) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
 @command.command(name="list")
 @filter_options
 @click.option(
@@ -59,17 +63,18 @@ def list_command(model, engine, workload, since, status, limit, as_json, results
     from rich.table import Table
     from rich.text import Text
 
+    # index rows hold derived values (model with [synthetic], ns times): read here, written by the columns
+    cols = columns.select("run_id", "created_at", "engine", "model", "workload", "budget_bytes", "status",
+                          "n_turns", "avg_ts", "tbt_p50_ms", "ttft_p50_ms")  # fmt: skip
     table = Table(title=f"{len(rows)} run(s) in {store.resolve_results_dir(results_dir)}")
-    for header in ["run", "created (UTC)", "engine", "model", "workload", "budget", "status", "turns",
-                   "decode tok/s", "TBT P50 ms", "TTFT P50 ms"]:  # fmt: skip
-        table.add_column(header, overflow="fold")
+    for col in cols:
+        table.add_column(col.header, overflow="fold")
     for row in rows:
-        model_name = row["model"] + (" [synthetic]" if row["synthetic"] else "")
-        cells = [row["run_id"], row["created_at"][:19].replace("T", " "), row["engine_label"], model_name,
-                 row["workload"], schema.budget_label(row["budget_bytes"]), row["status"], str(row["n_turns"]),
-                 "-" if row["avg_ts"] is None else f"{row['avg_ts']:.2f}", _ms(row["tbt_p50_ns"]),
-                 _ms(row["ttft_p50_ns"])]  # fmt: skip
-        table.add_row(*(Text(c) for c in cells))  # Text: "[synthetic]" is not rich markup
+        values = [row["run_id"], row["created_at"], row["engine_label"],
+                  row["model"] + (" [synthetic]" if row["synthetic"] else ""), row["workload"], row["budget_bytes"],
+                  row["status"], row["n_turns"], row["avg_ts"], _to_ms(row["tbt_p50_ns"]), _to_ms(row["ttft_p50_ns"])]  # fmt: skip
+        # Text: "[synthetic]" is not rich markup
+        table.add_row(*(Text(col.text(v)) for col, v in zip(cols, values, strict=True)))
     console().print(table)
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pi2cli.results import schema
+from pi2cli.results import columns, schema
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
@@ -240,16 +240,20 @@ def compare_runs(
 # ---------------------------------------------------------------------------------------------------
 # Rendering.
 
-HEADERS = ["model", "workload", "budget", "engine", "decode tok/s (pooled)", "decode speedup", "TBT P50 ms",
-           "TBT P50 speedup", "TBT P90/P99 ms", "TTFT ms", "TTFT speedup", "quality vs dense", "run"]  # fmt: skip
+# The columns (header and formatting) are declared once in pi2cli.results.columns; these pick compare's.
+TABLE_COLUMNS = columns.select("model", "workload", "budget_bytes", "engine", "decode_pooled", "decode_speedup",
+                               "tbt_p50_ms", "tbt_p50_speedup", "tbt_p90_p99_ms", "ttft_ms", "ttft_speedup",
+                               "quality", "run_id")  # fmt: skip
+HEADERS = columns.headers(TABLE_COLUMNS)
 
-
-CSV_HEADERS = ["model", "workload", "budget_bytes", "engine", "synthetic", "run_id", "baseline", "n_turns",
-               "decode_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms",
-               "decode_speedup", "decode_ci_low", "decode_ci_high", "tbt_p50_speedup", "tbt_p50_ci_low",
-               "tbt_p50_ci_high", "ttft_speedup", "ttft_ci_low", "ttft_ci_high", "kl_nats", "kl_ci_low",
-               "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio", "ppl_ratio_ci_low",
-               "ppl_ratio_ci_high"]  # fmt: skip
+# CSV: the columns' machine names, then each ratio and quality score with its interval ends
+CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "engine", "synthetic", "run_id", "baseline",
+                             "n_turns", "decode_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms",
+                             "ttft_ms")  # fmt: skip
+CSV_HEADERS = [c.name for c in CSV_COLUMNS] + [
+    f"{name}{end}" for name in ("decode", "tbt_p50", "ttft") for end in ("_speedup", "_ci_low", "_ci_high")
+] + ["kl_nats", "kl_ci_low", "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio",
+     "ppl_ratio_ci_low", "ppl_ratio_ci_high"]  # fmt: skip
 QUALITY_KEYS = ("kl_nats", "top1_agreement", "ppl_ratio")
 
 
@@ -266,10 +270,6 @@ def quality_text(q: dict | None) -> str:
             f"{ci('top1_agreement', '.1%')}, ppl x{q['ppl_ratio']:.3f}{ci('ppl_ratio', '.3f')}")  # fmt: skip
 
 
-def _num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _speedup(row: Row, ratio: Ratio | None) -> str:
     if row.is_baseline:
         return "baseline"
@@ -280,24 +280,11 @@ def table_rows(comparison: Comparison) -> list[list[str]]:
     """The comparison as rows of text cells in HEADERS order (model names carry [synthetic])."""
     out = []
     for row in comparison.rows:
-        decode = _num(row.decode_ts)
-        if row.stddev_ts is not None and row.n_turns > 1:
-            decode += f" ±{row.stddev_ts:.2f}"
-        out.append([
-            row.model,
-            row.workload,
-            schema.budget_label(row.budget_bytes),
-            row.engine,
-            decode,
-            _speedup(row, row.decode_speedup),
-            _num(row.tbt_p50_ms),
-            _speedup(row, row.tbt_p50_speedup),
-            f"{_num(row.tbt_p90_ms)} / {_num(row.tbt_p99_ms)}",
-            _num(row.ttft_ms, 1),
-            _speedup(row, row.ttft_speedup),
-            quality_text(row.quality),
-            row.run_id,
-        ])  # fmt: skip
+        values = [row.model, row.workload, row.budget_bytes, row.engine, (row.decode_ts, row.stddev_ts, row.n_turns),
+                  _speedup(row, row.decode_speedup), row.tbt_p50_ms, _speedup(row, row.tbt_p50_speedup),
+                  (row.tbt_p90_ms, row.tbt_p99_ms), row.ttft_ms, _speedup(row, row.ttft_speedup),
+                  quality_text(row.quality), row.run_id]  # fmt: skip
+        out.append([col.text(v) for col, v in zip(TABLE_COLUMNS, values, strict=True)])
     return out
 
 
@@ -320,9 +307,10 @@ def render(comparison: Comparison, fmt: str) -> str:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_HEADERS)
         for row in comparison.rows:
-            cells = [row.model, row.workload, row.budget_bytes, row.engine, int(row.synthetic), row.run_id,
-                     row.baseline, row.n_turns, row.decode_ts, row.stddev_ts, row.tbt_p50_ms, row.tbt_p90_ms,
-                     row.tbt_p99_ms, row.ttft_ms]  # fmt: skip
+            # bools as 0/1 (synthetic) so a spreadsheet can sum them
+            cells = [
+                int(v) if isinstance(v, bool) else v for v in (getattr(row, c.name) for c in CSV_COLUMNS)
+            ]
             for ratio in (row.decode_speedup, row.tbt_p50_speedup, row.ttft_speedup):
                 cells += [None, None, None] if ratio is None else [ratio.ratio, ratio.ci_low, ratio.ci_high]
             for key in QUALITY_KEYS:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.results import schema
+from pi2cli.results import columns, schema
 from pi2cli.results.compare import HEADERS, Comparison, compare_runs, footnote, table_rows
 from pi2cli.results.template import HTML_TEMPLATE
 
@@ -362,32 +362,16 @@ def make_plots(runs: Sequence[dict]) -> list[Plot]:
 # ---------------------------------------------------------------------------------------------------
 # Tables.
 
-RUN_HEADERS = ["run", "engine", "model", "workload", "budget", "target", "status", "turns", "decode tok/s (pooled)",
-               "TBT P50/P90/P99 ms", "TTFT ms", "peak RSS MiB", "cache hit", "I/O share"]  # fmt: skip
-
-
-def _fmt(value, fmt: str, scale: float = 1.0) -> str:
-    return "-" if value is None else format(value / scale, fmt)
+# The columns (header and formatting) are declared once in pi2cli.results.columns; this picks the report's.
+RUN_COLUMNS = columns.select("run_id", "engine", "model", "workload", "budget_enforced", "target", "status_error",
+                             "n_turns", "decode_pooled", "tbt_ms", "ttft_ms", "peak_rss_mib", "cache_hit_rate",
+                             "io_share")  # fmt: skip
+RUN_HEADERS = columns.headers(RUN_COLUMNS)
 
 
 def run_rows(runs: Sequence[dict]) -> list[list[str]]:
-    rows = []
-    for run in runs:
-        s = run["summary"]
-        budget = schema.budget_label(run["memory"]["budget_bytes"])
-        if run["memory"]["budget_bytes"] is not None:
-            budget += " (enforced)" if run["memory"]["enforced"] else " (not enforced)"
-        # The same statistic as the Comparison table: all decode tokens over all decode time (pooled_ts).
-        decode = _fmt(s["pooled_ts"] if s.get("pooled_ts") is not None else s["avg_ts"], ".2f")
-        if s["stddev_ts"] and s["n_turns"] > 1:
-            decode += f" ±{s['stddev_ts']:.2f}"
-        tbt = "/".join(_fmt(s[k], ".1f", 1e6) for k in ("tbt_p50_ns", "tbt_p90_ns", "tbt_p99_ns"))
-        status = run["status"] if run["status"] == schema.STATUS_OK else f"{run['status']}: {run['error']}"
-        rows.append([run["run_id"], schema.engine_label(run), schema.model_label(run), run["workload"]["name"],
-                     budget, f"{run['target']['name']} ({run['target']['kind']})", status, str(s["n_turns"]),
-                     decode, tbt, _fmt(s["ttft_avg_ns"], ".1f", 1e6), _fmt(s["peak_rss_bytes"], ".0f", 2**20),
-                     _fmt(s["cache_hit_rate"], ".1%"), _fmt(s["io_share"], ".1%")])  # fmt: skip
-    return rows
+    # decode: the same statistic as the Comparison table, all decode tokens over all decode time (pooled_ts)
+    return [[col.cell(run) for col in RUN_COLUMNS] for run in runs]
 
 
 def _measurements(runs: Sequence[dict]) -> list[tuple[str, str]]:
