@@ -195,11 +195,14 @@ def test_devices_lists_states_and_facts(make_device):
 
 
 def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_server):
+    # The child gets the default SIGINT: a shell that runs the suite in the background (`cmd &`) starts it
+    # with SIGINT ignored, and Python then keeps ignoring it, so the Ctrl-C under test would never arrive.
     dev = make_device("--slow", str(2 << 20))  # 3 MiB at 2 MiB/s: plenty of time to interrupt
     partial = dev.root / "pi2" / "models" / "tiny.gguf.partial"
     proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "push", "--device", dev.serial, "--no-engine",
                              "--no-workloads", "-m", str(files["model"])], env={**os.environ},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         deadline = time.monotonic() + 20
         while not (partial.exists() and partial.stat().st_size > 0):

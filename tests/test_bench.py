@@ -174,7 +174,9 @@ def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tm
 
     proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "bench", "-m", str(model_dir / "model.pi2"),
                              "-w", "multi-turn", "--limit", "3", "-n", "64", "--results-dir", str(env), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    # (the default SIGINT in the child: a suite run in the background by a shell inherits it ignored)
     engine_pid = None
     deadline = time.monotonic() + 60
     while engine_pid is None and time.monotonic() < deadline:
