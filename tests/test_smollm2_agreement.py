@@ -5,8 +5,8 @@ flash attention on) on the same GGUF, and its first-token logits match the numpy
 Token agreement, teacher-forced: llama-simple's 32 greedy tokens (llama-tokenize of its text) go through
 pi2-engine's batched pass; at every position llama.cpp's token must be pi2-engine's top token or within
 a near-tie of it (NEAR_TIE of the largest |logit|). pi2-engine mirrors llama.cpp's roundings
-(Q8 activations, F16 KV cache, flash attention's F16 accumulator), not its exact float summation order
-or its vectorized exp, and llama.cpp's own AVX2 and AVX-512 builds sum differently: these prompts'
+(Q8 activations, F16 KV cache and query), not its exact float summation order, its vectorized exp
+or flash attention's F16 accumulator (pi2 sums V in float), and llama.cpp's own AVX2 and AVX-512 builds sum differently: these prompts'
 greedy texts agreed for all 32 tokens against an AVX-512 build (Sapphire Rapids, Zen 4) but part after
 6-14 tokens against an AVX2 build (Zen 3), always at a near-tie, so free-running text equality is a
 property of the build pair, not of the engine. Measured on Zen 3: llama.cpp's token is pi2's top token

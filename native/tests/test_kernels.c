@@ -506,29 +506,49 @@ static void test_f16_act_edges(pi2_kernel_level level) {
     CHECK(memcmp(a, b, sizeof a) == 0);
 }
 
-/* The F16 attention accumulator: every level gives the scalar bits (one fused rounding, then F16),
- * across a long run of steps like attention's, and on a length that leaves a scalar tail. */
-static void test_f16_accumulator(pi2_kernel_level level) {
-    enum { N = 64 + 5, STEPS = 200 };
-    pi2_f16 ya[N], yb[N], x[N];
-    float f[N];
-    fill_gauss(f, N, 1.0f);
-    for (int i = 0; i < N; i++) ya[i] = yb[i] = 0;
-    int bad = 0;
-    for (int s = 0; s < STEPS; s++) {
-        fill_gauss(f, N, 3.0f);
-        pi2_kernels_force(PI2_KERNELS_SCALAR);
-        pi2_prepare_act(PI2_F16, f, x, N);
-        const float v = rnd_gauss(), m = 0.5f + 0.5f * (float)(s % 7) / 7.0f;
-        pi2_f16_mad(N, ya, x, v);
-        if (s % 5 == 0) pi2_f16_scale(N, ya, m);
-        pi2_kernels_force(level);
-        pi2_f16_mad(N, yb, x, v);
-        if (s % 5 == 0) pi2_f16_scale(N, yb, m);
-        bad += memcmp(ya, yb, sizeof ya) != 0;
-        memcpy(yb, ya, sizeof ya); /* each step from the same start */
-    }
-    CHECK(bad == 0);
+/* One head's attention (pi2_att_f16) at every level against softmax(scale q.K) V summed in double
+ * from the same F16 inputs: head sizes with and without a specialised copy and with a scalar tail,
+ * one position and many, mild scores and scores spread far enough (below -87 under the maximum) to take
+ * att_exp's clamp. */
+static void test_attention(pi2_kernel_level level) {
+    enum { MAXHD = 128, STRIDE = 2 * MAXHD, MAXPOS = 300 };
+    static pi2_f16 k[MAXPOS * STRIDE], v[MAXPOS * STRIDE];
+    static float f[MAXPOS * STRIDE], p[MAXPOS];
+    const int64_t hds[] = {64, 128, 40, 72}, npos[] = {1, 7, MAXPOS};
+    pi2_kernels_force(level);
+    fill_gauss(f, MAXPOS * STRIDE, 3.0f);
+    pi2_prepare_act(PI2_F16, f, k, MAXPOS * STRIDE);
+    fill_gauss(f, MAXPOS * STRIDE, 1.0f);
+    pi2_prepare_act(PI2_F16, f, v, MAXPOS * STRIDE);
+    double lowest = 0.0; /* the lowest score under its maximum seen */
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+        for (size_t b = 0; b < 2 * sizeof npos / sizeof npos[0]; b++) {
+            const int64_t hd = hds[a], n = npos[b / 2];
+            pi2_f16 q[MAXHD];
+            float qf[MAXHD], out[MAXHD];
+            fill_gauss(qf, hd, b % 2 ? 8.0f : 0.5f);
+            pi2_prepare_act(PI2_F16, qf, q, hd);
+            const float scale = 1.0f / sqrtf((float)hd);
+            pi2_att_f16(hd, q, k, v, STRIDE, n, scale, p, out);
+            double sc[MAXPOS], m = -1e300, sum = 0.0, ref[MAXHD] = {0}, amax = 0.0, err = 0.0;
+            for (int64_t s = 0; s < n; s++) {
+                double d = 0.0;
+                for (int64_t i = 0; i < hd; i++)
+                    d += (double)pi2_f16_to_f32(q[i]) * pi2_f16_to_f32(k[s * STRIDE + i]);
+                sc[s] = d * scale;
+                m = sc[s] > m ? sc[s] : m;
+            }
+            for (int64_t s = 0; s < n; s++) sum += exp(sc[s] - m), lowest = sc[s] - m < lowest ? sc[s] - m : lowest;
+            for (int64_t s = 0; s < n; s++)
+                for (int64_t i = 0; i < hd; i++) ref[i] += exp(sc[s] - m) / sum * pi2_f16_to_f32(v[s * STRIDE + i]);
+            for (int64_t i = 0; i < hd; i++) {
+                amax = fabs(ref[i]) > amax ? fabs(ref[i]) : amax;
+                err = fabs(ref[i] - out[i]) > err ? fabs(ref[i] - out[i]) : err;
+            }
+            CHECK(err <= 1e-5 * amax + 1e-7);
+        }
+    CHECK(lowest < -87.0);
+    pi2_kernels_force(pi2_kernels_best());
 }
 
 /* Rows interleaved by four: where a level has the kernel, the packed matrix gives pi2_gemm's floats on
@@ -626,7 +646,7 @@ int main(void) {
         printf("testing level %s against scalar\n", pi2_kernel_level_name((pi2_kernel_level)level));
         test_level((pi2_kernel_level)level);
         test_f16_act_edges((pi2_kernel_level)level);
-        test_f16_accumulator((pi2_kernel_level)level);
+        test_attention((pi2_kernel_level)level);
         test_x4((pi2_kernel_level)level);
         levels_tested++;
     }

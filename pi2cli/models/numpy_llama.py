@@ -257,33 +257,12 @@ class Reference:
         """One query position, all heads: q (heads, hd), k/v (positions, heads, hd)."""
         hd = self.h.head_dim
         scale = np.float32(1.0) / np.sqrt(np.float32(hd))
-        if not self.emulate:
-            s = np.einsum("hd,phd->hp", q.astype(np.float64), k.astype(np.float64)) * scale
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            s /= s.sum(axis=1, keepdims=True)
-            return np.einsum("hp,phd->hd", s, v.astype(np.float64)).astype(np.float32)
-        # llama.cpp's CPU flash attention: online softmax, V accumulated in F16 after every step.
-        heads = q.shape[0]
-        acc = np.zeros((heads, hd), dtype=np.float16)
-        big_s = np.zeros(heads, dtype=np.float32)
-        big_m = np.full(heads, -np.inf, dtype=np.float32)
-        for p in range(k.shape[0]):
-            sc = (np.einsum("hd,hd->h", q.astype(np.float64), k[p].astype(np.float64))).astype(
-                np.float32
-            ) * scale
-            new = sc > big_m
-            with np.errstate(invalid="ignore"):
-                ms = np.where(new, np.exp(big_m - sc), np.float32(1.0)).astype(np.float32)
-                vs = np.where(new, np.float32(1.0), np.exp(sc - big_m)).astype(np.float32)
-            big_m = np.where(new, sc, big_m)
-            acc = (acc.astype(np.float32) * ms[:, None]).astype(np.float16)
-            acc = (
-                (v[p].astype(np.float64) * vs[:, None] + acc.astype(np.float64))
-                .astype(np.float32)
-                .astype(np.float16)
-            )
-            big_s = big_s * ms + vs
-        return (acc.astype(np.float32) * (np.float32(1.0) / big_s)[:, None]).astype(np.float32)
+        # q, k and v come rounded to F16 when emulating (the engine's KV cache and query); the engine
+        # then takes the exact softmax in float (kernels_att.h), as this does in double.
+        s = np.einsum("hd,phd->hp", q.astype(np.float64), k.astype(np.float64)) * scale
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        s /= s.sum(axis=1, keepdims=True)
+        return np.einsum("hp,phd->hd", s, v.astype(np.float64)).astype(np.float32)
 
     def _moe(self, xn: np.ndarray, layer: int) -> np.ndarray:
         h = self.h

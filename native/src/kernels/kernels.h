@@ -92,12 +92,12 @@ void pi2_x4_pack(pi2_type wt, const void *w, int64_t rows, int64_t n, void *out)
 void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                  int64_t ldy);
 
-/* Attention's V accumulator, kept in F16 as llama.cpp's CPU flash attention keeps it:
- * f16_mad:   y[i] = f16(f32(y[i]) + f32(x[i]) * v), the multiply-add fused (one rounding, then F16);
- * f16_scale: y[i] = f16(f32(y[i]) * v).
- * Conversions round to nearest even, so every level gives the same bits. */
-void pi2_f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v);
-void pi2_f16_scale(int64_t n, pi2_f16 *y, float v);
+/* One query head's attention over positions 0..n_pos-1 of an F16 KV cache:
+ * out[0..hd) = softmax(scale * q.K) V, the scores and V summed in float (kernels_att.h says why this
+ * is not llama.cpp's F16 accumulator). q: hd F16 (the query rounded to F16, as llama.cpp does); k, v:
+ * the head's first position, positions `stride` elements apart; p: n_pos floats of scratch. */
+void pi2_att_f16(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride, int64_t n_pos,
+                 float scale, float *p, float *out);
 
 /* Prefill: Y[t][r] = dot(W[r], A[t]) for t in [0, tokens), r in [0, rows). A holds `tokens`
  * activations prepared with pi2_prepare_act, each pi2_row_size(act_type(wt), n) bytes; Y is

@@ -171,7 +171,7 @@ static float dot_f32(int64_t n, const void *row, const void *act) {
 
 static inline float32x4_t load_h4(const pi2_f16 *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
-static float dot_f16(int64_t n, const void *row, const void *act) {
+static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void *row, const void *act) {
     const pi2_f16 *w = row, *a = act;
     float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
     int64_t i = 0;
@@ -257,7 +257,7 @@ static void axpy_f32(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * w[i];
 }
 
-static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+static inline __attribute__((always_inline)) void axpy_f16(int64_t n, float a, const void *row, float *y) {
     const pi2_f16 *w = row;
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(load_h4(w + i), a)));
@@ -266,17 +266,7 @@ static void axpy_f16(int64_t n, float a, const void *row, float *y) {
 
 static inline void store_h4(pi2_f16 *p, float32x4_t v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
 
-static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) store_h4(y + i, vfmaq_n_f32(load_h4(y + i), load_h4(x + i), v));
-    for (; i < n; i++) y[i] = pi2_f32_to_f16(fmaf(h2f(x[i]), v, h2f(y[i])));
-}
-
-static void f16_scale(int64_t n, pi2_f16 *y, float v) {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) store_h4(y + i, vmulq_n_f32(load_h4(y + i), v));
-    for (; i < n; i++) y[i] = pi2_f32_to_f16(h2f(y[i]) * v);
-}
+#include "kernels_att.h"
 
 /* ---- activation quantizers: llama.cpp's arm quantize_row_q8_0/q8_1 semantics (id = 1/d, vcvtn) ---- */
 

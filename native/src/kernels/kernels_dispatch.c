@@ -264,14 +264,10 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
     pi2_kernels_table()->x4_gemm[wt](w, rows, n, acts, tokens, y, ldy);
 }
 
-void pi2_f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
-    if (n < 0) die("f16_mad", PI2_F16, n);
-    pi2_kernels_table()->f16_mad(n, y, x, v);
-}
-
-void pi2_f16_scale(int64_t n, pi2_f16 *y, float v) {
-    if (n < 0) die("f16_scale", PI2_F16, n);
-    pi2_kernels_table()->f16_scale(n, y, v);
+void pi2_att_f16(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride, int64_t n_pos,
+                 float scale, float *p, float *out) {
+    if (hd < 1 || stride < hd || n_pos < 0) die("att_f16", PI2_F16, hd);
+    pi2_kernels_table()->att_f16(hd, q, k, v, stride, n_pos, scale, p, out);
 }
 
 void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens,

@@ -18,8 +18,8 @@ typedef void (*pi2_axpy_fn)(int64_t n, float a, const void *row, float *y);
 typedef void (*pi2_gemm_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
                             size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
 typedef void (*pi2_convert_fn)(const float *x, void *out, int64_t n);
-typedef void (*pi2_f16_mad_fn)(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v);
-typedef void (*pi2_f16_scale_fn)(int64_t n, pi2_f16 *y, float v);
+typedef void (*pi2_att_f16_fn)(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                               int64_t n_pos, float scale, float *p, float *out);
 
 typedef struct {
     pi2_dot_fn dot[PI2_N_TYPES];
@@ -42,13 +42,12 @@ typedef struct {
     /* optional: the GEMM of rows inside larger records (pi2_gemm_strided: the FFN's gate and up in a
      * batch); NULL: gemm */
     pi2_gemm_fn gemm_strided[PI2_N_TYPES];
-    pi2_f16_mad_fn f16_mad;
-    pi2_f16_scale_fn f16_scale;
+    pi2_att_f16_fn att_f16; /* kernels_att.h over the level's dot_f16, axpy_f16 */
 } pi2_kernel_table;
 
 /* Sets t's per-type entries and the F16 accumulator from the static functions that each level's file
  * (kernels_scalar.c, kernels_x86_common.h, kernels_arm_common.h) defines under the same names:
- * dot_T, rows_T, axpy_T, gemm_T for T in f32, f16, q4_0, q4_1, q8_0, and f16_mad, f16_scale. */
+ * dot_T, rows_T, axpy_T, gemm_T for T in f32, f16, q4_0, q4_1, q8_0, and att_f16 (kernels_att.h). */
 #define PI2_KERNELS_SET_TYPE(t, ID, T) \
     (t)->dot[ID] = dot_##T;           \
     (t)->rows[ID] = rows_##T;         \
@@ -61,8 +60,7 @@ typedef struct {
         PI2_KERNELS_SET_TYPE(t, PI2_Q4_0, q4_0)    \
         PI2_KERNELS_SET_TYPE(t, PI2_Q4_1, q4_1)    \
         PI2_KERNELS_SET_TYPE(t, PI2_Q8_0, q8_0)    \
-        (t)->f16_mad = f16_mad;                    \
-        (t)->f16_scale = f16_scale;                \
+        (t)->att_f16 = att_f16;                    \
     } while (0)
 
 /* Each level starts from the level below it and overrides what it does better. */

@@ -14,7 +14,7 @@ static float dot_f32(int64_t n, const void *row, const void *act) {
     return (float)sum;
 }
 
-static float dot_f16(int64_t n, const void *row, const void *act) {
+static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void *row, const void *act) {
     const pi2_f16 *w = row, *a = act;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += (double)(pi2_f16_to_f32(w[i]) * pi2_f16_to_f32(a[i]));
@@ -69,18 +69,12 @@ static void axpy_f32(int64_t n, float a, const void *row, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] += a * w[i];
 }
 
-static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+static inline __attribute__((always_inline)) void axpy_f16(int64_t n, float a, const void *row, float *y) {
     const pi2_f16 *w = row;
     for (int64_t i = 0; i < n; i++) y[i] += a * pi2_f16_to_f32(w[i]);
 }
 
-static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
-    for (int64_t i = 0; i < n; i++) y[i] = pi2_f32_to_f16(fmaf(pi2_f16_to_f32(x[i]), v, pi2_f16_to_f32(y[i])));
-}
-
-static void f16_scale(int64_t n, pi2_f16 *y, float v) {
-    for (int64_t i = 0; i < n; i++) y[i] = pi2_f32_to_f16(pi2_f16_to_f32(y[i]) * v);
-}
+#include "kernels_att.h"
 
 static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
     const pi2_block_q4_0 *w = row;

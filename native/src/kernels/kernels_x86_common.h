@@ -142,7 +142,7 @@ static float dot_f32(int64_t n, const void *row, const void *act) {
 
 static inline __m256 load_h8(const pi2_f16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-static float dot_f16(int64_t n, const void *row, const void *act) {
+static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void *row, const void *act) {
     const pi2_f16 *w = row, *a = act;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
@@ -245,7 +245,7 @@ static void axpy_f32(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * w[i];
 }
 
-static void axpy_f16(int64_t n, float a, const void *row, float *y) {
+static inline __attribute__((always_inline)) void axpy_f16(int64_t n, float a, const void *row, float *y) {
     const pi2_f16 *w = row;
     const __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -254,23 +254,7 @@ static void axpy_f16(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * _cvtsh_ss(w[i]);
 }
 
-static void f16_mad(int64_t n, pi2_f16 *y, const pi2_f16 *x, float v) {
-    const __m256 vv = _mm256_set1_ps(v);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 r = _mm256_fmadd_ps(load_h8(x + i), vv, load_h8(y + i));
-        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-    }
-    for (; i < n; i++) y[i] = _cvtss_sh(fmaf(_cvtsh_ss(x[i]), v, _cvtsh_ss(y[i])), _MM_FROUND_TO_NEAREST_INT);
-}
-
-static void f16_scale(int64_t n, pi2_f16 *y, float v) {
-    const __m256 vv = _mm256_set1_ps(v);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_mul_ps(load_h8(y + i), vv), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) y[i] = _cvtss_sh(_cvtsh_ss(y[i]) * v, _MM_FROUND_TO_NEAREST_INT);
-}
+#include "kernels_att.h"
 
 /* ---- activation quantizers: llama.cpp's x86 quantize_row_q8_0/q8_1 semantics ---- */
 

@@ -71,7 +71,7 @@ static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok
     c->expert_sel = xcalloc(B * ne, sizeof(int32_t), ok, n, k);
     c->expert_tokens = xcalloc(B, sizeof(int32_t), ok, n, k);
     c->scores = xcalloc((size_t)c->nth * (size_t)c->n_ctx, sizeof(float), ok, n, k);
-    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16) * 2, ok, n, k);
+    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16), ok, n, k);
     if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), ok, n, k);
     c->act = xcalloc(B, act_row, ok, n, k);
     c->logits = xcalloc(h->n_vocab, sizeof(float), ok, n, k);
@@ -222,38 +222,17 @@ static void att_worker(void *p, int ith, int nth) {
     const float scale = 1.0f / sqrtf((float)hd);
     const pi2_f16 *K = c->k_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
     const pi2_f16 *V = c->v_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
-    uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16) * 2;
+    uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16);
+    float *sc = c->scores + (size_t)ith * c->n_ctx;
     (void)nth;
     int64_t b, e;
     while (pi2_chunks_take(&j->heads, &b, &e))
     for (int64_t idx = b; idx < e; idx++) {
         const int64_t t = idx / n_head, hh = idx % n_head, kvh = hh / group;
         const int pos = c->n_past + (int)t;
-        /* llama.cpp's CPU flash attention (its default), step for step, so greedy output stays
-         * token-identical: q rounded to F16, scores against the F16 cache, online softmax, and the
-         * V accumulator kept in F16, rounded after every fused multiply-add (ggml_vec_mad_f16). */
-        pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd);
-        pi2_f16 *acc16 = (pi2_f16 *)qh + hd;
-        memset(acc16, 0, (size_t)hd * sizeof(pi2_f16));
-        float S = 0.0f, M = -INFINITY;
-        for (int s = 0; s <= pos; s++) {
-            const float sc = pi2_vec_dot(PI2_F16, hd, K + (size_t)s * c->kv_dim + kvh * hd, qh) * scale;
-            float ms = 1.0f, vs = 1.0f;
-            if (sc > M) {
-                const float Mold = M;
-                M = sc;
-                ms = expf(Mold - M);
-                if (s > 0) pi2_f16_scale(hd, acc16, ms);
-            } else {
-                vs = expf(sc - M);
-            }
-            pi2_f16_mad(hd, acc16, V + (size_t)s * c->kv_dim + kvh * hd, vs);
-            S = S * ms + vs;
-        }
-        float *out = c->att + t * c->q_dim + hh * hd;
-        pi2_dequantize_row(PI2_F16, acc16, out, hd);
-        const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-        for (int64_t d = 0; d < hd; d++) out[d] *= inv;
+        pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd); /* q in F16, as the cache */
+        pi2_att_f16(hd, (const pi2_f16 *)qh, K + kvh * hd, V + kvh * hd, c->kv_dim, pos + 1, scale, sc,
+                    c->att + t * c->q_dim + hh * hd);
     }
 }
 
