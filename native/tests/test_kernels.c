@@ -506,14 +506,15 @@ static void test_f16_act_edges(pi2_kernel_level level) {
     CHECK(memcmp(a, b, sizeof a) == 0);
 }
 
-/* One head's attention (pi2_att_f16) at every level against softmax(scale q.K) V summed in double
- * from the same F16 inputs: head sizes with and without a specialised copy and with a scalar tail,
- * one position and many, mild scores and scores spread far enough (below -87 under the maximum) to take
- * att_exp's clamp. */
+/* Attention (pi2_att_f16 + pi2_att_merge) at every level against softmax(scale q.K) V summed in
+ * double from the same F16 inputs: a group of 3 query heads on one KV head, its positions in one part
+ * and split in three (one of them empty) as decode splits them; head sizes with and without a
+ * specialised copy and with a scalar tail; one position and many; mild scores and scores spread far
+ * enough (below -87 under the maximum) to take att_exp's clamp. */
 static void test_attention(pi2_kernel_level level) {
-    enum { MAXHD = 128, STRIDE = 2 * MAXHD, MAXPOS = 300 };
+    enum { MAXHD = 128, G = 3, STRIDE = 2 * MAXHD, MAXPOS = 300 };
     static pi2_f16 k[MAXPOS * STRIDE], v[MAXPOS * STRIDE];
-    static float f[MAXPOS * STRIDE], p[MAXPOS];
+    static float f[MAXPOS * STRIDE], p[G * MAXPOS];
     const int64_t hds[] = {64, 128, 40, 72}, npos[] = {1, 7, MAXPOS};
     pi2_kernels_force(level);
     fill_gauss(f, MAXPOS * STRIDE, 3.0f);
@@ -522,31 +523,41 @@ static void test_attention(pi2_kernel_level level) {
     pi2_prepare_act(PI2_F16, f, v, MAXPOS * STRIDE);
     double lowest = 0.0; /* the lowest score under its maximum seen */
     for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
-        for (size_t b = 0; b < 2 * sizeof npos / sizeof npos[0]; b++) {
-            const int64_t hd = hds[a], n = npos[b / 2];
-            pi2_f16 q[MAXHD];
-            float qf[MAXHD], out[MAXHD];
-            fill_gauss(qf, hd, b % 2 ? 8.0f : 0.5f);
-            pi2_prepare_act(PI2_F16, qf, q, hd);
-            const float scale = 1.0f / sqrtf((float)hd);
-            pi2_att_f16(hd, q, k, v, STRIDE, n, scale, p, out);
-            double sc[MAXPOS], m = -1e300, sum = 0.0, ref[MAXHD] = {0}, amax = 0.0, err = 0.0;
-            for (int64_t s = 0; s < n; s++) {
-                double d = 0.0;
-                for (int64_t i = 0; i < hd; i++)
-                    d += (double)pi2_f16_to_f32(q[i]) * pi2_f16_to_f32(k[s * STRIDE + i]);
-                sc[s] = d * scale;
-                m = sc[s] > m ? sc[s] : m;
+        for (size_t b = 0; b < 2 * sizeof npos / sizeof npos[0]; b++)
+            for (int split = 0; split < 2; split++) {
+                const int64_t hd = hds[a], n = npos[b / 2];
+                /* parts: [0, n) whole, or [0, n/2), [n/2, n/2) (empty), [n/2, n) */
+                const int parts = split ? 3 : 1;
+                const int64_t s0[3] = {0, n / 2, n / 2}, s1[3] = {split ? n / 2 : n, n / 2, n};
+                pi2_f16 q[G * MAXHD];
+                float qf[G * MAXHD], out[3][G * MAXHD], m[3][G], l[3][G];
+                fill_gauss(qf, G * hd, b % 2 ? 8.0f : 0.5f);
+                pi2_prepare_act(PI2_F16, qf, q, G * hd);
+                const float scale = 1.0f / sqrtf((float)hd);
+                for (int i = 0; i < parts; i++)
+                    pi2_att_f16(hd, G, q, k + s0[i] * STRIDE, v + s0[i] * STRIDE, STRIDE, s1[i] - s0[i], scale, p,
+                                out[i], m[i], l[i]);
+                for (int g = 0; g < G; g++) {
+                    float y[MAXHD];
+                    pi2_att_merge(hd, parts, &out[0][g * hd], G * MAXHD, &m[0][g], &l[0][g], G, y);
+                    double sc[MAXPOS], mx = -1e300, sum = 0.0, ref[MAXHD] = {0}, amax = 0.0, err = 0.0;
+                    for (int64_t s = 0; s < n; s++) {
+                        double d = 0.0;
+                        for (int64_t i = 0; i < hd; i++)
+                            d += (double)pi2_f16_to_f32(q[g * hd + i]) * pi2_f16_to_f32(k[s * STRIDE + i]);
+                        sc[s] = d * scale;
+                        mx = sc[s] > mx ? sc[s] : mx;
+                    }
+                    for (int64_t s = 0; s < n; s++) sum += exp(sc[s] - mx), lowest = sc[s] - mx < lowest ? sc[s] - mx : lowest;
+                    for (int64_t s = 0; s < n; s++)
+                        for (int64_t i = 0; i < hd; i++) ref[i] += exp(sc[s] - mx) / sum * pi2_f16_to_f32(v[s * STRIDE + i]);
+                    for (int64_t i = 0; i < hd; i++) {
+                        amax = fabs(ref[i]) > amax ? fabs(ref[i]) : amax;
+                        err = fabs(ref[i] - y[i]) > err ? fabs(ref[i] - y[i]) : err;
+                    }
+                    CHECK(err <= 1e-5 * amax + 1e-7);
+                }
             }
-            for (int64_t s = 0; s < n; s++) sum += exp(sc[s] - m), lowest = sc[s] - m < lowest ? sc[s] - m : lowest;
-            for (int64_t s = 0; s < n; s++)
-                for (int64_t i = 0; i < hd; i++) ref[i] += exp(sc[s] - m) / sum * pi2_f16_to_f32(v[s * STRIDE + i]);
-            for (int64_t i = 0; i < hd; i++) {
-                amax = fabs(ref[i]) > amax ? fabs(ref[i]) : amax;
-                err = fabs(ref[i] - out[i]) > err ? fabs(ref[i] - out[i]) : err;
-            }
-            CHECK(err <= 1e-5 * amax + 1e-7);
-        }
     CHECK(lowest < -87.0);
     pi2_kernels_force(pi2_kernels_best());
 }

@@ -92,12 +92,19 @@ void pi2_x4_pack(pi2_type wt, const void *w, int64_t rows, int64_t n, void *out)
 void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                  int64_t ldy);
 
-/* One query head's attention over positions 0..n_pos-1 of an F16 KV cache:
- * out[0..hd) = softmax(scale * q.K) V, the scores and V summed in float (kernels_att.h says why this
- * is not llama.cpp's F16 accumulator). q: hd F16 (the query rounded to F16, as llama.cpp does); k, v:
- * the head's first position, positions `stride` elements apart; p: n_pos floats of scratch. */
-void pi2_att_f16(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride, int64_t n_pos,
-                 float scale, float *p, float *out);
+/* Attention of the `group` query heads that share one KV head, over n_pos positions of an F16 KV
+ * cache, in parts that merge exactly. q: group x hd F16 (the queries rounded to F16, as llama.cpp
+ * does); k, v: the KV head's first position of the range, positions `stride` elements apart; p: group
+ * x n_pos floats of scratch. For each head g: m[g] = max_s score, l[g] = sum_s exp(score - m[g]),
+ * out[g * hd + d] = sum_s exp(score - m[g]) v[s][d] (not yet divided by l), where score = scale q.k.
+ * kernels_att.h says why this is not llama.cpp's F16 accumulator. */
+void pi2_att_f16(int64_t hd, int group, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                 int64_t n_pos, float scale, float *p, float *out, float *m, float *l);
+/* One head's attention from `parts` parts of pi2_att_f16 over disjoint position ranges (part i: its
+ * out at out + i * out_stride, its m and l at i * ml_stride; an empty part has l = 0):
+ * y[0..hd) = softmax(scores) V over their union. */
+void pi2_att_merge(int64_t hd, int parts, const float *out, int64_t out_stride, const float *m, const float *l,
+                   int64_t ml_stride, float *y);
 
 /* Prefill: Y[t][r] = dot(W[r], A[t]) for t in [0, tokens), r in [0, rows). A holds `tokens`
  * activations prepared with pi2_prepare_act, each pi2_row_size(act_type(wt), n) bytes; Y is

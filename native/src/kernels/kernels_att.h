@@ -1,10 +1,12 @@
-/* One query head's attention over an F16 KV cache, written once over the including level's own
- * dot_f16 and axpy_f16 (each level's file includes this after defining them), so that the
+/* Attention of the query heads that share one KV head (grouped-query attention) over a range of
+ * positions of an F16 KV cache, written once over the including level's own dot_f16 and axpy_f16 (each level's file includes this after defining them), so that the
  * per-position steps inline instead of going through the kernel table twice per position.
  *
  * Two passes, as exact softmax: the scores of every position (the F16-rounded query against the F16
  * keys, in float), their maximum, exp(score - max) for all of them in one loop the compiler
- * vectorises (att_exp below), then V summed in float. llama.cpp's CPU flash attention instead runs an
+ * vectorises (att_exp below), then V summed in float. A part returns its maximum m, its sum l and the
+ * unnormalised sum of V, so that parts over different position ranges merge exactly (the caller's
+ * pi2_att_merge): that lets decode split one head's positions over threads. llama.cpp's CPU flash attention instead runs an
  * online softmax with libm's expf per position and keeps the V accumulator in F16, rounded after
  * every step; that chain of dependent roundings and calls is most of decode's attention time at long
  * contexts, and the F16 accumulator only loses precision. So pi2's logits are not llama.cpp's to the
@@ -49,27 +51,29 @@ __attribute__((optimize("tree-vectorize"))) static float att_softmax_exp(float *
     return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-static inline __attribute__((always_inline)) void att_f16_body(int64_t hd, const pi2_f16 *q, const pi2_f16 *k,
-                                                              const pi2_f16 *v, int64_t stride, int64_t n_pos,
-                                                              float scale, float *p, float *out) {
-    float m = -3.0e38f;
-    for (int64_t s = 0; s < n_pos; s++) {
-        p[s] = dot_f16(hd, k + s * stride, q) * scale;
-        m = p[s] > m ? p[s] : m;
-    }
-    const float sum = att_softmax_exp(p, n_pos, m);
-    memset(out, 0, (size_t)hd * sizeof *out);
-    for (int64_t s = 0; s < n_pos; s++) axpy_f16(hd, p[s], v + s * stride, out);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t d = 0; d < hd; d++) out[d] *= inv;
+static inline __attribute__((always_inline)) void att_f16_body(int64_t hd, int group, const pi2_f16 *q,
+                                                              const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                                                              int64_t n_pos, float scale, float *p, float *out,
+                                                              float *m, float *l) {
+    for (int g = 0; g < group; g++) m[g] = -3.0e38f;
+    for (int64_t s = 0; s < n_pos; s++) /* each key row once, from L1 for every head of the group */
+        for (int g = 0; g < group; g++) {
+            const float sc = dot_f16(hd, k + s * stride, q + g * hd) * scale;
+            p[g * n_pos + s] = sc;
+            m[g] = sc > m[g] ? sc : m[g];
+        }
+    for (int g = 0; g < group; g++) l[g] = n_pos ? att_softmax_exp(p + g * n_pos, n_pos, m[g]) : 0.0f;
+    memset(out, 0, (size_t)group * (size_t)hd * sizeof *out);
+    for (int64_t s = 0; s < n_pos; s++)
+        for (int g = 0; g < group; g++) axpy_f16(hd, p[g * n_pos + s], v + s * stride, out + g * hd);
 }
 
 /* The common head sizes get their own copy, so the compiler unrolls the per-position steps. */
-static void att_f16(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride, int64_t n_pos,
-                    float scale, float *p, float *out) {
-    if (hd == 64) att_f16_body(64, q, k, v, stride, n_pos, scale, p, out);
-    else if (hd == 128) att_f16_body(128, q, k, v, stride, n_pos, scale, p, out);
-    else att_f16_body(hd, q, k, v, stride, n_pos, scale, p, out);
+static void att_f16(int64_t hd, int group, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                    int64_t n_pos, float scale, float *p, float *out, float *m, float *l) {
+    if (hd == 64) att_f16_body(64, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+    else if (hd == 128) att_f16_body(128, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+    else att_f16_body(hd, group, q, k, v, stride, n_pos, scale, p, out, m, l);
 }
 
 #endif

@@ -683,6 +683,144 @@ static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *act
     if (pa != stack) free(pa);
 }
 
+/* ---- attention, head sizes 64 and 128 ----
+ * The generic kernel (kernels_att.h) pays a horizontal reduction per score and reads and writes
+ * the V accumulator through memory per position. Here a key row is converted to floats once for the
+ * whole group, scores are reduced four positions at a time, and the V sums stay in registers (up to
+ * 24 zmm: the group's heads in chunks). Same two-pass softmax; summation order is this kernel's own,
+ * tested against the double softmax like every level. */
+enum { ATT512_MAX_GROUP = 16 };
+
+static inline __m512 load_h16(const pi2_f16 *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* [sum(a), sum(b), sum(c), sum(d)] */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m256 a8 = _mm256_add_ps(lo8(a), hi8(a)), b8 = _mm256_add_ps(lo8(b), hi8(b));
+    const __m256 c8 = _mm256_add_ps(lo8(c), hi8(c)), d8 = _mm256_add_ps(lo8(d), hi8(d));
+    const __m256 ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);                             /* a b c d | a' b' c' d' */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* att_softmax_exp (kernels_att.h) 16 lanes at a time: the same polynomial and clamp (the compiler
+ * vectorises the generic loop only 8 wide here), the tail under a mask */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512i n = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                                        _mm512_set1_ps(0.5f)));
+    const __m512 nf = _mm512_cvtepi32_ps(n);
+    __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+static float softmax_exp512(float *p, int64_t n, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t s = 0; s < n; s += 16) {
+        const __mmask16 k = n - s >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - s)) - 1);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + s), mv));
+        _mm512_mask_storeu_ps(p + s, k, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* V sums of GN heads (a constant after inlining, so the accumulators stay in registers) */
+static inline __attribute__((always_inline)) void att512_v(const int NV, const int GN, const pi2_f16 *v, int64_t stride,
+                                                          int64_t n_pos, const float *p, float *out) {
+    __m512 acc[24];
+#pragma GCC unroll 24
+    for (int i = 0; i < GN * NV; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n_pos; t++) {
+        __m512 vz[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) vz[j] = load_h16(v + t * stride + 16 * j);
+#pragma GCC unroll 6
+        for (int g = 0; g < GN; g++) {
+            const __m512 w = _mm512_set1_ps(p[g * n_pos + t]);
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) acc[g * NV + j] = _mm512_fmadd_ps(vz[j], w, acc[g * NV + j]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int g = 0; g < GN; g++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + g * 16 * NV + 16 * j, acc[g * NV + j]);
+}
+
+static inline __attribute__((always_inline)) void att512_body(const int NV, int group, const pi2_f16 *q,
+                                                             const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                                                             int64_t n_pos, float scale, float *p, float *out,
+                                                             float *m, float *l) {
+    const int64_t hd = 16 * NV;
+    for (int g = 0; g < group; g++) m[g] = -3.0e38f;
+    /* scores, four positions at a time */
+    int64_t s = 0;
+    for (; s + 4 <= n_pos; s += 4) {
+        __m512 kz[4][8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) kz[i][j] = load_h16(k + (s + i) * stride + 16 * j);
+        for (int g = 0; g < group; g++) {
+            __m512 acc[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                acc[i] = _mm512_mul_ps(kz[i][0], load_h16(q + g * hd));
+#pragma GCC unroll 8
+                for (int j = 1; j < NV; j++) acc[i] = _mm512_fmadd_ps(kz[i][j], load_h16(q + g * hd + 16 * j), acc[i]);
+            }
+            const __m128 sc = _mm_mul_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale));
+            _mm_storeu_ps(p + g * n_pos + s, sc);
+            const __m128 mx = _mm_max_ps(sc, _mm_movehl_ps(sc, sc));
+            const float m4 = _mm_cvtss_f32(_mm_max_ss(mx, _mm_movehdup_ps(mx)));
+            m[g] = m4 > m[g] ? m4 : m[g];
+        }
+    }
+    for (; s < n_pos; s++)
+        for (int g = 0; g < group; g++) {
+            __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++)
+                acc = _mm512_fmadd_ps(load_h16(k + s * stride + 16 * j), load_h16(q + g * hd + 16 * j), acc);
+            const float sc = _mm512_reduce_add_ps(acc) * scale;
+            p[g * n_pos + s] = sc;
+            m[g] = sc > m[g] ? sc : m[g];
+        }
+    for (int g = 0; g < group; g++) l[g] = softmax_exp512(p + g * n_pos, n_pos, m[g]);
+    /* V: heads in chunks whose accumulators fit in 24 registers */
+    const int chunk = 24 / NV;
+    for (int g0 = 0; g0 < group; g0 += chunk) {
+        const float *pg = p + g0 * n_pos;
+        float *og = out + g0 * hd;
+        switch (group - g0 < chunk ? group - g0 : chunk) {
+        case 1: att512_v(NV, 1, v, stride, n_pos, pg, og); break;
+        case 2: att512_v(NV, 2, v, stride, n_pos, pg, og); break;
+        case 3: att512_v(NV, 3, v, stride, n_pos, pg, og); break;
+        case 4: att512_v(NV, 4, v, stride, n_pos, pg, og); break;
+        case 5: att512_v(NV, 5, v, stride, n_pos, pg, og); break;
+        default: att512_v(NV, 6, v, stride, n_pos, pg, og); break;
+        }
+    }
+}
+
+static void att_f16_512(int64_t hd, int group, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                        int64_t n_pos, float scale, float *p, float *out, float *m, float *l) {
+    if (hd == 64) att512_body(4, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+    else if (hd == 128) att512_body(8, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+    else att_f16(hd, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+}
+
 void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     x86_fill(t);
     t->dot[PI2_Q4_0] = dot_q4_0_quad;
@@ -695,6 +833,7 @@ void pi2_kernels_fill_avx512(pi2_kernel_table *t) {
     t->gemm[PI2_Q4_1] = gemm_q4_1_512;
     t->gemm[PI2_Q8_0] = gemm_q8_0_512;
     t->x4_gemm[PI2_Q4_0] = x4_gemm_q4_0;
+    t->att_f16 = att_f16_512;
     pi2_kernels_fill_lanes_avx512(t); /* the FFN's batches: rows as lanes (kernels_lanes_avx512.c) */
 #define SET_PACKED(ID, T)               \
     t->packed_size[ID] = packed_size_##T; \

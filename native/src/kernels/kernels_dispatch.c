@@ -2,6 +2,7 @@
  *
  * The level is picked once from the CPU's features (cpuid on x86, getauxval on arm64), so one binary
  * uses dotprod/i8mm where the core has them and never executes an instruction the core lacks. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -264,10 +265,26 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
     pi2_kernels_table()->x4_gemm[wt](w, rows, n, acts, tokens, y, ldy);
 }
 
-void pi2_att_f16(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride, int64_t n_pos,
-                 float scale, float *p, float *out) {
-    if (hd < 1 || stride < hd || n_pos < 0) die("att_f16", PI2_F16, hd);
-    pi2_kernels_table()->att_f16(hd, q, k, v, stride, n_pos, scale, p, out);
+void pi2_att_f16(int64_t hd, int group, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
+                 int64_t n_pos, float scale, float *p, float *out, float *m, float *l) {
+    if (hd < 1 || group < 1 || stride < hd || n_pos < 0) die("att_f16", PI2_F16, hd);
+    pi2_kernels_table()->att_f16(hd, group, q, k, v, stride, n_pos, scale, p, out, m, l);
+}
+
+void pi2_att_merge(int64_t hd, int parts, const float *out, int64_t out_stride, const float *m, const float *l,
+                   int64_t ml_stride, float *y) {
+    float mx = -3.0e38f, sum = 0.0f;
+    for (int i = 0; i < parts; i++) mx = m[i * ml_stride] > mx ? m[i * ml_stride] : mx;
+    for (int64_t d = 0; d < hd; d++) y[d] = 0.0f;
+    for (int i = 0; i < parts; i++) {
+        const float li = l[i * ml_stride];
+        if (li == 0.0f) continue; /* an empty range */
+        const float w = expf(m[i * ml_stride] - mx);
+        sum += li * w;
+        for (int64_t d = 0; d < hd; d++) y[d] += out[i * out_stride + d] * w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t d = 0; d < hd; d++) y[d] *= inv;
 }
 
 void pi2_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens,

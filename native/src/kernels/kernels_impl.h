@@ -18,8 +18,8 @@ typedef void (*pi2_axpy_fn)(int64_t n, float a, const void *row, float *y);
 typedef void (*pi2_gemm_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
                             size_t act_bytes, int64_t tokens, float *y, int64_t ldy);
 typedef void (*pi2_convert_fn)(const float *x, void *out, int64_t n);
-typedef void (*pi2_att_f16_fn)(int64_t hd, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v, int64_t stride,
-                               int64_t n_pos, float scale, float *p, float *out);
+typedef void (*pi2_att_f16_fn)(int64_t hd, int group, const pi2_f16 *q, const pi2_f16 *k, const pi2_f16 *v,
+                               int64_t stride, int64_t n_pos, float scale, float *p, float *out, float *m, float *l);
 
 typedef struct {
     pi2_dot_fn dot[PI2_N_TYPES];

@@ -22,8 +22,9 @@ struct pi2_ctx {
     float *router, *expert_w;              /* [n_batch][n_expert] */
     int32_t *expert_sel;                   /* [n_batch][n_expert_used] */
     int32_t *expert_tokens;                /* [n_batch] */
-    float *scores;                         /* [nth][n_ctx] */
-    uint8_t *qf16;                         /* [nth][head_dim] f16 */
+    float *scores;                         /* [nth][group][n_ctx] */
+    uint8_t *qf16;                         /* [nth][group][head_dim] f16 */
+    float *att_out, *att_m, *att_l;        /* attention parts: [units][group] x head_dim, x 1, x 1 */
     float *acc;                            /* axpy path: [nth][n_batch][n_embd] */
     uint8_t *act;                          /* prepared activations [n_batch][act_row_max] */
     float *logits;                         /* [n_vocab] */
@@ -40,6 +41,23 @@ static void *xcalloc(size_t n, size_t size, int *ok, size_t *total, int count_on
     void *p = calloc(n ? n : 1, size);
     if (!p) *ok = 0;
     return p;
+}
+
+/* Attention's work units are (token, KV head, part of the positions). A batch has units enough for
+ * the threads with one part each; decode has few (SmolLM2: 3 KV heads for 2 threads would leave a
+ * thread idle a third of the time), so each head's positions are split in parts that merge exactly
+ * (pi2_att_merge): about 4 units per thread, none shorter than ATT_MIN_PART positions. */
+#define ATT_UNITS_PER_THREAD 4
+#define ATT_MIN_PART 64
+static int att_parts(const pi2_ctx *c, const pi2_header *h, int tokens, int n_pos) {
+    const int64_t pairs = (int64_t)tokens * h->n_head_kv, want = (int64_t)ATT_UNITS_PER_THREAD * c->nth;
+    int64_t parts = pairs >= want ? 1 : (want + pairs - 1) / pairs;
+    if (parts > n_pos / ATT_MIN_PART) parts = n_pos / ATT_MIN_PART;
+    return parts < 1 ? 1 : (int)parts;
+}
+/* the most units att_parts can give: pairs * ceil(want / pairs) < want + pairs */
+static size_t att_units_max(const pi2_ctx *c, const pi2_header *h) {
+    return (size_t)c->n_batch * h->n_head_kv + (size_t)ATT_UNITS_PER_THREAD * c->nth;
 }
 
 static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok) {
@@ -70,8 +88,12 @@ static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok
     c->expert_w = xcalloc(B * ne, sizeof(float), ok, n, k);
     c->expert_sel = xcalloc(B * ne, sizeof(int32_t), ok, n, k);
     c->expert_tokens = xcalloc(B, sizeof(int32_t), ok, n, k);
-    c->scores = xcalloc((size_t)c->nth * (size_t)c->n_ctx, sizeof(float), ok, n, k);
-    c->qf16 = xcalloc((size_t)c->nth * h->head_dim, sizeof(pi2_f16), ok, n, k);
+    const size_t group = h->n_head_kv ? h->n_head / h->n_head_kv : 1, units = att_units_max(c, h);
+    c->scores = xcalloc((size_t)c->nth * group * (size_t)c->n_ctx, sizeof(float), ok, n, k);
+    c->qf16 = xcalloc((size_t)c->nth * group * h->head_dim, sizeof(pi2_f16), ok, n, k);
+    c->att_out = xcalloc(units * group * h->head_dim, sizeof(float), ok, n, k);
+    c->att_m = xcalloc(units * group, sizeof(float), ok, n, k);
+    c->att_l = xcalloc(units * group, sizeof(float), ok, n, k);
     if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), ok, n, k);
     c->act = xcalloc(B, act_row, ok, n, k);
     c->logits = xcalloc(h->n_vocab, sizeof(float), ok, n, k);
@@ -122,7 +144,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->g, c->u, c->h,
                     c->ffn_in, c->ffn_out, c->router, c->expert_w, c->expert_sel, c->expert_tokens,
-                    c->scores, c->qf16, c->acc, c->act, c->logits};
+                    c->scores, c->qf16, c->att_out, c->att_m, c->att_l, c->acc, c->act, c->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     free(c);
 }
@@ -210,30 +232,32 @@ static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
 
 typedef struct {
     pi2_ctx *c;
-    int layer, tokens;
-    pi2_chunks heads; /* (token, head) pairs */
+    int layer, tokens, parts; /* parts per (token, KV head): att_parts */
+    pi2_chunks units;         /* (token, KV head, part) */
 } att_job;
 
 static void att_worker(void *p, int ith, int nth) {
     att_job *j = p;
     pi2_ctx *c = j->c;
     const pi2_header *h = &c->m->h;
-    const int64_t hd = h->head_dim, n_head = h->n_head, group = h->n_head / h->n_head_kv;
+    const int64_t hd = h->head_dim, n_kv = h->n_head_kv, group = h->n_head / h->n_head_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     const pi2_f16 *K = c->k_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
     const pi2_f16 *V = c->v_cache + (size_t)j->layer * c->n_ctx * c->kv_dim;
-    uint8_t *qh = c->qf16 + (size_t)ith * hd * sizeof(pi2_f16);
-    float *sc = c->scores + (size_t)ith * c->n_ctx;
+    pi2_f16 *qh = (pi2_f16 *)c->qf16 + (size_t)ith * group * hd;
+    float *sc = c->scores + (size_t)ith * group * c->n_ctx;
     (void)nth;
     int64_t b, e;
-    while (pi2_chunks_take(&j->heads, &b, &e))
-    for (int64_t idx = b; idx < e; idx++) {
-        const int64_t t = idx / n_head, hh = idx % n_head, kvh = hh / group;
-        const int pos = c->n_past + (int)t;
-        pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + hh * hd, qh, hd); /* q in F16, as the cache */
-        pi2_att_f16(hd, (const pi2_f16 *)qh, K + kvh * hd, V + kvh * hd, c->kv_dim, pos + 1, scale, sc,
-                    c->att + t * c->q_dim + hh * hd);
-    }
+    while (pi2_chunks_take(&j->units, &b, &e))
+        for (int64_t u = b; u < e; u++) {
+            const int64_t t = u / (n_kv * j->parts), kvh = u / j->parts % n_kv, part = u % j->parts;
+            const int64_t n = c->n_past + t + 1, len = (n + j->parts - 1) / j->parts; /* causal: positions 0..pos */
+            const int64_t s0 = part * len < n ? part * len : n, s1 = s0 + len < n ? s0 + len : n;
+            /* the group's queries (heads kvh * group ..) in F16, as the cache */
+            pi2_prepare_act(PI2_F16, c->q + t * c->q_dim + kvh * group * hd, qh, group * hd);
+            pi2_att_f16(hd, (int)group, qh, K + s0 * c->kv_dim + kvh * hd, V + s0 * c->kv_dim + kvh * hd, c->kv_dim,
+                        s1 - s0, scale, sc, c->att_out + u * group * hd, c->att_m + u * group, c->att_l + u * group);
+        }
 }
 
 static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
@@ -259,9 +283,16 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
             vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
         }
     }
-    att_job j = {.c = c, .layer = layer, .tokens = tokens};
-    pi2_chunks_init(&j.heads, (int64_t)tokens * h->n_head, 1, c->nth);
+    att_job j = {.c = c, .layer = layer, .tokens = tokens, .parts = att_parts(c, h, tokens, c->n_past + 1)};
+    pi2_chunks_init(&j.units, (int64_t)tokens * h->n_head_kv * j.parts, 1, c->nth);
     run_chunks(c, att_worker, &j);
+    const int64_t hd = h->head_dim, group = h->n_head / h->n_head_kv;
+    for (int64_t t = 0; t < tokens; t++) /* each head from its parts */
+        for (int64_t hh = 0; hh < h->n_head; hh++) {
+            const int64_t u0 = (t * h->n_head_kv + hh / group) * j.parts, g = hh % group;
+            pi2_att_merge(hd, j.parts, c->att_out + (u0 * group + g) * hd, group * hd, c->att_m + u0 * group + g,
+                          c->att_l + u0 * group + g, group, c->att + t * c->q_dim + hh * hd);
+        }
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
     for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
 }
