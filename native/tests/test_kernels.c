@@ -570,18 +570,18 @@ static void test_x4(pi2_kernel_level level) {
         return;
     }
     const int64_t ns[] = {32, 96, 4096};
-    const int64_t tokens_list[] = {1, 2, 3, 5, 9};
+    const int64_t tokens_list[] = {1, 2, 3, 5, 9, 13}; /* 13: past PI2_LANES_MIN_TOKENS */
     int bad = 0;
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         const int64_t rows = 12 + 8 * (int64_t)k, n = ns[k];
         struct case_data c;
         make_case(&c, PI2_Q4_0, n, rows);
         const size_t rs = pi2_row_size(PI2_Q4_0, n), as = pi2_row_size(PI2_Q8_0, n);
-        uint8_t *packed = malloc(rs * rows), *acts = malloc(as * 9);
-        float *x = malloc(sizeof(float) * n * 9), *ya = malloc(sizeof(float) * rows * 9 * 2),
-              *yb = malloc(sizeof(float) * rows * 9 * 2);
-        fill_gauss(x, n * 9, 1.0f);
-        for (int t = 0; t < 9; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+        uint8_t *packed = malloc(rs * rows), *acts = malloc(as * 13);
+        float *x = malloc(sizeof(float) * n * 13), *ya = malloc(sizeof(float) * rows * 13 * 2),
+              *yb = malloc(sizeof(float) * rows * 13 * 2);
+        fill_gauss(x, n * 13, 1.0f);
+        for (int t = 0; t < 13; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
         pi2_x4_pack(PI2_Q4_0, c.w, rows, n, packed);
         for (size_t ti = 0; ti < sizeof tokens_list / sizeof tokens_list[0]; ti++) {
             const int64_t tokens = tokens_list[ti], ldy = rows + 3;

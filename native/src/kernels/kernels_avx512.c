@@ -590,7 +590,11 @@ static void gemm512(int kind, const void *w, size_t row_bytes, int64_t rows, int
     free(group.d);
 }
 
-PI2_GEMM_OF_KIND(gemm_q4_0_512, gemm512, KIND_Q4_0_512)
+static void gemm_q4_0_512(const void *w, size_t rb, int64_t rows, int64_t n, const void *acts, size_t ab,
+                          int64_t tokens, float *y, int64_t ldy) {
+    if (tokens >= PI2_LANES_MIN_TOKENS) pi2_lanes_gemm_q4_0(w, rb, rows, n, acts, ab, tokens, y, ldy);
+    else gemm512(KIND_Q4_0_512, w, rb, rows, n, acts, ab, tokens, y, ldy);
+}
 PI2_GEMM_OF_KIND(gemm_q4_1_512, gemm512, KIND_Q4_1_512)
 PI2_GEMM_OF_KIND(gemm_q8_0_512, gemm512, KIND_Q8_0_512)
 
@@ -657,6 +661,10 @@ static inline __attribute__((always_inline)) void x4_tile(int NT, const uint8_t 
 
 static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                          int64_t ldy) {
+    if (tokens >= PI2_LANES_MIN_TOKENS) { /* the plain GEMM's switch, so both layouts give the same floats */
+        pi2_lanes_x4_gemm_q4_0(w, rows, n, acts, tokens, y, ldy);
+        return;
+    }
     const int64_t nb = n / PI2_QK;
     const size_t ab = (size_t)nb * sizeof(pi2_block_q8_0);
     x4_act stack[X4_STACK_BLOCKS], *pa = stack;

@@ -69,6 +69,14 @@ void pi2_kernels_fill_scalar(pi2_kernel_table *t);
 void pi2_kernels_fill_avx2(pi2_kernel_table *t);
 void pi2_kernels_fill_avx512(pi2_kernel_table *t);
 void pi2_kernels_fill_lanes_avx512(pi2_kernel_table *t); /* kernels_lanes_avx512.c */
+/* Q4_0 batches from this many tokens go through rows as lanes, in both layouts (kernels_lanes_avx512.c):
+ * below it gemm512 and x4 are quicker (one thread, 4096 x 4096: lanes passes gemm512 at ~8
+ * tokens and x4 at ~12; 1.3x x4 at 16 tokens, 2.1x at 64). */
+#define PI2_LANES_MIN_TOKENS 12
+void pi2_lanes_gemm_q4_0(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts, size_t act_bytes,
+                         int64_t tokens, float *y, int64_t ldy);
+void pi2_lanes_x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                            int64_t ldy);
 #endif
 #if defined(__aarch64__)
 void pi2_kernels_fill_neon(pi2_kernel_table *t);

@@ -23,7 +23,7 @@
 #define LROWS 16 /* rows per group: one per int32 lane */
 #define LTOK 8   /* tokens per register tile: 8 independent dpbusd chains hide its latency */
 
-enum { LK_Q4_0, LK_Q4_1, LK_Q8_0 };
+enum { LK_Q4_0, LK_Q4_1, LK_Q8_0, LK_Q4_0_X4 };
 
 static inline float h2f_l(pi2_f16 h) { return _cvtsh_ss(h); }
 
@@ -33,16 +33,31 @@ static inline float h2f_l(pi2_f16 h) { return _cvtsh_ss(h); }
 static void unpack_lanes(int kind, const uint8_t *w, size_t row_bytes, int nr, int64_t nb, __m512i *u, float *dw,
                          float *dm) {
     const __mmask16 live = (__mmask16)((1u << nr) - 1);
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)row_bytes));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0f);
-    const size_t wblock = kind == LK_Q4_0 ? sizeof(pi2_block_q4_0)
-                          : kind == LK_Q4_1 ? sizeof(pi2_block_q4_1)
-                                            : sizeof(pi2_block_q8_0);
-    const size_t qs = kind == LK_Q4_1 ? offsetof(pi2_block_q4_1, qs) : offsetof(pi2_block_q4_0, qs);
+    __m512i rows, drows; /* each lane's offset of its quants and of its scale in block 0 */
+    size_t wblock, qs = 0;
+    int dshift = 0;
+    if (kind == LK_Q4_0_X4) {
+        /* pi2_x4_pack's layout: per group of 4 rows, one 72-byte record per block (the 4 rows' 16
+         * quant bytes, then their 4 F16 scales). The scale is read as the high half of the 4 bytes
+         * before it, which stay inside the record (the low half of bytes at the scale could run past
+         * the matrix's end). */
+        const __m512i group = _mm512_mullo_epi32(_mm512_srli_epi32(lane, 2), _mm512_set1_epi32((int)(4 * row_bytes)));
+        const __m512i in4 = _mm512_and_si512(lane, _mm512_set1_epi32(3));
+        rows = _mm512_add_epi32(group, _mm512_slli_epi32(in4, 4));
+        drows = _mm512_add_epi32(group, _mm512_add_epi32(_mm512_set1_epi32(62), _mm512_slli_epi32(in4, 1)));
+        wblock = 4 * sizeof(pi2_block_q4_0), dshift = 16;
+    } else {
+        rows = drows = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)row_bytes));
+        wblock = kind == LK_Q4_0 ? sizeof(pi2_block_q4_0)
+                 : kind == LK_Q4_1 ? sizeof(pi2_block_q4_1)
+                                   : sizeof(pi2_block_q8_0);
+        qs = kind == LK_Q4_1 ? offsetof(pi2_block_q4_1, qs) : offsetof(pi2_block_q4_0, qs);
+    }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * wblock; /* d (and m), then qs */
-        const __m512i d = _mm512_mask_i32gather_epi32(zero, live, rows, blk, 1);
+        const uint8_t *blk = w + (size_t)b * wblock; /* d (and m), then qs; x4: the block's record */
+        const __m512i d = _mm512_srli_epi32(_mm512_mask_i32gather_epi32(zero, live, drows, blk, 1), dshift);
         _mm512_store_ps(dw + b * LROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
         if (kind == LK_Q4_1) _mm512_store_ps(dm + b * LROWS, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16))));
         __m512i *ub = u + b * 8;
@@ -103,8 +118,9 @@ static inline __attribute__((always_inline)) void lanes_tile(int kind, int NT, c
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
 }
 
-static void gemm_lanes(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
+static void gemm_lanes(int layout, const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts,
                        size_t act_bytes, int64_t tokens, float *y, int64_t ldy) {
+    const int kind = layout == LK_Q4_0_X4 ? LK_Q4_0 : layout; /* the arithmetic; layout: where the bytes are */
     const int64_t nb = n / PI2_QK;
     const int bias_mul = kind == LK_Q4_0 ? 8 : kind == LK_Q8_0 ? 128 : 0;
     const size_t ablock = kind == LK_Q4_1 ? sizeof(pi2_block_q8_1) : sizeof(pi2_block_q8_0);
@@ -126,7 +142,7 @@ static void gemm_lanes(int kind, const void *w, size_t row_bytes, int64_t rows, 
     for (int64_t r = 0; r < rows; r += LROWS) {
         const int nr = rows - r < LROWS ? (int)(rows - r) : LROWS;
         const __mmask16 mask = (__mmask16)((1u << nr) - 1);
-        unpack_lanes(kind, (const uint8_t *)w + (size_t)r * row_bytes, row_bytes, nr, nb, u, dw, dm);
+        unpack_lanes(layout, (const uint8_t *)w + (size_t)r * row_bytes, row_bytes, nr, nb, u, dw, dm);
         for (int64_t t = 0; t < tokens; t += LTOK) {
             const int nt = tokens - t < LTOK ? (int)(tokens - t) : LTOK;
             const uint8_t *q[LTOK];
@@ -155,9 +171,21 @@ PI2_GEMM_OF_KIND(gemm_lanes_q4_0, gemm_lanes, LK_Q4_0)
 PI2_GEMM_OF_KIND(gemm_lanes_q4_1, gemm_lanes, LK_Q4_1)
 PI2_GEMM_OF_KIND(gemm_lanes_q8_0, gemm_lanes, LK_Q8_0)
 
+/* Q4_0 batches of PI2_LANES_MIN_TOKENS or more, plain rows and rows interleaved by four alike (the
+ * dense path's attention matrices; same floats from either layout): called by kernels_avx512.c's
+ * gemm and x4_gemm, which keep gemm512's order below the threshold. */
+void pi2_lanes_gemm_q4_0(const void *w, size_t row_bytes, int64_t rows, int64_t n, const void *acts, size_t act_bytes,
+                         int64_t tokens, float *y, int64_t ldy) {
+    gemm_lanes(LK_Q4_0, w, row_bytes, rows, n, acts, act_bytes, tokens, y, ldy);
+}
+void pi2_lanes_x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
+                            int64_t ldy) {
+    gemm_lanes(LK_Q4_0_X4, w, pi2_row_size(PI2_Q4_0, n), rows, n, acts, pi2_row_size(PI2_Q8_0, n), tokens, y, ldy);
+}
+
 /* Q4_1 and Q8_0 take it for every GEMM (attention, a dense down copy, the output matrix): no
- * interleaved layout has to agree with their plain GEMM. Q4_0's plain GEMM stays gemm512, whose floats
- * the x4 layout (pi2_x4_gemm, decode's attention) repeats. */
+ * interleaved layout has to agree with their plain GEMM. Q4_0's plain GEMM and its x4 layout take it
+ * from PI2_LANES_MIN_TOKENS tokens (pi2_lanes_gemm_q4_0 above). */
 void pi2_kernels_fill_lanes_avx512(pi2_kernel_table *t) {
     t->gemm_strided[PI2_Q4_0] = gemm_lanes_q4_0;
     t->gemm[PI2_Q4_1] = t->gemm_strided[PI2_Q4_1] = gemm_lanes_q4_1;
