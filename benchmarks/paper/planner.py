@@ -112,6 +112,21 @@ def measure(ctx: Ctx, model: Path, budget: int | None) -> dict:
             "n_ctx": n_prompt + ctx.n_tokens}  # fmt: skip
 
 
+def predict_point(point: dict, m, pred_bytes: int, threads: int) -> dict:
+    """The prediction for one validation point from what was measured beside it (planner.json keeps
+    it all, so a changed model can be checked against the same runs without running them again): the
+    storage curves probed before it, the decode speed of the in-memory runs around it, and the run's
+    configuration (its context, and whole-bundle or two-phase reads as the engine chose at open: its
+    choice comes from a 128-read probe of its own, a setting like the budget, not an outcome)."""
+    from pi2cli.plan.predict import Device
+
+    meas = point["measured"]
+    device = Device("here", point["decode_bytes_per_s"], point["curve"], threads, "measured beside the point",
+                    [p for p in point.get("deep") or [] if p.get("iops", 0) > 0])  # fmt: skip
+    return predict(m, device, point["budget_bytes"], pred_bytes_per_block=pred_bytes, ctx=meas.get("n_ctx") or 35,
+                   two_phase=meas.get("two_phase"))  # fmt: skip
+
+
 def _budgets(ctx: Ctx, kind: str, model: Path) -> list[int]:
     if kind == "memory":
         import memory_sweep
@@ -154,25 +169,26 @@ def here(ctx: Ctx, speed: DecodeSpeed) -> tuple[list[list], list[dict], list[flo
             if rates:
                 device.membw_bytes_per_s = sum(rates) / len(rates)
             before = after
-            pr = predict(m, device, b, pred_bytes_per_block=pred_bytes, ctx=meas.get("n_ctx") or 35)
+            point = {"sweep": kind, "model": str(model), "budget_bytes": b, "measured": meas,
+                     "decode_bytes_per_s": device.membw_bytes_per_s, "curve": prof["storage"]["curve"],
+                     "deep": prof["storage"].get("deep")}  # fmt: skip
+            point["predicted"] = pr = predict_point(point, m, pred_bytes, ctx.threads)
             err = _pct(pr["tok_s"], meas.get("decode_tps"))
             if err is not None:
                 errors.append(abs(err))
-            points.append({"sweep": kind, "budget_bytes": b, "predicted": pr, "measured": meas,
-                           "decode_bytes_per_s": device.membw_bytes_per_s,
-                           "curve": prof["storage"]["curve"], "deep": prof["storage"].get("deep")})  # fmt: skip
+            points.append(point)
             rows.append([kind, f"{b / GiB:.2f}", f"{pr['cache_bytes'] / GiB:.2f}", _fmt((meas.get("cache_bytes") or 0) / GiB, ".2f"),
                          f"{pr['hit_rate']:.3f}", _fmt(meas.get("hit_rate"), ".3f"),
                          f"{pr['storage_reads_per_token']}", _fmt(meas.get("reads_per_token"), ".0f"),
                          f"{pr['storage_bytes_per_token'] / 1e6:.1f}", _fmt((meas.get("bytes_per_token") or 0) / 1e6, ".1f"),
-                         "y" if pr["two_phase"] else "n", {True: "y", False: "n"}.get(meas.get("two_phase"), "-"),
+                         "y" if pr["two_phase"] else "n",
                          f"{pr['memory_ms']:.0f}", f"{pr['storage_ms']:.0f}", _fmt(meas.get("decode_tps") and 1e3 / meas["decode_tps"], ".0f"),
                          f"{pr['tok_s']:.3f}", _fmt(meas.get("decode_tps"), ".3f"), _fmt(None if err is None else 100 * err, "+.0f")])  # fmt: skip
     return rows, points, errors
 
 
 H_HERE = ["sweep", "budget GiB", "cache GiB pred", "meas", "hit pred", "meas", "reads/tok pred", "meas", "MB/tok pred",
-          "meas", "2-phase pred", "meas", "memory ms", "storage ms", "ms/tok meas", "tok/s pred", "meas", "error %"]  # fmt: skip
+          "meas", "2-phase (run's)", "memory ms", "storage ms", "ms/tok meas", "tok/s pred", "meas", "error %"]  # fmt: skip
 
 
 def sweeps_recorded(ctx: Ctx, speed: DecodeSpeed) -> tuple[list[list], list[float]]:
