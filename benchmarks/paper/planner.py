@@ -157,7 +157,6 @@ def here(ctx: Ctx, speed: DecodeSpeed) -> tuple[list[list], list[dict], list[flo
         except Pi2Error as exc:
             ctx.say(f"planner: skipping the {kind} sweep's points: {exc}")
             continue
-        m, pred_bytes = facts_for(str(model / "model.pi2"))
         for b in _budgets(ctx, kind, model):
             ctx.say(f"planner: {kind} sweep point, budget {b / GiB:.2f} GiB")
             prof = profile_target("local", str(model / "model.pi2"), seconds=ctx.profile_seconds)
@@ -172,19 +171,32 @@ def here(ctx: Ctx, speed: DecodeSpeed) -> tuple[list[list], list[dict], list[flo
             point = {"sweep": kind, "model": str(model), "budget_bytes": b, "measured": meas,
                      "decode_bytes_per_s": device.membw_bytes_per_s, "curve": prof["storage"]["curve"],
                      "deep": prof["storage"].get("deep")}  # fmt: skip
-            point["predicted"] = pr = predict_point(point, m, pred_bytes, ctx.threads)
-            err = _pct(pr["tok_s"], meas.get("decode_tps"))
-            if err is not None:
-                errors.append(abs(err))
             points.append(point)
-            rows.append([kind, f"{b / GiB:.2f}", f"{pr['cache_bytes'] / GiB:.2f}", _fmt((meas.get("cache_bytes") or 0) / GiB, ".2f"),
-                         f"{pr['hit_rate']:.3f}", _fmt(meas.get("hit_rate"), ".3f"),
-                         f"{pr['storage_reads_per_token']}", _fmt(meas.get("reads_per_token"), ".0f"),
-                         f"{pr['storage_bytes_per_token'] / 1e6:.1f}", _fmt((meas.get("bytes_per_token") or 0) / 1e6, ".1f"),
-                         "y" if pr["two_phase"] else "n",
-                         f"{pr['memory_ms']:.0f}", f"{pr['storage_ms']:.0f}", _fmt(meas.get("decode_tps") and 1e3 / meas["decode_tps"], ".0f"),
-                         f"{pr['tok_s']:.3f}", _fmt(meas.get("decode_tps"), ".3f"), _fmt(None if err is None else 100 * err, "+.0f")])  # fmt: skip
+    rows, errors = score(points, ctx.threads)
     return rows, points, errors
+
+
+def score(points: list[dict], threads: int) -> tuple[list[list], list[float]]:
+    """Predict every point (predict_point, into point["predicted"]) and lay out table 1's rows and the
+    |errors|: from a fresh run, or from a planner.json's points to check a changed model on them."""
+    rows, errors, facts = [], [], {}
+    for point in points:
+        if point["model"] not in facts:
+            facts[point["model"]] = facts_for(str(Path(point["model"]) / "model.pi2"))
+        m, pred_bytes = facts[point["model"]]
+        meas, b = point["measured"], point["budget_bytes"]
+        point["predicted"] = pr = predict_point(point, m, pred_bytes, threads)
+        err = _pct(pr["tok_s"], meas.get("decode_tps"))
+        if err is not None:
+            errors.append(abs(err))
+        rows.append([point["sweep"], f"{b / GiB:.2f}", f"{pr['cache_bytes'] / GiB:.2f}", _fmt((meas.get("cache_bytes") or 0) / GiB, ".2f"),
+                     f"{pr['hit_rate']:.3f}", _fmt(meas.get("hit_rate"), ".3f"),
+                     f"{pr['storage_reads_per_token']}", _fmt(meas.get("reads_per_token"), ".0f"),
+                     f"{pr['storage_bytes_per_token'] / 1e6:.1f}", _fmt((meas.get("bytes_per_token") or 0) / 1e6, ".1f"),
+                     "y" if pr["two_phase"] else "n",
+                     f"{pr['memory_ms']:.0f}", f"{pr['storage_ms']:.0f}", _fmt(meas.get("decode_tps") and 1e3 / meas["decode_tps"], ".0f"),
+                     f"{pr['tok_s']:.3f}", _fmt(meas.get("decode_tps"), ".3f"), _fmt(None if err is None else 100 * err, "+.0f")])  # fmt: skip
+    return rows, errors
 
 
 H_HERE = ["sweep", "budget GiB", "cache GiB pred", "meas", "hit pred", "meas", "reads/tok pred", "meas", "MB/tok pred",
