@@ -233,7 +233,7 @@ def test_measure_keeps_each_block_sizes_best_round():
                 {"probe": "membw", "threads": int(args[2]), "mib_per_thread": 8, "gb_per_s": 10.0}
             )
         block, qd = int(args[args.index("--block") + 1]), int(args[args.index("--qd") + 1])
-        iops = 1000.0 * (2 if len([c for c in calls if "--block" in c and c[2] == str(block)]) == 2 else 1)
+        iops = 1000.0 * (2 if len([c for c in calls if "--block" in c and c[2:5] == args[2:5]]) == 2 else 1)
         return json.dumps({"probe": "storage", "block": block, "qd": qd, "iops": iops, "mb_per_s": iops * block / 1e6,
                            "lat_p50_us": 1.0, "lat_p99_us": 2.0, "reads": 10, "method": "pread", "o_direct": True,
                            "file_bytes": 1 << 30})  # fmt: skip
@@ -244,6 +244,11 @@ def test_measure_keeps_each_block_sizes_best_round():
     assert [p["block"] for p in out["storage"]["curve"]] == [4096, 8192, 16384, 65536]
     assert all(p["iops"] == 2000.0 for p in out["storage"]["curve"])  # round 2 was better: kept
     assert out["storage"]["qd1"]["qd"] == 1 and out["storage"]["method"] == "pread"
+    # the engine's queue depth too, for the sizes a decode step's misses are read at
+    assert [(p["block"], p["qd"], p["iops"]) for p in out["storage"]["deep"]] == [
+        (4096, 512, 2000.0),
+        (8192, 512, 2000.0),
+    ]
     assert steps == [(i, len(probe_steps(4))) for i in range(len(probe_steps(4)))]
     assert all(
         c[c.index("--seconds") + 1] == "0.2" for c in calls if "--qd" in c and c[c.index("--qd") + 1] == "32"

@@ -45,8 +45,9 @@ def format_prediction(d: dict) -> str:
             f"(TBT {d['tbt_ms']:.0f} ms: memory {d['memory_ms']:.0f} ms, storage {d['storage_ms']:.0f} ms)\n"
             f"  cache {d['cache_bytes'] / 2**30:.2f} GiB after a fixed region of {d['fixed_bytes'] / 2**30:.2f} GiB, "
             f"{100 * d['cached_fraction']:.0f}% of the FFN cached, hit rate {100 * d['hit_rate']:.1f}%\n"
-            f"  per token: {mem}; {d['storage_reads_per_token']} storage reads "
-            f"({d['storage_bytes_per_token'] / 2**20:.0f} MiB)\n  {d['assumptions']}")  # fmt: skip
+            f"  per token: {mem}; {d['misses_per_token']} cache misses, {d['storage_reads_per_token']} storage reads "
+            f"({'two-phase' if d['two_phase'] else 'whole bundles'}, {d['storage_bytes_per_token'] / 2**20:.0f} MiB)\n"
+            f"  {d['assumptions']}")  # fmt: skip
 
 
 @click.command(name="plan")

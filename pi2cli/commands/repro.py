@@ -95,7 +95,8 @@ for _name in EXPERIMENTS:
 @command.command(name="all")
 @options
 def all_cmd(small, out, n_tokens, llama_tokens, llama_timeout) -> None:
-    """Every experiment in turn (the planner last, from the sweeps' results), then a summary."""
+    """Every experiment in turn (the planner last: its own run at every sweep point, and the sweeps'
+    results), then a summary."""
     mods = {name: load(name) for name in ALL_ORDER}
     ctx = make_ctx(small, out, n_tokens, llama_tokens, llama_timeout)
     verdicts = []

@@ -9,12 +9,15 @@ PREDICTION by counting the bytes one decode step really reads and where they com
     resident ones); per routed FFN block the predicted neurons' gate rows and, for those whose gate
     fires (predicted x precision), their up rows and down columns. No dense down copy: the sparse path
     reads the bundles' down columns.
-  storage side (device time per read from the profile's random-read curve, pi2cli.plan.read_time_s):
-    the predicted neurons that miss the neuron cache, whole bundles or two-phase, whichever is cheaper.
+  storage side (device time per read from the profile's random-read curve at the request's size and the
+    queue depth a block's wave keeps in flight, read_time_at): the predicted neurons that miss the
+    neuron cache, read whole or in two phases (gate part, then the rest where the gate fires) as the
+    engine decides at open; reads per token count both phases.
 
-The cache holds what the budget leaves after the fixed region (pi2cli.plan.plan.fixed_region, the engine's own sizing); the
-hit rate is the share of activations that fall on the hottest neurons it can hold (the activation
-profile's coverage curve: the model's measured one, else the synthetic design's lognormal profile).
+The cache and its hot/cold split are the engine's own (`pi2-engine size --facts` at the run's context);
+in steady state it keeps the hot set and the cold neurons ranked just after it (the admit limit), so the
+hit rate is the share of activations on that many of the hottest neurons (the activation profile's
+coverage curve: the model's measured one, else the synthetic design's lognormal profile).
 With the powerinfer2 pipeline, storage time overlaps compute (max of the two); without it they add.
 Nothing here is fitted to the paper's results; the constants are named where they are used.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,14 +34,14 @@ from pi2cli.errors import Pi2Error
 from pi2cli.plan.plan import (
     DEFAULT_CTX,
     ModelFacts,
-    fixed_region,
-    miss_costs,
     predicted_fraction,
+    read_time_s,
     round_up,
 )
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DECODE_POSITION = 512  # KV positions read per token in the prediction (a mid-conversation turn)
+QUEUE_DEPTH = 512  # reads the engine keeps in flight (pi2_sparse_config_default: io.queue_depth)
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -51,6 +54,7 @@ class Device:
     curve: list[dict]  # [{"block", "qd", "iops", "mb_per_s"}], as pi2 profile measures it
     threads: int
     source: str  # the profile file, or "pi2 profile" (measured)
+    deep: list[dict] = field(default_factory=list)  # the curve at the engine's queue depth, when measured
 
 
 def shipped_profiles() -> list[str]:
@@ -96,7 +100,10 @@ def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
     rows = sorted(profile["membw"], key=lambda r: r["threads"])
     threads = int(profile["cores"]["count"])
     name = str(profile.get("target", {}).get("name", "measured"))
-    return Device(name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source)
+    deep = [
+        p for p in profile["storage"].get("deep") or [] if p.get("iops", 0) > 0 and p.get("mb_per_s", 0) > 0
+    ]
+    return Device(name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source, deep)
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -175,6 +182,38 @@ def per_token_memory_bytes(m: ModelFacts, pred_bytes_per_block: int, position: i
     }
 
 
+def read_time_at(device: Device, size: int, qd: float) -> float:
+    """Device seconds per random read of `size` bytes with `qd` reads in flight: the profile's curve at
+    QD 32, and where the profile measured the engine's queue depth too (`storage.deep`, QD 512), log-linear
+    in the queue depth between the two (a wave of n misses keeps min(n, 512) in flight). Below QD 32 the
+    QD 32 figure is kept: a short wave pays its latency once, which the per-read cost already covers."""
+    t32 = read_time_s(device.curve, size)
+    if not device.deep or qd <= 32:
+        return t32
+    deep_qd = max(33, int(device.deep[0].get("qd", QUEUE_DEPTH)))
+    t_deep = read_time_s(device.deep, size)
+    w = min(1.0, math.log(qd / 32) / math.log(deep_qd / 32))
+    return t32 + (t_deep - t32) * w
+
+
+def engine_split(m: ModelFacts, budget: int, ctx: int, threads: int) -> dict:
+    """The engine's own sizing under `budget` (`pi2-engine size --facts`, default split): cache bytes,
+    hot neurons per block, cold slots, whether the whole FFN is resident. A budget the engine refuses
+    leaves no cache (and says why)."""
+    from pi2cli.plan.plan import engine_sizing
+
+    size = engine_sizing(m, budget, ctx, threads)
+    if "error" in size:
+        return {"fixed": int(size.get("min_budget_bytes") or budget), "cache": 0, "hot": 0, "cold": 0,
+                "whole": False, "too_small": size["error"]}  # fmt: skip
+    c = size["cache"]
+    whole = bool(size.get("whole_model_resident")) or c["cold_slots"] >= m.n_blocks * m.n_ff
+    # the slots the engine reserves (hot clusters + cold slots), which is all of the cache's bytes unless
+    # the whole FFN fits with room to spare
+    return {"fixed": int(size["fixed"]["bytes"]), "cache": int(c["hot_bytes"] + c["cold_bytes"]), "hot": int(c["hot_neurons_per_block"]),
+            "cold": int(c["cold_slots"]), "whole": whole}  # fmt: skip
+
+
 def predict(
     m: ModelFacts,
     device: Device,
@@ -184,27 +223,41 @@ def predict(
     pred_bytes_per_block: int | None = None,
     position: int = DECODE_POSITION,
     ctx: int = DEFAULT_CTX,
+    two_phase: bool | None = None,
 ) -> dict:
-    """Predicted decode tok/s and where each millisecond goes (a plain dict: the JSON pi2 plan prints)."""
+    """Predicted decode tok/s and where each millisecond goes (a plain dict: the JSON pi2 plan prints).
+
+    ctx: the KV cache the run reserves (pi2-engine generate: prompt + generated tokens; chat and bench:
+    4096): it moves the cache by up to half a GiB. two_phase: the run's setting; None = as the engine
+    decides at open (gate read + half a rest read cheaper than one whole read, at the wave's queue depth)."""
     if pred_bytes_per_block is None:
         pred_bytes_per_block = predictor_bytes(m)
-    threads = device.threads
-    fixed = fixed_region(m, budget, ctx, threads)
-    cache = max(0, budget - fixed["total"])
+    sz = engine_split(m, budget, ctx, device.threads)
     mem = per_token_memory_bytes(m, pred_bytes_per_block, position)
     pf = predicted_fraction(m)
     precision = float(m.measured.get("precision", 0.5))
     blocks = m.blocks_per_token
-    predicted = blocks * pf * m.n_ff  # neurons the predictors name per token
-    ffn_mem = predicted * m.part_bytes * (1 + 2 * precision)  # gate rows; up/down where the gate fires
-    slots = cache // (m.full_len + 48)
-    frac = min(1.0, slots / (m.n_blocks * m.n_ff))
-    hit = coverage(m, frac) if frac < 1 else 1.0
-    misses = predicted * (1 - hit)
-    costs = miss_costs(m, device.curve)
-    per_miss = min(costs.whole_s, costs.two_phase_s) if m.two_phase_applies else costs.whole_s
+    per_block = pf * m.n_ff  # neurons the predictors name per routed block
+    ffn_mem = (
+        blocks * per_block * m.part_bytes * (1 + 2 * precision)
+    )  # gate rows; up/down where the gate fires
+    # steady state: the hot set and the cold neurons ranked just after it (the admit limit) stay cached
+    frac = 1.0 if sz["whole"] else min(1.0, (sz["hot"] + sz["cold"] / m.n_blocks) / m.n_ff)
+    hit = 1.0 if frac >= 1 else coverage(m, frac)
+    misses = per_block * (1 - hit)  # per routed block, all issued at once by the block's wave
+    t_whole = read_time_at(device, m.full_len, min(QUEUE_DEPTH, misses))
+    t_gate = read_time_at(device, m.gate_len, min(QUEUE_DEPTH, misses))
+    t_rest = read_time_at(device, m.rest_len, min(QUEUE_DEPTH, misses * precision))
+    if not m.two_phase_applies or policy != "powerinfer2":
+        two = False
+    elif two_phase is None:  # sparse_open.c: 1/gate + 0.5/rest < 1/whole, rates from its probe at open
+        two = t_gate + 0.5 * t_rest < t_whole
+    else:
+        two = bool(two_phase)
+    per_miss = t_gate + precision * t_rest if two else t_whole
+    reads = blocks * misses * ((1 + precision) if two else 1)
     t_mem = (sum(mem.values()) + ffn_mem) / device.membw_bytes_per_s
-    t_io = misses * per_miss
+    t_io = blocks * misses * per_miss
     pipelined = policy == "powerinfer2"
     t = max(t_mem, t_io) if pipelined else t_mem + t_io
     return {
@@ -214,19 +267,26 @@ def predict(
         "profile": device.source,
         "policy": policy,
         "memory_budget_bytes": int(budget),
-        "fixed_bytes": int(fixed["total"]),
-        "cache_bytes": int(cache),
+        "ctx": int(ctx),
+        "fixed_bytes": sz["fixed"],
+        "cache_bytes": sz["cache"],
+        "hot_neurons_per_block": sz["hot"],
+        "cold_slots": sz["cold"],
         "cached_fraction": round(frac, 4),
         "hit_rate": round(hit, 4),
-        "predicted_neurons_per_token": round(predicted),
+        "predicted_neurons_per_token": round(blocks * per_block),
         "memory_bytes_per_token": {k: int(v) for k, v in mem.items()} | {"ffn": int(ffn_mem)},
-        "storage_reads_per_token": round(misses),
-        "storage_bytes_per_token": int(misses * (m.full_len if not m.two_phase_applies else m.gate_len + precision * m.rest_len)),
+        "misses_per_token": round(blocks * misses),
+        "two_phase": two,
+        "storage_reads_per_token": round(reads),
+        "storage_bytes_per_token": int(blocks * misses * (m.gate_len + precision * m.rest_len if two else m.full_len)),
+        "read_queue_depth": round(min(QUEUE_DEPTH, misses)),
         "memory_ms": round(t_mem * 1e3, 2),
         "storage_ms": round(t_io * 1e3, 2),
         "tbt_ms": round(t * 1e3, 2),
         "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
-        "assumptions": f"decode at position {position}; predicted fraction {pf:.3f}, precision {precision:.2f}; "
+        "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {pf:.3f}, precision "
+        f"{precision:.2f}; steady-state cache (hot set + cold neurons up to the admit rank); "
         + ("storage overlaps compute (pipeline)" if pipelined else "storage and compute add (no pipeline)"),
     }  # fmt: skip
 

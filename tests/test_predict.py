@@ -1,0 +1,85 @@
+"""pi2cli/plan/predict.py term by term on made-up hardware: the cache the engine sizes at the run's
+context, the steady-state hit rate from its split, reads per token counting both phases of a two-phase
+read, and read times at the queue depth a block's wave keeps in flight."""
+
+import pytest
+from test_plan import BANDWIDTH_BOUND, REQUEST_BOUND, curve, mistral7b, profile
+
+from pi2cli.plan.plan import engine_sizing
+from pi2cli.plan.predict import Device, coverage, device_from_probe, predict, read_time_at
+
+MiB = 1 << 20
+DEEP = curve({4096: 120000, 8192: 100000})  # the same disk with 512 reads in flight: faster per read
+for p in DEEP:
+    p["qd"] = 512
+
+
+def device(storage=REQUEST_BOUND, deep=(), membw=18.9e9) -> Device:
+    return Device("fake", membw, storage, 2, "test", list(deep))
+
+
+def test_read_time_follows_the_queue_depth_where_it_was_measured():
+    d = device(deep=DEEP)
+    t32, t512 = read_time_at(d, 4096, 32), read_time_at(d, 4096, 512)
+    assert t32 == pytest.approx(1 / 78000) and t512 == pytest.approx(1 / 120000)
+    assert t512 < read_time_at(d, 4096, 128) < t32  # log-linear in between
+    assert read_time_at(d, 4096, 8) == t32 and read_time_at(d, 4096, 5000) == t512
+    # without a deep point the QD 32 curve is all there is
+    assert read_time_at(device(), 4096, 512) == pytest.approx(1 / 78000)
+
+
+def test_the_deep_curve_comes_from_the_profile():
+    prof = profile()
+    prof["storage"]["deep"] = DEEP
+    assert [p["qd"] for p in device_from_probe(prof).deep] == [512, 512]
+    assert device_from_probe(profile()).deep == []  # a profile from before: QD 32 only
+
+
+def test_the_cache_is_the_engines_at_the_runs_context():
+    m = mistral7b()
+    short, chat = (predict(m, device(), 2651 * MiB, ctx=c) for c in (35, 4096))
+    # generate reserves a KV cache for prompt + tokens, chat for 4096 positions: 0.5 GiB more cache
+    assert short["cache_bytes"] - chat["cache_bytes"] > 400 * MiB
+    size = engine_sizing(m, 2651 * MiB, 35, 2)["cache"]
+    assert short["cache_bytes"] == size["hot_bytes"] + size["cold_bytes"]
+    assert short["hot_neurons_per_block"] == size["hot_neurons_per_block"]
+    assert (
+        short["hit_rate"] > chat["hit_rate"]
+        and short["storage_reads_per_token"] < chat["storage_reads_per_token"]
+    )
+
+
+def test_hit_rate_is_the_coverage_of_what_the_split_keeps():
+    m = mistral7b()
+    pr = predict(m, device(), 2651 * MiB, ctx=35)
+    kept = (pr["hot_neurons_per_block"] + pr["cold_slots"] / m.n_blocks) / m.n_ff
+    assert pr["hit_rate"] == pytest.approx(coverage(m, kept), abs=1e-4)
+    per_block = pr["predicted_neurons_per_token"] / m.blocks_per_token
+    assert pr["misses_per_token"] == pytest.approx(
+        m.blocks_per_token * per_block * (1 - coverage(m, kept)), rel=1e-3
+    )
+    whole = predict(m, device(), 8 << 30, ctx=35)  # the whole FFN fits: nothing is read
+    assert whole["hit_rate"] == 1.0 and whole["storage_ms"] == 0 and whole["storage_reads_per_token"] == 0
+
+
+def test_two_phase_reads_count_both_phases_and_follow_the_engines_rule():
+    m = mistral7b()
+    prec = m.measured["precision"]
+    # bandwidth-bound storage: a gate read costs a third of a whole one, so the engine reads in two phases
+    bw = predict(m, device(BANDWIDTH_BOUND), 2651 * MiB, ctx=35)
+    assert bw["two_phase"] is True
+    assert bw["storage_reads_per_token"] == pytest.approx(bw["misses_per_token"] * (1 + prec), rel=1e-3)
+    # request-bound storage (every read costs about the same): whole bundles, one read per miss
+    rq = predict(m, device(REQUEST_BOUND), 2651 * MiB, ctx=35)
+    assert rq["two_phase"] is False and rq["storage_reads_per_token"] == rq["misses_per_token"]
+    # a run's own setting wins over the rule
+    forced = predict(m, device(REQUEST_BOUND), 2651 * MiB, ctx=35, two_phase=True)
+    assert forced["two_phase"] is True and forced["storage_ms"] > rq["storage_ms"]
+
+
+def test_deeper_queues_shorten_storage_time():
+    m = mistral7b()
+    shallow = predict(m, device(), 2000 * MiB, ctx=35)
+    deep = predict(m, device(deep=DEEP), 2000 * MiB, ctx=35)
+    assert shallow["read_queue_depth"] > 32 and deep["storage_ms"] < shallow["storage_ms"]
+    assert deep["storage_reads_per_token"] == shallow["storage_reads_per_token"]
