@@ -361,11 +361,13 @@ def build_ffn_block(
     s_thr = float(np.quantile(active_scores, 1.0 - TARGET_RECALL)) if active_scores.size else 0.0
     threshold = float(1.0 / (1.0 + math.exp(-s_thr)))
 
-    # the quantized weights as written, on the routed rows only (dequantized a slice at a time)
+    # the quantized weights as written, on the routed rows only; dequantized into the buffers the
+    # float rows no longer need. (Not slice by slice: BLAS may round a slice's products differently.)
     xr = li.x_all[rows]
-    g_r = synth_quant.matmul_q_t(xr, gate_q, quant, hidden)
-    act = ffn_activation(g_r, synth_quant.matmul_q_t(xr, up_q, quant, hidden), activation)
-    del g_r
+    g_r = xr @ synth_quant.decode(gate_q, quant, hidden, out=_workspace(ws, "gate", (n_ff, hidden))).T
+    up = synth_quant.decode(up_q, quant, hidden, out=_workspace(ws, "up", (n_ff, hidden)))
+    act = ffn_activation(g_r, xr @ up.T, activation)
+    del up, g_r
     empty = np.zeros(0, np.uint8)
     return FfnBlock(gate_q, up_q, down, empty, empty, order, fc1, fc2, threshold, calib_freq, rows, act)
 
