@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +45,7 @@ import gguf
 import numpy as np
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models import gguf_twin
+from pi2cli.models import gguf_twin, synth_quant
 from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
 from pi2cli.models.registry import ModelSpec, get_model, validate_dims
 
@@ -187,13 +188,46 @@ def _add_outer(a: np.ndarray, t: np.ndarray, u: np.ndarray, rows: int = 1024) ->
     return a
 
 
-def _uniform_rows(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+def _uniform_rows(
+    rng: np.random.Generator, shape: tuple[int, ...], std: float, out: np.ndarray | None = None
+) -> np.ndarray:
     """Random float32 entries with mean 0 and standard deviation `std`, from uniform int8 draws in
     [-127, 127] (variance 5418.67). Drawing int8 is ~5x faster than Gaussians and projections of these
-    rows are Gaussian all the same (sums of thousands of terms); only the directions' randomness matters."""
-    out = rng.integers(-127, 128, size=shape, dtype=np.int8).astype(np.float32)
-    out *= np.float32(std / math.sqrt((255**2 - 1) / 12))
-    return out
+    rows are Gaussian all the same (sums of thousands of terms); only the directions' randomness matters.
+    One pass (int8 -> float32 is exact, so this is float32(i) * scale as before), into `out` if given."""
+    ints = rng.integers(-127, 128, size=shape, dtype=np.int8)
+    if out is None:
+        out = np.empty(shape, np.float32)
+    return np.multiply(ints, _uniform_scale(std), out=out, dtype=np.float32)
+
+
+def _add_uniform_rows(rng: np.random.Generator, a: np.ndarray, std: float) -> np.ndarray:
+    """a += _uniform_rows(rng, a.shape, std), the same floats, without a full-size temporary."""
+    ints = rng.integers(-127, 128, size=a.shape, dtype=np.int8)
+    scale = _uniform_scale(std)
+    rows = max(1, (1 << 18) // max(1, a.shape[-1]))  # ~1 MiB of floats at a time
+    for i in range(0, a.shape[0], rows):
+        a[i : i + rows] += np.multiply(ints[i : i + rows], scale, dtype=np.float32)
+    return a
+
+
+def _uniform_scale(std: float) -> np.float32:
+    return np.float32(std / math.sqrt((255**2 - 1) / 12))
+
+
+def _workspace(ws, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 buffer reused from one expert to the next in the same thread (`ws`: a threading.local,
+    or None for a fresh array). A fresh 235 MB array costs its page faults every time: at the 47B shape
+    the kernel's time for those was a third of the run's CPU time."""
+    if ws is None:
+        return np.empty(shape, np.float32)
+    bufs = getattr(ws, "bufs", None)
+    if bufs is None:
+        bufs = ws.bufs = {}
+    buf = bufs.get(name)
+    if buf is None or buf.shape != shape:
+        buf = bufs[name] = np.empty(shape, np.float32)
+    return buf
 
 
 @dataclass
@@ -243,6 +277,7 @@ def build_ffn_block(
     density: float,
     activation: str,
     quant: str,
+    ws=None,
 ) -> FfnBlock:
     """Gate/up rows calibrated so P(neuron active) follows a skewed profile on the calibration rows;
     down rows writing into span(basis) (unscaled: build_and_measure scales them); the predictor; and
@@ -257,8 +292,9 @@ def build_ffn_block(
     c_safe = np.where(eligible, c, 1.0)[:, None]
 
     p = frequency_targets(rng, n_ff, density)
-    r_gate = _uniform_rows(rng, (n_ff, hidden), 1.0 / math.sqrt(hidden))
-    r_up = _uniform_rows(rng, (n_ff, hidden), 1.0 / math.sqrt(hidden))
+    std = 1.0 / math.sqrt(hidden)
+    r_gate = _uniform_rows(rng, (n_ff, hidden), std, _workspace(ws, "gate", (n_ff, hidden)))
+    r_up = _uniform_rows(rng, (n_ff, hidden), std, _workspace(ws, "up", (n_ff, hidden)))
 
     up_pos = np.broadcast_to(eligible[:, None], (n, n_ff))
     up_rows = r_up
@@ -295,13 +331,14 @@ def build_ffn_block(
     k = basis.shape[0]
     kd = min(k, 128)
     dirs = (rng.standard_normal((kd, k), dtype=np.float32) @ basis) / np.float32(math.sqrt(k))
-    down = dirs.T @ rng.standard_normal((kd, n_ff), dtype=np.float32)
+    down = np.matmul(dirs.T, rng.standard_normal((kd, n_ff), dtype=np.float32),
+                     out=_workspace(ws, "down", (hidden, n_ff)))  # fmt: skip
     down *= np.float32(math.sqrt(0.9 * hidden / kd))
-    down += _uniform_rows(rng, (hidden, n_ff), math.sqrt(0.1))
+    _add_uniform_rows(rng, down, math.sqrt(0.1))
     down /= np.float32(math.sqrt(n_ff))
 
-    gate_q = gguf_twin.encode(gate_rows, quant)
-    up_q = gguf_twin.encode(up_rows, quant)
+    gate_q = synth_quant.encode(gate_rows, quant)
+    up_q = synth_quant.encode(up_rows, quant)
     del up_rows
 
     # predictor: low-rank projection of the gate pre-activation, in units of its residual std. V_r came
@@ -324,12 +361,11 @@ def build_ffn_block(
     s_thr = float(np.quantile(active_scores, 1.0 - TARGET_RECALL)) if active_scores.size else 0.0
     threshold = float(1.0 / (1.0 + math.exp(-s_thr)))
 
-    # the quantized weights as written, on the routed rows only
+    # the quantized weights as written, on the routed rows only; dequantized into the buffers the
+    # float rows no longer need. (Not slice by slice: BLAS may round a slice's products differently.)
     xr = li.x_all[rows]
-    gate = gguf_twin.decode(gate_q, quant, hidden)
-    g_r = xr @ gate.T
-    del gate
-    up = gguf_twin.decode(up_q, quant, hidden)
+    g_r = xr @ synth_quant.decode(gate_q, quant, hidden, out=_workspace(ws, "gate", (n_ff, hidden))).T
+    up = synth_quant.decode(up_q, quant, hidden, out=_workspace(ws, "up", (n_ff, hidden)))
     act = ffn_activation(g_r, xr @ up.T, activation)
     del up, g_r
     empty = np.zeros(0, np.uint8)
@@ -338,20 +374,20 @@ def build_ffn_block(
 
 def build_and_measure(
     rng: np.random.Generator, li: LayerInputs, weight: np.ndarray, n_ff: int, density: float,
-    activation: str, quant: str, target_rms: float,
+    activation: str, quant: str, target_rms: float, ws=None,
 ) -> FfnBlock:  # fmt: skip
     """One FFN block (an expert) end to end: built, its down scaled so it adds `target_rms` to the
     residual, quantized both ways, measured on its held-out routed rows, and its weighted output."""
     rows = np.flatnonzero(weight > 0)
-    block = build_ffn_block(rng, li, rows, n_ff, density, activation, quant)
+    block = build_ffn_block(rng, li, rows, n_ff, density, activation, quant, ws)
     w = weight[rows]
     weighted = block.act * w[:, None]
     # scale down so this block adds the target RMS (measured on a few routed calibration rows)
     probe = np.flatnonzero(rows < li.n_calib)[:128]
     if probe.size:
         block.down *= np.float32(_scale_to_rms(weighted[probe] @ block.down.T, target_rms))
-    block.down_q = gguf_twin.encode(block.down, quant)
-    block.down_cols_q = gguf_twin.encode(_transpose(block.down), quant)
+    block.down_q = synth_quant.encode(block.down, quant)
+    block.down_cols_q = _encode_columns(block.down, quant)
     # the forward into the next layer uses the float down (the next layer's calibration needs only a
     # realistic residual stream); the measured statistics below use the quantized gate/up as written
     block.out = weighted @ block.down.T
@@ -360,6 +396,17 @@ def build_and_measure(
     block.act = np.zeros((0, n_ff), np.float32)
     block.down = np.zeros((0, 0), np.float32)
     return block
+
+
+def _encode_columns(a: np.ndarray, quant: str, cols: int = 512) -> np.ndarray:
+    """encode(a.T): the columns quantized as rows, a slice of columns at a time (rows are quantized
+    independently, so the bytes are the same without the full transposed copy)."""
+    first = synth_quant.encode(_transpose(a[:, :cols]), quant)
+    out = np.empty((a.shape[1], first.shape[1]), np.uint8)
+    out[: first.shape[0]] = first
+    for j in range(cols, a.shape[1], cols):
+        synth_quant.encode(_transpose(a[:, j : j + cols]), quant, out=out[j : j + cols])
+    return out
 
 
 def top_right_singular_vectors(x: np.ndarray, r: int) -> np.ndarray:
@@ -736,28 +783,29 @@ def _generate(
             z = erng.standard_normal((n, k), dtype=np.float32) * np.sqrt(basis_var)[None, :]
             emb = np.float32(a_mean) * u[None, :] + np.float32(a_lat) * (z @ basis)
             emb += _uniform_rows(erng, (n, h), a_iso / math.sqrt(h))
-            chunks.append(gguf_twin.encode(emb, quant))
+            chunks.append(synth_quant.encode(emb, quant))
         embd_q = np.concatenate(chunks)
         del chunks
         sinks.resident("token_embd.weight", embd_q, (spec.vocab, h), quant)
-        x = gguf_twin.decode(embd_q[tokens], quant, h)
+        x = synth_quant.decode(embd_q[tokens], quant, h)
         del embd_q
         first, per_layer = 0, []
         step("embeddings", 1)
 
     ones = np.ones(h, dtype=np.float32)
-    raw_ones = gguf_twin.encode(ones[None, :], "f32")
+    raw_ones = synth_quant.encode(ones[None, :], "f32")
     calib = slice(0, n_calib)
     lrng = _rng(seed, 7)
     densities = [float(lrng.uniform(-1, 1)) for _ in range(spec.n_layer)]  # drawn up front: resumable
     if workers is None:
         workers = (os.cpu_count() or 1) if spec.is_moe else 1
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    ws = threading.local()  # each thread's reused expert-sized buffers, freed with this run
     try:
         for layer in range(first, spec.n_layer):
             base = 1 + layer * n_blocks
             x = _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, densities[layer], raw_ones,
-                       sinks, per_layer, pool, lambda what, done, base=base: step(what, base + done))  # fmt: skip
+                       sinks, per_layer, pool, ws, lambda what, done, base=base: step(what, base + done))  # fmt: skip
             checkpoint(layer + 1, x, per_layer)
     finally:
         if pool is not None:
@@ -768,7 +816,7 @@ def _generate(
     out_chunks = []
     for start in range(0, spec.vocab, 4096):
         n = min(4096, spec.vocab - start)
-        out_chunks.append(gguf_twin.encode(_uniform_rows(orng, (n, h), 1.0 / math.sqrt(h)), quant))
+        out_chunks.append(synth_quant.encode(_uniform_rows(orng, (n, h), 1.0 / math.sqrt(h)), quant))
     sinks.resident("output.weight", np.concatenate(out_chunks), (spec.vocab, h), quant)
     step("output", spec.n_layer * n_blocks + 2)
     del calib
@@ -776,7 +824,7 @@ def _generate(
 
 
 def _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, jitter, raw_ones, sinks, per_layer, pool,
-           step) -> np.ndarray:  # fmt: skip
+           ws, step) -> np.ndarray:  # fmt: skip
     """One transformer layer: attention written and applied, then every FFN block (expert) built,
     measured and written. Returns the residual stream after the layer."""
     h, f, quant, seed = spec.hidden, spec.ffn, cfg.quant, cfg.seed
@@ -793,19 +841,19 @@ def _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, jitter, raw_o
         ("attn_k", spec.n_kv_head * hd),
         ("attn_v", spec.n_kv_head * hd),
     ):
-        mats[name] = gguf_twin.encode(_uniform_rows(rng, (rows_n, h), 1.0 / math.sqrt(h)), quant)
-    wq, wk, wv = (gguf_twin.decode(mats[n], quant, h) for n in ("attn_q", "attn_k", "attn_v"))
+        mats[name] = synth_quant.encode(_uniform_rows(rng, (rows_n, h), 1.0 / math.sqrt(h)), quant)
+    wq, wk, wv = (synth_quant.decode(mats[n], quant, h) for n in ("attn_q", "attn_k", "attn_v"))
     att = attention(xn, wq, wk, wv, spec.n_head, spec.n_kv_head, cfg.seq_len, spec.rope_theta)
     wo = (basis.T @ rng.standard_normal((k, spec.n_head * hd), dtype=np.float32)) * np.float32(
         math.sqrt(0.9 * h / k)
     )
     wo += _uniform_rows(rng, wo.shape, math.sqrt(0.1))
     wo *= np.float32(_scale_to_rms(att[calib] @ wo.T, LAYER_WRITE_RMS))
-    mats["attn_output"] = gguf_twin.encode(wo, quant)
+    mats["attn_output"] = synth_quant.encode(wo, quant)
     for name in ("attn_q", "attn_k", "attn_v"):
         sinks.resident(p + name + ".weight", mats[name], (mats[name].shape[0], h), quant)
     sinks.resident(p + "attn_output.weight", mats["attn_output"], (h, spec.n_head * hd), quant)
-    x = x + att @ gguf_twin.decode(mats["attn_output"], quant, spec.n_head * hd).T
+    x = x + att @ synth_quant.decode(mats["attn_output"], quant, spec.n_head * hd).T
     del att, mats, wq, wk, wv, wo
 
     # FFN
@@ -832,7 +880,7 @@ def _layer(cfg, spec, layer, x, basis, k, rank, n_calib, sparsity, jitter, raw_o
     def job(e: int) -> FfnBlock:
         # every block has its own random stream, so blocks can be built in any order or at once
         brng = _rng(seed, _LAYER + layer, 1 + e)
-        return build_and_measure(brng, li, weights[e], f, density, spec.activation, quant, target)
+        return build_and_measure(brng, li, weights[e], f, density, spec.activation, quant, target, ws)
 
     if pool is not None:
         from threadpoolctl import threadpool_limits
