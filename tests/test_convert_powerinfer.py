@@ -337,10 +337,12 @@ def test_gguf_twin_of_a_powerinfer_gguf_is_what_llama_cpp_loads(tmp_path, llamac
     want = stored["blk.1.ffn_down_t.weight"].T
     tol = 1e-6 if wtype == "F16" else 0.2 * np.abs(want).max()
     np.testing.assert_allclose(f.tensor("blk.1.ffn_down.weight"), want, atol=tol)
-    # the dense path, now on the twin's down, still agrees with the GGUF's own math
+    # the dense path, now on the twin's down, still agrees with the GGUF's own math. The reference is
+    # float32 without the engine's Q8 activations, which alone put Q4_0 at 4.8-5.0% of the largest
+    # logit (measured with the F16-accumulator attention and with the float one); F16 at 0.06%.
     got = engine_logits(tmp_path / "m.pi2", TOKENS, tmp_path)
     src_ref = gguf_forward(stored, TOKENS, "drelu" if arch == "bamboo" else "relu")
-    assert np.abs(got - src_ref).max() <= 5e-2 * np.abs(src_ref).max()
+    assert np.abs(got - src_ref).max() <= (7e-2 if wtype == "Q4_0" else 5e-3) * np.abs(src_ref).max()
     # llama-bench, not llama-completion: with this test's 288-token vocabulary the pinned llama-completion
     # (0c1e570) exits 0 right after loading in about a third of runs, having generated nothing (SmolLM2
     # and synthetic twins: 0 of 12). llama-bench needs no tokenizer to load and run the weights.
