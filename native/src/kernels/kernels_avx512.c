@@ -812,12 +812,13 @@ static inline __attribute__((always_inline)) void att512_body(const int NV, int 
         const float *pg = p + g0 * n_pos;
         float *og = out + g0 * hd;
         switch (group - g0 < chunk ? group - g0 : chunk) {
+        /* the guards are constant once NV is: no copy whose accumulators would not fit is made */
         case 1: att512_v(NV, 1, v, stride, n_pos, pg, og); break;
         case 2: att512_v(NV, 2, v, stride, n_pos, pg, og); break;
         case 3: att512_v(NV, 3, v, stride, n_pos, pg, og); break;
-        case 4: att512_v(NV, 4, v, stride, n_pos, pg, og); break;
-        case 5: att512_v(NV, 5, v, stride, n_pos, pg, og); break;
-        default: att512_v(NV, 6, v, stride, n_pos, pg, og); break;
+        case 4: if (4 * NV <= 24) att512_v(NV, 4, v, stride, n_pos, pg, og); break;
+        case 5: if (5 * NV <= 24) att512_v(NV, 5, v, stride, n_pos, pg, og); break;
+        default: if (6 * NV <= 24) att512_v(NV, 6, v, stride, n_pos, pg, og); break;
         }
     }
 }
