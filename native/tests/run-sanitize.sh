@@ -37,25 +37,34 @@ echo "== a small synthetic sparse model (2 layers of 8192 neurons), sparse gener
 model=$work/model/model.pi2
 "$py" -m pi2cli models synth --like turbosparse-mistral-7b --layers 2 --hidden 128 --ffn 8192 \
     --calib-seqs 1 --eval-seqs 1 --out "$work/model" >/dev/null
-# The budget: the smallest of these that holds the fixed region (larger under ASan: shadow memory),
-# so the neuron cache holds part of the FFN and decode reads from storage.
+# The budget: about the smallest of these that holds the fixed region (larger under ASan: shadow memory),
+# so the neuron cache holds part of the FFN and decode reads from storage. The probe runs the same
+# prompt and length as the runs below: the engine sizes the context (KV cache, attention scratch)
+# to the run, so a shorter probe would find a budget the real runs do not fit in.
+prompt="The capital of France is"
+ngen=24
+# One step above the smallest that passes: the fixed region's resident part is measured (RSS), so
+# a budget right at the edge passes or fails by a fraction of a MiB, and leaves no neuron cache.
 budget=""
-for b in 34M 40M 48M 64M 96M 128M; do
-    if "$engine" generate -m "$model" -p "hi" -n 1 --policy powerinfer2 --memory-budget "$b" >/dev/null 2>"$work/err"; then
-        budget=$b; break
+found=""
+for b in 34M 36M 40M 48M 64M 96M 128M 160M; do
+    if [ -n "$found" ]; then budget=$b; break; fi
+    if "$engine" generate -m "$model" -p "$prompt" -n "$ngen" --ignore-eos --policy powerinfer2 --lookahead \
+        --memory-budget "$b" >/dev/null 2>"$work/err"; then
+        found=$b; continue
     fi
     grep -q "is too small" "$work/err" || { cat "$work/err" >&2; exit 1; }
 done
-[ -n "$budget" ] || { echo "run-sanitize.sh: no budget up to 128M holds the fixed region" >&2; exit 1; }
+[ -n "$budget" ] || { echo "run-sanitize.sh: no budget up to 128M holds the fixed region with a step to spare" >&2; exit 1; }
 for args in "--policy powerinfer2 --lookahead" "--policy powerinfer2 --io pread --check-predictor" \
             "--policy cache --io buffered" "--policy llmflash" "--policy bundle --batch 3"; do
     # shellcheck disable=SC2086
-    "$engine" generate -m "$model" -p "The capital of France is" -n 24 --ignore-eos --memory-budget "$budget" \
+    "$engine" generate -m "$model" -p "$prompt" -n "$ngen" --ignore-eos --memory-budget "$budget" \
         $args --events "$work/events.jsonl" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
     echo "generate $args --memory-budget $budget: $(tail -1 "$work/err")"
 done
 expect_one_line "neuron read failing mid-decode (PI2_IO_FAULT=eio:2000)" \
-    env PI2_IO_FAULT=eio:2000 "$engine" generate -m "$model" -p "The capital of France is" -n 24 --ignore-eos \
+    env PI2_IO_FAULT=eio:2000 "$engine" generate -m "$model" -p "$prompt" -n "$ngen" --ignore-eos \
     --policy powerinfer2 --memory-budget "$budget"
 
 echo "== crafted files: one error line each"
