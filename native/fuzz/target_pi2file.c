@@ -75,7 +75,7 @@ static void tokenize_some(const pi2_model *m) {
 
 /* A few tokens through forward.c, densely or with the sparse engine attached. */
 static int forward_some(const pi2_model *m, const pi2_sparse_config *cfg) {
-    pi2_ctx *c = pi2_ctx_create(m, 8, 4, pool);
+    pi2_ctx *c = pi2_ctx_create(m, 8, 4, cfg == NULL, pool);
     if (!c) return refused();
     pi2_sparse *s = NULL;
     int ok = 0;

@@ -42,10 +42,11 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
     if (!(s->pool = pi2_pool_from_flags(o->threads, o->affinity, &s->n_threads))) return -1;
-    if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, s->pool))) return -1;
+    const int dense = o->sparse.policy == PI2_POLICY_DENSE;
+    if (!(s->ctx = pi2_ctx_create(&s->m, s->n_ctx, s->n_batch, dense, s->pool))) return -1;
     const uint64_t ctx_bytes = pi2_ctx_bytes(s->ctx);
     if (measure) return pi2_sparse_measure(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse, shape, measure);
-    if (o->sparse.policy != PI2_POLICY_DENSE) {
+    if (!dense) {
         if (!(s->sparse = pi2_sparse_open(&s->m, s->pool, s->n_batch, ctx_bytes, &o->sparse))) return -1;
         pi2_ctx_set_ffn(s->ctx, pi2_sparse_backend(s->sparse)); /* the FFN from flash, below forward.c */
     }

@@ -201,7 +201,7 @@ int pi2_size_main(const pi2_options *o) {
         if (r.n_batch > r.n_ctx) r.n_batch = r.n_ctx;
         n_threads = o->threads ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN); /* as pi2_pool_from_flags */
         size_t kv = 0;
-        const size_t ctx_bytes = pi2_ctx_bytes_for(&f.h, r.n_ctx, r.n_batch, n_threads, &kv);
+        const size_t ctx_bytes = pi2_ctx_bytes_for(&f.h, r.n_ctx, r.n_batch, n_threads, 0, &kv);
         r.kv_bytes = kv;
         r.allowance = process_allowance(&f);
         sh = (pi2_sparse_shape){

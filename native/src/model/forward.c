@@ -14,6 +14,7 @@ struct pi2_ctx {
     const pi2_model *m;
     pi2_pool *pool;
     int n_ctx, n_batch, n_past, nth;
+    int dense_ffn;                         /* g, u, h and acc exist: this context computes FFNs itself */
     int64_t q_dim, kv_dim, n_embd, n_ff;
     pi2_f16 *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
     float *x, *xn, *q, *k, *v, *att, *tmp; /* [n_batch][...] */
@@ -78,9 +79,14 @@ static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok
     c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), ok, n, k);
     c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
     c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
-    c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
-    c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
-    c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+    /* The dense FFN's batch buffers (3 x n_batch x n_ff floats: 11 MiB for a 7B shape at 64 tokens)
+     * only where this context computes FFNs: the sparse engine keeps its own, and under a budget
+     * every byte held here is taken from the neuron cache. */
+    if (c->dense_ffn) {
+        c->g = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+        c->u = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+        c->h = xcalloc(B * (size_t)c->n_ff, sizeof(float), ok, n, k);
+    }
     c->ffn_in = xcalloc(B * E, sizeof(float), ok, n, k);
     c->ffn_out = xcalloc(B * E, sizeof(float), ok, n, k);
     size_t ne = h->n_expert ? h->n_expert : 1;
@@ -94,12 +100,13 @@ static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok
     c->att_out = xcalloc(units * group * h->head_dim, sizeof(float), ok, n, k);
     c->att_m = xcalloc(units * group, sizeof(float), ok, n, k);
     c->att_l = xcalloc(units * group, sizeof(float), ok, n, k);
-    if (!(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), ok, n, k);
+    if (c->dense_ffn && !(h->flags & PI2_FLAG_DENSE_DOWN)) c->acc = xcalloc((size_t)c->nth * B * E, sizeof(float), ok, n, k);
     c->act = xcalloc(B, act_row, ok, n, k);
     c->logits = xcalloc(h->n_vocab, sizeof(float), ok, n, k);
 }
 
-static void ctx_shape(pi2_ctx *c, const pi2_header *h, int n_ctx, int n_batch, int nth) {
+static void ctx_shape(pi2_ctx *c, const pi2_header *h, int n_ctx, int n_batch, int nth, int dense_ffn) {
+    c->dense_ffn = dense_ffn;
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
     c->nth = nth;
@@ -109,17 +116,17 @@ static void ctx_shape(pi2_ctx *c, const pi2_header *h, int n_ctx, int n_batch, i
     c->kv_dim = (int64_t)h->n_head_kv * h->head_dim;
 }
 
-size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, size_t *kv_bytes) {
+size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, int dense_ffn, size_t *kv_bytes) {
     pi2_ctx c;
     memset(&c, 0, sizeof c);
-    ctx_shape(&c, h, n_ctx, n_batch, nth);
+    ctx_shape(&c, h, n_ctx, n_batch, nth, dense_ffn);
     int ok = 1;
     ctx_buffers(&c, h, 1, &ok);
     if (kv_bytes) *kv_bytes = c.kv_bytes;
     return c.bytes;
 }
 
-pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *pool) {
+pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, int dense_ffn, pi2_pool *pool) {
     const pi2_header *h = &m->h;
     if (n_ctx < 1 || n_batch < 1) {
         pi2_set_error("context and batch sizes must be positive");
@@ -129,7 +136,7 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *po
     if (!c) return NULL;
     c->m = m;
     c->pool = pool;
-    ctx_shape(c, h, n_ctx, n_batch, pool ? pi2_pool_size(pool) : 1);
+    ctx_shape(c, h, n_ctx, n_batch, pool ? pi2_pool_size(pool) : 1, dense_ffn);
     int ok = 1;
     ctx_buffers(c, h, 0, &ok);
     if (!ok) {
@@ -373,6 +380,10 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
  * -1 only when the sparse engine fails to read neurons. */
 static int ffn_block(pi2_ctx *c, int layer, int expert, const float *in, int tokens, float *out) {
     if (c->ffn) return c->ffn->ffn(c->ffn->impl, layer, expert, in, tokens, out);
+    if (!c->dense_ffn) {
+        pi2_set_error("this context was created for a sparse FFN and none is attached");
+        return -1;
+    }
     const pi2_ffn_block *b = &c->m->layers[layer].ffn[expert];
     const int64_t E = c->n_embd, F = c->n_ff;
     const uint32_t act = c->m->h.ffn_act;

@@ -15,8 +15,10 @@
 
 typedef struct pi2_ctx pi2_ctx;
 
-/* n_ctx: KV cache positions; n_batch: most tokens per pi2_forward call. NULL + error on failure. */
-pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, pi2_pool *pool);
+/* n_ctx: KV cache positions; n_batch: most tokens per pi2_forward call; dense_ffn: allocate the batch
+ * buffers of the dense FFN (0 when a sparse FFN will be attached: pi2_ctx_set_ffn). NULL + error on
+ * failure. */
+pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, int dense_ffn, pi2_pool *pool);
 void pi2_ctx_free(pi2_ctx *c);
 
 /* Run tokens[0..n) (n <= n_batch) at the next positions. Afterwards pi2_ctx_logits() holds the
@@ -33,7 +35,7 @@ size_t pi2_ctx_bytes(const pi2_ctx *c);
 size_t pi2_ctx_kv_bytes(const pi2_ctx *c); /* of which the KV cache */
 /* What pi2_ctx_create would allocate for a model of header h (nth: compute threads), without one;
  * *kv_bytes (if given): of which the KV cache. */
-size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, size_t *kv_bytes);
+size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, int dense_ffn, size_t *kv_bytes);
 /* Compute FFN blocks through a backend (the sparse engine: pi2_sparse_backend) instead of densely; NULL
  * detaches. The backend must outlive its use by this context. */
 void pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_backend *b);
