@@ -22,7 +22,10 @@
  * under any weight that can matter after normalisation. Plain float and int arithmetic, so a loop of
  * it vectorises at every SIMD level. */
 static inline float att_exp(float x) {
-    x = x < -87.0f ? -87.0f : x;
+    /* clamped to [-87, 0], NaN to -87 as the SIMD max/min instructions do (a model whose scores are
+     * not finite gives garbage, never a float-to-int conversion out of range) */
+    x = x > -87.0f ? x : -87.0f;
+    x = x < 0.0f ? x : 0.0f;
     const int32_t n = (int32_t)(x * 1.44269504088896341f - 0.5f); /* rounds x / ln2 for x <= 0 */
     const float r = (x - (float)n * 0.693145751953125f) - (float)n * 1.42860682030941723212e-6f;
     float p = 1.0f / 5040.0f;

@@ -713,7 +713,7 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 /* att_softmax_exp (kernels_att.h) 16 lanes at a time: the same polynomial and clamp (the compiler
  * vectorises the generic loop only 8 wide here), the tail under a mask */
 static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_setzero_ps()); /* as att_exp */
     const __m512i n = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                                         _mm512_set1_ps(0.5f)));
     const __m512 nf = _mm512_cvtepi32_ps(n);
