@@ -184,9 +184,10 @@ def test_a_resumed_short_read_changes_nothing(ffn_model, tmp_path):
 
 
 def test_bench_records_a_failed_neuron_read_as_a_failed_run(ffn_model, tmp_path):
+    # 38M: about half the FFN (8 MiB) cached, so decode reads from storage and the fault lands
     env = dict(os.environ, PI2_IO_FAULT="eio:3000")
     cmd = [sys.executable, "-m", "pi2cli", "bench", "--model", str(ffn_model), "--engine", "pi2",
-           "--workload", "multi-turn", "--limit", "1", "--n-gen", "16", "--memory-budget", "44M",
+           "--workload", "multi-turn", "--limit", "1", "--n-gen", "16", "--memory-budget", "38M",
            "--results-dir", str(tmp_path / "results")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stderr
