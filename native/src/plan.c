@@ -12,7 +12,7 @@
 #define PLAN_MAX_BYTES (1 << 20)
 
 /* A setting: its key in the plan, the engine flag it stands for, and the JSON kind it takes. */
-typedef enum { SET_STRING, SET_NUMBER, SET_SIZE /* string or number */, SET_TWO_PHASE, SET_LOOKAHEAD } set_kind;
+typedef enum { SET_STRING, SET_NUMBER, SET_SIZE /* string or number */, SET_COUNT /* too */, SET_TWO_PHASE, SET_LOOKAHEAD } set_kind;
 static const struct {
     const char *key, *flag;
     set_kind kind;
@@ -24,7 +24,7 @@ static const struct {
     {"lookahead", "--lookahead", SET_LOOKAHEAD}, {"io", "--io", SET_STRING},
     {"io_threads", "--io-threads", SET_NUMBER}, {"io_affinity", "--io-affinity", SET_STRING},
     {"pred_threshold", "--pred-threshold", SET_NUMBER}, {"prefill_stream", "--prefill-stream", SET_STRING},
-    {"miss_threshold", "--miss-threshold", SET_NUMBER},
+    {"miss_threshold", "--miss-threshold", SET_NUMBER}, {"read_cap", "--read-cap", SET_COUNT},
 };
 
 const char *pi2_plan_key(int i) {
@@ -92,13 +92,14 @@ static int member(void *user, const char *key, pi2_json_kind kind, const char *v
         const int is_bool = kind == PI2_JSON_TRUE || kind == PI2_JSON_FALSE;
         const int ok = want == SET_STRING   ? kind == PI2_JSON_STRING
                        : want == SET_NUMBER ? kind == PI2_JSON_NUMBER
-                       : want == SET_SIZE   ? kind == PI2_JSON_STRING || kind == PI2_JSON_NUMBER
-                                            : is_bool;
+                       : want == SET_SIZE || want == SET_COUNT ? kind == PI2_JSON_STRING || kind == PI2_JSON_NUMBER
+                                                               : is_bool;
         if (!ok) {
             pi2_set_error("plan %s: \"%s\" is %s, expected %s", r->path, key, kind_name(kind),
                           want == SET_STRING   ? "a string"
                           : want == SET_NUMBER ? "a number"
                           : want == SET_SIZE   ? "a size (\"2G\" or bytes)"
+                          : want == SET_COUNT  ? "a count, \"auto\" or \"off\""
                                                : "true or false");
             return -1;
         }

@@ -20,7 +20,7 @@ enum {
     O_JSON, O_VERIFY,
     /* the sparse engine's (docs/SPARSE.md) */
     O_POLICY, O_MEMORY_BUDGET, O_PREDICTOR, O_CHECK_PREDICTOR, O_PRED_THRESHOLD, O_LLMFLASH_WINDOW,
-    O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD,
+    O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD, O_READ_CAP,
     O_LRU_ONLY, O_LOOKAHEAD, O_NO_REPACK, O_IO, O_IO_THREADS, O_IO_AFFINITY, O_END
 };
 
@@ -61,6 +61,7 @@ const pi2_flag pi2_flags[] = {
     [O_NO_TWO_PHASE] = {"--no-two-phase", NULL, 0, G | E | C | S, "powerinfer2: cold INT4 bundles read whole"},
     [O_PREFILL_STREAM] = {"--prefill-stream", NULL, 1, G | E | C | S, "auto|on|off: powerinfer2 batches of 8+ tokens under a budget read each block whole, sequentially   [auto]"},
     [O_MISS_THRESHOLD] = {"--miss-threshold", NULL, 1, G | E | C | S, "decode: read a cold miss only if its predicted probability > P   [off]"},
+    [O_READ_CAP] = {"--read-cap", NULL, 1, G | E | C | S, "decode: most cold misses read a token, the likeliest first: N, auto (what compute hides), off   [off]"},
     [O_LRU_ONLY] = {"--lru-only", NULL, 0, G | E | C | S, "cache, powerinfer2: plain LRU for cold misses, not insertion by rank"},
     [O_LOOKAHEAD] = {"--lookahead", NULL, 0, G | E | C | S, "powerinfer2: read what the coming layer's predictor wants during attention"},
     [O_NO_REPACK] = {"--no-repack", NULL, 0, G | E | C | S, "keep attention/output rows as stored (no interleaving by four)"},
@@ -186,6 +187,11 @@ static int apply(int id, const char *a, const char *v, pi2_options *o) {
         return 0;
     }
     case O_MISS_THRESHOLD: return parse_probability(a, v, &sc->miss_threshold);
+    case O_READ_CAP:
+        if (!strcmp(v, "off")) sc->read_cap = 0;
+        else if (!strcmp(v, "auto")) sc->read_cap = -1;
+        else return pi2_parse_int_arg(a, v, 1, 1 << 30, &sc->read_cap);
+        return 0;
     case O_LRU_ONLY: sc->lru_only = 1; return 0;
     case O_LOOKAHEAD: sc->lookahead = 1; return 0;
     case O_NO_REPACK: sc->no_repack = 1; return 0;

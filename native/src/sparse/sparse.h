@@ -44,6 +44,7 @@ typedef struct {
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
     float miss_threshold;   /* decode: cold misses predicted below this probability are not read; 0 = off */
+    int read_cap;           /* decode: most cold-miss reads per token; 0 = off, -1 = auto (what compute hides) */
     int no_repack;          /* keep attention and output rows as the file has them (pi2_model_repack) */
     pi2_io_config io;
     int io_cpus[64];

@@ -1,5 +1,6 @@
 /* The sparse engine's FFN of one block (the forward pass's FFN backend): the predicted neurons in waves,
  * computed from the cache while the missing ones are read, then the down pass. */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -240,6 +241,70 @@ static void count_check(pi2_sparse *s, int layer, int tokens) {
     s->st.pred_fn += fn;
 }
 
+/* ---- the decode read cap (--read-cap) --------------------------------------------------------- */
+
+/* Reads per decode block the cap allows: --read-cap N spread over the token's blocks, or (auto) what
+ * the storage serves while the block computes: the measured miss rate (whole bundles, or a gate read
+ * plus, for about half, a rest read) times the moving average of a block's time not spent waiting.
+ * A token whose predicted set is far larger than usual (on the synthetic 7B shape under 2651 MiB:
+ * 500 to 67k misses a token, the slowest 1.5 s against a median of 0.14) then costs about what a
+ * usual one does. 0: no cap. */
+static int cap_per_block(pi2_sparse *s, uint64_t t0) {
+    uint64_t wait = 0;
+    if (s->cfg.read_cap < 0) {
+        pi2_io_stats io;
+        pi2_io_stats_get(s->io, &io);
+        wait = io.wait_ns;
+        if (s->cap.last_t0 && t0 - s->cap.last_t0 < 2000000000ull) { /* the previous block was decode too */
+            const double waited = (double)(wait - s->cap.last_wait_ns), busy = (double)(t0 - s->cap.last_t0) - waited;
+            const double b = busy > 0 ? busy : 0;
+            s->cap.busy_ns = s->cap.busy_ns > 0 ? 0.9 * s->cap.busy_ns + 0.1 * b : b;
+        }
+    }
+    s->cap.last_t0 = t0;
+    s->cap.last_wait_ns = wait;
+    if (s->cfg.read_cap > 0) return s->cap.per_block;
+    if (s->cfg.read_cap == 0 || s->cap.busy_ns <= 0 || s->batch.rand_reads_per_s <= 0) return 0;
+    const double g = s->batch.probe_gate_reads_per_s, r = s->batch.probe_rest_reads_per_s;
+    const double per_miss = s->two_phase && g > 0 && r > 0 ? 1.0 / g + 0.5 / r : 1.0 / s->batch.rand_reads_per_s;
+    const double n = s->cap.busy_ns / 1e9 / per_miss;
+    return n < 1 ? 1 : n > 1e9 ? 1000000000 : (int)n;
+}
+
+/* The score at or below which a cold miss is never read: --miss-threshold's, or -INFINITY (none). */
+static float floor_logit(const pi2_sparse *s) { return s->miss_logit < INFINITY ? s->miss_logit : -INFINITY; }
+
+/* The block's miss limit: floor_logit, raised when more cold misses pass it than `cap`, to about the
+ * cap-th highest score among them (a histogram of their scores: no sort in the decode path). Which
+ * neurons are misses is the cache's state now; the waves read in that order, so none is lost between. */
+static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
+    const float floor = floor_logit(s);
+    s->cap.left = cap > 0 ? cap : INT_MAX;
+    if (cap <= 0) return floor;
+    int n = 0;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n_active; i++) {
+        const int k = s->scratch.active[i];
+        const float sc = s->pred.scores[k];
+        if (sc <= floor || pi2_ncache_is_hot(s->cache, k) || pi2_ncache_find(s->cache, b, k) >= 0) continue;
+        s->cap.scores[n++] = sc;
+        lo = sc < lo ? sc : lo;
+        hi = sc > hi ? sc : hi;
+    }
+    if (n <= cap || !(hi > lo)) return floor;
+    enum { BINS = 256 };
+    int count[BINS] = {0};
+    const float w = (hi - lo) / BINS;
+    for (int i = 0; i < n; i++) {
+        int j = (int)((s->cap.scores[i] - lo) / w);
+        count[j < BINS ? j : BINS - 1]++;
+    }
+    int above = 0, j = BINS - 1;
+    while (j > 0 && above + count[j] <= cap) above += count[j--];
+    const float limit = lo + (float)(j + 1) * w; /* bins above j fit under the cap; bin j does not */
+    return limit > floor ? limit : floor;
+}
+
 /* Take units from active[*pos..) until the cache cannot pin another slot; returns the wave size. */
 static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
     int n = 0;
@@ -251,8 +316,11 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         const int hot = pi2_ncache_is_hot(s->cache, k);
         int64_t hdl = pi2_ncache_find(s->cache, b, k);
         int hit = hdl >= 0;
-        if (!hit && !hot && s->wave.tokens == 1 && s->miss_logit < INFINITY && s->pred.scores[k] <= s->miss_logit) {
-            s->check.skipped_misses++; /* predicted, but too unlikely to pay for its read (--miss-threshold) */
+        if (!hit && !hot && s->wave.tokens == 1 &&
+            ((s->cap.logit > -INFINITY && s->pred.scores[k] <= s->cap.logit) || s->cap.left <= 0)) {
+            /* predicted, but too unlikely to pay for its read (--miss-threshold), or past the cap */
+            s->check.skipped_misses++;
+            s->cap.capped += s->pred.scores[k] > floor_logit(s);
             if (s->cfg.check_predictor && s->scratch.truth[k]) s->check.skipped_active++;
             (*pos)++;
             continue;
@@ -261,6 +329,7 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
             pi2_ncache_pin(s->cache, hdl);
         } else {
             if ((hdl = pi2_ncache_acquire(s->cache, b, k)) < 0) break; /* everything pinned: compute first */
+            s->cap.left -= !hot; /* a neuron that was cached when the limit was set may be a miss now */
             int kind = hot ? READ_CLUSTER : s->two_phase ? READ_GATE : READ_FULL;
             pi2_ncache_set_state(s->cache, hdl, kind == READ_GATE ? PI2_SLOT_LOADING_GATE : PI2_SLOT_LOADING);
             s->wave.to_read[s->wave.n_to_read] = hdl;
@@ -331,6 +400,11 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         return 0;
     }
     for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
+
+    s->cap.logit = floor_logit(s);
+    s->cap.left = INT_MAX;
+    if (tokens == 1 && s->cap_on) s->cap.logit = cap_logit(s, b, n_active, cap_per_block(s, t0));
+    else s->cap.last_t0 = 0; /* a batch between: the next decode block starts the interval afresh */
 
     memset(out, 0, (size_t)tokens * E * sizeof(float));
     s->scratch.out = out;

@@ -32,6 +32,16 @@ struct pi2_sparse {
     uint64_t *block_off; /* file offset of each block's first bundle */
     int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */
     float miss_logit;    /* decode: a cold miss whose predictor score is at most this is not read (INFINITY: off) */
+    int cap_on;          /* --read-cap applies (powerinfer2 with a predictor) */
+    struct { /* decode read cap (--read-cap; docs/SPARSE.md): per block, the misses read and the limit */
+        float logit;          /* this block's: a cold miss scored at most this is not read (miss_logit or higher) */
+        int per_block;        /* --read-cap N spread over a token's blocks; 0: auto or off */
+        int left;             /* cold-miss reads this block may still issue */
+        uint64_t last_t0, last_wait_ns; /* the previous decode block's start and the I/O wait then */
+        double busy_ns;       /* moving average of a decode block's time not spent waiting on reads */
+        float *scores;        /* [F] the candidates' scores */
+        uint64_t capped;      /* misses left unread by the cap */
+    } cap;
     pi2_io *io;
     pi2_ncache *cache;
     pi2_predictors pred;

@@ -74,6 +74,7 @@ static int alloc_scratch(pi2_sparse *s) {
     s->scratch.look_mask = zalloc(F, &ok);
     s->scratch.hv = zalloc(F * B * sizeof(float), &ok);
     s->scratch.live = zalloc(F, &ok);
+    if (s->cap_on) s->cap.scores = zalloc(F * sizeof(float), &ok);
     s->wave.k = zalloc(F * sizeof(int32_t), &ok);
     s->wave.h = zalloc(F * sizeof(int64_t), &ok);
     s->wave.phase = zalloc(F, &ok);
@@ -158,6 +159,12 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, u
     s->miss_logit = INFINITY;
     if (cfg->miss_threshold > 0 && s->pred.fc1 && !cfg->oracle)
         s->miss_logit = logf(cfg->miss_threshold / (1.0f - cfg->miss_threshold));
+    /* --read-cap: powerinfer2's decode, ranked by the predictor's scores (docs/SPARSE.md) */
+    s->cap_on = p == PI2_POLICY_POWERINFER2 && cfg->read_cap != 0 && !cfg->oracle && (s->pred.fc1 || s->pred.gate);
+    if (s->cap_on && cfg->read_cap > 0) {
+        const int per_token = (int)h->n_layer * (h->n_expert ? (int)h->n_expert_used : 1);
+        s->cap.per_block = (cfg->read_cap + per_token - 1) / per_token;
+    }
     if (cfg->pred_threshold > 0 && s->pred.thr_logit) /* the plan's threshold for every layer */
         for (int b = 0; b < s->pred.n_blocks; b++)
             s->pred.thr_logit[b] = logf(cfg->pred_threshold / (1.0f - cfg->pred_threshold));
@@ -277,7 +284,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     free(s->batch.up_out);
     pi2_sparse_stream_close(s);
     pi2_predictors_free(&s->pred);
-    void *ptrs[] = {s->scratch.look_in, s->scratch.look_mask, s->scratch.act, s->scratch.pact, s->scratch.mask, s->scratch.truth, s->scratch.active, s->scratch.hv, s->scratch.live, s->scratch.gates, s->wave.k, s->wave.h, s->wave.phase,
+    void *ptrs[] = {s->scratch.look_in, s->scratch.look_mask, s->scratch.act, s->scratch.pact, s->scratch.mask, s->scratch.truth, s->scratch.active, s->scratch.hv, s->scratch.live, s->scratch.gates, s->cap.scores, s->wave.k, s->wave.h, s->wave.phase,
                     s->wave.wait_next, s->wave.ready, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
                     s->check.layer_fn, s->check.layer_seen, s->wave.wait_head, s->wave.acq};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);

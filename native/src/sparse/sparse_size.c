@@ -46,7 +46,8 @@ size_t pi2_sparse_stream_bytes(int stream_n, size_t stride, int n_batch) {
 static uint64_t scratch_bytes(const pi2_sparse_config *cfg, const pi2_sparse_shape *sh, const pi2_sparse_sizing *z) {
     const size_t B = (size_t)sh->n_batch, F = (size_t)sh->F;
     const size_t truth = cfg->oracle || cfg->check_predictor ? B * F : 0;
-    return B * (z->act_row + z->pact_row) + B * F + truth + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
+    const size_t cap = cfg->read_cap && cfg->policy == PI2_POLICY_POWERINFER2 ? F * 4 : 0; /* read cap's scores */
+    return B * (z->act_row + z->pact_row) + B * F + truth + cap + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
            sh->pred_scratch + (z->may_stream ? pi2_sparse_stream_bytes(z->stream_n, sh->stride, sh->n_batch) : 0);
 }
 

@@ -70,6 +70,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         s->batch.probe_gate_reads_per_s, s->batch.probe_rest_reads_per_s, s->batch.seq_bytes_per_s,
         cfg->two_phase ? "flag" : s->batch.rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit,
         (unsigned long long)s->batch.warmed_bundles, (unsigned long long)s->check.skipped_misses);
+    if (s->cap_on) /* --read-cap: the limit asked for, and the misses it left unread (within skipped_misses) */
+        OUT(", \"read_cap\": %d, \"capped_misses\": %llu", cfg->read_cap, (unsigned long long)s->cap.capped);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
     if (cfg->check_predictor) {
         const uint64_t tp = st.pred_tp, fp = st.pred_fp, fn = st.pred_fn;

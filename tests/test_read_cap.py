@@ -1,0 +1,91 @@
+"""--read-cap: decode reads at most N cold misses a token, the predictor's likeliest first (docs/SPARSE.md)."""
+
+import json
+import subprocess
+
+import pytest
+from engine_helpers import engine_bin
+
+from pi2cli.models import synth
+
+PROMPT = "The capital of France is"
+N = 24
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, smollm2_gguf):
+    """Two layers of 8192 neurons (an 8 MiB FFN)."""
+    out = tmp_path_factory.mktemp("readcap")
+    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=8192,
+                            tokenizer_gguf=smollm2_gguf, calib_seqs=1, eval_seqs=1)  # fmt: skip
+    synth.synthesize(cfg, out)
+    return out / "model.pi2"
+
+
+SHAPE = ["--ctx", 64, "--batch", 8, "--policy", "powerinfer2", "--no-two-phase"]
+
+
+@pytest.fixture(scope="module")
+def budget(model) -> int:
+    """The smallest budget for these settings + 3 MiB: the cache holds about a third of the FFN."""
+    done = subprocess.run([str(engine_bin()), "size", "-m", str(model), "--memory-budget", "1M", "--json",
+                           *map(str, SHAPE)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    return json.loads(done.stdout)["min_budget_bytes"] + 3 * 2**20
+
+
+def _run(model, budget, tmp_path, *more) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    events = tmp_path / "events.jsonl"
+    done = subprocess.run(
+        [str(engine_bin()), "generate", "-m", str(model), "-p", PROMPT, "-n", str(N), "--ignore-eos", *map(str, SHAPE),
+         "--memory-budget", str(budget), "--events", str(events), *map(str, more)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done, [json.loads(line) for line in events.read_text().splitlines()] if done.returncode == 0 else []
+
+
+def _decode_misses(events: list[dict]) -> list[int]:
+    return [e["misses"] for e in events if e["event"] == "token" and e["i"] > 0]
+
+
+def test_a_cap_bounds_every_decoded_tokens_misses(model, budget, tmp_path):
+    free, ev_free = _run(model, budget, tmp_path)
+    assert free.returncode == 0, free.stderr
+    cap = 64  # 32 a block over 2 blocks
+    assert max(_decode_misses(ev_free)) > 2 * cap  # without it, tokens miss far more: the cap has work
+    assert "read_cap" not in ev_free[-1]  # off by default: the exact predicted set
+    capped, ev = _run(model, budget, tmp_path, "--read-cap", cap)
+    assert capped.returncode == 0, capped.stderr
+    s = ev[-1]
+    assert s["read_cap"] == cap and s["capped_misses"] > 0 and s["skipped_misses"] >= s["capped_misses"]
+    # Hot clusters are not capped; at this budget the hot set is cached whole after the prompt, so a
+    # decoded token's misses are cold ones, each block's at most its share of the cap.
+    assert max(_decode_misses(ev)) <= cap
+    assert sum(_decode_misses(ev)) < sum(_decode_misses(ev_free)) / 2
+
+
+def test_off_is_the_default_bit_for_bit_and_auto_runs(model, budget, tmp_path):
+    free, _ = _run(model, budget, tmp_path)
+    off, _ = _run(model, budget, tmp_path, "--read-cap", "off")
+    assert off.returncode == 0 and off.stdout == free.stdout
+    auto, ev = _run(model, budget, tmp_path, "--read-cap", "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert ev[-1]["read_cap"] == -1 and ev[-1]["capped_misses"] >= 0
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
+def test_a_bad_cap_is_one_error_line(model, value):
+    done = subprocess.run([str(engine_bin()), "generate", "-m", str(model), "-p", "hi", "--policy", "powerinfer2",
+                           "--read-cap", value], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--read-cap" in done.stderr, done.stderr
+
+
+def test_a_plan_sets_the_cap(model, budget, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "read_cap": 64}))
+    done, ev = _run(model, budget, tmp_path, "--plan", plan)
+    assert done.returncode == 0, done.stderr
+    assert ev[-1]["read_cap"] == 64
+    plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "read_cap": True}))
+    bad = subprocess.run([str(engine_bin()), "generate", "-m", str(model), "-p", "hi", "--plan", str(plan)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and 'a count, "auto" or "off"' in bad.stderr
