@@ -2,6 +2,7 @@
 under one memory budget, with the bounds measured in the same run.
 
     .venv/bin/python benchmarks/prefill_tbt.py --model-dir DIR [--budget 2651M] [-p 64] [-n 48] [--rounds 3]
+        [--variant '--read-cap auto' ...]
 
 DIR holds model.pi2 and its GGUF twin model.gguf (e.g. `pi2 models synth --like turbosparse-mistral-7b
 --no-dense-down --predictor-rank 32 --out DIR`: synthetic weights, labelled so). Per round, in this order
@@ -12,6 +13,7 @@ so that every ratio pairs runs a minute apart on the same machine state:
   pi2 under the budget  the same generate inside a memory cgroup of the budget (page cache counted,
                         the model evicted first)
   llama.cpp under the budget   llama-bench -p P -n 8 --repack 0 (mmap) inside the same cgroup
+  pi2 variants     the budgeted pi2 run again with other flags (--miss-threshold P, --variant FLAGS)
 Prefill is P prompt tokens over the time to the first token; pi2's TBT percentiles are over every gap
 after the first token (the turn's steady decode); decode tok/s over the same tokens. pi2 samples
 (temperature 0.8, seed = round): every engine processes the same number of tokens either way.
@@ -101,6 +103,10 @@ def main() -> None:
     ap.add_argument(
         "--miss-threshold", type=float, help="also run pi2 under the budget with this --miss-threshold"
     )
+    ap.add_argument(
+        "--variant", action="append", default=[], metavar="FLAGS",
+        help="also run pi2 under the budget with these engine flags, e.g. '--read-cap auto' (repeatable)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     a = ap.parse_args()
     pi2, gguf = model_pair(a.model_dir, "prefill_tbt")
@@ -124,6 +130,10 @@ def main() -> None:
         if a.miss_threshold:  # the same budgeted run, leaving unlikely cold misses unread
             more = ("--miss-threshold", str(a.miss_threshold))
             steps.append((f"pi2 --miss-threshold {a.miss_threshold}@budget",
+                          lambda rnd=rnd, more=more: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab, more)))  # fmt: skip
+        for flags in a.variant:  # the same budgeted run with other engine flags
+            more = tuple(flags.split())
+            steps.append((f"pi2 {flags}@budget",
                           lambda rnd=rnd, more=more: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab, more)))  # fmt: skip
         for name, step in steps:
             r = step()
