@@ -40,7 +40,9 @@ def _run(model, budget, tmp_path, *more) -> tuple[subprocess.CompletedProcess, l
          "--memory-budget", str(budget), "--events", str(events), *map(str, more)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    return done, [json.loads(line) for line in events.read_text().splitlines()] if done.returncode == 0 else []
+    return done, [
+        json.loads(line) for line in events.read_text().splitlines()
+    ] if done.returncode == 0 else []
 
 
 def _decode_misses(events: list[dict]) -> list[int]:
