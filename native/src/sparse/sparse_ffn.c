@@ -276,7 +276,8 @@ static float floor_logit(const pi2_sparse *s) { return s->miss_logit < INFINITY 
 
 /* The block's miss limit: floor_logit, raised when more cold misses pass it than `cap`, to about the
  * cap-th highest score among them (a histogram of their scores: no sort in the decode path). Which
- * neurons are misses is the cache's state now; the waves read in that order, so none is lost between. */
+ * neurons are misses is the cache's state now; one cached now may be evicted by the block's own reads
+ * before its wave, so build_wave also counts the reads against cap.left. */
 static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
     const float floor = floor_logit(s);
     s->cap.left = cap > 0 ? cap : INT_MAX;
@@ -295,9 +296,9 @@ static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
     enum { BINS = 256 };
     int count[BINS] = {0};
     const float w = (hi - lo) / BINS;
-    for (int i = 0; i < n; i++) {
-        int j = (int)((s->cap.scores[i] - lo) / w);
-        count[j < BINS ? j : BINS - 1]++;
+    for (int i = 0; i < n; i++) { /* the float compare also keeps w = 0 (denormal spread) and NaN in range */
+        const float f = (s->cap.scores[i] - lo) / w;
+        count[f < (float)BINS ? (int)f : BINS - 1]++;
     }
     int above = 0, j = BINS - 1;
     while (j > 0 && above + count[j] <= cap) above += count[j--];
