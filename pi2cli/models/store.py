@@ -23,9 +23,10 @@ from pi2cli.models.registry import ModelSpec, get_model
 from pi2cli.paths import cache_dir
 
 GiB = 1024**3
-# Minutes per billion parameters for a full-size synth on this project's 2-core machines, measured
-# (docs/MODELS.md): 47B shape in ~45 min under a shared load. Only used to say how long it will take.
-SYNTH_MIN_PER_BPARAM = 1.0
+# Minutes per billion parameters for a full-size synth on 2 idle cores, measured (docs/MODELS.md): the
+# 47B shape (46.9B parameters) in 13.4 min (2026-11-24). Cores shared with other work stretch it (48.8
+# min at load 7-9). Only used to say how long it will take.
+SYNTH_MIN_PER_BPARAM = 0.3
 SPARE_BYTES = 8 * GiB  # never fill the disk: keep this much free after writing
 
 
@@ -122,7 +123,7 @@ def missing_message(spec: ModelSpec) -> str:
     )
     pull = f"`pi2 models pull {spec.name}` (real weights, {spec.hf_repo})" if spec.hf_repo else None
     how = (
-        f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 cores)"
+        f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 idle cores)"
     )
     if pull:
         how = f"{pull}, or {how}"
