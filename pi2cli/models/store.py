@@ -122,9 +122,7 @@ def missing_message(spec: ModelSpec) -> str:
         else f"only {free / GiB:.0f} GiB free there: not enough (keep {SPARE_BYTES / GiB:.0f} GiB spare)"
     )
     pull = f"`pi2 models pull {spec.name}` (real weights, {spec.hf_repo})" if spec.hf_repo else None
-    how = (
-        f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 idle cores)"
-    )
+    how = f"`pi2 models synth --like {spec.name}` (synthetic, ~{need / 1e9:.0f} GB, ~{minutes} min on 2 idle cores)"
     if pull:
         how = f"{pull}, or {how}"
     return f"model {spec.name} is not in {models_dir()}: get it with {how} (or `pi2 bench --synth`); {room}"
