@@ -76,6 +76,11 @@ def test_request_bound_storage_reads_whole_bundles():
     plan = make_plan(mistral7b(), profile(REQUEST_BOUND), 2651 * MiB, ctx=64)
     assert plan.settings["policy"] == "powerinfer2" and plan.settings["two_phase"] is False
     assert plan.info["predicted_whole_bundle_us"] < plan.info["predicted_two_phase_us"]
+    # one read a miss, and the storage time is those reads at a whole bundle's cost
+    info = plan.info
+    assert info["predicted_reads_per_token"] == info["predicted_misses_per_token"] > 0
+    want_ms = info["predicted_misses_per_token"] * info["predicted_whole_bundle_us"] / 1e3
+    assert info["predicted_storage_ms"] == pytest.approx(want_ms, rel=1e-3)
     assert any("whole-bundle reads are cheaper" in w for w in plan.why)
     assert plan.settings["lookahead"] is True  # cold misses: read the next layer's during attention
 
@@ -83,6 +88,13 @@ def test_request_bound_storage_reads_whole_bundles():
 def test_bandwidth_bound_storage_reads_in_two_phases():
     plan = make_plan(mistral7b(), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
     assert plan.settings["two_phase"] is True
+    # a two-phase miss is a gate read and, for the share whose gate fires (precision 0.377), a rest read
+    info = plan.info
+    assert info["predicted_reads_per_token"] == pytest.approx(
+        info["predicted_misses_per_token"] * 1.377, rel=1e-3
+    )
+    want_ms = info["predicted_misses_per_token"] * info["predicted_two_phase_us"] / 1e3
+    assert info["predicted_storage_ms"] == pytest.approx(want_ms, rel=1e-3)
     assert any("two-phase reads (gate part first) are cheaper" in w for w in plan.why)
 
 

@@ -425,7 +425,7 @@ def make_plan(
     info["measured_iops_4k_qd32"] = next((round(p["iops"]) for p in curve if p["block"] == 4096), None)
     if info["measured_iops_4k_qd32"] is None:
         del info["measured_iops_4k_qd32"]
-    reads = 0.0
+    reads = token_misses = 0.0
     per_miss = 0.0
     if sparse:
 
@@ -468,9 +468,13 @@ def make_plan(
             cold_total = m.n_blocks * (m.n_ff - split.hot_neurons)
             cold_hit = min(1.0, split.cold_slots / cold_total) if cold_total else 1.0
             misses = (per_block - hot_hits) * (1 - cold_hit)
-            reads = misses * m.blocks_per_token
+            token_misses = misses * m.blocks_per_token
+            # a two-phase miss is a gate read plus, where the gate fires (precision), a rest read
+            two = m.two_phase_applies and settings.get("two_phase")
+            reads = token_misses * ((1 + costs.precision) if two else 1)
             info["predicted_hot_neurons_per_block"] = int(split.hot_neurons)
             info["predicted_hit_rate"] = round(1 - misses / per_block, 4) if per_block else 1.0
+            info["predicted_misses_per_token"] = round(token_misses, 1)
             info["predicted_reads_per_token"] = round(reads, 1)
         info["predicted_whole_bundle_us"] = round(costs.whole_s * 1e6, 2)
         if m.two_phase_applies:
@@ -479,7 +483,7 @@ def make_plan(
         mem_bytes = (
             m.per_token_resident_bytes + (1 - sparsity) * m.ffn_bytes * m.blocks_per_token / m.n_blocks
         )
-        io_s = reads * per_miss
+        io_s = token_misses * per_miss  # per_miss: a whole read, or both phases' reads
     else:
         mem_bytes = m.per_token_resident_bytes + m.ffn_bytes
         resident_ffn = max(0, budget - fixed["total"])
@@ -503,7 +507,7 @@ def make_plan(
     bound = "memory" if mem_s >= io_s else "storage"
     why.append(f"estimate (a bound, not a measurement): {tbt * 1e3:.0f} ms per token = max(memory "
                f"{mem_s * 1e3:.0f} ms: {mem_bytes / 1e9:.2f} GB at {membw / 1e9:.1f} GB/s, storage {io_s * 1e3:.0f} ms"
-               + (f": {reads:.0f} cold misses at {per_miss * 1e6:.1f} us" if sparse else "")
+               + (f": {token_misses:.0f} cold misses ({reads:.0f} reads) at {per_miss * 1e6:.1f} us" if sparse else "")
                + f"), {bound}-bound; compute and reads assumed perfectly overlapped")  # fmt: skip
     info = {k: v for k, v in info.items() if v is not None}
     device = str((profile.get("target") or {}).get("name") or "?")
