@@ -202,6 +202,13 @@ static double random_rate(pi2_sparse *s, int n, size_t skip, size_t len, uint8_t
     return t < 0 ? -1 : n / (t > 1e-6 ? t : 1e-6);
 }
 
+double pi2_sparse_miss_seconds(const pi2_sparse *s, int two_phase) {
+    const double whole = s->batch.rand_reads_per_s, g = s->batch.probe_gate_reads_per_s,
+                 r = s->batch.probe_rest_reads_per_s;
+    if (two_phase && g > 0 && r > 0) return 1.0 / g + 0.5 / r;
+    return whole > 0 ? 1.0 / whole : 0;
+}
+
 int pi2_sparse_probe_storage(pi2_sparse *s) {
     const size_t stride = s->m->h.bundle_stride, chunk = (size_t)s->batch.stream_n * stride;
     const size_t align = s->ra > 4096 ? s->ra : 4096, bytes = (128 * s->full_len > chunk ? 128 * s->full_len : chunk);

@@ -250,23 +250,18 @@ static void count_check(pi2_sparse *s, int layer, int tokens) {
  * 500 to 67k misses a token, the slowest 1.5 s against a median of 0.14) then costs about what a
  * usual one does. 0: no cap. */
 static int cap_per_block(pi2_sparse *s, uint64_t t0) {
-    uint64_t wait = 0;
-    if (s->cfg.read_cap < 0) {
-        pi2_io_stats io;
-        pi2_io_stats_get(s->io, &io);
-        wait = io.wait_ns;
-        if (s->cap.last_t0 && t0 - s->cap.last_t0 < 2000000000ull) { /* the previous block was decode too */
-            const double waited = (double)(wait - s->cap.last_wait_ns), busy = (double)(t0 - s->cap.last_t0) - waited;
-            const double b = busy > 0 ? busy : 0;
-            s->cap.busy_ns = s->cap.busy_ns > 0 ? 0.9 * s->cap.busy_ns + 0.1 * b : b;
-        }
+    if (s->cfg.read_cap > 0) return s->cap.per_block;
+    pi2_io_stats io;
+    pi2_io_stats_get(s->io, &io);
+    if (s->cap.last_t0 && t0 - s->cap.last_t0 < 2000000000ull) { /* the previous block was decode too */
+        const double waited = (double)(io.wait_ns - s->cap.last_wait_ns), busy = (double)(t0 - s->cap.last_t0) - waited;
+        const double b = busy > 0 ? busy : 0;
+        s->cap.busy_ns = s->cap.busy_ns > 0 ? 0.9 * s->cap.busy_ns + 0.1 * b : b;
     }
     s->cap.last_t0 = t0;
-    s->cap.last_wait_ns = wait;
-    if (s->cfg.read_cap > 0) return s->cap.per_block;
-    if (s->cfg.read_cap == 0 || s->cap.busy_ns <= 0 || s->batch.rand_reads_per_s <= 0) return 0;
-    const double g = s->batch.probe_gate_reads_per_s, r = s->batch.probe_rest_reads_per_s;
-    const double per_miss = s->two_phase && g > 0 && r > 0 ? 1.0 / g + 0.5 / r : 1.0 / s->batch.rand_reads_per_s;
+    s->cap.last_wait_ns = io.wait_ns;
+    const double per_miss = pi2_sparse_miss_seconds(s, s->two_phase);
+    if (s->cap.busy_ns <= 0 || per_miss <= 0) return 0;
     const double n = s->cap.busy_ns / 1e9 / per_miss;
     return n < 1 ? 1 : n > 1e9 ? 1000000000 : (int)n;
 }

@@ -150,6 +150,10 @@ int pi2_sparse_stream_pays(const pi2_sparse *s, int missing);
 int pi2_sparse_stream_open(pi2_sparse *s);
 /* The rates above, measured on the neuron region (~10 ms of reads). 0 or -1 with an error. */
 int pi2_sparse_probe_storage(pi2_sparse *s);
+/* Seconds of storage one cold miss costs at the probed rates: a whole-bundle read, or (two_phase) a
+ * gate-part read plus, for about half the neurons (those whose gate comes out positive), the rest
+ * (a whole read where the probe did not measure the parts). 0 when nothing was measured. */
+double pi2_sparse_miss_seconds(const pi2_sparse *s, int two_phase);
 /* sparse_size.c: the staging memory a stream of stream_n-bundle chunks takes. */
 size_t pi2_sparse_stream_bytes(int stream_n, size_t stride, int n_batch);
 /* sparse_size.c: the engine's activation rows for bundles of type wt: prepared, packed (64-aligned). */

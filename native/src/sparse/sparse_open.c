@@ -264,11 +264,10 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_pool *pool, int n_batch, uin
         const uint64_t bytes0 = pi2_sparse_io_bytes(s);
         if (pi2_sparse_probe_storage(s) != 0 || (z->may_stream && pi2_sparse_stream_open(s) != 0)) goto fail;
         s->preload_bytes += pi2_sparse_io_bytes(s) - bytes0;
-        /* Two-phase costs a gate-part read, then the rest for about half the neurons (those whose gate
-         * comes out positive): it pays where that is cheaper than one whole read (storage bound by
-         * bandwidth, the paper's UFS), not where every request costs the same (IOPS-bound disks). */
+        /* Two-phase pays where its reads cost less than one whole read (storage bound by bandwidth,
+         * the paper's UFS), not where every request costs the same (IOPS-bound disks). */
         if (s->two_phase && cfg->two_phase == 0)
-            s->two_phase = 1.0 / s->batch.probe_gate_reads_per_s + 0.5 / s->batch.probe_rest_reads_per_s < 1.0 / s->batch.rand_reads_per_s;
+            s->two_phase = pi2_sparse_miss_seconds(s, 1) < pi2_sparse_miss_seconds(s, 0);
     }
     return s;
 fail:
