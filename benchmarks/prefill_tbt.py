@@ -120,6 +120,8 @@ def main() -> None:
     print(f"memory read {membw['gb_per_s']:.1f} GB/s; storage {stream['mb_per_s']:.0f} MB/s in 4 MiB reads "
           f"at queue depth 2", flush=True)  # fmt: skip
 
+    # --miss-threshold P is the variant '--miss-threshold P' (the same run and row name)
+    variants = ([f"--miss-threshold {a.miss_threshold}"] if a.miss_threshold else []) + a.variant
     runs: dict[str, list[dict]] = {}
     for rnd in range(1, a.rounds + 1):
         steps = [("pi2@memory", lambda rnd=rnd: run_pi2(pi2, None, a.p, a.n, a.threads, rnd, vocab)),
@@ -127,11 +129,7 @@ def main() -> None:
                  ("llama.cpp --repack 1@memory", lambda: run_llama(gguf, None, a.p, a.n, a.threads, 1)),
                  ("pi2@budget", lambda rnd=rnd: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab)),
                  ("llama.cpp@budget", lambda: run_llama(gguf, budget, a.p, 8, a.threads, 0))]  # fmt: skip
-        if a.miss_threshold:  # the same budgeted run, leaving unlikely cold misses unread
-            more = ("--miss-threshold", str(a.miss_threshold))
-            steps.append((f"pi2 --miss-threshold {a.miss_threshold}@budget",
-                          lambda rnd=rnd, more=more: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab, more)))  # fmt: skip
-        for flags in a.variant:  # the same budgeted run with other engine flags
+        for flags in variants:  # the same budgeted run with other engine flags
             more = tuple(flags.split())
             steps.append((f"pi2 {flags}@budget",
                           lambda rnd=rnd, more=more: run_pi2(pi2, budget, a.p, a.n, a.threads, rnd, vocab, more)))  # fmt: skip
