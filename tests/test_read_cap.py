@@ -4,7 +4,7 @@ import json
 import subprocess
 
 import pytest
-from engine_helpers import engine_bin
+from engine_helpers import run_engine
 
 from pi2cli.models import synth
 
@@ -28,18 +28,14 @@ SHAPE = ["--ctx", 64, "--batch", 8, "--policy", "powerinfer2", "--no-two-phase"]
 @pytest.fixture(scope="module")
 def budget(model) -> int:
     """The smallest budget for these settings + 3 MiB: the cache holds about a third of the FFN."""
-    done = subprocess.run([str(engine_bin()), "size", "-m", str(model), "--memory-budget", "1M", "--json",
-                           *map(str, SHAPE)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = run_engine("size", "-m", model, "--memory-budget", "1M", "--json", *SHAPE, check=False)
     return json.loads(done.stdout)["min_budget_bytes"] + 3 * 2**20
 
 
 def _run(model, budget, tmp_path, *more) -> tuple[subprocess.CompletedProcess, list[dict]]:
     events = tmp_path / "events.jsonl"
-    done = subprocess.run(
-        [str(engine_bin()), "generate", "-m", str(model), "-p", PROMPT, "-n", str(N), "--ignore-eos", *map(str, SHAPE),
-         "--memory-budget", str(budget), "--events", str(events), *map(str, more)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_engine("generate", "-m", model, "-p", PROMPT, "-n", N, "--ignore-eos", *SHAPE, "--memory-budget",
+                      budget, "--events", events, *more, check=False)  # fmt: skip
     return done, [
         json.loads(line) for line in events.read_text().splitlines()
     ] if done.returncode == 0 else []
@@ -76,8 +72,9 @@ def test_off_is_the_default_bit_for_bit_and_auto_runs(model, budget, tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
 def test_a_bad_cap_is_one_error_line(model, value):
-    done = subprocess.run([str(engine_bin()), "generate", "-m", str(model), "-p", "hi", "--policy", "powerinfer2",
-                           "--read-cap", value], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = run_engine(
+        "generate", "-m", model, "-p", "hi", "--policy", "powerinfer2", "--read-cap", value, check=False
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--read-cap" in done.stderr, done.stderr
 
 
@@ -88,6 +85,5 @@ def test_a_plan_sets_the_cap(model, budget, tmp_path):
     assert done.returncode == 0, done.stderr
     assert ev[-1]["read_cap"] == 64
     plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "read_cap": True}))
-    bad = subprocess.run([str(engine_bin()), "generate", "-m", str(model), "-p", "hi", "--plan", str(plan)],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = run_engine("generate", "-m", model, "-p", "hi", "--plan", plan, check=False)
     assert bad.returncode != 0 and 'a count, "auto" or "off"' in bad.stderr
