@@ -83,3 +83,14 @@ def test_deeper_queues_shorten_storage_time():
     deep = predict(m, device(deep=DEEP), 2000 * MiB, ctx=35)
     assert shallow["read_queue_depth"] > 32 and deep["storage_ms"] < shallow["storage_ms"]
     assert deep["storage_reads_per_token"] == shallow["storage_reads_per_token"]
+
+
+def test_storage_and_compute_add_for_every_policy():
+    # A block waits for its own reads before the next layer's attention can start, so the time per
+    # token is the sum (docs/PLAN.md: per-token regressions of time on reads), not the larger of the two.
+    m = mistral7b()
+    for policy in ("powerinfer2", "llmflash"):
+        pr = predict(m, device(), 2000 * MiB, ctx=35, policy=policy)
+        assert pr["memory_ms"] > 0 and pr["storage_ms"] > 0
+        assert pr["tbt_ms"] == pytest.approx(pr["memory_ms"] + pr["storage_ms"], abs=0.02)
+        assert pr["tok_s"] == pytest.approx(1e3 / pr["tbt_ms"], rel=1e-2)

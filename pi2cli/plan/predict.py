@@ -18,7 +18,12 @@ The cache and its hot/cold split are the engine's own (`pi2-engine size --facts`
 in steady state it keeps the hot set and the cold neurons ranked just after it (the admit limit), so the
 hit rate is the share of activations on that many of the hottest neurons (the activation profile's
 coverage curve: the model's measured one, else the synthetic design's lognormal profile).
-With the powerinfer2 pipeline, storage time overlaps compute (max of the two); without it they add.
+Storage time and compute time ADD, for every policy. The engine's pipeline overlaps a block's reads
+only with that block's cached neurons, and the block ends when its last read arrives; attention, the
+router and the predictors run between blocks with nothing in flight (the lookahead aside). Per-token
+regressions of measured decode time on reads (docs/PLAN.md: the 7B shape at 2.68 GiB, 75 ms + 15 us
+a read; the 47B at 15 GiB, 93 ms + 24 us) show the sum: a token with fewer reads than its compute could
+hide still pays each read.
 Nothing here is fitted to the paper's results; the constants are named where they are used.
 """
 
@@ -258,8 +263,7 @@ def predict(
     reads = blocks * misses * ((1 + precision) if two else 1)
     t_mem = (sum(mem.values()) + ffn_mem) / device.membw_bytes_per_s
     t_io = blocks * misses * per_miss
-    pipelined = policy == "powerinfer2"
-    t = max(t_mem, t_io) if pipelined else t_mem + t_io
+    t = t_mem + t_io
     return {
         "model": m.name,
         "synthetic": m.synthetic,
@@ -287,7 +291,7 @@ def predict(
         "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
         "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {pf:.3f}, precision "
         f"{precision:.2f}; steady-state cache (hot set + cold neurons up to the admit rank); "
-        + ("storage overlaps compute (pipeline)" if pipelined else "storage and compute add (no pipeline)"),
+        + "storage and compute add (a block waits for its reads)",
     }  # fmt: skip
 
 
