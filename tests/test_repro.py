@@ -42,3 +42,17 @@ def test_repro_single_experiment_prints_the_paper_beside_this_machine(tmp_path):
     assert result.exit_code == 0, result.output
     assert "0.4" in result.output and "11.07" in result.output  # the paper's ladder beside ours
     assert (tmp_path / "r" / "ablation.png").is_file()
+
+
+def test_every_experiment_loads_on_its_own():
+    # `pi2 repro NAME` imports one module in a fresh interpreter: one that needed another experiment
+    # imported first (in-memory read benchmarks/ before common had put it on the path) failed alone
+    import subprocess
+    import sys
+
+    from pi2cli.commands.repro import EXPERIMENTS as ALL
+
+    for name in ALL:
+        code = f"from pi2cli.commands.repro import load; load({name!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, (name, done.stderr[-500:])

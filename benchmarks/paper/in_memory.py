@@ -7,7 +7,6 @@ predicted neurons), prefill within the same order of magnitude.
 
 from __future__ import annotations
 
-import prefill_tbt  # benchmarks/prefill_tbt.py (common puts benchmarks/ on the path)
 from common import Ctx, facts, fmt_tps, llama, model_dir, pi2, save, table
 
 TITLE = "in memory: decode and prefill tok/s, pi2 vs llama.cpp, 7B shape, no budget"
@@ -16,6 +15,8 @@ N_PROMPT = 64  # prompt tokens for prefill (both engines)
 
 
 def run(ctx: Ctx) -> dict:
+    import prefill_tbt  # benchmarks/prefill_tbt.py: imported here, once common has put benchmarks/ on the path
+
     model = model_dir(ctx, "turbosparse-mistral-7b")
     ctx.say("in memory: pi2 and llama.cpp")
     p = pi2(ctx, model, "powerinfer2", None)
