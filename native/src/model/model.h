@@ -40,6 +40,7 @@ typedef struct {
     const float *output_norm;
     pi2_layer *layers;
     int packed;            /* gate/up data are malloc'ed copies (pi2_model_pack_ffn) */
+    uint8_t *small;        /* the norms and routers, copied out of the mapping at load (model.c: own_small) */
 } pi2_model;
 
 int pi2_model_load(pi2_model *m, const char *path, int verify_neurons);
