@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from common import Ctx, facts, fmt_tps, llama, model_dir, pi2, save, table
 
-TITLE = "in memory: decode and prefill tok/s, pi2 vs llama.cpp, 7B shape, no budget"
+TITLE = (
+    "in memory: decode and prefill tok/s, pi2 vs llama.cpp (its best layout, --repack 1), 7B shape, no budget"
+)
 PAPER = {"decode_speedup_vs_llamacpp": 2.24, "prefill_cpu_tok_s": 8}
 N_PROMPT = 64  # prompt tokens for prefill (both engines)
 
