@@ -6,8 +6,9 @@
    events, so what is compared is decode only: the cache the engine sized, the hit rate of the timed
    tokens (the summary's hit rate also counts the prompt's lookups), reads and bytes per token, and
    tok/s. The prediction is for the steady state, so the timed tokens come after steady_warmup's; the
-   sweeps' own window (the first tokens) is kept beside them, to show what the warm-up costs. The storage curve (pi2-probe: random reads at QD 32 and at the engine's
-   QD 512 over the model file) is measured again right before each point. Target: median |error| <= 10%.
+   sweeps' own window (the first tokens) is kept beside them, to show what the warm-up costs. The
+   storage curve (pi2-probe: random reads at QD 32 and at the engine's QD 512 over the model file) is
+   measured again right before each point. Target: median |error| <= 10%.
 2. The sweeps' own runs (memory-sweep.json / offload-sweep.json in the report directory, when there),
    predicted from the curves each sweep measured. Those JSONs keep no per-token hits and their curves
    have no QD 512 point, so this table is the weaker check; it is printed for continuity.
@@ -89,8 +90,8 @@ def _device(ctx: Ctx, model: Path):
 def steady_warmup(ctx: Ctx) -> int:
     """Decode tokens run before the timed ones. The prediction is for the steady state, and the cold
     region fills only as misses arrive: on the 47B shape at 19 GiB the hit rate climbed from 0.87-0.95
-    over the first 16 tokens to 0.98-0.99 by tokens 32-64 (predicted 0.974), so the sweeps' window
-    (2 untimed, then 14) under-counts hits by 2x in misses. The sweeps' window is kept beside it."""
+    over the first 16 tokens to 0.98-0.99 by tokens 32-64 (predicted 0.974), so in the sweeps' window
+    (2 untimed, then 14) it read twice what the steady state does. That window is kept beside it."""
     return 4 if ctx.small else 32
 
 
