@@ -97,7 +97,7 @@ static int bind_ffn(pi2_model *m, pi2_ffn_block *b, int layer, int expert) {
 /* The norms and the MoE router, read at every token, into one anonymous buffer. Left in the mapping they
  * are file pages that the kernel may drop under memory pressure: in a memory cgroup that the neuron cache
  * fills to its limit it did, and each token then waited on major faults in pi2_rmsnorm (7B shape at
- * 2.68 GiB: 100-230 faults in 32 tokens, tokens with 240-310 ms outside the FFN against ~35). A few MiB
+ * 2.68 GiB: 31-230 major faults in 32 tokens, tokens with 240-310 ms outside the FFN against ~35). A few MiB
  * of anonymous memory cannot be dropped (no swap), and the fixed region counts them. */
 static int own_small(pi2_model *m) {
     const pi2_header *h = &m->h;
