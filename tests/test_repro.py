@@ -37,11 +37,16 @@ def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
 
 def test_repro_single_experiment_prints_the_paper_beside_this_machine(tmp_path):
     result = CliRunner().invoke(
-        cli, ["repro", "ablation", "--small", "--out", str(tmp_path / "r"), "-n", "6"]
+        cli, ["repro", "ablation", "--small", "--out", str(tmp_path / "r"), "-n", "6", "--seeds", "2"]
     )
     assert result.exit_code == 0, result.output
     assert "0.4" in result.output and "11.07" in result.output  # the paper's ladder beside ours
     assert (tmp_path / "r" / "ablation.png").is_file()
+    # every rung ran once per seed, and reports the median run's figures
+    runs = json.loads((tmp_path / "r" / "ablation.json").read_text())["runs"]
+    for run in runs:
+        rates = run["decode_tps_per_seed"]
+        assert len(rates) == 2 and run["decode_tps"] in rates
 
 
 def test_every_experiment_loads_on_its_own():
