@@ -28,7 +28,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common import Ctx, GiB, machine_profile, median, model_dir, offload_budget, save, table
+from common import Ctx, GiB, machine_profile, median, model_dir, offload_budget, save, steady_warmup, table
 
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.predict import device_from_probe, facts_for, facts_from_registry, load_device, predict
@@ -85,14 +85,6 @@ def _device(ctx: Ctx, model: Path):
     device = device_from_probe(machine_profile(ctx, model / "model.pi2"), "measured here (pi2-probe)")
     device.threads = ctx.threads
     return device
-
-
-def steady_warmup(ctx: Ctx) -> int:
-    """Decode tokens run before the timed ones. The prediction is for the steady state, and the cold
-    region fills only as misses arrive: on the 47B shape at 19 GiB the hit rate climbed from 0.87-0.95
-    over the first 16 tokens to 0.98-0.99 by tokens 32-64 (predicted 0.974), so in the sweeps' window
-    (2 untimed, then 14) it read twice what the steady state does. That window is kept beside it."""
-    return 4 if ctx.small else 32
 
 
 def _window(toks: list[dict], first: int, last: int) -> dict:
