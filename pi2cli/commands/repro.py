@@ -42,8 +42,9 @@ def options(f):
     f = click.option("-n", "n_tokens", type=click.IntRange(2), default=None,
                      help="pi2 tokens per run [default: 16, --small 8].")(f)  # fmt: skip
     f = click.option("--seeds", "n_seeds", type=click.IntRange(1), default=None,
-                     help="pi2 runs per point, each sampling with its own seed; the run with the median decode "
-                          "rate is reported. On a synthetic model a token's reads follow the text, and the text "
+                     help="pi2 runs per point of the sweeps, the ablation and in-memory, each sampling with its own seed; "
+                          "the run with the median decode rate is reported (the TBT table and the planner's "
+                          "validation time one seed's steady state). On a synthetic model a token's reads follow the text, and the text "
                           "follows the seed (and the policy: powerinfer2's prefill is dense), so one seed's reads "
                           "a token can differ by half [default: 3, --small 1].")(f)  # fmt: skip
     f = click.option("--llama-tokens", type=click.IntRange(1), default=None,
