@@ -68,6 +68,9 @@ def run_pi2(
         "peak_rss_bytes": s["peak_rss_bytes"], "budget_source": s.get("memory_budget_source"),
         "streamed_blocks": s.get("streamed_blocks"), "dense_batch_blocks": s.get("dense_batch_blocks"),
         "two_phase": s.get("two_phase"), "hit_rate": s.get("hit_rate"),
+        # the load's own reads (under a budget: the cache filled at open) happen before the prompt
+        "load_s": ev["start"].get("load_s"), "preload_bytes": s.get("preload_bytes"),
+        "stream_cached_bundles": s.get("stream_cached_bundles"),
         "reads_per_token": statistics.mean(e.get("reads", 0) for e in ev["token"][1:]) if n > 1 else None,
     }  # fmt: skip
 
@@ -137,7 +140,8 @@ def main() -> None:
             r = step()
             runs.setdefault(name, []).append(r)
             print(f"  round {rnd} {name:28s} " + ("error: " + r["error"] if "error" in r else
-                  f"prefill {r['prefill_tps']:.1f} tok/s, decode {r.get('decode_tps') or 0:.2f} tok/s"), flush=True)  # fmt: skip
+                  f"prefill {r['prefill_tps']:.1f} tok/s, decode {r.get('decode_tps') or 0:.2f} tok/s"
+                  + (f", load {r['load_s']:.1f} s" if r.get("load_s") is not None else "")), flush=True)  # fmt: skip
 
     def best_llama(i: int) -> dict:  # the faster layout of round i
         return max((runs[f"llama.cpp --repack {k}@memory"][i] for k in (0, 1)),

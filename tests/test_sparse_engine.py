@@ -240,19 +240,39 @@ def test_batches_are_dense_and_streaming_changes_no_float(ffn_heavy, tmp_path):
     # long prompt's batch needs more scratch: this budget still holds only a fifth of the FFN.)
     budget = str(ffn_heavy.stat().st_size + 8 * 2**20)
     sample = ("-p", LONG_PROMPT, "--policy", "powerinfer2", "--temperature", "0.8", "--seed", "9")
-    texts = {}
+    texts, cached = {}, {}
     for name, extra in (("resident", ()), ("stream", ("--memory-budget", budget, "--prefill-stream", "on")),
+                        ("auto", ("--memory-budget", budget)),
+                        ("cold start", ("--memory-budget", budget, "--no-warm")),
                         ("waves", ("--memory-budget", budget, "--prefill-stream", "off"))):  # fmt: skip
         texts[name], s = _generate(ffn_heavy, tmp_path, *sample, *extra, n=16)
         blocks = 2  # two layers
         if name == "resident":
             assert s["dense_batch_blocks"] == blocks and s["bytes_read_after_load"] == 0
-        elif name == "stream":  # what the cache should hold came in with the stream: copied, not read
+        elif name != "waves":  # what the cache should hold came in with the stream: copied, not read
             assert s["streamed_blocks"] == blocks and s["peak_rss_bytes"] <= int(budget)
             assert s["warmed_bundles"] > 0
+            cached[name] = s["stream_cached_bundles"]  # copied from the cache into the stream, not read
         else:
             assert s["streamed_blocks"] == 0 and s["dense_batch_blocks"] == 0
     assert len(set(texts.values())) == 1, texts
+    # the cache filled at open holds more than the hot clusters the layers prefetch before their FFN
+    assert cached["auto"] == cached["stream"] > cached["cold start"]
+
+
+def test_the_cache_is_filled_at_open_with_its_steady_state(ffn_heavy, tmp_path):
+    # powerinfer2 under a budget, with batches of 8+ tokens (the stream's staging buffers), reads each
+    # block's hot clusters and top-ranked cold neurons at open, in large sequential reads counted as the
+    # load's; the prompt's dense batch then copies them instead of reading them. --no-warm starts empty.
+    budget = str(ffn_heavy.stat().st_size + 8 * 2**20)  # the long prompt's scratch; a fifth of the FFN
+    sample = ("-p", LONG_PROMPT, "--policy", "powerinfer2", "--memory-budget", budget, "--temperature", "0.8",
+              "--seed", "3")  # fmt: skip
+    warm_text, warm = _generate(ffn_heavy, tmp_path, *sample, n=8)
+    cold_text, cold = _generate(ffn_heavy, tmp_path, *sample, "--no-warm", n=8)
+    assert warm_text == cold_text
+    assert warm["preload_bytes"] > cold["preload_bytes"] and warm["peak_rss_bytes"] <= int(budget)
+    assert warm["stream_cached_bundles"] > cold["stream_cached_bundles"]
+    assert warm["bytes_read_after_load"] < cold["bytes_read_after_load"]
 
 
 def test_token_events_carry_io_and_cache_counters(ffn_heavy, tmp_path):

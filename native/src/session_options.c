@@ -21,7 +21,7 @@ enum {
     /* the sparse engine's (docs/SPARSE.md) */
     O_POLICY, O_MEMORY_BUDGET, O_PREDICTOR, O_CHECK_PREDICTOR, O_PRED_THRESHOLD, O_LLMFLASH_WINDOW,
     O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD, O_READ_CAP,
-    O_LRU_ONLY, O_LOOKAHEAD, O_NO_REPACK, O_IO, O_IO_THREADS, O_IO_AFFINITY, O_END
+    O_LRU_ONLY, O_LOOKAHEAD, O_NO_WARM, O_NO_REPACK, O_IO, O_IO_THREADS, O_IO_AFFINITY, O_END
 };
 
 const int pi2_flags_sparse = O_POLICY;
@@ -59,11 +59,12 @@ const pi2_flag pi2_flags[] = {
     [O_CLUSTER] = {"--cluster", NULL, 1, G | E | C | S, "bundles per hot cluster   [32]"},
     [O_TWO_PHASE] = {"--two-phase", NULL, 0, G | E | C | S, "powerinfer2: cold INT4 bundles gate part first   [auto: from a storage probe at open]"},
     [O_NO_TWO_PHASE] = {"--no-two-phase", NULL, 0, G | E | C | S, "powerinfer2: cold INT4 bundles read whole"},
-    [O_PREFILL_STREAM] = {"--prefill-stream", NULL, 1, G | E | C | S, "auto|on|off: powerinfer2 batches of 8+ tokens under a budget read each block whole, sequentially   [auto]"},
+    [O_PREFILL_STREAM] = {"--prefill-stream", NULL, 1, G | E | C | S, "auto|on|off: powerinfer2 batches of 8+ tokens under a budget come through the GEMM chunk by chunk (cached bundles copied, the rest read singly or the chunk whole, whichever costs less; on = auto); off: through the cache's waves   [auto]"},
     [O_MISS_THRESHOLD] = {"--miss-threshold", NULL, 1, G | E | C | S, "decode: read a cold miss only if its predicted probability > P   [off]"},
     [O_READ_CAP] = {"--read-cap", NULL, 1, G | E | C | S, "decode: most cold misses read a token, the likeliest first: N, auto (what compute hides), off   [off]"},
     [O_LRU_ONLY] = {"--lru-only", NULL, 0, G | E | C | S, "cache, powerinfer2: plain LRU for cold misses, not insertion by rank"},
     [O_LOOKAHEAD] = {"--lookahead", NULL, 0, G | E | C | S, "powerinfer2: read what the coming layer's predictor wants during attention"},
+    [O_NO_WARM] = {"--no-warm", NULL, 0, G | E | C | S, "powerinfer2 under a budget: start with an empty neuron cache (default: filled at open with what it keeps in the steady state)"},
     [O_NO_REPACK] = {"--no-repack", NULL, 0, G | E | C | S, "keep attention/output rows as stored (no interleaving by four)"},
     [O_IO] = {"--io", NULL, 1, G | E | C | S, "auto|uring|pread|buffered: neuron reads   [auto]"},
     [O_IO_THREADS] = {"--io-threads", NULL, 1, G | E | C | S, "pread-pool threads"},
@@ -194,6 +195,7 @@ static int apply(int id, const char *a, const char *v, pi2_options *o) {
         return 0;
     case O_LRU_ONLY: sc->lru_only = 1; return 0;
     case O_LOOKAHEAD: sc->lookahead = 1; return 0;
+    case O_NO_WARM: sc->no_warm = 1; return 0;
     case O_NO_REPACK: sc->no_repack = 1; return 0;
     case O_IO: {
         static const char *const names[] = {"auto", "uring", "pread", "buffered"};

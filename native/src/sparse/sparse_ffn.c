@@ -365,10 +365,12 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         pi2_pack_act((pi2_type)s->m->h.neuron_type, s->scratch.act + (size_t)t * s->scratch.act_row, E, s->scratch.pact + (size_t)t * s->scratch.pact_row);
 
     /* Which neurons: the predictor's choice, or the truth; for powerinfer2's batches of at least
-     * PI2_DENSE_BATCH tokens, every neuron (the paper's prefill is dense). Those come from the resident
-     * FFN or a stream of the block when that costs less than reading the missing bundles one by one
-     * (sparse_batch.c), else through the waves below: the same floats either way, so the text never
-     * depends on the budget or on what the storage probe measured. */
+     * PI2_DENSE_BATCH tokens, every neuron (the paper's prefill is dense). Those go through the GEMM, from
+     * the resident FFN or the block's stream (sparse_batch.c: chunk by chunk, each from the cache, from
+     * reads of its missing bundles, or from one sequential read, as the storage probe says costs least:
+     * the same bytes whichever). Only --prefill-stream off sends them through the waves below, whose
+     * per-neuron dots sum in another order: so whether a block streams must never follow a measurement,
+     * or the text would follow the disk's mood. */
     const int exact = s->cfg.oracle || s->cfg.check_predictor;
     const int dense = s->pipeline && tokens >= PI2_DENSE_BATCH && !exact;
     if (exact) pi2_true_activations(s->pool, s->m, blk, s->scratch.act, s->scratch.act_row, tokens, s->scratch.truth);
@@ -383,11 +385,7 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         if (any) s->scratch.active[n_active++] = (int32_t)k;
     }
     s->st.neurons_visited += (uint64_t)F * tokens;
-    int missing = 0;
-    if (dense && !s->batch.block_base)
-        for (int64_t k = 0; k < F; k++) missing += pi2_ncache_find(s->cache, b, (int)k) < 0;
-    const int stream = s->cfg.prefill_stream > 0 || (s->cfg.prefill_stream == 0 && pi2_sparse_stream_pays(s, missing));
-    if (dense && (s->batch.block_base || (s->batch.stage[0] && stream))) {
+    if (dense && (s->batch.block_base || s->batch.stage[0])) {
         s->st.neurons_computed += (uint64_t)F * tokens;
         memset(out, 0, (size_t)tokens * E * sizeof(float));
         s->scratch.out = out;

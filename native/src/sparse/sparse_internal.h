@@ -62,6 +62,7 @@ struct pi2_sparse {
         double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
         double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
         uint64_t streamed_blocks, dense_blocks, warmed_bundles; /* warmed: copied into the cache from streams */
+        uint64_t cached_bundles; /* copied into a stream's stage from the cache instead of read */
         float *up_out; /* a dense batch's up dots [n_batch][span] (the gate dots, then outputs: `gates`) */
     } batch;
 
@@ -143,11 +144,11 @@ int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived);
  * prefill. From the resident FFN when there is one (s->block_base), else streamed from storage in
  * chunks while the previous chunk computes. Adds into s->out; 0 or -1 with s->error set. */
 int pi2_sparse_dense_batch(pi2_sparse *s, int b);
-/* Whether block b's batch is cheaper streamed whole than read neuron by neuron: `missing` bundles at
- * the random-read rate measured at open against the block's bytes at the measured sequential rate. */
-int pi2_sparse_stream_pays(const pi2_sparse *s, int missing);
 /* At open, for powerinfer2 under a budget: the staging buffers. 0 or -1 with an error. */
 int pi2_sparse_stream_open(pi2_sparse *s);
+/* The cache filled with its steady-state content (hot clusters, cold neurons below admit_limit), read
+ * through the stream's staging buffers. */
+int pi2_sparse_warm(pi2_sparse *s);
 /* The rates above, measured on the neuron region (~10 ms of reads). 0 or -1 with an error. */
 int pi2_sparse_probe_storage(pi2_sparse *s);
 /* Seconds of storage one cold miss costs at the probed rates: a whole-bundle read, or (two_phase) a

@@ -54,7 +54,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"preload_s\": %.6f, \"preload_bytes\": %llu, \"bytes_read_after_load\": %llu, "
         "\"dense_batch_blocks\": %llu, \"streamed_blocks\": %llu, \"probe_rand_reads_per_s\": %.0f, "
         "\"probe_gate_reads_per_s\": %.0f, \"probe_rest_reads_per_s\": %.0f, \"probe_seq_bytes_per_s\": %.0f, "
-        "\"two_phase_source\": \"%s\", \"admit_rank\": %d, \"warmed_bundles\": %llu, \"skipped_misses\": %llu",
+        "\"two_phase_source\": \"%s\", \"admit_rank\": %d, \"warmed_bundles\": %llu, \"stream_cached_bundles\": %llu, "
+        "\"skipped_misses\": %llu",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
         (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
@@ -69,7 +70,8 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         (unsigned long long)s->batch.dense_blocks, (unsigned long long)s->batch.streamed_blocks, s->batch.rand_reads_per_s,
         s->batch.probe_gate_reads_per_s, s->batch.probe_rest_reads_per_s, s->batch.seq_bytes_per_s,
         cfg->two_phase ? "flag" : s->batch.rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit,
-        (unsigned long long)s->batch.warmed_bundles, (unsigned long long)s->check.skipped_misses);
+        (unsigned long long)s->batch.warmed_bundles, (unsigned long long)s->batch.cached_bundles,
+        (unsigned long long)s->check.skipped_misses);
     if (s->cap_on) /* --read-cap: the limit asked for, and the misses it left unread (within skipped_misses) */
         OUT(", \"read_cap\": %d, \"capped_misses\": %llu", cfg->read_cap, (unsigned long long)s->cap.capped);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
