@@ -39,7 +39,7 @@ typedef struct {
     float hot_share;        /* of the cache, for the hot region */
     int cluster;            /* bundles per hot cluster */
     int two_phase;          /* powerinfer2: 0 auto (from the storage probe at open), 1 on, -1 off (whole bundles) */
-    int prefill_stream;     /* powerinfer2 batches: 0 auto (stream a block when the probe says it pays), 1 always, -1 never */
+    int prefill_stream;     /* powerinfer2 batches of 8+ tokens: 0 auto = 1 (GEMM over the block's stream), -1 off (the waves) */
     int lru_only;           /* cache, powerinfer2: cold misses always at the MRU end (no insertion by rank) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     int no_warm;            /* powerinfer2 under a budget: no fill of the cache at open (docs/SPARSE.md) */
