@@ -156,17 +156,6 @@ static int fill_chunk(pi2_sparse *s, int b, int k0, int n, uint8_t *stage, uint6
     return 1;
 }
 
-/* Until chunk c's reads have all arrived (left[c & 1] of them; at most two chunks are in flight). */
-static int wait_chunk_reads(pi2_sparse *s, int c, int *left) {
-    while (left[c & 1] > 0) {
-        uint64_t tags[64];
-        const int got = pi2_io_reap(s->io, tags, 64, 1);
-        if (got < 0) return -1;
-        for (int i = 0; i < got; i++) left[tags[i] & 1]--;
-    }
-    return 0;
-}
-
 int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
     if (s->batch.block_base) {
         dense_span(s, s->batch.block_base[b], s->batch.res_stride, (int)s->F);
@@ -188,11 +177,7 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
             }
         }
         if (c == 0) continue;
-        if (wait_chunk_reads(s, c - 1, left) != 0) {
-            snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
-            atomic_store(&s->failed, 1);
-            return -1;
-        }
+        if (pi2_sparse_wait_chunk(s, c - 1, left) != 0) return -1;
         const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
         dense_span(s, s->batch.stage[(c - 1) & 1], s->m->h.bundle_stride, n);
         warm_from_stream(s, b, (c - 1) * per, n, s->batch.stage[(c - 1) & 1]);
@@ -220,7 +205,7 @@ int pi2_sparse_warm(pi2_sparse *s) {
             left[c & 1] = 1;
         }
         if (c == 0) continue;
-        if (wait_chunk_reads(s, c - 1, left) != 0) goto failed;
+        if (pi2_sparse_wait_chunk(s, c - 1, left) != 0) goto failed;
         const int b = (c - 1) / per_block, k0 = (c - 1) % per_block * per;
         warm_from_stream(s, b, k0, s->admit_limit - k0 < per ? s->admit_limit - k0 : per, s->batch.stage[(c - 1) & 1]);
     }

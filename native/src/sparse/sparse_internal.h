@@ -135,10 +135,11 @@ uint64_t pi2_sparse_io_bytes(const pi2_sparse *s);
 int pi2_sparse_preload(pi2_sparse *s);
 /* sparse_io.c: before a layer's attention: start the reads its FFN will want (hot clusters, lookahead). */
 void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens);
-/* sparse_io.c: wait until chunk c of a double-buffered stream has arrived (its read's tag has c's
- * parity in the low bit; at most two chunks fly, completions come in any order): arrived[c & 1]. The
- * preload and the streamed batches both read blocks this way. 0, or -1 with s->error set. */
-int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived);
+/* sparse_io.c: wait until every read of chunk c of a double-buffered stream has arrived: left[c & 1]
+ * counts them (each read's tag has its chunk's parity in the low bit; at most two chunks fly, completions
+ * come in any order). The preload, the cache's fill at open and the streamed batches all read blocks
+ * this way. 0, or -1 with s->error set and the engine marked failed. */
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left);
 
 /* sparse_batch.c: a batch (tokens > 1) computed densely over every neuron of block b, the paper's
  * prefill. From the resident FFN when there is one (s->block_base), else streamed from storage in

@@ -39,7 +39,7 @@ int pi2_sparse_preload(pi2_sparse *s) {
         return -1;
     }
     int rc = 0;
-    int arrived[2] = {0, 0}; /* chunk c has arrived: arrived[c & 1] (at most two are in flight) */
+    int left[2] = {0, 0}; /* chunk c's reads still in flight: left[c & 1] (at most two chunks are) */
     for (int64_t c = 0; rc == 0 && c <= n_chunks; c++) {
         if (c < n_chunks) { /* issue chunk c */
             const int b = (int)(c / chunks_per_block), k0 = (int)(c % chunks_per_block) * per_chunk;
@@ -59,13 +59,13 @@ int pi2_sparse_preload(pi2_sparse *s) {
                 int blk, kk;
                 if (rc == 0) dst = pi2_ncache_slot_data(s->cache, h0, &len, &blk, &kk);
             }
-            arrived[c & 1] = 0;
             if (rc == 0) rc = pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, dst, (uint64_t)c);
+            if (rc == 0) left[c & 1] = 1;
             if (rc == 0) rc = pi2_io_flush(s->io);
         }
         if (rc != 0 || c == 0) continue;
         const int64_t p = c - 1; /* finish chunk p: wait for it (completions come in any order) */
-        if ((rc = pi2_sparse_wait_chunk(s, p, arrived)) != 0) break;
+        if ((rc = pi2_sparse_wait_chunk(s, p, left)) != 0) break;
         const int b = (int)(p / chunks_per_block), k0 = (int)(p % chunks_per_block) * per_chunk;
         const int n = s->F - k0 < per_chunk ? (int)(s->F - k0) : per_chunk;
         for (int k = 0; k < n; k++) {
@@ -192,16 +192,16 @@ void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens
 }
 
 
-int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *arrived) {
-    while (!arrived[c & 1]) {
-        uint64_t tags[8];
-        const int got = pi2_io_reap(s->io, tags, 8, 1);
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left) {
+    while (left[c & 1] > 0) {
+        uint64_t tags[64];
+        const int got = pi2_io_reap(s->io, tags, 64, 1);
         if (got < 0) {
             snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
             atomic_store(&s->failed, 1);
             return -1;
         }
-        for (int i = 0; i < got; i++) arrived[tags[i] & 1] = 1;
+        for (int i = 0; i < got; i++) left[tags[i] & 1]--;
     }
     return 0;
 }
