@@ -104,10 +104,11 @@ def pi2(ctx: Ctx, model: Path, policy: str, budget: int | None, more: tuple[str,
 
 def steady_warmup(ctx: Ctx) -> int:
     """Decode tokens run before the timed ones where the steady state is measured (the planner's
-    prediction is for it, and so is the paper's TBT table). The cold region fills only as misses arrive: on the 47B shape at 19 GiB the hit rate climbed from 0.87-0.95
-    over the first 16 tokens to 0.98-0.99 by tokens 32-64 (predicted 0.974), so in the sweeps' window
-    (2 untimed, then 14) it read twice what the steady state does. The planner's validation and the TBT
-    table time the tokens after it."""
+    prediction is for it, and so is the paper's TBT table). The cold region fills only as misses
+    arrive: on the 47B shape at 19 GiB the hit rate climbed from 0.87-0.95 over the first 16 tokens to
+    0.98-0.99 by tokens 32-64 (predicted 0.974), so in the sweeps' window (2 untimed, then 14) it read
+    twice what the steady state does. The planner's validation and the TBT table time the tokens after
+    it."""
     return 4 if ctx.small else 32
 
 
@@ -117,12 +118,9 @@ def hit_rate(tokens: list[dict]) -> float | None:
     return hits / (hits + misses) if hits + misses else None
 
 
-def pi2_tokens(
-    ctx: Ctx, model: Path, budget: int | None, policy: str = "powerinfer2", skip: int | None = None
-) -> dict:
+def pi2_tokens(ctx: Ctx, model: Path, budget: int | None, policy: str = "powerinfer2") -> dict:
     """One run keeping every token's time and its I/O and compute seconds (TBT, I/O share): ctx.n_tokens
-    timed after `skip` untimed decode tokens (default ctx.warmup, counted within ctx.n_tokens as the
-    sweeps do; otherwise run before them)."""
+    timed after steady_warmup's untimed decode tokens."""
     import tempfile
 
     from pi2cli.engines.pi2 import engine_binary, parse_events
@@ -131,7 +129,7 @@ def pi2_tokens(
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         cmd = [str(engine_binary()), "generate", "-m", str(model / "model.pi2"), "-p", sparse_decode.PROMPT,
-               "-n", str(ctx.n_tokens if skip is None else skip + ctx.n_tokens), "--temperature", str(sparse_decode.TEMPERATURE), "--seed", str(ctx.seeds[0]),
+               "-n", str(steady_warmup(ctx) + ctx.n_tokens), "--temperature", str(sparse_decode.TEMPERATURE), "--seed", str(ctx.seeds[0]),
                "--ignore-eos", "--threads", str(ctx.threads), "--policy", policy, "--events", str(events)]  # fmt: skip
         if budget:
             cmd += ["--memory-budget", str(budget)]
@@ -139,7 +137,7 @@ def pi2_tokens(
         if done.returncode != 0:
             return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
         ev = parse_events(events.read_text().splitlines())
-    toks = ev["token"][ctx.warmup if skip is None else skip :]
+    toks = ev["token"][steady_warmup(ctx) :]
     times = [e["t"] for e in toks]
     timed_hits = hit_rate(toks[1:])
     return {

@@ -28,7 +28,18 @@ import json
 import statistics
 from pathlib import Path
 
-from common import Ctx, GiB, machine_profile, median, model_dir, offload_budget, save, steady_warmup, table
+from common import (
+    Ctx,
+    GiB,
+    hit_rate,
+    machine_profile,
+    median,
+    model_dir,
+    offload_budget,
+    save,
+    steady_warmup,
+    table,
+)
 
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.predict import device_from_probe, facts_for, facts_from_registry, load_device, predict
@@ -92,9 +103,8 @@ def _window(toks: list[dict], first: int, last: int) -> dict:
     timed = toks[first + 1 : last + 1]
     span = timed[-1]["t"] - toks[first]["t"] if timed else 0.0
     per = lambda k: statistics.mean(t.get(k, 0) for t in timed) if timed else 0.0  # noqa: E731
-    hits, misses = per("hits"), per("misses")
-    return {"decode_tps": len(timed) / span if span > 0 else None, "hit_rate": hits / (hits + misses) if hits + misses else None,
-            "reads_per_token": per("reads"), "bytes_per_token": per("bytes_read"), "misses_per_token": misses,
+    return {"decode_tps": len(timed) / span if span > 0 else None, "hit_rate": hit_rate(timed),
+            "reads_per_token": per("reads"), "bytes_per_token": per("bytes_read"), "misses_per_token": per("misses"),
             "tokens": len(timed)}  # fmt: skip
 
 

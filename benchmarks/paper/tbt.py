@@ -33,7 +33,7 @@ def run(ctx: Ctx) -> dict:
     out = {}
     for policy in ("powerinfer2", "llmflash"):
         ctx.say(f"tbt/io-share: {policy}")
-        r = pi2_tokens(ctx, model, b, policy, skip=steady_warmup(ctx))
+        r = pi2_tokens(ctx, model, b, policy)
         if "error" in r:
             out[policy] = r
             continue
