@@ -256,8 +256,9 @@ def test_batches_are_dense_and_streaming_changes_no_float(ffn_heavy, tmp_path):
         else:
             assert s["streamed_blocks"] == 0 and s["dense_batch_blocks"] == 0
     assert len(set(texts.values())) == 1, texts
-    # the cache filled at open holds more than the hot clusters the layers prefetch before their FFN
-    assert cached["auto"] == cached["stream"] > cached["cold start"]
+    # the cache filled at open holds more than the hot clusters the layers prefetch before their FFN (how
+    # many a run copies also follows the probe: a chunk missing enough bundles is read whole instead)
+    assert min(cached["auto"], cached["stream"]) > cached["cold start"]
 
 
 def test_the_cache_is_filled_at_open_with_its_steady_state(ffn_heavy, tmp_path):

@@ -5,9 +5,9 @@
  *
  * Two sources of rows:
  *  - resident: the cache holds every bundle in consecutive slots, so a block is one strided matrix;
- *  - streamed (powerinfer2 under a budget): the block comes in chunks of stream_n bundles into two
- *    staging buffers, each chunk computed while the next one fills: its bundles the cache holds are
- *    copied, the others read one by one, or the whole chunk is read sequentially when that costs less
+ *  - streamed (powerinfer2 under a budget): the block comes in chunks of stream_n bundles through a ring
+ *    of PI2_STREAM_STAGES staging buffers, each chunk computed while the next ones fill: its bundles the
+ *    cache holds are copied, the others read one by one, or the whole chunk is read sequentially when that costs less
  *    (fill_chunk, from the storage curve measured at open on the neuron region itself).
  * Both add neurons in ascending order, each row's dots the same whatever the span, so a streamed batch
  * gives the resident batch's floats. */
@@ -164,23 +164,24 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
     }
     pi2_sparse_drain(s); /* prefetched clusters land in the cache; then only streamed reads fly */
     if (atomic_load(&s->failed)) return -1;
-    const int per = s->batch.stream_n, n_chunks = (int)((s->F + per - 1) / per);
-    int left[2] = {0, 0};
-    for (int c = 0; c <= n_chunks; c++) {
-        if (c < n_chunks) { /* fill chunk c while chunk c - 1 computes */
+    const int per = s->batch.stream_n, n_chunks = (int)((s->F + per - 1) / per), R = PI2_STREAM_STAGES;
+    int left[PI2_STREAM_STAGES] = {0};
+    for (int c = 0; c < n_chunks + R - 1; c++) {
+        if (c < n_chunks) { /* fill chunk c while chunks c - R + 1 .. c - 1 wait their turn */
             const int n = s->F - (int64_t)c * per < per ? (int)(s->F - (int64_t)c * per) : per;
-            left[c & 1] = fill_chunk(s, b, c * per, n, s->batch.stage[c & 1], STREAM_TAG | (uint64_t)c);
-            if (left[c & 1] < 0) {
+            left[c % R] = fill_chunk(s, b, c * per, n, s->batch.stage[c % R], STREAM_TAG | (uint64_t)c);
+            if (left[c % R] < 0) {
                 snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
                 atomic_store(&s->failed, 1);
                 return -1;
             }
         }
-        if (c == 0) continue;
-        if (pi2_sparse_wait_chunk(s, c - 1, left) != 0) return -1;
-        const int n = s->F - (int64_t)(c - 1) * per < per ? (int)(s->F - (int64_t)(c - 1) * per) : per;
-        dense_span(s, s->batch.stage[(c - 1) & 1], s->m->h.bundle_stride, n);
-        warm_from_stream(s, b, (c - 1) * per, n, s->batch.stage[(c - 1) & 1]);
+        const int d = c - (R - 1); /* the oldest chunk in the ring: compute it */
+        if (d < 0) continue;
+        if (pi2_sparse_wait_chunk(s, d, left, R) != 0) return -1;
+        const int n = s->F - (int64_t)d * per < per ? (int)(s->F - (int64_t)d * per) : per;
+        dense_span(s, s->batch.stage[d % R], s->m->h.bundle_stride, n);
+        warm_from_stream(s, b, d * per, n, s->batch.stage[d % R]);
     }
     s->batch.streamed_blocks++;
     return 0;
@@ -194,20 +195,22 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
 int pi2_sparse_warm(pi2_sparse *s) {
     const size_t stride = s->m->h.bundle_stride;
     const int per = s->batch.stream_n, per_block = (s->admit_limit + per - 1) / per, n_chunks = s->n_blocks * per_block;
-    int left[2] = {0, 0};
-    for (int c = 0; c <= n_chunks; c++) { /* read chunk c while chunk c - 1 is copied into its slots */
+    const int R = PI2_STREAM_STAGES;
+    int left[PI2_STREAM_STAGES] = {0};
+    for (int c = 0; c < n_chunks + R - 1; c++) { /* read chunk c while the oldest is copied into its slots */
         if (c < n_chunks) {
             const int b = c / per_block, k0 = c % per_block * per;
             const int n = s->admit_limit - k0 < per ? s->admit_limit - k0 : per;
-            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, s->batch.stage[c & 1],
+            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, s->batch.stage[c % R],
                               STREAM_TAG | (uint64_t)c) != 0 || pi2_io_flush(s->io) != 0)
                 goto failed;
-            left[c & 1] = 1;
+            left[c % R] = 1;
         }
-        if (c == 0) continue;
-        if (pi2_sparse_wait_chunk(s, c - 1, left) != 0) goto failed;
-        const int b = (c - 1) / per_block, k0 = (c - 1) % per_block * per;
-        warm_from_stream(s, b, k0, s->admit_limit - k0 < per ? s->admit_limit - k0 : per, s->batch.stage[(c - 1) & 1]);
+        const int d = c - (R - 1);
+        if (d < 0) continue;
+        if (pi2_sparse_wait_chunk(s, d, left, R) != 0) goto failed;
+        const int b = d / per_block, k0 = d % per_block * per;
+        warm_from_stream(s, b, k0, s->admit_limit - k0 < per ? s->admit_limit - k0 : per, s->batch.stage[d % R]);
     }
     return 0;
 failed: /* collect what is still in flight before the staging buffers can go (the error names the read) */
@@ -234,12 +237,12 @@ static double timed_reads(pi2_sparse *s, const uint64_t *offs, int n, size_t len
 int pi2_sparse_stream_open(pi2_sparse *s) {
     const size_t chunk = (size_t)s->batch.stream_n * s->m->h.bundle_stride, align = s->ra > 4096 ? s->ra : 4096;
     const size_t bytes = (chunk + align - 1) / align * align;
-    if (!(s->batch.stage[0] = aligned_alloc(align, bytes)) || !(s->batch.stage[1] = aligned_alloc(align, bytes)) ||
-        !(s->batch.up_out = malloc((size_t)s->n_batch * s->batch.stream_n * sizeof(float)))) {
-        pi2_set_error("out of memory for the streamed prefill's staging buffers");
-        return -1;
-    }
-    return 0;
+    for (int i = 0; i < PI2_STREAM_STAGES; i++)
+        if (!(s->batch.stage[i] = aligned_alloc(align, bytes))) goto oom;
+    if ((s->batch.up_out = malloc((size_t)s->n_batch * s->batch.stream_n * sizeof(float)))) return 0;
+oom:
+    pi2_set_error("out of memory for the streamed prefill's staging buffers");
+    return -1;
 }
 
 /* Reads per second of `n` random extents of `len` bytes (at offset `skip` into bundles spread over the
@@ -299,7 +302,8 @@ int pi2_sparse_probe_storage(pi2_sparse *s) {
 }
 
 void pi2_sparse_stream_close(pi2_sparse *s) {
-    free(s->batch.stage[0]);
-    free(s->batch.stage[1]);
-    s->batch.stage[0] = s->batch.stage[1] = NULL;
+    for (int i = 0; i < PI2_STREAM_STAGES; i++) {
+        free(s->batch.stage[i]);
+        s->batch.stage[i] = NULL;
+    }
 }

@@ -20,6 +20,17 @@
 /* Read kinds: a whole bundle, its gate part (two-phase, phase one), the rest (phase two), a cluster. */
 enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
 
+/* Bytes a streamed read takes: where a storage curve has flattened (UFS ~4 GB/s from 512 KiB). */
+#define PI2_STREAM_CHUNK ((size_t)4 << 20)
+
+/* Staging buffers of a stream (a power of two): up to this many chunks in flight ahead of the one being
+ * computed. With two, one 4 MiB read flew at a time, and a warm cache's block is its hot chunks (copies,
+ * no reads) and then its cold ones (a read each), so the cold chunks' reads waited on their compute one
+ * by one: the 7B shape at 2651 MiB waited 1.6 s of a 4.1 s prompt on reads. Four start the cold reads
+ * during the hot chunks' compute (0.65 s waited), eight earlier still (0.4 s), for 32 MiB of staging
+ * under a large budget; a small one gets smaller chunks (stream_bundles). */
+#define PI2_STREAM_STAGES 8
+
 struct pi2_sparse {
     const pi2_model *m;
     pi2_ffn_backend backend; /* what forward.c calls (pi2_sparse_backend) */
@@ -53,11 +64,12 @@ struct pi2_sparse {
     /* Dense batches (sparse_batch.c). Resident (the cache holds every bundle, preloaded block by block
      * into consecutive slots): block b's bundle k sits at block_base[b] + k * res_stride, so a batch's
      * gate and up rows go through the GEMM as one strided matrix. Streamed (powerinfer2 under a
-     * budget): two staging chunks of stream_n bundles, and the storage rates measured at open. */
+     * budget): PI2_STREAM_STAGES staging chunks of stream_n bundles, and the storage rates measured at
+     * open. */
     struct {
         const uint8_t **block_base;
         size_t res_stride;
-        uint8_t *stage[2];
+        uint8_t *stage[PI2_STREAM_STAGES];
         int stream_n;
         double rand_reads_per_s, seq_bytes_per_s;           /* whole bundles at random, streamed chunks */
         double probe_gate_reads_per_s, probe_rest_reads_per_s; /* two-phase's two parts at random */
@@ -112,8 +124,6 @@ struct pi2_sparse {
  * predicted per token), so predicting saves little and the exact FFN costs little more. */
 #define PI2_DENSE_BATCH 8
 
-/* Bytes a streamed read takes: where a storage curve has flattened (UFS ~4 GB/s from 512 KiB). */
-#define PI2_STREAM_CHUNK ((size_t)4 << 20)
 
 /* A neuron's output from its gate and up dots (the up dot is only computed when this can be non-zero:
  * always for SwiGLU, for a positive gate otherwise). */
@@ -135,11 +145,11 @@ uint64_t pi2_sparse_io_bytes(const pi2_sparse *s);
 int pi2_sparse_preload(pi2_sparse *s);
 /* sparse_io.c: before a layer's attention: start the reads its FFN will want (hot clusters, lookahead). */
 void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens);
-/* sparse_io.c: wait until every read of chunk c of a double-buffered stream has arrived: left[c & 1]
- * counts them (each read's tag has its chunk's parity in the low bit; at most two chunks fly, completions
- * come in any order). The preload, the cache's fill at open and the streamed batches all read blocks
- * this way. 0, or -1 with s->error set and the engine marked failed. */
-int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left);
+/* sparse_io.c: wait until every read of chunk c of a stream through `ring` staging buffers (a power of
+ * two) has arrived: left[c % ring] counts them (each read's tag holds its chunk's number in the low bits;
+ * at most `ring` chunks fly, completions come in any order). The preload, the cache's fill at open and
+ * the streamed batches all read blocks this way. 0, or -1 with s->error set and the engine marked failed. */
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left, int ring);
 
 /* sparse_batch.c: a batch (tokens > 1) computed densely over every neuron of block b, the paper's
  * prefill. From the resident FFN when there is one (s->block_base), else streamed from storage in

@@ -65,7 +65,7 @@ int pi2_sparse_preload(pi2_sparse *s) {
         }
         if (rc != 0 || c == 0) continue;
         const int64_t p = c - 1; /* finish chunk p: wait for it (completions come in any order) */
-        if ((rc = pi2_sparse_wait_chunk(s, p, left)) != 0) break;
+        if ((rc = pi2_sparse_wait_chunk(s, p, left, 2)) != 0) break;
         const int b = (int)(p / chunks_per_block), k0 = (int)(p % chunks_per_block) * per_chunk;
         const int n = s->F - k0 < per_chunk ? (int)(s->F - k0) : per_chunk;
         for (int k = 0; k < n; k++) {
@@ -192,8 +192,8 @@ void pi2_sparse_layer_begin(pi2_sparse *s, int layer, const float *x, int tokens
 }
 
 
-int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left) {
-    while (left[c & 1] > 0) {
+int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left, int ring) {
+    while (left[c & (ring - 1)] > 0) {
         uint64_t tags[64];
         const int got = pi2_io_reap(s->io, tags, 64, 1);
         if (got < 0) {
@@ -201,7 +201,7 @@ int pi2_sparse_wait_chunk(pi2_sparse *s, int64_t c, int *left) {
             atomic_store(&s->failed, 1);
             return -1;
         }
-        for (int i = 0; i < got; i++) left[tags[i] & 1]--;
+        for (int i = 0; i < got; i++) left[tags[i] & (uint64_t)(ring - 1)]--;
     }
     return 0;
 }

@@ -26,11 +26,11 @@ pi2_sparse_shape pi2_sparse_shape_of(const pi2_model *m, int n_batch, size_t ra,
     return sh;
 }
 
-/* Bundles per streamed chunk: PI2_STREAM_CHUNK, or 1/64 of a small budget (two are staged), in whole
- * hot clusters (the stream warms the cache cluster by cluster). */
+/* Bundles per streamed chunk: PI2_STREAM_CHUNK, or less under a small budget (the staged chunks take at
+ * most 1/32 of it), in whole hot clusters (the stream warms the cache cluster by cluster). */
 static int stream_bundles(const pi2_sparse_config *cfg, const pi2_sparse_shape *sh) {
-    const uint64_t chunk = cfg->memory_budget && cfg->memory_budget / 64 < PI2_STREAM_CHUNK ? cfg->memory_budget / 64
-                                                                                           : PI2_STREAM_CHUNK;
+    const uint64_t small = cfg->memory_budget / (32 * PI2_STREAM_STAGES);
+    const uint64_t chunk = cfg->memory_budget && small < PI2_STREAM_CHUNK ? small : PI2_STREAM_CHUNK;
     int n = chunk > sh->stride ? (int)(chunk / sh->stride) : 1;
     if (n > sh->F) n = (int)sh->F;
     const int cl = cfg->cluster < sh->F ? cfg->cluster : (int)sh->F;
@@ -39,7 +39,7 @@ static int stream_bundles(const pi2_sparse_config *cfg, const pi2_sparse_shape *
 }
 
 size_t pi2_sparse_stream_bytes(int stream_n, size_t stride, int n_batch) {
-    return 2 * (size_t)stream_n * stride + (size_t)n_batch * stream_n * sizeof(float);
+    return PI2_STREAM_STAGES * (size_t)stream_n * stride + (size_t)n_batch * stream_n * sizeof(float);
 }
 
 /* What the engine allocates for itself at open (pi2_sparse_open's alloc_scratch and the stream). */
