@@ -26,6 +26,8 @@ def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
     assert len(sweep["points"]) == 4
     for p in sweep["points"]:
         assert p["pi2"]["decode_tps"] > 0 and p["pi2"]["peak_rss_bytes"] < p["budget_bytes"]
+        # the storage rate each budgeted run started on
+        assert p["pi2"]["storage_iops_before"] > 0 and p["llmflash"]["storage_iops_before"] > 0
         assert "decode_tps" in p["llama.cpp"] or p["llama.cpp"].get("bounded")
     assert sweep["curves"]["storage_random_read"] and sweep["curves"]["membw_gb_per_s"]
     planner = json.loads((out / "planner.json").read_text())

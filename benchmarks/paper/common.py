@@ -92,10 +92,26 @@ def offload_budget(ctx: Ctx, model: Path, in_memory_share: float) -> int:
 
 
 # --------------------------------------------------------------------------------------------- runs
+def storage_iops(ctx: Ctx, file: Path) -> float:
+    """8 KiB random reads a second over `file` right now (O_DIRECT, queue depth 32, 1 s; 0.2 s with
+    --small). This VM's storage moves with its neighbours within minutes (5.5k to 61k within one
+    hour), so each budgeted run records the rate it started on beside its own figures."""
+    seconds = "0.2" if ctx.small else "1"
+    r = sparse_decode.probe(
+        ["storage", "--file", str(file), "--block", "8192", "--qd", "32", "--seconds", seconds]
+    )
+    return float(r["iops"])
+
+
 def pi2(ctx: Ctx, model: Path, policy: str, budget: int | None, more: tuple[str, ...] = ()) -> dict:
-    """pi2-engine generate (the median of ctx.seeds runs), sparse_decode's runner and figures."""
-    runs = [sparse_decode.run_pi2(model / "model.pi2", policy, budget, ctx.n_tokens, ctx.threads, ctx.warmup,
-                                  seed, more) for seed in ctx.seeds]  # fmt: skip
+    """pi2-engine generate (the median of ctx.seeds runs), sparse_decode's runner and figures; under a
+    budget each run also records the storage rate measured just before it (storage_iops)."""
+    runs = []
+    for seed in ctx.seeds:
+        iops = storage_iops(ctx, model / "model.pi2") if budget else None
+        run = sparse_decode.run_pi2(model / "model.pi2", policy, budget, ctx.n_tokens, ctx.threads, ctx.warmup,
+                                    seed, more)  # fmt: skip
+        runs.append(run | ({"storage_iops_before": iops} if iops else {}))
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return runs[0]
@@ -185,6 +201,12 @@ def llama(ctx: Ctx, model: Path, budget: int | None, n_prompt: int = 0, n_gen: i
 
 def tps(run: dict) -> float | None:
     return run.get("decode_tps")
+
+
+def kiops(run: dict) -> str:
+    """The storage rate a budgeted run started on (storage_iops), in thousands of reads a second."""
+    iops = run.get("storage_iops_before")
+    return f"{iops / 1000:.1f}k" if iops else "-"
 
 
 def fmt_tps(run: dict) -> str:

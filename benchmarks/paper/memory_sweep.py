@@ -15,6 +15,7 @@ from common import (  # noqa: E501
     curves_summary,
     fixed_bytes,
     fmt_tps,
+    kiops,
     llama,
     machine_profile,
     model_dir,
@@ -55,9 +56,10 @@ def run(ctx: Ctx) -> dict:
     paper_lin = [2.13 + (11.68 - 2.13) * (g - 7) / 12 for g in FULL_BUDGETS_GB]
     rows = [[f"{p['budget_bytes'] / GiB:.2f}", fmt_tps(p["pi2"]), fmt_tps(p["llmflash"]), fmt_tps(p["llama.cpp"]),
              f"{(p['pi2'].get('peak_rss_bytes') or 0) / GiB:.2f}", f"{p['pi2'].get('hit_rate') or 0:.3f}",
+             f"{kiops(p['pi2'])} / {kiops(p['llmflash'])}",
              f"{FULL_BUDGETS_GB[i]} GB: {paper_lin[i]:.2f}"] for i, p in enumerate(points)]  # fmt: skip
     headers = ["budget GiB", "pi2 tok/s", "llmflash tok/s", "llama.cpp tok/s", "pi2 peak RSS GiB", "pi2 hit rate",
-               "paper pi2 (OnePlus 12, linear 2.13..11.68)"]  # fmt: skip
+               "8 KiB reads/s before pi2 / llmflash", "paper pi2 (OnePlus 12, linear 2.13..11.68)"]  # fmt: skip
     expect = "pi2 grows with the budget and beats llama.cpp at every budget; pi2's peak RSS stays under each budget"
     holds = bool(grows and beats and rss_ok)
     verdict = (f"grows: {'yes' if grows else 'NO'}; beats llama.cpp at every budget: {'yes' if beats else 'NO'}; "

@@ -13,6 +13,7 @@ from common import (  # noqa: E501
     GiB,
     curves_summary,
     fmt_tps,
+    kiops,
     llama,
     machine_profile,
     model_dir,
@@ -49,9 +50,16 @@ def run(ctx: Ctx) -> dict:
     grows = all(r is not None for r in ratios) and ratios[-1] > ratios[0]
     gentle = all(v is not None for v in pis) and pis[-1] > 0.2 * pis[0]
     rows = [[f"{int(p['offloaded'] * 100)}%", f"{p['budget_bytes'] / GiB:.2f}", fmt_tps(p["pi2"]), fmt_tps(p["llama.cpp"]),
-             "-" if r is None else (">" if p["llama.cpp"].get("bounded") else "") + f"{r:.2f}x"]
+             "-" if r is None else (">" if p["llama.cpp"].get("bounded") else "") + f"{r:.2f}x", kiops(p["pi2"])]
             for p, r in zip(points, ratios, strict=True)]  # fmt: skip
-    headers = ["FFN off memory", "budget GiB", "pi2 tok/s", "llama.cpp tok/s", "pi2 / llama.cpp"]
+    headers = [
+        "FFN off memory",
+        "budget GiB",
+        "pi2 tok/s",
+        "llama.cpp tok/s",
+        "pi2 / llama.cpp",
+        "8 KiB reads/s before pi2",
+    ]
     expect = (
         "the pi2/llama.cpp ratio grows with the offloaded share; pi2 keeps > 20% of its in-memory rate at 75%"
     )
