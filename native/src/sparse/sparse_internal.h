@@ -28,7 +28,8 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
  * no reads) and then its cold ones (a read each), so the cold chunks' reads waited on their compute one
  * by one: the 7B shape at 2651 MiB waited 1.6 s of a 4.1 s prompt on reads. Four start the cold reads
  * during the hot chunks' compute (0.65 s waited), eight earlier still (0.4 s), for 32 MiB of staging
- * under a large budget; a small one gets smaller chunks (stream_bundles). */
+ * under a large budget (sixteen waited as long: what is left is the disk's rate, not the ring); a small
+ * budget gets smaller chunks (stream_bundles). */
 #define PI2_STREAM_STAGES 8
 
 struct pi2_sparse {
