@@ -18,6 +18,7 @@ typedef struct {
     int64_t *last_use; /* token index of the last touch */
     uint8_t *state;
     int32_t *pins;
+    uint8_t *demoted; /* pi2_ncache_demote on a pinned slot: it moves when its last pin goes */
 } region;
 
 struct pi2_ncache {
@@ -61,7 +62,9 @@ static int region_init(region *r, int64_t n, size_t slot_bytes) {
     r->last_use = calloc((size_t)n, sizeof(int64_t));
     r->state = calloc((size_t)n, 1);
     r->pins = calloc((size_t)n, sizeof(int32_t));
-    if (!r->prev || !r->next || !r->free_stack || !r->owner || !r->last_use || !r->state || !r->pins) return -1;
+    r->demoted = calloc((size_t)n, 1);
+    if (!r->prev || !r->next || !r->free_stack || !r->owner || !r->last_use || !r->state || !r->pins || !r->demoted)
+        return -1;
     for (int64_t s = 0; s < n; s++) {
         r->prev[s] = r->next[s] = -1;
         r->owner[s] = -1;
@@ -80,6 +83,7 @@ static void region_free(region *r) {
     free(r->last_use);
     free(r->state);
     free(r->pins);
+    free(r->demoted);
 }
 
 pi2_ncache *pi2_ncache_create(const pi2_ncache_config *cfg) {
@@ -155,6 +159,7 @@ static void forget(pi2_ncache *c, region *r, int64_t s) {
     else c->cold_of[r->owner[s]] = -1;
     r->owner[s] = -1;
     r->state[s] = PI2_SLOT_EMPTY;
+    r->demoted[s] = 0;
 }
 
 int64_t pi2_ncache_acquire(pi2_ncache *c, int b, int k) {
@@ -222,31 +227,47 @@ void pi2_ncache_pin(pi2_ncache *c, int64_t h) {
     region_of(c, h, &s)->pins[s]++;
 }
 
+static void list_prepend(region *r, int64_t s) { /* at the least recently used end: the next to go */
+    if (r->head == s) return;
+    list_unlink(r, s);
+    r->prev[s] = -1;
+    r->next[s] = (int32_t)r->head;
+    if (r->head >= 0) r->prev[r->head] = (int32_t)s; else r->tail = s;
+    r->head = s;
+}
+
 void pi2_ncache_unpin(pi2_ncache *c, int64_t h) {
     int64_t s;
     region *r = region_of(c, h, &s);
     if (r->pins[s] > 0) r->pins[s]--;
+    if (r->pins[s] == 0 && r->demoted[s]) {
+        r->demoted[s] = 0;
+        list_prepend(r, s);
+    }
 }
 
 void pi2_ncache_touch(pi2_ncache *c, int64_t h, int64_t token) {
     int64_t s;
     region *r = region_of(c, h, &s);
     r->last_use[s] = token;
+    r->demoted[s] = 0; /* used again: most recently used after all */
     if (r->tail != s) {
         list_unlink(r, s);
         list_append(r, s);
     }
 }
 
+/* A pinned slot waits for its last unpin: acquire looks for a victim from the least recently used end
+ * and walks past pinned slots, so a wave's demoted misses (still pinned while they are read and
+ * computed) piled there made every later acquire of the wave walk all of them. On the 47B shape at
+ * 7 GiB (~1.7k misses a block, most ranked past admit_limit) that was ~1.4M list steps a block. The
+ * slots end where they did (each to the end as its wave unpins it, in the wave's order), so the cache
+ * evicts the same neurons as before. */
 void pi2_ncache_demote(pi2_ncache *c, int64_t h) {
     int64_t s;
     region *r = region_of(c, h, &s);
-    if (r->head == s) return;
-    list_unlink(r, s); /* to the least recently used end: the next slot to go */
-    r->prev[s] = -1;
-    r->next[s] = (int32_t)r->head;
-    if (r->head >= 0) r->prev[r->head] = (int32_t)s; else r->tail = s;
-    r->head = s;
+    if (r->pins[s] > 0) r->demoted[s] = 1;
+    else list_prepend(r, s);
 }
 
 static void drop(pi2_ncache *c, region *r, int64_t s) {

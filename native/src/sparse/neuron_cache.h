@@ -57,7 +57,8 @@ int64_t pi2_ncache_find(const pi2_ncache *c, int b, int k);
 int64_t pi2_ncache_acquire(pi2_ncache *c, int b, int k);
 
 /* Slot h to the least recently used end of its region: taken first by the next acquire unless touched
- * before (insertion at the cold end, for content not expected back soon). */
+ * before (insertion at the cold end, for content not expected back soon). A pinned slot moves there when
+ * its last pin goes (pi2_ncache_unpin), unless touched first. */
 void pi2_ncache_demote(pi2_ncache *c, int64_t h);
 
 /* Bundle k's bytes inside slot h (h must hold k's neuron or cluster). */
