@@ -7,8 +7,8 @@
  *  - resident: the cache holds every bundle in consecutive slots, so a block is one strided matrix;
  *  - streamed (powerinfer2 under a budget): the block comes in chunks of stream_n bundles through a ring
  *    of PI2_STREAM_STAGES staging buffers, each chunk computed while the next ones fill: its bundles the
- *    cache holds are copied, the others read one by one, or the whole chunk is read sequentially when that costs less
- *    (fill_chunk, from the storage curve measured at open on the neuron region itself).
+ *    cache holds are copied, the others read one by one, or the whole chunk is read sequentially when
+ *    that costs less (fill_chunk, from the storage curve measured at open on the neuron region itself).
  * Both add neurons in ascending order, each row's dots the same whatever the span, so a streamed batch
  * gives the resident batch's floats. */
 #include <stdio.h>

@@ -125,7 +125,6 @@ struct pi2_sparse {
  * predicted per token), so predicting saves little and the exact FFN costs little more. */
 #define PI2_DENSE_BATCH 8
 
-
 /* A neuron's output from its gate and up dots (the up dot is only computed when this can be non-zero:
  * always for SwiGLU, for a positive gate otherwise). */
 static inline float pi2_neuron_output(uint32_t act, float g, float u) {
