@@ -16,8 +16,11 @@ PREDICTION by counting the bytes one decode step really reads and where they com
 
 The cache and its hot/cold split are the engine's own (`pi2-engine size --facts` at the run's context);
 in steady state it keeps the hot set and the cold neurons ranked just after it (the admit limit), so the
-hit rate is the share of activations on that many of the hottest neurons (the activation profile's
-coverage curve: the model's measured one, else the synthetic design's lognormal profile).
+hit rate is the share of activations on that many of the hottest neurons (the coverage curve of the
+synthetic design's lognormal frequencies at the model's measured sparsity; a measured curve is not used
+yet). The curve is that of the activations, applied to the whole predicted set: the predictor's false
+positives sit further down the ranks, so where the cache holds little of the FFN the misses run
+1.15-1.4x the prediction, and the cache filled at open beats it where it holds most (docs/PLAN.md).
 Storage time and compute time ADD, for every policy. The engine's pipeline overlaps a block's reads
 only with that block's cached neurons, and the block ends when its last read arrives; attention, the
 router and the predictors run between blocks with nothing in flight (the lookahead aside). Per-token
