@@ -66,6 +66,35 @@ static void test_lru_and_pins(void) {
     pi2_ncache_free(c);
 }
 
+/* powerinfer2 demotes a miss ranked past the admit limit while its wave still pins it: the slot goes to
+ * the least recently used end when its last pin goes (acquire would otherwise walk past it while it is
+ * pinned), and a touch before then cancels the demotion. */
+static void test_demote_waits_for_the_last_unpin(void) {
+    pi2_ncache_config cfg = small();
+    pi2_ncache *c = pi2_ncache_create(&cfg);
+    int64_t h[4];
+    for (int i = 0; i < 4; i++) {
+        h[i] = pi2_ncache_acquire(c, 0, 20 + i);
+        pi2_ncache_unpin(c, h[i]);
+        pi2_ncache_touch(c, h[i], i);
+    }                                            /* least recently used first: 20 21 22 23 */
+    int64_t a = pi2_ncache_acquire(c, 0, 30);    /* evicts 20; pinned */
+    CHECK(a == h[0]);
+    pi2_ncache_demote(c, a);                     /* pinned: it waits */
+    int64_t b = pi2_ncache_acquire(c, 0, 31);    /* evicts 21, the least recently used unpinned slot */
+    CHECK(b == h[1]);
+    pi2_ncache_unpin(c, b);
+    pi2_ncache_pin(c, a);                        /* a read in flight: two pins */
+    pi2_ncache_unpin(c, a);
+    pi2_ncache_unpin(c, a);                      /* the last pin goes: 30 is the next to go */
+    CHECK(pi2_ncache_acquire(c, 0, 32) == a && pi2_ncache_find(c, 0, 30) == -1);
+    pi2_ncache_demote(c, a);                     /* 32, demoted while pinned, then used again */
+    pi2_ncache_touch(c, a, 6);
+    pi2_ncache_unpin(c, a);
+    CHECK(pi2_ncache_acquire(c, 0, 33) == h[2] && pi2_ncache_find(c, 0, 32) == a);
+    pi2_ncache_free(c);
+}
+
 static void test_window_drop(void) {
     pi2_ncache_config cfg = small();
     cfg.hot_neurons = 0;
@@ -144,6 +173,7 @@ int main(void) {
     test_accounting();
     test_hot_clusters_share_a_slot();
     test_lru_and_pins();
+    test_demote_waits_for_the_last_unpin();
     test_window_drop();
     test_random_against_reference();
     return pi2_test_summary("test_neuron_cache");
