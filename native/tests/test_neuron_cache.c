@@ -44,15 +44,22 @@ static void test_hot_clusters_share_a_slot(void) {
     pi2_ncache_free(c);
 }
 
-static void test_lru_and_pins(void) {
+/* A small cache whose four cold slots hold neurons 20..23 of block 0 in h[], unpinned, least recently
+ * used first. */
+static pi2_ncache *four_in_lru_order(int64_t h[4]) {
     pi2_ncache_config cfg = small();
     pi2_ncache *c = pi2_ncache_create(&cfg);
-    int64_t h[4];
     for (int i = 0; i < 4; i++) {
         h[i] = pi2_ncache_acquire(c, 0, 20 + i);
         pi2_ncache_unpin(c, h[i]);
         pi2_ncache_touch(c, h[i], i);
     }
+    return c;
+}
+
+static void test_lru_and_pins(void) {
+    int64_t h[4];
+    pi2_ncache *c = four_in_lru_order(h);
     CHECK(pi2_ncache_used(c, 0) == 4);
     pi2_ncache_touch(c, h[0], 10);              /* 20 is now the most recently used */
     int64_t n = pi2_ncache_acquire(c, 0, 30);   /* evicts 21, the least recently used */
@@ -70,14 +77,8 @@ static void test_lru_and_pins(void) {
  * the least recently used end when its last pin goes (acquire would otherwise walk past it while it is
  * pinned), and a touch before then cancels the demotion. */
 static void test_demote_waits_for_the_last_unpin(void) {
-    pi2_ncache_config cfg = small();
-    pi2_ncache *c = pi2_ncache_create(&cfg);
     int64_t h[4];
-    for (int i = 0; i < 4; i++) {
-        h[i] = pi2_ncache_acquire(c, 0, 20 + i);
-        pi2_ncache_unpin(c, h[i]);
-        pi2_ncache_touch(c, h[i], i);
-    }                                            /* least recently used first: 20 21 22 23 */
+    pi2_ncache *c = four_in_lru_order(h); /* least recently used first: 20 21 22 23 */
     int64_t a = pi2_ncache_acquire(c, 0, 30);    /* evicts 20; pinned */
     CHECK(a == h[0]);
     pi2_ncache_demote(c, a);                     /* pinned: it waits */
