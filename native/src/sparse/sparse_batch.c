@@ -156,6 +156,49 @@ static int fill_chunk(pi2_sparse *s, int b, int k0, int n, uint8_t *stage, uint6
     return 1;
 }
 
+/* A stream of n_chunks chunks through the ring of PI2_STREAM_STAGES staging buffers: fill(c) starts chunk
+ * c into its buffer (the reads it submitted, 0 when the chunk is there already, -1 on an error), use(d)
+ * takes chunk d once its reads have arrived, while up to PI2_STREAM_STAGES - 1 later chunks fill. On an
+ * error the reads still in flight are collected before returning -1 (the error names the read). */
+typedef struct {
+    int (*fill)(pi2_sparse *s, int c, uint8_t *stage, uint64_t tag, void *ctx);
+    void (*use)(pi2_sparse *s, int d, const uint8_t *stage, void *ctx);
+    void *ctx;
+} stream_ops;
+
+static int stream_ring(pi2_sparse *s, int n_chunks, const stream_ops *ops) {
+    const int R = PI2_STREAM_STAGES;
+    int left[PI2_STREAM_STAGES] = {0};
+    for (int c = 0; c < n_chunks + R - 1; c++) {
+        if (c < n_chunks && (left[c % R] = ops->fill(s, c, s->batch.stage[c % R], STREAM_TAG | (uint64_t)c, ops->ctx)) < 0) {
+            snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+            atomic_store(&s->failed, 1);
+            goto failed;
+        }
+        const int d = c - (R - 1); /* the oldest chunk in the ring */
+        if (d < 0) continue;
+        if (pi2_sparse_wait_chunk(s, d, left, R) != 0) goto failed;
+        ops->use(s, d, s->batch.stage[d % R], ops->ctx);
+    }
+    return 0;
+failed:
+    for (uint64_t tags[4]; pi2_io_in_flight(s->io) > 0;) pi2_io_reap(s->io, tags, 4, 1);
+    return -1;
+}
+
+/* A dense batch's chunk c of block *(int *)ctx: from the cache, single reads or one read (fill_chunk),
+ * then through the GEMM and, what the cache should keep of it, into the cache. */
+static int batch_fill(pi2_sparse *s, int c, uint8_t *stage, uint64_t tag, void *ctx) {
+    const int per = s->batch.stream_n, n = s->F - (int64_t)c * per < per ? (int)(s->F - (int64_t)c * per) : per;
+    return fill_chunk(s, *(const int *)ctx, c * per, n, stage, tag);
+}
+
+static void batch_use(pi2_sparse *s, int d, const uint8_t *stage, void *ctx) {
+    const int per = s->batch.stream_n, n = s->F - (int64_t)d * per < per ? (int)(s->F - (int64_t)d * per) : per;
+    dense_span(s, stage, s->m->h.bundle_stride, n);
+    warm_from_stream(s, *(const int *)ctx, d * per, n, stage);
+}
+
 int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
     if (s->batch.block_base) {
         dense_span(s, s->batch.block_base[b], s->batch.res_stride, (int)s->F);
@@ -164,27 +207,36 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
     }
     pi2_sparse_drain(s); /* prefetched clusters land in the cache; then only streamed reads fly */
     if (atomic_load(&s->failed)) return -1;
-    const int per = s->batch.stream_n, n_chunks = (int)((s->F + per - 1) / per), R = PI2_STREAM_STAGES;
-    int left[PI2_STREAM_STAGES] = {0};
-    for (int c = 0; c < n_chunks + R - 1; c++) {
-        if (c < n_chunks) { /* fill chunk c while chunks c - R + 1 .. c - 1 wait their turn */
-            const int n = s->F - (int64_t)c * per < per ? (int)(s->F - (int64_t)c * per) : per;
-            left[c % R] = fill_chunk(s, b, c * per, n, s->batch.stage[c % R], STREAM_TAG | (uint64_t)c);
-            if (left[c % R] < 0) {
-                snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
-                atomic_store(&s->failed, 1);
-                return -1;
-            }
-        }
-        const int d = c - (R - 1); /* the oldest chunk in the ring: compute it */
-        if (d < 0) continue;
-        if (pi2_sparse_wait_chunk(s, d, left, R) != 0) return -1;
-        const int n = s->F - (int64_t)d * per < per ? (int)(s->F - (int64_t)d * per) : per;
-        dense_span(s, s->batch.stage[d % R], s->m->h.bundle_stride, n);
-        warm_from_stream(s, b, d * per, n, s->batch.stage[d % R]);
-    }
+    const stream_ops ops = {batch_fill, batch_use, &b};
+    if (stream_ring(s, (int)((s->F + s->batch.stream_n - 1) / s->batch.stream_n), &ops) != 0) return -1;
     s->batch.streamed_blocks++;
     return 0;
+}
+
+/* The open's fill: chunk c of every block's first admit_limit bundles, read in one go, into the cache. */
+static int warm_chunk(const pi2_sparse *s, int c, int *b, int *k0) {
+    const int per = s->batch.stream_n, per_block = (s->admit_limit + per - 1) / per;
+    *b = c / per_block;
+    *k0 = c % per_block * per;
+    return s->admit_limit - *k0 < per ? s->admit_limit - *k0 : per;
+}
+
+static int warm_fill(pi2_sparse *s, int c, uint8_t *stage, uint64_t tag, void *ctx) {
+    (void)ctx;
+    int b, k0;
+    const int n = warm_chunk(s, c, &b, &k0);
+    const size_t stride = s->m->h.bundle_stride;
+    if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, stage, tag) != 0 ||
+        pi2_io_flush(s->io) != 0)
+        return -1;
+    return 1;
+}
+
+static void warm_use(pi2_sparse *s, int d, const uint8_t *stage, void *ctx) {
+    (void)ctx;
+    int b, k0;
+    const int n = warm_chunk(s, d, &b, &k0);
+    warm_from_stream(s, b, k0, n, stage);
 }
 
 /* The cache at open as the steady state keeps it: every block's hot clusters and its cold neurons ranked
@@ -193,29 +245,9 @@ int pi2_sparse_dense_batch(pi2_sparse *s, int b) {
  * misses (on the 47B shape at 19 GiB the hit rate took ~32 tokens to climb from 0.87 to 0.98) and the
  * first prefill streams whole blocks. */
 int pi2_sparse_warm(pi2_sparse *s) {
-    const size_t stride = s->m->h.bundle_stride;
-    const int per = s->batch.stream_n, per_block = (s->admit_limit + per - 1) / per, n_chunks = s->n_blocks * per_block;
-    const int R = PI2_STREAM_STAGES;
-    int left[PI2_STREAM_STAGES] = {0};
-    for (int c = 0; c < n_chunks + R - 1; c++) { /* read chunk c while the oldest is copied into its slots */
-        if (c < n_chunks) {
-            const int b = c / per_block, k0 = c % per_block * per;
-            const int n = s->admit_limit - k0 < per ? s->admit_limit - k0 : per;
-            if (pi2_io_submit(s->io, s->block_off[b] + (uint64_t)k0 * stride, (size_t)n * stride, s->batch.stage[c % R],
-                              STREAM_TAG | (uint64_t)c) != 0 || pi2_io_flush(s->io) != 0)
-                goto failed;
-            left[c % R] = 1;
-        }
-        const int d = c - (R - 1);
-        if (d < 0) continue;
-        if (pi2_sparse_wait_chunk(s, d, left, R) != 0) goto failed;
-        const int b = d / per_block, k0 = d % per_block * per;
-        warm_from_stream(s, b, k0, s->admit_limit - k0 < per ? s->admit_limit - k0 : per, s->batch.stage[d % R]);
-    }
-    return 0;
-failed: /* collect what is still in flight before the staging buffers can go (the error names the read) */
-    for (uint64_t tags[4]; pi2_io_in_flight(s->io) > 0;) pi2_io_reap(s->io, tags, 4, 1);
-    return -1;
+    const int per = s->batch.stream_n, per_block = (s->admit_limit + per - 1) / per;
+    const stream_ops ops = {warm_fill, warm_use, NULL};
+    return stream_ring(s, s->n_blocks * per_block, &ops);
 }
 
 /* Seconds to read n extents of len bytes at offs[] into dst (one after another in memory), all at once. */
