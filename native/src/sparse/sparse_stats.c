@@ -28,6 +28,16 @@ void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st) {
     if (s) pi2_sparse_get_stats(s, st);
 }
 
+void pi2_sparse_named_json(const pi2_sparse *s, FILE *f) {
+    if (!s || !f) return;
+    fprintf(f, "{\"event\": \"named\", \"decode_steps\": %llu, \"rank_bins\": %d, \"by_rank\": [",
+            (unsigned long long)s->named.steps, PI2_RANK_BINS);
+    for (int i = 0; i < PI2_RANK_BINS; i++) fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)s->named.by_rank[i]);
+    fprintf(f, "], \"by_block\": [");
+    for (int i = 0; i < s->n_blocks; i++) fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)s->named.by_block[i]);
+    fprintf(f, "]}\n");
+}
+
 void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n) {
     size_t o = 0;
 #define OUT(...) o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__)
@@ -58,7 +68,7 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         "\"skipped_misses\": %llu",
         pi2_io_method_name(pi2_io_method_used(s->io)), pi2_io_is_direct(s->io) ? "true" : "false",
         (unsigned long long)st.bytes_read, (unsigned long long)st.reads, (unsigned long long)pi2_ncache_bytes(s->cache),
-        (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->stride),
+        (unsigned long long)(cc->hot_slots * cc->cluster * cc->stride), (unsigned long long)(cc->cold_slots * cc->cold_bytes),
         (unsigned long long)s->fixed_bytes, cc->hot_neurons, cc->cluster, s->two_phase ? "true" : "false",
         s->pipeline ? "true" : "false", s->lookahead ? "true" : "false", (unsigned long long)st.lookahead_reads,
         (unsigned long long)st.hits_hot, (unsigned long long)st.hits_cold,
