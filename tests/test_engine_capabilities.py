@@ -154,3 +154,21 @@ def test_size_from_header_facts_estimates_the_same_split(model, tmp_path):
     bad.write_text('{"n_embd": 256}')
     done = run_engine("size", "--facts", bad, check=False)
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "need n_embd" in done.stderr
+
+
+def test_size_facts_size_cold_slots_in_the_devices_read_unit(tmp_path):
+    # A 4096-wide Q4_0 bundle is 6912 bytes: the open rounds its reads and cold slots to the device's
+    # direct-read unit (512 here), 7168; facts that do not say it assume the largest common one, 4096.
+    shape = {"n_embd": 4096, "n_layer": 1, "n_ff": 4096, "n_head": 32, "head_dim": 128, "n_vocab": 1000}
+    slots = {}
+    for align in (None, 512):
+        facts = tmp_path / f"facts-{align}.json"
+        facts.write_text(json.dumps(shape | ({"read_align": align} if align else {})))
+        rc, size, err = _size("--facts", facts, "--policy", "powerinfer2", "--memory-budget", 64 * MiB, *RUN)
+        assert rc == 0, err
+        slots[align] = size["cache"]["cold_slot_bytes"]
+    assert slots == {None: 8192, 512: 7168}
+    facts = tmp_path / "odd.json"
+    facts.write_text(json.dumps(shape | {"read_align": 1000}))
+    done = run_engine("size", "--facts", facts, check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "read_align" in done.stderr

@@ -23,6 +23,7 @@
 typedef struct {
     pi2_header h;
     uint64_t resident_bytes, tokenizer_bytes;
+    uint32_t read_align; /* the device's direct-read unit (the engine rounds reads and cold slots to it) */
     int has_predictor;
     const char *path;
 } facts;
@@ -32,9 +33,11 @@ static int fact(void *user, const char *key, pi2_json_kind kind, const char *val
     facts *f = user;
     pi2_header *h = &f->h;
     static const char *const u32_keys[] = {"n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
-                                           "n_ff", "n_expert", "n_expert_used", "n_ctx_train", "bundle_align"};
+                                           "n_ff", "n_expert", "n_expert_used", "n_ctx_train", "bundle_align",
+                                           "read_align"};
     uint32_t *const u32_fields[] = {&h->n_vocab, &h->n_embd, &h->n_layer, &h->n_head, &h->n_head_kv, &h->head_dim,
-                                    &h->n_ff, &h->n_expert, &h->n_expert_used, &h->n_ctx_train, &h->bundle_align};
+                                    &h->n_ff, &h->n_expert, &h->n_expert_used, &h->n_ctx_train, &h->bundle_align,
+                                    &f->read_align};
     for (size_t i = 0; i < sizeof u32_keys / sizeof u32_keys[0]; i++)
         if (!strcmp(key, u32_keys[i])) {
             char *end;
@@ -96,6 +99,12 @@ static int read_facts(const char *path, facts *f) {
     if (!h->n_head_kv) h->n_head_kv = h->n_head;
     if (!h->n_ctx_train) h->n_ctx_train = 4096;
     if (!h->bundle_align) h->bundle_align = 4096;
+    /* unknown: the largest unit a device asks of direct reads (sparse_open.c takes the file's own) */
+    if (!f->read_align) f->read_align = h->bundle_align < 4096 ? h->bundle_align : 4096;
+    if (f->read_align < 512 || f->read_align > h->bundle_align || (f->read_align & (f->read_align - 1))) {
+        pi2_set_error("facts %s: \"read_align\" must be a power of two from 512 to bundle_align", path);
+        return -1;
+    }
     h->part_bytes = pi2_row_size((pi2_type)h->neuron_type, h->n_embd);
     if (!h->bundle_stride) h->bundle_stride = (3 * h->part_bytes + h->bundle_align - 1) / h->bundle_align * h->bundle_align;
     if (!f->resident_bytes) { /* a registry shape without it: embeddings, attention, output in the neuron type */
@@ -207,7 +216,7 @@ int pi2_size_main(const pi2_options *o) {
         sh = (pi2_sparse_shape){
             .E = f.h.n_embd, .F = f.h.n_ff, .n_blocks = (int)(f.h.n_layer * (f.h.n_expert ? f.h.n_expert : 1)),
             .neuron_type = (int)f.h.neuron_type, .stride = f.h.bundle_stride, .part = f.h.part_bytes,
-            .ra = f.h.bundle_align < 4096 ? f.h.bundle_align : 4096, .n_batch = r.n_batch, .pred_scratch = 0,
+            .ra = f.read_align, .n_batch = r.n_batch, .pred_scratch = 0,
             .rss = f.resident_bytes + process_allowance(&f), .ctx_bytes = ctx_bytes,
         };
         sh.available = pi2_available_memory(&sh.available_source);

@@ -192,7 +192,10 @@ def engine_sizing(m: ModelFacts, budget: int, ctx: int, threads: int, **split) -
              "n_head_kv": m.n_head_kv, "head_dim": m.head_dim, "n_vocab": m.n_vocab,
              "n_expert": m.n_expert if m.arch == "moe" else 0, "n_expert_used": m.n_expert_used,
              "neuron_type": m.neuron_type, "bundle_stride": m.bundle_stride,
-             "resident_bytes": m.resident_bytes, "tokenizer_bytes": m.other_bytes}  # fmt: skip
+             "resident_bytes": m.resident_bytes, "tokenizer_bytes": m.other_bytes,
+             "read_align": DIRECT_ALIGN}  # fmt: skip
+    # read_align: full_len's unit, the size of the engine's cold slots too (4096 made them 8192 bytes for
+    # a 7168-byte bundle: 14% fewer slots than the open makes)
     flags = ["--policy", "powerinfer2", "--ctx", str(ctx), "--threads", str(threads)]
     if budget and budget > 0:  # none: the engine sizes the whole model resident
         flags += ["--memory-budget", str(int(budget))]
