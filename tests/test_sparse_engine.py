@@ -287,6 +287,26 @@ def test_token_events_carry_io_and_cache_counters(ffn_heavy, tmp_path):
     assert tokens[0]["misses"] > 0  # the prefill starts from an empty cache
 
 
+def test_named_event_counts_decode_neurons_by_rank_and_by_block(moe_arch, tmp_path):
+    # The planner's hit-rate curve: the neurons decode named, by hotness rank (the file keeps each
+    # block's hottest first) and by block. With the oracle they are the truly active ones.
+    from pi2cli.models.pi2file import Pi2File
+
+    _generate(moe_arch, tmp_path, "--policy", "powerinfer2", "--predictor", "oracle", n=16)
+    named = [
+        e
+        for e in map(json.loads, (tmp_path / "events.jsonl").read_text().splitlines())
+        if e["event"] == "named"
+    ]
+    assert len(named) == 1
+    by_rank, by_block = named[0]["by_rank"], named[0]["by_block"]
+    h = Pi2File(moe_arch, verify=False).header
+    assert named[0]["decode_steps"] == 15  # 16 tokens: the prompt's batch gave the first
+    assert named[0]["rank_bins"] == len(by_rank) == 64 and len(by_block) == h.n_layer * h.n_expert
+    assert sum(by_rank) == sum(by_block) > 0
+    assert sum(by_rank[:16]) > 2 * sum(by_rank[-16:])  # the hottest quarter fires more than the coldest
+
+
 def _token_events(tmp: Path) -> list[dict]:
     events = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
     return [e for e in events if e["event"] == "token"]

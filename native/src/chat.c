@@ -146,6 +146,7 @@ int pi2_chat_main(int argc, char **argv) {
         pi2_chat_request_free(&req);
         if (turn_rc != 0) goto done;
     }
+    pi2_sparse_named_json(s.sparse, s.ev.f);
     char sparse_json[4096], sparse_line[400];
     pi2_sparse_summary_json(s.sparse, &o.sparse, sparse_json, sizeof sparse_json);
     pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);

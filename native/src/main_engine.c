@@ -204,6 +204,7 @@ static int cmd_generate(const pi2_options *o) {
                     "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
                     n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
+    pi2_sparse_named_json(sp, ev->f);
     char sparse_json[4096], sparse_line[400];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);

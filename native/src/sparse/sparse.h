@@ -20,6 +20,7 @@
 #define PI2_SPARSE_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ffn_backend.h"
 #include "model.h"
@@ -92,6 +93,13 @@ void pi2_sparse_token_json(const pi2_sparse *s, const pi2_sparse_stats *a, const
                            size_t n);
 /* Take a snapshot (no-op when s is NULL). */
 void pi2_sparse_snapshot(const pi2_sparse *s, pi2_sparse_stats *st);
+/* The `named` event: the decode steps, and the neurons they named, in PI2_RANK_BINS bins of hotness rank (the
+ * file keeps each block's neurons hottest first; bin = rank * PI2_RANK_BINS / n_ff) and per block
+ * (layer * n_ffn_blocks + expert). The cache holds each block's top ranks and the cold slots go where
+ * the traffic is, so these two, not the activations' curve, are what its hit rate follows (the
+ * planner reads them: docs/PLAN.md). Written straight to f: a block count has no fixed bound. */
+#define PI2_RANK_BINS 64
+void pi2_sparse_named_json(const pi2_sparse *s, FILE *f);
 /* One human line for stderr ("policy powerinfer2, budget ..."). */
 void pi2_sparse_summary_line(const pi2_sparse *s, const pi2_sparse_config *cfg, char *buf, size_t n);
 

@@ -385,6 +385,10 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         if (any) s->scratch.active[n_active++] = (int32_t)k;
     }
     s->st.neurons_visited += (uint64_t)F * tokens;
+    if (tokens == 1) { /* decode's named set, for the planner's hit-rate curve (pi2_sparse_named_json) */
+        s->named.by_block[b] += (uint64_t)n_active;
+        for (int i = 0; i < n_active; i++) s->named.by_rank[(int64_t)s->scratch.active[i] * PI2_RANK_BINS / F]++;
+    }
     if (dense && (s->batch.block_base || s->batch.stage[0])) {
         s->st.neurons_computed += (uint64_t)F * tokens;
         memset(out, 0, (size_t)tokens * E * sizeof(float));
@@ -443,6 +447,7 @@ static void step_end(pi2_sparse *s) {
 /* ---- the forward pass's FFN backend ---------------------------------------------------------- */
 
 static void backend_layer_begin(void *s, int layer, const float *x, int tokens) {
+    if (layer == 0 && tokens == 1) ((pi2_sparse *)s)->named.steps++;
     pi2_sparse_layer_begin(s, layer, x, tokens);
 }
 static int backend_ffn(void *s, int layer, int expert, const float *in, int tokens, float *out) {

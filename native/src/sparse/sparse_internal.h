@@ -118,6 +118,12 @@ struct pi2_sparse {
         uint64_t *layer_tp, *layer_fp, *layer_fn, *layer_seen;
         uint64_t skipped_misses, skipped_active;
     } check;
+    struct { /* decode steps: neurons named (predicted, or the truth with the oracle) by hotness rank bin and
+              * by block; not in pi2_sparse_stats, which every token copies */
+        uint64_t by_rank[PI2_RANK_BINS];
+        uint64_t *by_block;
+        uint64_t steps; /* decode forward passes */
+    } named;
 };
 
 /* powerinfer2 computes a batch of at least this many tokens over every neuron (sparse_batch.c): by 8

@@ -87,6 +87,7 @@ static int alloc_scratch(pi2_sparse *s) {
     s->check.layer_fp = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->check.layer_fn = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
     s->check.layer_seen = zalloc(s->m->h.n_layer * sizeof(uint64_t), &ok);
+    s->named.by_block = zalloc((size_t)s->n_blocks * sizeof(uint64_t), &ok);
     return ok ? 0 : -1;
 }
 
@@ -290,7 +291,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_predictors_free(&s->pred);
     void *ptrs[] = {s->scratch.look_in, s->scratch.look_mask, s->scratch.act, s->scratch.pact, s->scratch.mask, s->scratch.truth, s->scratch.active, s->scratch.hv, s->scratch.live, s->scratch.gates, s->cap.scores, s->wave.k, s->wave.h, s->wave.phase,
                     s->wave.wait_next, s->wave.ready, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
-                    s->check.layer_fn, s->check.layer_seen, s->wave.wait_head, s->wave.acq};
+                    s->check.layer_fn, s->check.layer_seen, s->wave.wait_head, s->wave.acq, s->named.by_block};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     pthread_mutex_destroy(&s->lock);
     free(s);
