@@ -62,6 +62,28 @@ def test_hit_rate_is_the_coverage_of_what_the_split_keeps():
     assert whole["hit_rate"] == 1.0 and whole["storage_ms"] == 0 and whole["storage_reads_per_token"] == 0
 
 
+def test_a_measured_named_curve_replaces_the_designs():
+    # A run's `named` event: the neurons decode named by hotness rank bin, and over how many steps.
+    from dataclasses import replace
+
+    from pi2cli.plan.predict import named_profile
+
+    m = mistral7b()
+    by_rank = [0] * 64
+    by_rank[0], by_rank[32] = 3000 * 10, 1000 * 10  # 10 steps: 75% in the hottest 64th, 25% mid-way
+    event = {"event": "named", "decode_steps": 10, "by_rank": by_rank}
+    prof = named_profile(event, m)
+    assert prof["per_block"] == pytest.approx(40000 / (10 * m.blocks_per_token))
+    mm = replace(m, measured=m.measured | {"named": prof})
+    assert coverage(mm, 1 / 64) == pytest.approx(0.75) and coverage(mm, 0.5) == pytest.approx(0.75)
+    assert coverage(mm, 33 / 64) == pytest.approx(1.0) and coverage(mm, 0.5 / 64) == pytest.approx(0.375)
+    pr = predict(mm, device(), 2651 * MiB, ctx=35)  # keeps 1/64 < x < 32/64 of every block
+    assert pr["named_source"].startswith("measured") and pr["hit_rate"] == pytest.approx(0.75, abs=1e-3)
+    assert pr["predicted_neurons_per_token"] == round(40000 / 10)
+    with pytest.raises(Exception, match="no decode step"):
+        named_profile(event | {"decode_steps": 0}, m)
+
+
 def test_two_phase_reads_count_both_phases_and_follow_the_engines_rule():
     m = mistral7b()
     prec = m.measured["precision"]

@@ -32,6 +32,10 @@ def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
     assert sweep["curves"]["storage_random_read"] and sweep["curves"]["membw_gb_per_s"]
     planner = json.loads((out / "planner.json").read_text())
     assert len(planner["here"]["rows"]) == 8 and len(planner["paper"]["rows"]) == 4
+    # every point is predicted from its model's named curve, summed over the calibration runs
+    for p in planner["here"]["points"]:
+        assert len(p["named"]["seeds"]) == 2 and 1 not in p["named"]["seeds"]
+        assert p["predicted"]["named_source"].startswith("measured")
     summary = (out / "summary.txt").read_text()
     assert all(name in summary for name in EXPERIMENTS)
     assert "paper" in result.output and "expected:" in result.output

@@ -16,11 +16,12 @@ PREDICTION by counting the bytes one decode step really reads and where they com
 
 The cache and its hot/cold split are the engine's own (`pi2-engine size --facts` at the run's context);
 in steady state it keeps the hot set and the cold neurons ranked just after it (the admit limit), so the
-hit rate is the share of activations on that many of the hottest neurons (the coverage curve of the
-synthetic design's lognormal frequencies at the model's measured sparsity; a measured curve is not used
-yet). The curve is that of the activations, applied to the whole predicted set: the predictor's false
-positives sit further down the ranks, so where the cache holds little of the FFN the misses run
-1.15-1.4x the prediction, and the cache filled at open beats it where it holds most (docs/PLAN.md).
+hit rate is the share of the NAMED neurons (what the predictor names, false positives included) on that
+many of the hottest ranks. Measured where a run of the model gave its `named` event (named_profile: the
+decode steps' named neurons by hotness rank, and how many a routed block names a step); otherwise the
+coverage curve of the synthetic design's lognormal activation frequencies at the model's sparsity, which
+misses the false positives further down the ranks (1.15-1.4x the reads where the cache holds little of
+the FFN: docs/PLAN.md).
 Storage time and compute time ADD, for every policy. The engine's pipeline overlaps a block's reads
 only with that block's cached neurons, and the block ends when its last read arrives; attention, the
 router and the predictors run between blocks with nothing in flight (the lookahead aside). Per-token
@@ -160,10 +161,29 @@ def _design_coverage_curve(sparsity: float) -> tuple:
     return tuple(cum[:: 1 << 8])  # 257 points, x = 0, 1/256, ..., 1
 
 
+def named_profile(event: dict, m: ModelFacts) -> dict:
+    """What a run's `named` event says about the model (docs/SPARSE.md): the cumulative share of the
+    named neurons on the hottest x of a block's ranks (x = 0, 1/bins, ..., 1), and how many neurons a
+    routed block names a decode step. Goes into ModelFacts.measured["named"]."""
+    by_rank, steps = [int(c) for c in event.get("by_rank") or []], int(event.get("decode_steps") or 0)
+    total = sum(by_rank)
+    if not total or not steps:
+        raise Pi2Error("the run's `named` event counted no decode step: generate at least 2 tokens")
+    cum, acc = [0.0], 0
+    for c in by_rank:
+        acc += c
+        cum.append(acc / total)
+    return {"curve": cum, "per_block": total / (steps * m.blocks_per_token), "decode_steps": steps}
+
+
 def coverage(m: ModelFacts, frac: float) -> float:
-    """Share of activations on the hottest `frac` of a block's neurons."""
+    """Share of the named neurons on the hottest `frac` of a block's ranks: measured (named_profile), or the
+    design's activation curve."""
     frac = min(1.0, max(0.0, frac))
-    curve = _design_coverage_curve(round(float(m.measured.get("sparsity", 0.9)), 3))
+    named = m.measured.get("named")
+    curve = (
+        named["curve"] if named else _design_coverage_curve(round(float(m.measured.get("sparsity", 0.9)), 3))
+    )
     x = frac * (len(curve) - 1)
     i = min(int(x), len(curve) - 2)
     return float(curve[i] + (curve[i + 1] - curve[i]) * (x - i))  # a Python float: it ends up in JSON
@@ -245,7 +265,8 @@ def predict(
     pf = predicted_fraction(m)
     precision = float(m.measured.get("precision", 0.5))
     blocks = m.blocks_per_token
-    per_block = pf * m.n_ff  # neurons the predictors name per routed block
+    named = m.measured.get("named")
+    per_block = named["per_block"] if named else pf * m.n_ff  # neurons the predictors name per routed block
     ffn_mem = (
         blocks * per_block * m.part_bytes * (1 + 2 * precision)
     )  # gate rows; up/down where the gate fires
@@ -282,6 +303,7 @@ def predict(
         "cached_fraction": round(frac, 4),
         "hit_rate": round(hit, 4),
         "predicted_neurons_per_token": round(blocks * per_block),
+        "named_source": f"measured ({named['decode_steps']} decode steps)" if named else "the design's curve",
         "memory_bytes_per_token": {k: int(v) for k, v in mem.items()} | {"ffn": int(ffn_mem)},
         "misses_per_token": round(blocks * misses),
         "two_phase": two,
@@ -292,7 +314,7 @@ def predict(
         "storage_ms": round(t_io * 1e3, 2),
         "tbt_ms": round(t * 1e3, 2),
         "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
-        "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {pf:.3f}, precision "
+        "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {per_block / m.n_ff:.3f}, precision "
         f"{precision:.2f}; steady-state cache (hot set + cold neurons up to the admit rank); "
         + "storage and compute add (a block waits for its reads)",
     }  # fmt: skip
