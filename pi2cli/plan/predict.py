@@ -22,12 +22,14 @@ decode steps' named neurons by hotness rank, and how many a routed block names a
 coverage curve of the synthetic design's lognormal activation frequencies at the model's sparsity, which
 misses the false positives further down the ranks (1.15-1.4x the reads where the cache holds little of
 the FFN: docs/PLAN.md).
-Storage time and compute time ADD, for every policy. The engine's pipeline overlaps a block's reads
-only with that block's cached neurons, and the block ends when its last read arrives; attention, the
-router and the predictors run between blocks with nothing in flight (the lookahead aside). Per-token
-regressions of measured decode time on reads (docs/PLAN.md: the 7B shape at 2.68 GiB, 75 ms + 15 us
-a read; the 47B at 15 GiB, 93 ms + 24 us) show the sum: a token with fewer reads than its compute could
-hide still pays each read.
+Storage time and compute time add, less one overlap. powerinfer2's pipeline overlaps a block's reads
+only with that block's cached neurons (their gate and up rows): the misses' rows and the down pass wait
+for the block's last read, and attention, the router and the predictors run between blocks with nothing
+in flight (the lookahead aside). The other policies read a block's wave whole before computing it, so
+their times add. Where compute is fast against the disk (the AMD Zen 4 VMs: per-token regressions of
+decode time on reads, the 7B shape at 2.68 GiB 75 ms + 15 us a read) the overlap is small; where it is
+slow (the Intel VMs, 7-8 tok/s in memory) the cached neurons' rows take as long as a block's reads at
+15 GiB on the 47B, and the plain sum put that point 20% slow (docs/PLAN.md).
 Nothing here is fitted to the paper's results; the constants are named where they are used.
 """
 
@@ -287,7 +289,12 @@ def predict(
     reads = blocks * misses * ((1 + precision) if two else 1)
     t_mem = (sum(mem.values()) + ffn_mem) / device.membw_bytes_per_s
     t_io = blocks * misses * per_miss
-    t = t_mem + t_io
+    # powerinfer2's pipeline: a block's wave issues its misses first, then computes the gate/up rows of its
+    # cached neurons while they fly (sparse_ffn.c); the misses' rows and the down pass come after the last
+    # read lands. The other policies read a wave whole before computing it.
+    t_hits = blocks * per_block * hit * m.part_bytes * (1 + precision) / device.membw_bytes_per_s
+    hidden = min(t_io, t_hits) if policy == "powerinfer2" else 0.0
+    t = t_mem + t_io - hidden
     return {
         "model": m.name,
         "synthetic": m.synthetic,
@@ -312,11 +319,12 @@ def predict(
         "read_queue_depth": round(min(QUEUE_DEPTH, misses)),
         "memory_ms": round(t_mem * 1e3, 2),
         "storage_ms": round(t_io * 1e3, 2),
+        "overlap_ms": round(hidden * 1e3, 2),
         "tbt_ms": round(t * 1e3, 2),
         "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
         "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {per_block / m.n_ff:.3f}, precision "
         f"{precision:.2f}; steady-state cache (hot set + cold neurons up to the admit rank); "
-        + "storage and compute add (a block waits for its reads)",
+        + "a block's reads overlap its cached neurons' gate/up rows, nothing else (the block waits for its reads)",
     }  # fmt: skip
 
 
