@@ -37,6 +37,7 @@ from pi2cli.engines.llamacpp import default_bin_dir
 from pi2cli.engines.pi2 import run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
+from pi2cli.plan.plan import model_facts
 from pi2cli.units import parse_size
 
 MiB = 2**20
@@ -72,6 +73,8 @@ def run_pi2(
         "load_s": ev["start"].get("load_s"), "preload_bytes": s.get("preload_bytes"),
         "stream_cached_bundles": s.get("stream_cached_bundles"),
         "reads_per_token": statistics.mean(e.get("reads", 0) for e in ev["token"][1:]) if n > 1 else None,
+        # per decoded token after the first: its time and its storage reads (the budgeted bound below)
+        "tbt_ms": [1e3 * x for x in tbt], "token_reads": [e.get("reads", 0) for e in ev["token"][1:]],
     }  # fmt: skip
 
 
@@ -88,6 +91,24 @@ def run_llama(gguf: Path, budget: int | None, p: int, n: int, threads: int, repa
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == p)
     tg = next((r["avg_ts"] for r in rows if r["n_gen"] == n and n), None)
     return {"prefill_tps": pp, "decode_tps": tg, "repack": repack}
+
+
+def budget_bound(mem: dict, bud: dict, iops: float) -> dict:
+    """The decode bound under the budget for one round, per token: no engine decodes a token faster than
+    pi2 does with the whole model in memory (the same round's median TBT: its compute and memory side), nor
+    faster than the storage serves that token's reads (its reads / the random-read rate at the engine's
+    queue depth). bound = the sum over tokens of the larger of the two (perfect overlap). Its p99/p50 is the
+    steadiest TBT any engine that reads every predicted miss could have on this machine: a token that must
+    read k times the usual misses takes at least that long."""
+    comp = statistics.median(mem["tbt_ms"])
+    floor = [max(comp, 1e3 * r / iops) for r in bud["token_reads"]]
+    bound = 1e3 * len(floor) / sum(floor)
+    return {
+        "compute_ms": comp,
+        "bound_tok_s": bound,
+        "share": bud["decode_tps"] / bound,
+        "floor_p99_over_p50": percentile(floor, 0.99) / percentile(floor, 0.5),
+    }
 
 
 def med(rs: list[dict], key: str) -> float | None:
@@ -120,8 +141,11 @@ def main() -> None:
           f"budget {budget / MiB:.0f} MiB; prompt {a.p}, {a.n} tokens, {a.threads} threads", flush=True)  # fmt: skip
     membw = probe(["membw", "--threads", str(a.threads)])
     stream = probe(["storage", "--file", str(pi2), "--block", str(4 * MiB), "--qd", "2", "--seconds", "3"])
+    # decode's misses: whole bundles (the engine's read size), a block's misses at once (QD up to 512)
+    miss_read = model_facts(pi2).full_len
+    rand = probe(["storage", "--file", str(pi2), "--block", str(miss_read), "--qd", "512", "--seconds", "2"])
     print(f"memory read {membw['gb_per_s']:.1f} GB/s; storage {stream['mb_per_s']:.0f} MB/s in 4 MiB reads "
-          f"at queue depth 2", flush=True)  # fmt: skip
+          f"at queue depth 2, {rand['iops'] / 1e3:.1f}k random {miss_read} B reads/s at queue depth 512", flush=True)  # fmt: skip
 
     # --miss-threshold P is the variant '--miss-threshold P' (the same run and row name)
     variants = ([f"--miss-threshold {a.miss_threshold}"] if a.miss_threshold else []) + a.variant
@@ -188,6 +212,15 @@ def main() -> None:
               f"p99 {med(rs, 'tbt_p99_ms') or 0:.1f}; p99/p50 per round {', '.join(f'{t:.2f}' for t in tails)} "
               f"(target <= 1.5); decode {med(rs, 'decode_tps') or 0:.2f} tok/s, "
               f"{med(rs, 'reads_per_token') or 0:.0f} reads/token; peak RSS {max((r['peak_rss_bytes'] for r in rs), default=0) / MiB:.0f} MiB")  # fmt: skip
+    print(f"decode under the budget against its bound (per token the larger of pi2's in-memory TBT in the same round "
+          f"and the token's reads at {rand['iops'] / 1e3:.1f}k/s; target >= 90%):")  # fmt: skip
+    for key in [k for k in runs if k.startswith("pi2") and k.endswith("@budget")]:
+        bounds = [budget_bound(m, b, rand["iops"]) for m, b in zip(runs["pi2@memory"], runs[key], strict=True)
+                  if "error" not in m and "error" not in b]  # fmt: skip
+        summary[f"decode bound, {key}"] = bounds
+        print(f"  {key}: " + "; ".join(f"{b['share']:.0%} of {b['bound_tok_s']:.2f} tok/s" for b in bounds)
+              + "; the bound's own TBT p99/p50 (its reads, perfectly overlapped): "
+              + ", ".join(f"{b['floor_p99_over_p50']:.2f}" for b in bounds))  # fmt: skip
     print(f"bounds: memory {membw['gb_per_s']:.1f} GB/s, storage {stream['mb_per_s']:.0f} MB/s in 4 MiB reads: "
           f"streaming the FFN once ({pf.sections[0][1] / MiB:.0f} MiB) takes "
           f"{pf.sections[0][1] / (stream['mb_per_s'] * 1e6):.2f} s, a floor on a budgeted prefill batch "
@@ -195,7 +228,7 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps({"model": str(pi2), "synthetic": synthetic, "budget_bytes": budget,
                                       "prompt_tokens": a.p, "n": a.n, "threads": a.threads, "membw": membw,
-                                      "storage_4mib": stream, "runs": runs, "summary": summary}, indent=1))  # fmt: skip
+                                      "storage_4mib": stream, "storage_random": rand, "runs": runs, "summary": summary}, indent=1))  # fmt: skip
         print(f"wrote {a.json}")
 
 
