@@ -17,11 +17,13 @@ static void usage(FILE *out) {
             "      read bandwidth: each of N threads (default 1) sums its own M MiB buffer (default 256;\n"
             "      make N*M larger than the last-level cache), P passes (default 5), median GB/s\n"
             "  storage --file F [--block B] [--qd Q] [--method auto|uring|pread|buffered] [--seconds S]\n"
-            "          [--io-threads T] [--seed X] [--json]\n"
+            "          [--io-threads T] [--seed X] [--wave N [--range R]] [--json]\n"
             "      random block-aligned reads of B bytes (default 8192) over all of F, Q in flight\n"
             "      (default 32), for S seconds (default 3): MB/s, IOPS, latency. O_DIRECT bypasses the page\n"
             "      cache; buffered reads evict F's cached pages first, yet re-reads of a small F still hit\n"
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
+            "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
+            "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
             "  --version\n");
 }
 
@@ -69,6 +71,8 @@ static int run_storage(int argc, char **argv) {
         else if (!strcmp(a, "--qd")) { if (pi2_parse_int_arg(a, v, 1, 1024, &p.queue_depth)) return -1; }
         else if (!strcmp(a, "--io-threads")) { if (pi2_parse_int_arg(a, v, 1, 256, &p.io_threads)) return -1; }
         else if (!strcmp(a, "--method")) { if (parse_method(v, &p.method)) return -1; }
+        else if (!strcmp(a, "--wave")) { if (pi2_parse_int_arg(a, v, 1, 1 << 20, &p.wave)) return -1; }
+        else if (!strcmp(a, "--range")) { if (pi2_parse_size(a, v, &p.range)) return -1; }
         else if (!strcmp(a, "--seed")) { int s; if (pi2_parse_int_arg(a, v, 0, 1 << 30, &s)) return -1; p.seed = (uint64_t)s; }
         else if (!strcmp(a, "--seconds")) {
             float s;
@@ -86,11 +90,11 @@ static int run_storage(int argc, char **argv) {
     if (json) {
         char file[16400]; /* every byte may become \u00XX */
         pi2_json_string(file, sizeof file, p.path);
-        printf("{\"probe\": \"storage\", \"file\": %s, \"file_bytes\": %llu, \"block\": %zu, \"qd\": %d, "
+        printf("{\"probe\": \"storage\", \"file\": %s, \"file_bytes\": %llu, \"block\": %zu, \"qd\": %d, \"wave\": %d, "
                "\"method\": \"%s\", \"o_direct\": %s, \"page_cache_bypassed\": %s, \"seconds\": %.3f, "
                "\"reads\": %llu, \"bytes\": %llu, \"mb_per_s\": %.2f, \"iops\": %.1f, \"lat_p50_us\": %.1f, "
                "\"lat_p99_us\": %.1f}\n",
-               file, (unsigned long long)r.file_bytes, p.block, p.queue_depth, method, r.direct ? "true" : "false",
+               file, (unsigned long long)r.file_bytes, p.block, p.queue_depth, p.wave, method, r.direct ? "true" : "false",
                r.direct ? "true" : "false", r.seconds, (unsigned long long)r.reads, (unsigned long long)r.bytes,
                r.mb_per_s, r.iops, r.lat_p50_us, r.lat_p99_us);
     } else {

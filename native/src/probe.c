@@ -133,13 +133,57 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 #define MAX_LATENCIES (1 << 20) /* the first million reads are plenty for percentiles */
+#define WAVE_RANGE (128ull << 20)
+
+/* pi2_storage_probe.wave: waves of sorted offsets within one span, each collected whole. 0 or -1. */
+static int probe_waves(const pi2_storage_probe *p, pi2_io *io, char *bufs, uint64_t n_blocks, uint64_t *rng,
+                       uint64_t *lat, uint64_t *n_lat, pi2_storage_result *out, uint64_t *now, uint64_t deadline) {
+    const uint64_t range = p->range ? p->range : WAVE_RANGE;
+    const uint64_t span = range / p->block < n_blocks ? (range / p->block ? range / p->block : 1) : n_blocks;
+    uint64_t *offs = malloc(sizeof(uint64_t) * (size_t)p->wave), *sent = malloc(sizeof(uint64_t) * (size_t)p->wave);
+    int *buf_of = malloc(sizeof(int) * (size_t)p->wave), *free_bufs = malloc(sizeof(int) * (size_t)p->queue_depth);
+    uint64_t tags[64];
+    int rc = -1, n_free = p->queue_depth;
+    if (!offs || !sent || !buf_of || !free_bufs) {
+        pi2_set_error("storage: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n_free; i++) free_bufs[i] = i; /* a read lands in a buffer no other read in flight uses */
+    while (*now < deadline) {
+        const uint64_t base = next_random(rng) % (n_blocks - span + 1);
+        for (int i = 0; i < p->wave; i++) offs[i] = (base + next_random(rng) % span) * p->block;
+        qsort(offs, (size_t)p->wave, sizeof *offs, cmp_u64);
+        int next = 0;
+        while (next < p->wave || pi2_io_in_flight(io) > 0) {
+            for (; next < p->wave && n_free > 0; next++) {
+                buf_of[next] = free_bufs[--n_free];
+                if (pi2_io_submit(io, offs[next], p->block, bufs + (size_t)buf_of[next] * p->block, (uint64_t)next))
+                    goto done;
+                sent[next] = pi2_now_ns();
+            }
+            if (pi2_io_flush(io)) goto done;
+            const int n = pi2_io_reap(io, tags, 64, 1);
+            if (n < 0) goto done;
+            *now = pi2_now_ns();
+            for (int k = 0; k < n; k++) {
+                if (*n_lat < MAX_LATENCIES) lat[(*n_lat)++] = *now - sent[tags[k]];
+                free_bufs[n_free++] = buf_of[tags[k]];
+                out->reads++, out->bytes += p->block;
+            }
+        }
+    }
+    rc = 0;
+done:
+    free(offs), free(sent), free(buf_of), free(free_bufs);
+    return rc;
+}
 
 int pi2_probe_storage(const pi2_storage_probe *p, pi2_storage_result *out) {
     memset(out, 0, sizeof *out);
     struct stat sb;
     if (stat(p->path, &sb)) return pi2_set_error("%s: %s", p->path, strerror(errno)), -1;
     if (p->block == 0 || p->block > (64u << 20) || p->queue_depth < 1 || p->queue_depth > 1024 ||
-        p->io_threads < 0 || !(p->seconds > 0)) {
+        p->io_threads < 0 || !(p->seconds > 0) || p->wave < 0 || p->wave > (1 << 20)) {
         pi2_set_error("storage: bad arguments (block %zu, queue depth %d, %d I/O threads, %g s)", p->block,
                       p->queue_depth, p->io_threads, p->seconds);
         return -1;
@@ -173,6 +217,10 @@ int pi2_probe_storage(const pi2_storage_probe *p, pi2_storage_result *out) {
         if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), close(fd);
     }
     uint64_t t_start = pi2_now_ns(), deadline = t_start + (uint64_t)(p->seconds * 1e9), now = t_start;
+    if (p->wave > 0) {
+        if (probe_waves(p, io, bufs, n_blocks, &rng, lat, &n_lat, out, &now, deadline)) goto done;
+        goto summary;
+    }
     for (int i = 0; i < p->queue_depth; i++) { /* tag = buffer index; each buffer always has one read */
         uint64_t off = next_random(&rng) % n_blocks * p->block;
         if (pi2_io_submit(io, off, p->block, bufs + (size_t)i * p->block, (uint64_t)i)) goto done;
@@ -194,6 +242,7 @@ int pi2_probe_storage(const pi2_storage_probe *p, pi2_storage_result *out) {
         }
         if (pi2_io_flush(io)) goto done;
     }
+summary:
     out->seconds = (double)(now - t_start) * 1e-9;
     out->mb_per_s = (double)out->bytes / out->seconds / 1e6;
     out->iops = (double)out->reads / out->seconds;

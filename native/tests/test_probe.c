@@ -40,6 +40,17 @@ int main(void) {
         CHECK(r.seconds >= 0.05 && r.iops > 0 && r.lat_p50_us > 0 && r.lat_p50_us <= r.lat_p99_us);
         if (methods[k] == PI2_IO_BUFFERED) CHECK(r.method == PI2_IO_BUFFERED && !r.direct);
     }
+    /* waves: whole waves of sorted reads within the range, so the count is a multiple of the wave */
+    pi2_storage_probe w = {.path = path, .block = 4096, .queue_depth = 4, .seconds = 0.05, .seed = 5, .wave = 10,
+                           .range = 256 << 10};
+    pi2_storage_result wr;
+    CHECK(pi2_probe_storage(&w, &wr) == 0);
+    CHECK(wr.reads >= 10 && wr.reads % 10 == 0 && wr.bytes == wr.reads * 4096 && wr.iops > 0);
+    CHECK(wr.lat_p50_us > 0 && wr.lat_p50_us <= wr.lat_p99_us);
+    w.range = 64ull << 30; /* a range past the file's end: the whole file */
+    CHECK(pi2_probe_storage(&w, &wr) == 0 && wr.reads % 10 == 0);
+    w.wave = -1;
+    CHECK(pi2_probe_storage(&w, &wr) == -1);
     pi2_storage_probe big = {.path = path, .block = 2 << 20, .queue_depth = 1, .seconds = 0.1};
     pi2_storage_result r;
     CHECK(pi2_probe_storage(&big, &r) == -1);
