@@ -262,6 +262,10 @@ def test_measure_keeps_each_block_sizes_best_round():
         (4096, 512, 2000.0),
         (8192, 512, 2000.0),
     ]
+    # and reads in waves as decode issues a block's misses, each wave size's better round
+    assert [(p["wave"], p["range"], p["block"], p["iops"]) for p in out["storage"]["waves"]] == [
+        (n, 128 << 20, 8192, 2000.0) for n in (64, 256, 1024, 2048)
+    ]
     assert steps == [(i, len(probe_steps(4))) for i in range(len(probe_steps(4)))]
     assert all(
         c[c.index("--seconds") + 1] == "0.2" for c in calls if "--qd" in c and c[c.index("--qd") + 1] == "32"

@@ -6,7 +6,7 @@ import pytest
 from test_plan import BANDWIDTH_BOUND, REQUEST_BOUND, curve, mistral7b, profile
 
 from pi2cli.plan.plan import engine_sizing
-from pi2cli.plan.predict import Device, coverage, device_from_probe, predict, read_time_at
+from pi2cli.plan.predict import Device, coverage, device_from_probe, predict, read_time_at, wave_read_time
 
 MiB = 1 << 20
 DEEP = curve({4096: 120000, 8192: 100000})  # the same disk with 512 reads in flight: faster per read
@@ -126,3 +126,30 @@ def test_storage_and_compute_add_less_the_pipelines_overlap():
     fast = predict(m, device(), 2000 * MiB, ctx=35)
     slow = predict(m, device(membw=2e9), 2000 * MiB, ctx=35)
     assert slow["overlap_ms"] > fast["overlap_ms"]
+
+
+WAVES = [{"wave": n, "range": 128 << 20, "block": 8192, "qd": 512, "iops": iops}
+         for n, iops in ((64, 80000.0), (256, 90000.0), (1024, 100000.0), (2048, 120000.0))]  # fmt: skip
+
+
+def test_a_blocks_misses_are_timed_as_a_wave_at_its_share_of_the_span():
+    # decode issues a block's misses as one sorted wave (sparse_ffn.c); a profile with storage.waves times
+    # them at the wave of the same share of the span's blocks: 1787 of 14336 neurons = 12.5% = 2048 of
+    # 128 MiB / 8 KiB, and 14336 * 64 / 16384 = 56 neurons = the smallest wave measured
+    m = mistral7b()
+    d = Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", list(DEEP), WAVES)
+    scale = read_time_at(d, 7168, 32) / read_time_at(d, 8192, 32)  # the QD 32 curve's size scaling
+    assert wave_read_time(d, m, 7168, 1792) == pytest.approx(scale / 120000.0)
+    assert wave_read_time(d, m, 7168, 56) == pytest.approx(scale / 80000.0)
+    assert wave_read_time(d, m, 7168, 5) == pytest.approx(scale / 80000.0)  # held flat past the points
+    mid = wave_read_time(d, m, 7168, 14336 * 512 / 16384)  # halfway between 256 and 1024 in log
+    assert mid == pytest.approx(scale / 95000.0)
+    # without waves: the queue-depth curve, as before
+    plain = device(deep=DEEP)
+    assert wave_read_time(plain, m, 7168, 1792) == read_time_at(plain, 7168, 512)
+    # waves faster than the free-running reads shorten the storage side and nothing else
+    fast = Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", list(DEEP), [p | {"iops": 2e5} for p in WAVES])
+    a = predict(m, plain, 2000 * MiB, ctx=35, two_phase=False)
+    b = predict(m, fast, 2000 * MiB, ctx=35, two_phase=False)
+    assert b["storage_ms"] < a["storage_ms"] and b["storage_reads_per_token"] == a["storage_reads_per_token"]
+    assert b["memory_ms"] == a["memory_ms"]

@@ -181,7 +181,8 @@ def predict_point(point: dict, m, pred_bytes: int, threads: int) -> dict:
 
     meas = point["measured"]
     device = Device("here", point["decode_bytes_per_s"], point["curve"], threads, "measured beside the point",
-                    [p for p in point.get("deep") or [] if p.get("iops", 0) > 0])  # fmt: skip
+                    [p for p in point.get("deep") or [] if p.get("iops", 0) > 0],
+                    [p for p in point.get("waves") or [] if p.get("iops", 0) > 0])  # fmt: skip
     return predict(m, device, point["budget_bytes"], pred_bytes_per_block=pred_bytes, ctx=meas.get("n_ctx") or 35,
                    two_phase=meas.get("two_phase"))  # fmt: skip
 
@@ -234,7 +235,8 @@ def here(ctx: Ctx, speed: DecodeSpeed) -> tuple[list[list], list[dict], list[flo
             before = after
             point = {"sweep": kind, "model": str(model), "budget_bytes": b, "measured": meas,
                      "decode_bytes_per_s": device.membw_bytes_per_s, "curve": prof["storage"]["curve"],
-                     "deep": prof["storage"].get("deep"), "named": named}  # fmt: skip
+                     "deep": prof["storage"].get("deep"), "waves": prof["storage"].get("waves"),
+                     "named": named}  # fmt: skip
             points.append(point)
     rows, errors = score(points, ctx.threads)
     return rows, points, errors

@@ -66,6 +66,7 @@ class Device:
     threads: int
     source: str  # the profile file, or "pi2 profile" (measured)
     deep: list[dict] = field(default_factory=list)  # the curve at the engine's queue depth, when measured
+    waves: list[dict] = field(default_factory=list)  # reads in sorted waves within one span (storage.waves)
 
 
 def shipped_profiles() -> list[str]:
@@ -114,7 +115,12 @@ def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
     deep = [
         p for p in profile["storage"].get("deep") or [] if p.get("iops", 0) > 0 and p.get("mb_per_s", 0) > 0
     ]
-    return Device(name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source, deep)
+    waves = [
+        p for p in profile["storage"].get("waves") or [] if p.get("iops", 0) > 0 and p.get("wave", 0) > 0
+    ]
+    return Device(
+        name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source, deep, waves
+    )
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -226,6 +232,24 @@ def read_time_at(device: Device, size: int, qd: float) -> float:
     return t32 + (t_deep - t32) * w
 
 
+def wave_read_time(device: Device, m: ModelFacts, size: int, n: float) -> float:
+    """Device seconds per read of `size` bytes when a block's wave holds n of its n_ff neurons' reads:
+    from the profile's waves (storage.waves: sorted reads within one span, collected whole, as decode
+    issues them) at the same share of the span's blocks, log-linear in the wave size between the points
+    measured (held flat past them), scaled from the waves' block size to `size` as the QD 32 curve
+    scales. Without waves in the profile: read_time_at at the wave's queue depth."""
+    if not device.waves or n <= 0:
+        return read_time_at(device, size, min(QUEUE_DEPTH, n))
+    pts = sorted(device.waves, key=lambda p: p["wave"])
+    slots = pts[0]["range"] / pts[0]["block"]
+    n_eq = min(max(n / m.n_ff * slots, pts[0]["wave"]), pts[-1]["wave"])
+    i = next((k for k in range(len(pts) - 1) if n_eq <= pts[k + 1]["wave"]), len(pts) - 2)
+    lo, hi = pts[max(i, 0)], pts[min(i + 1, len(pts) - 1)]
+    w = 0.0 if hi["wave"] == lo["wave"] else math.log(n_eq / lo["wave"]) / math.log(hi["wave"] / lo["wave"])
+    t = 1.0 / (lo["iops"] + (hi["iops"] - lo["iops"]) * w)
+    return t * read_time_s(device.curve, size) / read_time_s(device.curve, int(pts[0]["block"]))
+
+
 def engine_split(m: ModelFacts, budget: int, ctx: int, threads: int) -> dict:
     """The engine's own sizing under `budget` (`pi2-engine size --facts`, default split): cache bytes,
     hot neurons per block, cold slots, whether the whole FFN is resident. A budget the engine refuses
@@ -276,7 +300,7 @@ def predict(
     frac = 1.0 if sz["whole"] else min(1.0, (sz["hot"] + sz["cold"] / m.n_blocks) / m.n_ff)
     hit = 1.0 if frac >= 1 else coverage(m, frac)
     misses = per_block * (1 - hit)  # per routed block, all issued at once by the block's wave
-    t_whole = read_time_at(device, m.full_len, min(QUEUE_DEPTH, misses))
+    t_whole = wave_read_time(device, m, m.full_len, misses)
     t_gate = read_time_at(device, m.gate_len, min(QUEUE_DEPTH, misses))
     t_rest = read_time_at(device, m.rest_len, min(QUEUE_DEPTH, misses * precision))
     if not m.two_phase_applies or policy != "powerinfer2":
