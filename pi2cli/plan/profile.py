@@ -36,8 +36,8 @@ DEEP_BLOCKS, DEEP_QD = (4096, 8192), 512
 LATENCY_BLOCK, LATENCY_QD = 4096, 1
 # Decode reads a block's misses as one wave: sorted by offset within one FFN block's span, sent at once,
 # collected whole (sparse_ffn.c); dense waves read faster than free-running random reads there (the
-# block layer merges neighbours; docs/PLAN.md). Waves of these sizes within WAVE_RANGE (pi2-probe's
-# default, about one FFN block of the 7B and 47B shapes) at 8 KiB: 0.4% to 12.5% of the span's blocks.
+# block layer merges neighbours; docs/PLAN.md). Waves of these sizes within WAVE_RANGE (about one FFN
+# block of the 7B and 47B shapes) at 8 KiB: 0.4% to 12.5% of the span's blocks.
 WAVE_SIZES, WAVE_BLOCK, WAVE_RANGE = (64, 256, 1024, 2048), 8192, 128 << 20
 DEFAULT_SECONDS = 2.0
 DEFAULT_MEMBW_MIB = 256
@@ -66,7 +66,8 @@ def probe_steps(threads_all: int, rounds: int = STORAGE_ROUNDS) -> list[tuple[st
                           ["storage", "--block", str(block), "--qd", str(DEEP_QD)]))  # fmt: skip
         for n in WAVE_SIZES:
             steps.append((f"storage {WAVE_BLOCK // 1024} KiB reads in waves of {n} (round {r + 1}/{rounds})",
-                          ["storage", "--wave", str(n), "--block", str(WAVE_BLOCK), "--qd", str(DEEP_QD)]))  # fmt: skip
+                          ["storage", "--wave", str(n), "--range", str(WAVE_RANGE), "--block", str(WAVE_BLOCK),
+                           "--qd", str(DEEP_QD)]))  # fmt: skip
     steps.append((f"storage {LATENCY_BLOCK // 1024} KiB reads, QD {LATENCY_QD}",
                   ["storage", "--block", str(LATENCY_BLOCK), "--qd", str(LATENCY_QD)]))  # fmt: skip
     return steps
