@@ -9,10 +9,11 @@ PREDICTION by counting the bytes one decode step really reads and where they com
     resident ones); per routed FFN block the predicted neurons' gate rows and, for those whose gate
     fires (predicted x precision), their up rows and down columns. No dense down copy: the sparse path
     reads the bundles' down columns.
-  storage side (device time per read from the profile's random-read curve at the request's size and the
-    queue depth a block's wave keeps in flight, read_time_at): the predicted neurons that miss the
-    neuron cache, read whole or in two phases (gate part, then the rest where the gate fires) as the
-    engine decides at open; reads per token count both phases.
+  storage side: the predicted neurons that miss the neuron cache, read whole or in two phases (gate
+    part, then the rest where the gate fires) as the engine decides at open; reads per token count both
+    phases. A whole-bundle miss is timed from the profile's waves (a block's misses go out as one sorted
+    wave within its span, wave_read_time), a gate or rest read, or any read where the profile has no
+    waves, from the random-read curve at its size and the queue depth the wave keeps (read_time_at).
 
 The cache and its hot/cold split are the engine's own (`pi2-engine size --facts` at the run's context);
 in steady state it keeps the hot set and the cold neurons ranked just after it (the admit limit), so the
