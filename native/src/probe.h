@@ -32,8 +32,8 @@ typedef struct {
     /* wave > 0: reads in waves, as a decode block issues its misses (sparse_ffn.c): `wave` offsets drawn
      * within `range` bytes at a random place in the file (0: 128 MiB, about one FFN block of the 7B and
      * 47B shapes), sorted, sent at once (at most queue_depth in flight), all collected before the next
-     * wave. Sorted waves within one span read ~1.4x faster than free-running random reads on a virtio
-     * disk (docs/PLAN.md). */
+     * wave. Dense sorted waves within one span read up to ~1.3x the free-running random rate on a virtio
+     * disk, sparse ones no faster (docs/PLAN.md). */
     int wave;
     uint64_t range;
 } pi2_storage_probe;
