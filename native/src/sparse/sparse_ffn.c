@@ -95,6 +95,30 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     }
 }
 
+/* Decode's down pass over this thread's slice of the output, from where it stopped: units in wave order
+ * while they are computed, at most `max` of them; returns how many it took. The live columns go through
+ * the kernel four at a time, a group held in `d` until it is full, so the groups (and the sum's rounding)
+ * are the same whether the pass ran while reads were in flight or after the last one landed. */
+static int down_1tok(pi2_sparse *s, int ith, int nth, int max) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    int64_t d0, d1;
+    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    if (d0 >= d1) return 0;
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    struct pi2_down_at *d = &s->wave.down_at[ith];
+    int took = 0;
+    for (; took < max && d->at < s->wave.len; d->at++, took++) {
+        const int i = d->at;
+        if (!__atomic_load_n(&s->wave.done[i], __ATOMIC_ACQUIRE)) break;
+        if (!s->scratch.live[i]) continue;
+        d->cols[d->n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+        __builtin_prefetch(d->cols[d->n], 0, 3);
+        d->a[d->n++] = s->scratch.hv[(size_t)i * s->n_batch];
+        if (d->n == 4) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0), d->n = 0;
+    }
+    return took;
+}
+
 /* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
  * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
  * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
@@ -106,18 +130,10 @@ static void down_worker(void *p, int ith, int nth) {
     pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
     if (d0 >= d1) return;
     const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    if (s->wave.tokens == 1) { /* decode: live columns four at a time through one pass over the output slice */
-        const uint8_t *cols[4];
-        float a[4];
-        int n = 0;
-        for (int i = 0; i < s->wave.len; i++) {
-            if (!s->scratch.live[i]) continue;
-            cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
-            __builtin_prefetch(cols[n], 0, 3);
-            a[n++] = s->scratch.hv[(size_t)i * s->n_batch];
-            if (n == 4) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + d0), n = 0;
-        }
-        if (n) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + d0);
+    if (s->wave.tokens == 1) { /* decode: what the wave's workers left of the pass, then the last group */
+        down_1tok(s, ith, nth, INT_MAX);
+        struct pi2_down_at *d = &s->wave.down_at[ith];
+        if (d->n) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0);
         return;
     }
     /* a batch: four live columns at a time, each token's slice of the output read and written once per
@@ -191,7 +207,7 @@ static void wave_worker(void *p, int ith, int nth) {
                 compute_units_1tok(s, s->wave.ready + t0, cnt, rest);
                 for (int j = 0; j < cnt; j++) {
                     if (rest[j]) read_rest(s, s->wave.ready[t0 + j]);
-                    else finished++;
+                    else finished++, __atomic_store_n(&s->wave.done[s->wave.ready[t0 + j]], 1, __ATOMIC_RELEASE);
                 }
                 t += cnt;
             }
@@ -204,9 +220,11 @@ static void wave_worker(void *p, int ith, int nth) {
                     if (t + 1 < n_ready) prefetch_unit(s, s->wave.ready[t + 1]);
                     const int i = s->wave.ready[t];
                     if (compute_unit(s, i)) read_rest(s, i);
-                    else finished++;
+                    else finished++, __atomic_store_n(&s->wave.done[i], 1, __ATOMIC_RELEASE);
                     break;
                 }
+                /* nothing to compute: sum the finished units' down columns while the reads fly */
+                if (s->wave.tokens == 1 && down_1tok(s, ith, nth, 16) > 0) continue;
                 if (finished) {
                     atomic_fetch_sub(&s->wave.pending, finished);
                     finished = 0;
@@ -345,6 +363,7 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         s->wave.h[n] = hdl;
         s->wave.phase[n] = 0;
         s->scratch.live[n] = 0; /* a neuron whose gate part alone shows it inactive never gets to set it */
+        s->wave.done[n] = 0;
         if (loaded) s->wave.ready[atomic_fetch_add(&s->wave.n_ready, 1)] = n;
         else add_waiter(s, hdl, n);
         n++;
@@ -415,6 +434,7 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         atomic_store(&s->wave.pending, s->wave.len);
         atomic_store(&s->wave.next_ticket, 0);
+        memset(s->wave.down_at, 0, (size_t)s->nth * sizeof *s->wave.down_at);
         if (!s->pipeline) {
             /* Read everything first, then compute (bundle, llmflash, cache). */
             for (int r = 0; r < s->wave.n_to_read; r++)

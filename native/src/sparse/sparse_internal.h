@@ -32,6 +32,15 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
  * budget gets smaller chunks (stream_bundles). */
 #define PI2_STREAM_STAGES 8
 
+/* One thread's place in a decode wave's down pass: units before `at` are summed into its slice of the
+ * output, the last n live ones of them still held as a group (the columns go through the kernel four at
+ * a time, and the groups must be the same whenever the pass runs, or the sum's rounding would differ). */
+struct pi2_down_at {
+    int at, n;
+    const uint8_t *cols[4];
+    float a[4];
+};
+
 struct pi2_sparse {
     const pi2_model *m;
     pi2_ffn_backend backend; /* what forward.c calls (pi2_sparse_backend) */
@@ -105,6 +114,8 @@ struct pi2_sparse {
         int32_t *wait_next;   /* per unit */
         int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
         _Atomic int n_ready, next_ticket, pending;
+        uint8_t *done;        /* per unit: computed (hv, live written); decode's early down pass reads it */
+        struct pi2_down_at *down_at; /* [nth]: each thread's place in the decode down pass (sparse_ffn.c) */
         int64_t *to_read;     /* slot handles to read for this wave, with their kind */
         uint8_t *to_read_kind;
         int n_to_read;

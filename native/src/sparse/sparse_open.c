@@ -80,6 +80,8 @@ static int alloc_scratch(pi2_sparse *s) {
     s->wave.phase = zalloc(F, &ok);
     s->wave.wait_next = zalloc(F * sizeof(int32_t), &ok);
     s->wave.ready = zalloc(2 * F * sizeof(int32_t), &ok);
+    s->wave.done = zalloc(F, &ok);
+    s->wave.down_at = zalloc((size_t)s->nth * sizeof(struct pi2_down_at), &ok);
     s->wave.to_read = zalloc(F * sizeof(int64_t), &ok);
     s->wave.to_read_kind = zalloc(F, &ok);
     s->block_off = zalloc((size_t)s->n_blocks * sizeof(uint64_t), &ok);
@@ -290,7 +292,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_sparse_stream_close(s);
     pi2_predictors_free(&s->pred);
     void *ptrs[] = {s->scratch.look_in, s->scratch.look_mask, s->scratch.act, s->scratch.pact, s->scratch.mask, s->scratch.truth, s->scratch.active, s->scratch.hv, s->scratch.live, s->scratch.gates, s->cap.scores, s->wave.k, s->wave.h, s->wave.phase,
-                    s->wave.wait_next, s->wave.ready, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
+                    s->wave.wait_next, s->wave.ready, s->wave.done, s->wave.down_at, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
                     s->check.layer_fn, s->check.layer_seen, s->wave.wait_head, s->wave.acq, s->named.by_block};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     pthread_mutex_destroy(&s->lock);
