@@ -102,10 +102,11 @@ WAVES = (64, 256, 1024)  # a block's misses on the 7B shape under 2651 MiB: ~15 
 
 def storage_rate(facts, rand: dict, waves: list[dict]):
     """Reads per second the storage serves a token that reads r bundles over its blocks: the faster of
-    free-running random reads and sorted waves of r / blocks within a block's span (the planner's
-    wave_read_time: log-linear between the wave sizes probed), so the bound credits the storage with the
-    best it showed for the engine's pattern."""
-    dev = Device("this machine", 0.0, [rand], 1, "probe", waves=waves)
+    free-running random reads and sorted waves of r / blocks within a block's span (pi2-probe's JSON for
+    `--wave N --range SPAN`; the planner's wave_read_time: log-linear between the wave sizes probed), so
+    the bound credits the storage with the best it showed for the engine's pattern."""
+    span = facts.n_ff * facts.bundle_stride
+    dev = Device("this machine", 0.0, [rand], 1, "probe", waves=[w | {"range": span} for w in waves])
     return lambda r: max(rand["iops"], 1.0 / wave_read_time(dev, facts, facts.full_len, r / facts.n_blocks))
 
 
@@ -203,6 +204,15 @@ def main() -> None:
                   f"prefill {r['prefill_tps']:.1f} tok/s, decode {r.get('decode_tps') or 0:.2f} tok/s"
                   + (f", load {r['load_s']:.1f} s" if r.get("load_s") is not None else "")), flush=True)  # fmt: skip
 
+    def write_json(summary: dict) -> None:
+        a.json.write_text(json.dumps({"model": str(pi2), "synthetic": synthetic, "budget_bytes": budget,
+                                      "prompt_tokens": a.p, "n": a.n, "threads": a.threads, "membw": membw,
+                                      "storage_4mib": stream, "storage_random": rand, "storage_waves": waves,
+                                      "runs": runs, "summary": summary}, indent=1))  # fmt: skip
+
+    if a.json:  # the runs first: a summary that fails must not lose them
+        write_json({})
+
     def best_llama(i: int) -> dict:  # the faster layout of round i
         return max((runs[f"llama.cpp --repack {k}@memory"][i] for k in (0, 1)),
                    key=lambda r: r.get("prefill_tps") or 0)  # fmt: skip
@@ -266,9 +276,7 @@ def main() -> None:
           f"{pf.sections[0][1] / (stream['mb_per_s'] * 1e6):.2f} s, a floor on a budgeted prefill batch "
           f"(less what the cache holds)")  # fmt: skip
     if a.json:
-        a.json.write_text(json.dumps({"model": str(pi2), "synthetic": synthetic, "budget_bytes": budget,
-                                      "prompt_tokens": a.p, "n": a.n, "threads": a.threads, "membw": membw,
-                                      "storage_4mib": stream, "storage_random": rand, "storage_waves": waves, "runs": runs, "summary": summary}, indent=1))  # fmt: skip
+        write_json(summary)
         print(f"wrote {a.json}")
 
 
