@@ -100,18 +100,12 @@ def run_llama(gguf: Path, budget: int | None, p: int, n: int, threads: int, repa
 WAVES = (64, 256, 1024)  # a block's misses on the 7B shape under 2651 MiB: ~15 to ~1000
 
 
-def block_span(facts) -> int:
-    """Bytes of one block's bundles in the file: where a decode wave's reads fall."""
-    return facts.n_ff * facts.bundle_stride
-
-
 def storage_rate(facts, rand: dict, waves: list[dict]):
     """Reads per second the storage serves a token that reads r bundles over its blocks: the faster of
     free-running random reads and sorted waves of r / blocks within a block's span (pi2-probe's JSON for
     `--wave N --range SPAN`; the planner's wave_read_time: log-linear between the wave sizes probed), so
     the bound credits the storage with the best it showed for the engine's pattern."""
-    span = block_span(facts)
-    dev = Device("this machine", 0.0, [rand], 1, "probe", waves=[w | {"range": span} for w in waves])
+    dev = Device("this machine", 0.0, [rand], 1, "probe", waves=waves)
     return lambda r: max(rand["iops"], 1.0 / wave_read_time(dev, facts, facts.full_len, r / facts.n_blocks))
 
 
@@ -180,7 +174,7 @@ def main() -> None:
     miss_read = facts.full_len
     rand = probe(["storage", "--file", str(pi2), "--block", str(miss_read), "--qd", "512", "--seconds", "2"])
     # ... and as decode issues them: a block's misses sorted, within the block's span, collected whole
-    span = block_span(facts)
+    span = facts.n_ff * facts.bundle_stride  # one block's bundles: where a decode wave's reads fall
     waves = [probe(["storage", "--file", str(pi2), "--block", str(miss_read), "--qd", "512", "--seconds", "2",
                     "--wave", str(w), "--range", str(span)]) for w in WAVES]  # fmt: skip
     storage = storage_rate(facts, rand, waves)

@@ -45,10 +45,13 @@ def test_runs_without_ffn_times_get_only_the_overlap_bound(prefill_tbt):
 
 def test_the_storage_rate_is_the_faster_of_free_running_reads_and_the_tokens_waves(prefill_tbt):
     # 4 blocks of 1000 neurons; waves probed within a block's span of 1000 bundles
-    facts = SimpleNamespace(n_ff=1000, n_blocks=4, full_len=7168, bundle_stride=7168)
+    facts = SimpleNamespace(n_ff=1000, n_blocks=4, full_len=7168)
     rand = {"block": 7168, "qd": 512, "iops": 80e3, "mb_per_s": 573.0}
-    # as pi2-probe storage --wave N --range SPAN --json prints them (the range is not echoed)
-    waves = [{"block": 7168, "qd": 512, "wave": w, "iops": i} for w, i in ((64, 70e3), (1024, 120e3))]
+    # as pi2-probe storage --wave N --range SPAN --json prints them (tests/test_probe.py: with the range)
+    waves = [
+        {"block": 7168, "qd": 512, "wave": w, "range": 1000 * 7168, "iops": i}
+        for w, i in ((64, 70e3), (1024, 120e3))
+    ]
     rate = prefill_tbt.storage_rate(facts, rand, waves)
     assert rate(4 * 64) == pytest.approx(80e3)  # short waves are slower than free-running reads: those count
     assert rate(4 * 1024) == pytest.approx(120e3)

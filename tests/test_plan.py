@@ -247,9 +247,11 @@ def test_measure_keeps_each_block_sizes_best_round():
             )
         block, qd = int(args[args.index("--block") + 1]), int(args[args.index("--qd") + 1])
         iops = 1000.0 * (2 if len([c for c in calls if "--block" in c and c[2:5] == args[2:5]]) == 2 else 1)
-        return json.dumps({"probe": "storage", "block": block, "qd": qd, "iops": iops, "mb_per_s": iops * block / 1e6,
-                           "lat_p50_us": 1.0, "lat_p99_us": 2.0, "reads": 10, "method": "pread", "o_direct": True,
-                           "file_bytes": 1 << 30})  # fmt: skip
+        wave = int(args[args.index("--wave") + 1]) if "--wave" in args else 0  # the probe echoes its span
+        span = int(args[args.index("--range") + 1]) if wave else 0
+        return json.dumps({"probe": "storage", "block": block, "qd": qd, "wave": wave, "range": span, "iops": iops,
+                           "mb_per_s": iops * block / 1e6, "lat_p50_us": 1.0, "lat_p99_us": 2.0, "reads": 10,
+                           "method": "pread", "o_direct": True, "file_bytes": 1 << 30})  # fmt: skip
 
     steps = []
     out = measure(run, "/m.pi2", cores=4, seconds=0.4, membw_mib=8, step=lambda i, n, d: steps.append((i, n)))

@@ -69,6 +69,19 @@ def test_storage_json(store, method, expected):
     assert out["reads"] > 0 and out["bytes"] == out["reads"] * 4096
     assert out["iops"] > 0 and out["mb_per_s"] > 0 and 0 < out["lat_p50_us"] <= out["lat_p99_us"]
     assert out["seconds"] >= 0.2
+    assert out["wave"] == 0 and out["range"] == 0
+
+
+def test_storage_waves_json_says_the_span_read_within(store):
+    # callers time a wave by its share of the span (the planner's wave_read_time): the probe says which
+    done = run_probe("storage", "--file", store, "--block", 4096, "--qd", 8, "--seconds", 0.1, "--method", "pread",
+                     "--wave", 16, "--range", "1M", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["wave"] == 16 and out["range"] == 1 << 20 and out["reads"] % 16 == 0
+    done = run_probe("storage", "--file", store, "--block", 4096, "--qd", 8, "--seconds", 0.1, "--method", "pread",
+                     "--wave", 16, "--range", "1G", "--json")  # fmt: skip
+    assert done.returncode == 0 and json.loads(done.stdout)["range"] == 4 << 20  # no more than the file
 
 
 def test_storage_text_says_whether_the_page_cache_is_bypassed(store):

@@ -90,11 +90,11 @@ static int run_storage(int argc, char **argv) {
     if (json) {
         char file[16400]; /* every byte may become \u00XX */
         pi2_json_string(file, sizeof file, p.path);
-        printf("{\"probe\": \"storage\", \"file\": %s, \"file_bytes\": %llu, \"block\": %zu, \"qd\": %d, \"wave\": %d, "
+        printf("{\"probe\": \"storage\", \"file\": %s, \"file_bytes\": %llu, \"block\": %zu, \"qd\": %d, \"wave\": %d, \"range\": %llu, "
                "\"method\": \"%s\", \"o_direct\": %s, \"page_cache_bypassed\": %s, \"seconds\": %.3f, "
                "\"reads\": %llu, \"bytes\": %llu, \"mb_per_s\": %.2f, \"iops\": %.1f, \"lat_p50_us\": %.1f, "
                "\"lat_p99_us\": %.1f}\n",
-               file, (unsigned long long)r.file_bytes, p.block, p.queue_depth, p.wave, method, r.direct ? "true" : "false",
+               file, (unsigned long long)r.file_bytes, p.block, p.queue_depth, p.wave, (unsigned long long)r.range, method, r.direct ? "true" : "false",
                r.direct ? "true" : "false", r.seconds, (unsigned long long)r.reads, (unsigned long long)r.bytes,
                r.mb_per_s, r.iops, r.lat_p50_us, r.lat_p99_us);
     } else {

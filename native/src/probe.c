@@ -140,6 +140,7 @@ static int probe_waves(const pi2_storage_probe *p, pi2_io *io, char *bufs, uint6
                        uint64_t *lat, uint64_t *n_lat, pi2_storage_result *out, uint64_t *now, uint64_t deadline) {
     const uint64_t range = p->range ? p->range : WAVE_RANGE;
     const uint64_t span = range / p->block < n_blocks ? (range / p->block ? range / p->block : 1) : n_blocks;
+    out->range = span * p->block;
     uint64_t *offs = malloc(sizeof(uint64_t) * (size_t)p->wave), *sent = malloc(sizeof(uint64_t) * (size_t)p->wave);
     int *buf_of = malloc(sizeof(int) * (size_t)p->wave), *free_bufs = malloc(sizeof(int) * (size_t)p->queue_depth);
     uint64_t tags[64];

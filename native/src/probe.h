@@ -42,6 +42,7 @@ typedef struct {
     pi2_io_method method; /* the one used */
     int direct;           /* 1: the page cache was bypassed */
     uint64_t file_bytes, reads, bytes;
+    uint64_t range;                 /* waves: the span read within (the file where it is smaller); else 0 */
     double seconds, mb_per_s, iops; /* mb: 1e6 bytes */
     double lat_p50_us, lat_p99_us;  /* submit to reap, per read */
 } pi2_storage_result;

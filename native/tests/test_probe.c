@@ -46,9 +46,9 @@ int main(void) {
     pi2_storage_result wr;
     CHECK(pi2_probe_storage(&w, &wr) == 0);
     CHECK(wr.reads >= 10 && wr.reads % 10 == 0 && wr.bytes == wr.reads * 4096 && wr.iops > 0);
-    CHECK(wr.lat_p50_us > 0 && wr.lat_p50_us <= wr.lat_p99_us);
+    CHECK(wr.lat_p50_us > 0 && wr.lat_p50_us <= wr.lat_p99_us && wr.range == 256 << 10);
     w.range = 64ull << 30; /* a range past the file's end: the whole file */
-    CHECK(pi2_probe_storage(&w, &wr) == 0 && wr.reads % 10 == 0);
+    CHECK(pi2_probe_storage(&w, &wr) == 0 && wr.reads % 10 == 0 && wr.range == 1 << 20);
     w.wave = -1;
     CHECK(pi2_probe_storage(&w, &wr) == -1);
     pi2_storage_probe big = {.path = path, .block = 2 << 20, .queue_depth = 1, .seconds = 0.1};

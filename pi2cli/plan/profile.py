@@ -118,7 +118,7 @@ def measure(
         point = {k: out[k] for k in ("block", "qd", "iops", "mb_per_s", "lat_p50_us", "lat_p99_us", "reads")}
         point.update(method=out["method"], o_direct=out["o_direct"], file_bytes=out["file_bytes"])
         if wave:
-            point = {"wave": wave, "range": WAVE_RANGE} | point
+            point = {"wave": wave, "range": out["range"]} | point
             if wave not in waves or point["iops"] > waves[wave]["iops"]:
                 waves[wave] = point
             continue
