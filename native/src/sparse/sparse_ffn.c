@@ -129,13 +129,13 @@ static void down_worker(void *p, int ith, int nth) {
     int64_t d0, d1;
     pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
     if (d0 >= d1) return;
-    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
     if (s->wave.tokens == 1) { /* decode: what the wave's workers left of the pass, then the last group */
         down_1tok(s, ith, nth, INT_MAX);
         struct pi2_down_at *d = &s->wave.down_at[ith];
         if (d->n) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0);
         return;
     }
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
     /* a batch: four live columns at a time, each token's slice of the output read and written once per
      * group while the four columns stay in L1 across tokens. A token whose four outputs are all zero
      * is skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
