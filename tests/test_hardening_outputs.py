@@ -185,3 +185,140 @@ def test_unexpected_exceptions_are_one_line_unless_debugging(tmp_path):
     debug = subprocess.run([sys.executable, "-c", code, "workloads"], text=True, capture_output=True, timeout=60,
                            env={**os.environ, "PI2_DEBUG": "1"})  # fmt: skip
     assert "Traceback" in debug.stderr
+
+
+# ------------------------------------------------------------------ the engine's output files (issue 34)
+# `eval --logits-out` (a whole file: temp beside it, fsync, rename) and `--events` (a stream the host
+# tails: opened in place) take a regular file or nothing: a link, a device, a FIFO or a read-only
+# directory at the target is one error line, a non-zero exit, the target as it was and nothing left
+# beside it.
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from crafted_models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "m.pi2")
+
+
+def _read_only(directory):
+    """argv prefix that runs a command with `directory` read-only: chmod for a user, a read-only bind
+    mount in a private mount namespace for root (whom permissions do not stop)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return []
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", script, str(directory), "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("root without mount namespaces: no way to make a directory read-only")
+    return ["unshare", "-m", "sh", "-c", script, str(directory)]
+
+
+def _target(kind, tmp_path):
+    """(path, prefix, state()): the target, an argv prefix, and a snapshot of what is there."""
+    d = tmp_path / "out"
+    d.mkdir()
+    prefix = []
+    if kind == "symlink":
+        (tmp_path / "victim").write_text("someone else's file\n")
+        path = d / "f"
+        path.symlink_to(tmp_path / "victim")
+    elif kind == "device":
+        path = "/dev/full"
+    elif kind == "fifo":
+        path = d / "f"
+        os.mkfifo(path)
+    else:  # read-only directory
+        path = d / "f"
+        prefix = _read_only(d)
+
+    def state():
+        def stat(p):
+            s = os.lstat(p)
+            return (s.st_mode, s.st_rdev, s.st_size, s.st_mtime_ns, s.st_ino)
+
+        listing = {name: stat(d / name) for name in os.listdir(d)}
+        victim = (tmp_path / "victim").read_text() if kind == "symlink" else None
+        return listing, victim, stat(path) if os.path.lexists(path) else None
+
+    return path, prefix, state
+
+
+def _engine_run(prefix, *args, preexec=None):
+    from engine_helpers import engine_bin
+
+    return subprocess.run([*prefix, str(engine_bin()), *map(str, args)], capture_output=True, text=True,
+                          timeout=60, preexec_fn=preexec)  # fmt: skip
+
+
+def _refused(done, flag, path):
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"pi2-engine: error: {flag} {path}: "), done.stderr
+
+
+TARGETS = ["symlink", "device", "fifo", "read_only_dir"]
+
+
+@needs_engine
+@pytest.mark.parametrize("kind", TARGETS)
+def test_eval_logits_out_refuses_what_is_not_a_regular_file(tiny_model, tmp_path, kind):
+    path, prefix, state = _target(kind, tmp_path)
+    before = state()
+    done = _engine_run(prefix, "eval", "-m", tiny_model, "--tokens", "1,2", "--logits-out", path)
+    _refused(done, "--logits-out", path)
+    assert state() == before  # the target untouched, no .partial or temp file beside it
+
+
+@needs_engine
+@pytest.mark.parametrize("kind", TARGETS)
+def test_events_refuses_what_is_not_a_regular_file(tiny_model, tmp_path, kind):
+    path, prefix, state = _target(kind, tmp_path)
+    before = state()
+    done = _engine_run(prefix, "generate", "-m", tiny_model, "-p", "hi", "-n", "2", "--events", path)
+    _refused(done, "--events", path)
+    assert done.stdout == ""
+    assert state() == before
+
+
+def _disk_full_at(limit):
+    """A child whose files cannot grow past `limit` bytes (EFBIG, as a full disk gives ENOSPC)."""
+    import resource
+    import signal
+
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return preexec
+
+
+@needs_engine
+def test_eval_logits_out_on_a_full_disk_keeps_the_old_file_and_leaves_nothing(tiny_model, tmp_path):
+    out = tmp_path / "logits.bin"
+    out.write_bytes(b"old")
+    done = _engine_run([], "eval", "-m", tiny_model, "--tokens", "1,2,3", "--all", "--logits-out", out,
+                       preexec=_disk_full_at(300))  # fmt: skip
+    _refused(done, "--logits-out", out)
+    assert "write failed: File too large" in done.stderr
+    assert out.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["logits.bin"]
+    ok = _engine_run([], "eval", "-m", tiny_model, "--tokens", "1,2,3", "--all", "--logits-out", out)
+    assert (
+        ok.returncode == 0
+        and out.stat().st_size == 3 * 64 * 4
+        and sorted(os.listdir(tmp_path)) == ["logits.bin"]
+    )
+
+
+@needs_engine
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_events_lost_to_a_full_disk_fail_the_run(tiny_model, tmp_path, command):
+    # The run used to exit 0 with its events gone.
+    events = tmp_path / "events.jsonl"
+    args = ["-p", "hi", "-n", "8"] if command == "generate" else []
+    from engine_helpers import engine_bin
+
+    done = subprocess.run([str(engine_bin()), command, "-m", str(tiny_model), *args, "--events", str(events)],
+                          input='{"prompt": "hi", "n_predict": 8}\n', capture_output=True, text=True, timeout=60,
+                          preexec_fn=_disk_full_at(200))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert line == f"pi2-engine: error: --events {events}: write failed: File too large", done.stderr

@@ -127,7 +127,7 @@ int pi2_chat_main(int argc, char **argv) {
     size_t line_cap = 0;
     if (open_session(&s, &o) != 0) goto done;
     uint64_t t_ready = pi2_now_ns();
-    pi2_events_emit(&s.ev,
+    (void)pi2_events_emit(&s.ev, /* a failure sticks: the first turn's check reports it */
                     "{\"event\": \"start\", \"t\": %.9f, \"mode\": \"chat\", \"engine\": \"pi2-engine %s\", "
                     "\"threads\": %d, \"kernels\": \"%s\", \"n_ctx\": %d, \"load_s\": %.6f}",
                     pi2_seconds(t_ready), PI2_VERSION, s.n_threads, pi2_kernel_level_name(pi2_kernels_current()),
@@ -144,17 +144,18 @@ int pi2_chat_main(int argc, char **argv) {
         }
         int turn_rc = run_turn(&s, &o, &req, turn++);
         pi2_chat_request_free(&req);
-        if (turn_rc != 0) goto done;
+        if (turn_rc != 0 || pi2_events_check(&s.ev) != 0) goto done; /* events lost: the run failed */
     }
     pi2_sparse_named_json(s.sparse, s.ev.f);
     char sparse_json[4096], sparse_line[400];
     pi2_sparse_summary_json(s.sparse, &o.sparse, sparse_json, sizeof sparse_json);
     pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);
-    pi2_events_emit(&s.ev,
+    (void)pi2_events_emit(&s.ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"turns\": %d, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
                     "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), turn, (unsigned long long)pi2_peak_rss_bytes(),
                     (unsigned long long)pi2_io_read_bytes(), (unsigned long long)s.m.file.size, s.n_threads, sparse_json);
+    if (pi2_events_close(&s.ev) != 0) goto done;
     fprintf(stderr, "pi2-engine chat: %d turns, peak RSS %.0f MiB; %s\n", turn, pi2_peak_rss_bytes() / 1048576.0,
             sparse_line);
     rc = 0;

@@ -1,35 +1,49 @@
 #include "events.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "safe_write.h"
 
 int pi2_events_open(pi2_events *ev, const char *path) {
-    ev->f = NULL;
+    memset(ev, 0, sizeof *ev);
     if (!path) return 0;
-    ev->f = fopen(path, "w");
-    if (!ev->f) {
-        pi2_set_error("cannot write events file %s", path);
-        return -1;
+    ev->path = path;
+    return (ev->f = pi2_open_stream(path, "--events")) ? 0 : -1;
+}
+
+int pi2_events_close(pi2_events *ev) {
+    int rc = 0;
+    if (ev->f && !ev->err) rc = pi2_close_stream(ev->f, ev->path, "--events");
+    else if (ev->f) {
+        fclose(ev->f);
+        rc = pi2_events_check(ev);
     }
-    return 0;
-}
-
-void pi2_events_close(pi2_events *ev) {
-    if (ev->f) fclose(ev->f);
     ev->f = NULL;
+    return rc;
 }
 
-void pi2_events_emit(pi2_events *ev, const char *fmt, ...) {
-    if (!ev->f) return;
+int pi2_events_check(pi2_events *ev) {
+    if (ev->f && !ev->err && ferror(ev->f)) ev->err = errno ? errno : EIO;
+    if (!ev->err) return 0;
+    pi2_set_error("--events %s: write failed: %s", ev->path, strerror(ev->err));
+    return -1;
+}
+
+int pi2_events_emit(pi2_events *ev, const char *fmt, ...) {
+    if (!ev->f) return 0;
+    if (ev->err) return pi2_events_check(ev); /* the run is failing: write nothing more */
     va_list ap;
     va_start(ap, fmt);
+    errno = 0;
     vfprintf(ev->f, fmt, ap);
     va_end(ap);
     fputc('\n', ev->f);
-    fflush(ev->f);
+    if (fflush(ev->f) != 0 && !ev->err) ev->err = errno ? errno : EIO;
+    return pi2_events_check(ev);
 }
 
 double pi2_seconds(uint64_t ns) { return (double)ns / 1e9; }

@@ -8,13 +8,22 @@
 #include <stdio.h>
 
 typedef struct {
-    FILE *f; /* NULL: events off */
+    FILE *f;          /* NULL: events off */
+    const char *path; /* for error lines */
+    int err;          /* the errno of the first failed write, 0 while all is well */
 } pi2_events;
 
+/* The file is streamed (the host tails it while the run goes), so it is opened in place under the
+ * rules of base/safe_write.h: a regular file or nothing at the path, never a link, device or FIFO. */
 int pi2_events_open(pi2_events *ev, const char *path);
-void pi2_events_close(pi2_events *ev);
-/* printf-style line; the caller writes the JSON object body, the newline and flush happen here. */
-void pi2_events_emit(pi2_events *ev, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Flush, fsync and close; -1 with an error when any write failed (a run whose events were lost must
+ * not exit 0). */
+int pi2_events_close(pi2_events *ev);
+/* printf-style line; the caller writes the JSON object body, the newline and flush happen here.
+ * -1 with an error "--events PATH: write failed: REASON" when this or an earlier write failed. */
+int pi2_events_emit(pi2_events *ev, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* -1 with that error when a write to the events file (also a direct fprintf to ev->f) has failed. */
+int pi2_events_check(pi2_events *ev);
 double pi2_seconds(uint64_t ns);
 /* Bytes this process read from storage (/proc/self/io read_bytes), 0 if unknown. */
 uint64_t pi2_io_read_bytes(void);

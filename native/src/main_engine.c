@@ -16,6 +16,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "plan.h"
+#include "safe_write.h"
 #include "sampler.h"
 #include "session.h"
 #include "session_options.h"
@@ -118,6 +119,8 @@ static int cmd_eval(const pi2_options *o) {
     pi2_session ss;
     float *out = NULL;
     int rc = 1, n;
+    /* refused before the model loads: a bad target costs nothing */
+    if (pi2_check_output_target(o->logits_out, "--logits-out") != 0) return die();
     if (pi2_session_load(&ss, o, PI2_TOKENIZER_NONE) != 0 || pi2_session_reserve(&ss, 65536) != 0) goto done;
     if ((n = pi2_parse_int_list("--tokens", o->tokens, 0x7fffffff, ss.ids, 65536)) < 0) goto done;
     const int batch = o->n_batch ? o->n_batch : n;
@@ -129,13 +132,8 @@ static int cmd_eval(const pi2_options *o) {
         if (pi2_forward(ss.ctx, ss.ids + t, nb, o->all_logits ? out + (size_t)t * V : NULL) != 0) goto done;
     }
     if (!o->all_logits) memcpy(out, pi2_ctx_logits(ss.ctx), V * sizeof(float));
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.partial", o->logits_out);
-    FILE *f = fopen(tmp, "wb");
-    if (!f || fwrite(out, sizeof(float), V * rows, f) != V * rows || fclose(f) != 0 || rename(tmp, o->logits_out) != 0) {
-        pi2_set_error("cannot write %s", o->logits_out);
-        goto done;
-    }
+    /* temp beside it, fsync, rename: never through a link, never over a device, nothing left on failure */
+    if (pi2_safe_write(o->logits_out, out, sizeof(float) * V * rows, "--logits-out") != 0) goto done;
     rc = 0;
 done:
     if (rc) die();
@@ -194,13 +192,13 @@ static int cmd_generate(const pi2_options *o) {
                 pi2_seconds(t0), PI2_VERSION, n_threads, pi2_kernel_level_name(pi2_kernels_current()), n_prompt,
                 pi2_seconds(t0 - t_load0));
         for (int i = 0; i < n_prompt; i++) fprintf(ev->f, i ? ", %d" : "%d", ids[i]);
-        pi2_events_emit(ev, "]}");
+        if (pi2_events_emit(ev, "]}") != 0) goto done;
     }
     pi2_turn r;
     if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, -1, t0, emit_stdout, &r) != 0) goto done;
     const int n_gen = r.n_gen;
     const double ttft = r.ttft_s, prefill_tps = r.prefill_tps, decode_tps = r.decode_tps;
-    pi2_events_emit(ev,
+    (void)pi2_events_emit(ev, /* a failure sticks: pi2_events_close below reports it */
                     "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
                     n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
@@ -209,11 +207,12 @@ static int cmd_generate(const pi2_options *o) {
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
     const uint64_t peak = pi2_peak_rss_bytes();
-    pi2_events_emit(ev,
+    (void)pi2_events_emit(ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
                     "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),
                     (unsigned long long)mp->file.size, n_threads, sparse_json);
+    if (pi2_events_close(ev) != 0) goto done; /* the events are the run's record: lost, it failed */
     fflush(stdout);
     fprintf(stderr,
             "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "

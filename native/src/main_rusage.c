@@ -32,6 +32,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+#include "safe_write.h"
+
 #define OWN_ERROR 125
 
 static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -88,9 +91,10 @@ int main(int argc, char **argv) {
         return OWN_ERROR;
     }
     /* Opened before anything runs, so an unwritable report fails before the command costs anything. */
-    int report = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (report < 0) {
-        fprintf(stderr, "pi2-rusage: cannot write %s: %s\n", out, strerror(errno));
+    /* A regular file or nothing at the path: never through a link, never a device or FIFO (safe_write.h). */
+    FILE *report = pi2_open_stream(out, "-o");
+    if (!report) {
+        fprintf(stderr, "pi2-rusage: %s\n", pi2_last_error());
         return OWN_ERROR;
     }
     /* The child writes exec's errno here; a successful exec closes it (O_CLOEXEC) and we read nothing. */
@@ -162,13 +166,13 @@ int main(int argc, char **argv) {
     snprintf(exit_text, sizeof exit_text, "%d", code);
     snprintf(sig_text, sizeof sig_text, "%d", sig);
     /* ru_maxrss is in KiB on Linux (and Android) */
-    int n = dprintf(report,
+    int n = fprintf(report,
                     "{\"pid\": %d, \"exit_code\": %s, \"signal\": %s, \"exec_errno\": %d, \"maxrss_bytes\": %lld, "
                     "\"utime_s\": %.6f, \"stime_s\": %.6f, \"wall_s\": %.6f}\n",
                     (int)pid, sig ? "null" : exit_text, sig ? sig_text : "null", exec_errno,
                     (long long)ru.ru_maxrss * 1024, seconds(ru.ru_utime), seconds(ru.ru_stime), wall);
-    if (n < 0 || close(report) != 0) {
-        fprintf(stderr, "pi2-rusage: cannot write %s: %s\n", out, strerror(errno));
+    if (pi2_close_stream(report, out, "-o") != 0 || n < 0) {
+        fprintf(stderr, "pi2-rusage: %s\n", n < 0 ? "cannot write the report" : pi2_last_error());
         return OWN_ERROR;
     }
     if (exec_errno) fprintf(stderr, "pi2-rusage: cannot run %s: %s\n", argv[i], strerror(exec_errno));

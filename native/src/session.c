@@ -117,8 +117,10 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         t_last = now;
         /* with the sparse engine: what the forward pass that produced this token's logits cost */
         pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
-        pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, %s\"i\": %d, \"id\": %d%s}",
-                        pi2_seconds(now), pi2_cpu_ns() / 1e9, turn_json, n_gen, next, tok_json);
+        /* events that cannot be written end the run now, not after hours of tokens nobody recorded */
+        if (pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, %s\"i\": %d, \"id\": %d%s}",
+                            pi2_seconds(now), pi2_cpu_ns() / 1e9, turn_json, n_gen, next, tok_json) != 0)
+            return -1;
         n_gen++;
         if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
             /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */
