@@ -124,6 +124,18 @@ def patch_entry(path: Path, name: str, **fields) -> None:
     raise KeyError(name)
 
 
+def patch_tensor_data(path: Path, name: str, data: bytes) -> None:
+    """Overwrite the start of one tensor's data (its region's checksum fixed after)."""
+    raw = bytearray(Path(path).read_bytes())
+    for e in entries(raw):
+        if e[0].rstrip(b"\0").decode() == name:
+            region_off = _sections(raw)[e[7]][0]
+            raw[region_off + e[9] : region_off + e[9] + len(data)] = data
+            Path(path).write_bytes(fix_checksums(raw))
+            return
+    raise KeyError(name)
+
+
 def craft_overflowing_threshold(path: Path) -> Path:
     """blk.0.pred_threshold as [1, 2^32, 2^32]: 2^64 rows wrap to 0 bytes in 64 bits, so it claims 0
     bytes at the end of the resident region, which this file moves to its very end: reading the

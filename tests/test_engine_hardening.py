@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from crafted_models import (
     _sections,
+    _set_section,
     craft_many_tensors,
     craft_overflowing_norm,
     craft_overflowing_threshold,
@@ -195,3 +196,47 @@ def test_bench_records_a_failed_neuron_read_as_a_failed_run(ffn_model, tmp_path)
     run = json.loads(run_file.read_text())
     assert run["status"] == "failed"
     assert "Input/output error" in run["error"] and str(ffn_model) in run["error"], run["error"]
+
+
+def test_a_nan_threshold_is_reported_under_its_own_name(tmp_path):
+    # The NaN check named the tensor bound just before it (blk.0.pred_fc2), sending a reader to the
+    # wrong tensor.
+    from crafted_models import patch_tensor_data
+
+    model = write_tiny_model(tmp_path / "m.pi2")
+    patch_tensor_data(model, "blk.0.pred_threshold", struct.pack("<f", float("nan")))
+    line = _one_error_line(_engine("info", "-m", model), "'blk.0.pred_threshold' holds NaN")
+    assert "pred_fc2" not in line, line
+
+
+def _tokenizer_craft(tmp_path, name: str) -> Path:
+    """The tiny model with its tokenizer section broken in one way that the blob's own checks see only
+    when a tokenizer is built from it."""
+    from pi2cli.models.tokenizer_blob import vocab_blob_from_fields
+
+    model = write_tiny_model(tmp_path / f"{name}.pi2")
+    raw = bytearray(model.read_bytes())
+    off, size, _ = _sections(raw)[SEC_TOKENIZER]
+    if name == "version":
+        struct.pack_into("<I", raw, off + 8, 99)  # the vocabulary blob's version
+    else:  # more tokens than the model's n_vocab (64): ids past the embedding table
+        blob = vocab_blob_from_fields(model="llama", tokens=[f"t{i}" for i in range(80)], scores=[0.0] * 80,
+                                      token_types=[1] * 80)  # fmt: skip
+        assert len(blob) <= size + (-size % 4096), "the bigger blob must fit the section's pages"
+        raw[off : off + len(blob)] = blob
+        _set_section(raw, SEC_TOKENIZER, off, len(blob), 0)  # (the checksum: fix_checksums)
+    model.write_bytes(fix_checksums(raw))
+    return model
+
+
+@pytest.mark.parametrize("name", ["version", "too_many_tokens"])
+def test_info_refuses_the_tokenizers_generate_refuses(tmp_path, name):
+    # docs/FORMAT.md: a file `info` accepts is one `generate` can load; the tokenizer section was never
+    # checked by info. Both now go through one function and print the same line.
+    model = _tokenizer_craft(tmp_path, name)
+    gen = _one_error_line(
+        _engine("generate", "-m", model, "-p", "hi", "-n", "1"), f"{model}: tokenizer section: "
+    )
+    info = _one_error_line(_engine("info", "-m", model), f"{model}: tokenizer section: ")
+    assert info == gen
+    assert _engine("info", "-m", model, "--json").stdout == ""

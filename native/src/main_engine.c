@@ -70,6 +70,16 @@ static int cmd_info(const pi2_options *o) {
             return die();
         }
     }
+    if (m.file.tokenizer_len) { /* a tokenizer generate would refuse fails info too (vocab_blob.h) */
+        pi2_vocab_desc desc;
+        pi2_tokenizer *tok = pi2_tokenizer_from_section(o->model, m.file.tokenizer, m.file.tokenizer_len, h->n_vocab, &desc);
+        pi2_tokenizer_free(tok);
+        pi2_vocab_desc_release(&desc);
+        if (!tok) {
+            pi2_model_free(&m);
+            return die();
+        }
+    }
     char path[1100];
     pi2_json_string(path, sizeof path, o->model);
     if (o->json) {

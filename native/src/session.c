@@ -19,16 +19,9 @@ int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use
         pi2_set_error("%s: the model has no tokenizer section (use eval with token ids)", o->model);
         return -1;
     }
-    if (pi2_vocab_blob_parse(s->m.file.tokenizer, s->m.file.tokenizer_len, &s->desc) != 0) {
-        pi2_set_error("%s: tokenizer section: %s", o->model, pi2_last_error());
-        return -1;
-    }
-    if (!(s->tok = pi2_tokenizer_create(&s->desc))) return -1;
-    if (pi2_tokenizer_n_vocab(s->tok) > (int32_t)s->m.h.n_vocab) {
-        pi2_set_error("%s: tokenizer has %d tokens, the model %u", o->model, pi2_tokenizer_n_vocab(s->tok), s->m.h.n_vocab);
-        return -1;
-    }
-    return 0;
+    /* the same check `info` makes (vocab_blob.h) */
+    s->tok = pi2_tokenizer_from_section(o->model, s->m.file.tokenizer, s->m.file.tokenizer_len, s->m.h.n_vocab, &s->desc);
+    return s->tok ? 0 : -1;
 }
 
 int pi2_session_max_batch(const pi2_options *o) { return o->sparse.memory_budget ? 64 : 256; }

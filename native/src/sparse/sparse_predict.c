@@ -80,7 +80,7 @@ int pi2_predictors_bind(pi2_predictors *p, const pi2_model *m, int n_batch, int 
             float thr;
             memcpy(&thr, t->data + (size_t)e * 4, 4);
             if (!(thr == thr)) {
-                pi2_set_error("%s: '%s' holds NaN", m->file.path, name);
+                pi2_set_error("%s: 'blk.%u.pred_threshold' holds NaN", m->file.path, l); /* not `name`: fc2's */
                 return -1;
             }
             /* sigmoid(score) > thr  <=>  score > logit(thr) */

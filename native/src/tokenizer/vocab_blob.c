@@ -207,3 +207,19 @@ void pi2_vocab_desc_release(pi2_vocab_desc *desc) {
     free((void *)desc->merges);
     memset(desc, 0, sizeof(*desc));
 }
+
+pi2_tokenizer *pi2_tokenizer_from_section(const char *path, const void *blob, size_t len, uint32_t n_vocab,
+                                          pi2_vocab_desc *desc) {
+    memset(desc, 0, sizeof *desc);
+    pi2_tokenizer *tok = NULL;
+    if (pi2_vocab_blob_parse(blob, len, desc) != 0 || !(tok = pi2_tokenizer_create(desc))) {
+        pi2_set_error("%s: tokenizer section: %s", path, pi2_last_error());
+        return NULL;
+    }
+    if ((uint32_t)pi2_tokenizer_n_vocab(tok) > n_vocab) {
+        pi2_set_error("%s: tokenizer section: %d tokens, the model has %u", path, pi2_tokenizer_n_vocab(tok), n_vocab);
+        pi2_tokenizer_free(tok);
+        return NULL;
+    }
+    return tok;
+}

@@ -50,4 +50,12 @@ enum {
 int pi2_vocab_blob_parse(const void *blob, size_t len, pi2_vocab_desc *out);
 void pi2_vocab_desc_release(pi2_vocab_desc *desc);
 
+/* The one check of a model's tokenizer section, shared by what tokenizes (generate, chat) and what
+ * vouches for a file (`info`), so that a file info accepts is one generate can tokenize with
+ * (docs/FORMAT.md): the blob parsed, the tokenizer built from it, and no more tokens than the model's
+ * n_vocab (an id past the embedding table). The tokenizer, with *desc filled (release both); or NULL
+ * with an error "PATH: tokenizer section: REASON" and *desc safe to release. */
+pi2_tokenizer *pi2_tokenizer_from_section(const char *path, const void *blob, size_t len, uint32_t n_vocab,
+                                          pi2_vocab_desc *desc);
+
 #endif
