@@ -72,17 +72,26 @@ def main() -> None:
     """Entry point: every failure is one `pi2: error: ...` line and a non-zero exit. User errors
     (Pi2Error), click usage errors (click prints three lines), OSErrors (as PATH: reason) and, as a last
     resort, any unexpected exception (its traceback only with PI2_DEBUG=1); exit 130 on Ctrl-C (click
-    would say "Aborted!", exit 1)."""
+    would say "Aborted!", exit 1), and SIGTERM / SIGHUP taken the same way (pi2cli.signals), exit 143 /
+    129."""
+    import contextlib
     import os
 
+    from pi2cli import signals
     from pi2cli.outputs import os_error_text
 
     debug = os.environ.get("PI2_DEBUG", "") not in ("", "0")
+    signals.install()
     try:
         code = cli.main(standalone_mode=False)
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        click.echo("pi2: interrupted", err=True)
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, click.exceptions.Abort) as stop:
+        stop = stop.__cause__ or stop if isinstance(stop, click.exceptions.Abort) else stop  # click wraps it
+        name = signals.signal_name(stop)
+        saved = getattr(getattr(stop, "outcome", None), "path", None)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            click.echo(f"pi2: {'interrupted' if name == 'SIGINT' else f'stopped by {name}'}"
+                       + (f" (the run is saved as aborted: {saved})" if saved else ""), err=True)  # fmt: skip
+        raise SystemExit(signals.exit_code(stop)) from None
     except click.exceptions.Exit as done:
         raise SystemExit(done.exit_code) from None
     except click.UsageError as err:

@@ -29,6 +29,7 @@ from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import columns as C
 from pi2cli.results import schema as S
+from pi2cli.signals import signal_name
 from pi2cli.targets.base import TargetError
 from pi2cli.units import parse_size
 from pi2cli.workloads import (
@@ -365,8 +366,12 @@ def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -
 
 def classify_failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line error) for a run that stopped."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "aborted", "interrupted (Ctrl-C); the engine process was stopped"
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM / SIGHUP (pi2cli.signals)
+        name = signal_name(exc)
+        return (
+            "aborted",
+            f"aborted: {name}{' (Ctrl-C)' if name == 'SIGINT' else ''}; the engine process was stopped",
+        )
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, TargetError) and re.search(r"lost the device|does not answer|connect", text):
         return "device_vanished", text
@@ -391,7 +396,7 @@ def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes
     reporter.run_done(label, status)
     outcome = RunOutcome(engine, workload, budget_bytes, run, path)
     if isinstance(exc, KeyboardInterrupt):
-        raise BenchInterrupted(outcome) from None
+        raise BenchInterrupted(outcome, signal_name(exc)) from None
     if status == "device_vanished":
         raise DeviceVanished(outcome, error) from None
     return outcome
@@ -538,11 +543,12 @@ def _finish_samples(run: dict, sampler: MemorySampler | None) -> None:
 
 
 class BenchInterrupted(KeyboardInterrupt):
-    """Ctrl-C: the current run was saved as aborted (its outcome is attached)."""
+    """Ctrl-C, SIGTERM or SIGHUP: the current run was saved as aborted (its outcome is attached)."""
 
-    def __init__(self, outcome: RunOutcome):
+    def __init__(self, outcome: RunOutcome, signal_name: str = "SIGINT"):
         super().__init__("interrupted")
         self.outcome = outcome
+        self.signal_name = signal_name
 
 
 class DeviceVanished(Pi2Error):

@@ -403,8 +403,13 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
         events_dir = events_dir or tempfile.mkdtemp(prefix="pi2-chat-")
         events = str(Path(events_dir) / "events.jsonl")
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
-        argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, **flags)
-        process = LocalChatProcess(argv, budget=budget)
+        try:
+            argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, **flags)
+            process = LocalChatProcess(argv, budget=budget)
+        except BaseException:  # the engine did not start (or Ctrl-C / SIGTERM came): no session owns the dir
+            if cleanup:
+                cleanup()
+            raise
     else:
         events_dir = events_dir or f"{target.workdir.rstrip('/')}/runs"
         target.mkdir(events_dir)
