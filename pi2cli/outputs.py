@@ -49,12 +49,19 @@ def check_dir_writable(path: str | os.PathLike, what: str = "output directory", 
 
 
 def check_file_writable(path: str | os.PathLike, what: str = "output file") -> Path:
-    """`path` can be written (atomically, beside itself): its directory is writable and it is not a
-    directory. Nothing is created but the missing parent directories."""
+    """`path` can be written (atomically, beside itself, by pi2cli.safe_write): its directory is
+    writable and it is a regular file or absent -- not a directory, link, device or FIFO. Nothing is
+    created but the missing parent directories."""
+    from pi2cli.safe_write import check_target
+
     path = Path(path).expanduser()
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise Pi2Error(f"{what} {path}: is a directory (give a file name)")
     check_dir_writable(path.parent if str(path.parent) else Path("."), what=f"{what} {path}: directory")
+    try:
+        check_target(path)
+    except OSError as err:
+        raise Pi2Error(f"{what} {os_error_text(err)}") from None
     return path
 
 

@@ -1,5 +1,7 @@
 """Issue 20, outputs half: output locations checked before any work, a late failed save that keeps the run
-and says where, and every failure as one `pi2: error:` line (OSError, usage error, unexpected bug)."""
+and says where, and every failure as one `pi2: error:` line (OSError, usage error, unexpected bug).
+Issue 34: the engine's and the CLI's output files never written through a link, over a device or FIFO,
+or left half-written."""
 
 import errno
 import json
@@ -7,7 +9,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from results_fakes import fake_run
@@ -322,3 +326,69 @@ def test_events_lost_to_a_full_disk_fail_the_run(tiny_model, tmp_path, command):
     assert done.returncode == 1, done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert line == f"pi2-engine: error: --events {events}: write failed: File too large", done.stderr
+
+
+# ----------------------------------------------------------------- the CLI's output files (issue 34)
+# pi2cli.safe_write: the host's files follow the engine's rules.
+def _host_target(kind, tmp_path):
+    path, prefix, state = _target(kind, tmp_path)
+    return Path(path), prefix, state
+
+
+def _write_in_child(prefix, path, preexec=None, text="x" * 5000):
+    code = f"from pi2cli import safe_write; safe_write.write_text({str(path)!r}, {text!r})"
+    return subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          preexec_fn=preexec)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+def test_safe_write_refuses_what_is_not_a_regular_file(tmp_path, kind):
+    path, prefix, state = _host_target(kind, tmp_path)
+    before = state()
+    done = _write_in_child(prefix, path)
+    assert done.returncode == 1 and "OSError" in done.stderr, done.stderr
+    reason = done.stderr.strip().splitlines()[-1]
+    if kind != "read_only_dir":
+        assert f"{path}" in reason and ("symbolic link" in reason or "not a regular file" in reason), reason
+    assert state() == before
+
+
+def test_safe_write_on_a_full_disk_keeps_the_old_file_and_leaves_nothing(tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    done = _write_in_child([], out, preexec=_disk_full_at(1000))
+    assert done.returncode == 1 and "File too large" in done.stderr, done.stderr
+    assert out.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["plan.json"]
+
+
+def test_a_planted_partial_link_is_never_written_through(tmp_path):
+    # The old writers opened a predictable temp name (PATH.partial, .NAME.partial-PID) with O_TRUNC:
+    # a symlink planted under it sent the write (and the truncation) to the file it pointed at.
+    from crafted_models import write_tiny_model
+
+    from pi2cli.models.profile import save_profile
+    from pi2cli.plan.profile import write_json_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    out = tmp_path / "plan.json"
+    for planted in ("plan.json.partial", f".plan.json.partial-{os.getpid()}", "m.pi2.partial",
+                    f".m.pi2.partial-{os.getpid()}", f".p.npz.partial-{os.getpid()}.npz"):  # fmt: skip
+        (tmp_path / planted).symlink_to(victim)
+    write_json_atomic(out, {"format": "pi2-plan"})
+    write_tiny_model(tmp_path / "m.pi2")
+    save_profile(tmp_path / "p.npz", {"a": np.zeros(3, np.float32)}, {"k": 1})
+    assert victim.read_text() == "someone else's file\n"
+    assert json.loads(out.read_text()) == {"format": "pi2-plan"}
+    assert (tmp_path / "m.pi2").stat().st_size > 4096 and (tmp_path / "p.npz").stat().st_size > 0
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_an_output_that_is_a_link_is_refused_before_any_work(tmp_path):
+    (tmp_path / "victim").write_text("keep")
+    out = tmp_path / "plan.json"
+    out.symlink_to(tmp_path / "victim")
+    p = _pi2("plan", "-m", str(tmp_path / "m.pi2"), "-b", "1G", "-o", str(out))
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"pi2: error: --out {out}: is a symbolic link"), p.stderr
+    assert (tmp_path / "victim").read_text() == "keep" and out.is_symlink()

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from pi2cli import safe_write
 from pi2cli.build.cmake_run import cmake_build, default_jobs
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
@@ -108,8 +109,7 @@ def ensure_engine_built(
     (build_dir / RECORD).unlink(missing_ok=True)  # a half-done rebuild never looks current
     _build(build_dir, target, args, jobs or default_jobs(), show)
     record = {"target": target, "key": key, "cmake_args": args, "built_at": time.time()}
-    (build_dir / (RECORD + ".partial")).write_text(json.dumps(record, indent=2) + "\n")
-    (build_dir / (RECORD + ".partial")).rename(build_dir / RECORD)
+    safe_write.write_text(build_dir / RECORD, json.dumps(record, indent=2) + "\n")
     return build_dir, True
 
 

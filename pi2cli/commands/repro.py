@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
 
@@ -114,5 +115,5 @@ def all_cmd(small, out, n_tokens, n_seeds, llama_tokens, llama_timeout) -> None:
         )
         click.echo("")
     summary = "\n".join(verdicts)
-    (ctx.out / "summary.txt").write_text(summary + "\n")
+    safe_write.write_text(ctx.out / "summary.txt", summary + "\n")
     click.echo(summary + f"\nwrote {ctx.out}")

@@ -165,7 +165,7 @@ def write_dashboard(out: Path, title: str, runs: list[dict], series: list[Series
         first_night=nights[0], last_night=nights[-1], **settings)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    from pi2cli.results.store import atomic_write_text
+    from pi2cli.safe_write import write_text as atomic_write_text
 
     atomic_write_text(path, text)
     return path

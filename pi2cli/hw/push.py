@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT, cache_dir
 from pi2cli.targets.base import Progress, Target, TargetError, TransferError
@@ -143,10 +144,8 @@ def sha256_file(path: Path, cache_path: Path | None = None, progress: Progress |
                 progress(done)
     digest = h.hexdigest()
     cache[key] = [st.st_size, st.st_mtime_ns, digest]
-    tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps(cache))
-        tmp.replace(cache_path)
+    with contextlib.suppress(OSError):  # a cache: losing it costs a re-hash
+        safe_write.write_text(cache_path, json.dumps(cache))
     return digest
 
 

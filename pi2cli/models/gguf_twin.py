@@ -19,6 +19,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 
 GGML_TYPES = {
@@ -88,9 +89,7 @@ def load_tokenizer(path: Path) -> tuple[list, int]:
             raise Pi2Error(f"cannot read tokenizer GGUF {path}: {exc}") from None
         data = [[k, v, int(t), None if s is None else int(s)] for k, v, t, s in tokenizer_fields(reader)]
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".partial")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(cache)
+        safe_write.write_text(cache, json.dumps(data))
     fields = [
         (k, v, gguf.GGUFValueType(t), None if s is None else gguf.GGUFValueType(s)) for k, v, t, s in data
     ]

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pi2cli import safe_write
+
 MAGIC = b"PI2MODEL"
 FORMAT_VERSION = 1
 PAGE = 4096
@@ -270,8 +272,8 @@ class Pi2Writer:
         self.metadata = dict(metadata or {})
         self.entries: list[TensorEntry] = []
         self._names: set[str] = set()
-        self._tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # created exclusively beside the target, never through a link (pi2cli.safe_write)
+        self._fd, self._tmp = safe_write.create_temp(self.path)
         self._neuron_start = HEADER_BYTES
         self._resident_start = HEADER_BYTES + header.neuron_region_bytes
         self._resident_pos = 0  # bytes written to the resident region
@@ -472,8 +474,7 @@ class Pi2Writer:
         os.fsync(self._fd)
         os.close(self._fd)
         self._closed = True
-        os.replace(self._tmp, self.path)
-        return self.path
+        return safe_write.commit(self._tmp, self.path)
 
     def abort(self) -> None:
         """Drop the partial file (called on exceptions inside `with`)."""

@@ -16,7 +16,6 @@ counts among the hottest neurons. The result is an .npz the converter (neuron or
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -171,13 +170,11 @@ def profile_tokens(
 
 
 def save_profile(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    from pi2cli import safe_write
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}.npz")
-    try:
-        np.savez_compressed(tmp, meta=np.asarray(json.dumps(meta)), **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with safe_write.safe_open(path) as f:  # a file object: numpy adds no ".npz" to the temp's name
+        np.savez_compressed(f, meta=np.asarray(json.dumps(meta)), **arrays)
     return path
 
 

@@ -163,14 +163,13 @@ def build_profile(facts: dict, measured: dict) -> dict:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write to PATH.partial and rename, so PATH is either absent, the old file, or complete."""
+    """PATH is either absent, the old file, or complete; never written through a link (pi2cli.safe_write)."""
+    from pi2cli import safe_write
+
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
     try:
-        partial.write_text(json.dumps(obj, indent=1) + "\n")
-        os.replace(partial, path)
+        safe_write.write_text(path, json.dumps(obj, indent=1) + "\n")
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise Pi2Error(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
