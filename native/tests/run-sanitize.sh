@@ -77,4 +77,20 @@ for f in "$root"/tests/fuzz/regressions/pi2file/*.pi2.gz; do
     gzip -dc "$f" >"$work/regression.pi2"
     expect_one_line "info $(basename "$f")" "$engine" info -m "$work/regression.pi2"
 done
+echo "== output files that are not regular files, and a full disk: one error line each"
+ln -sf "$work/err" "$work/link"
+mkfifo "$work/fifo"
+for out in "$work/link" "$work/fifo" /dev/full; do
+    expect_one_line "eval --logits-out $out" "$engine" eval -m "$model" --tokens 1,2 --logits-out "$out"
+    expect_one_line "generate --events $out" "$engine" generate -m "$model" -p hi -n 2 --events "$out"
+done
+# ulimit -f (a few blocks): later writes fail with EFBIG as on a full disk (SIGXFSZ ignored, so the
+# write returns the error)
+expect_one_line "eval --logits-out on a full disk" sh -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' sh \
+    "$engine" eval -m "$model" --tokens 1,2,3,4 --all --logits-out "$work/logits.bin"
+expect_one_line "chat --events on a full disk" \
+    sh -c 'trap "" XFSZ; ulimit -f 2; echo "{\"prompt\": \"hi\", \"n_predict\": 64}" | "$@"' sh \
+    "$engine" chat -m "$model" --events "$work/big-events.jsonl"
+[ ! -e "$work/logits.bin" ] && [ -z "$(find "$work" -maxdepth 1 -name '.logits.bin.*')" ] || {
+    echo "run-sanitize.sh: a failed --logits-out left a file behind" >&2; exit 1; }
 echo "run-sanitize.sh: passed in $(( $(date +%s) - start )) s"
