@@ -366,6 +366,7 @@ def test_a_planted_partial_link_is_never_written_through(tmp_path):
     # a symlink planted under it sent the write (and the truncation) to the file it pointed at.
     from crafted_models import write_tiny_model
 
+    from pi2cli.models.gguf_twin import GgufTwinWriter
     from pi2cli.models.profile import save_profile
     from pi2cli.plan.profile import write_json_atomic
 
@@ -375,12 +376,19 @@ def test_a_planted_partial_link_is_never_written_through(tmp_path):
     for planted in ("plan.json.partial", f".plan.json.partial-{os.getpid()}", "m.pi2.partial",
                     f".m.pi2.partial-{os.getpid()}", f".p.npz.partial-{os.getpid()}.npz"):  # fmt: skip
         (tmp_path / planted).symlink_to(victim)
+    (tmp_path / ".t.gguf.partial").symlink_to(victim)  # the GGUF twin's temp name is fixed (resumable)
     write_json_atomic(out, {"format": "pi2-plan"})
     write_tiny_model(tmp_path / "m.pi2")
     save_profile(tmp_path / "p.npz", {"a": np.zeros(3, np.float32)}, {"k": 1})
+    twin = GgufTwinWriter(tmp_path / "t.gguf", [])
+    twin.declare("a", (32,), "f32")
+    twin.start()
+    twin.write("a", np.ones(32, np.float32))
+    twin.close()
     assert victim.read_text() == "someone else's file\n"
     assert json.loads(out.read_text()) == {"format": "pi2-plan"}
     assert (tmp_path / "m.pi2").stat().st_size > 4096 and (tmp_path / "p.npz").stat().st_size > 0
+    assert (tmp_path / "t.gguf").read_bytes()[:4] == b"GGUF"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 

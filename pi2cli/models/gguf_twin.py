@@ -142,13 +142,18 @@ class GgufTwinWriter:
 
     def start(self, resume: bool = False) -> None:
         """Write the header (or, resuming, check the temp file is there) and open it for pwrite."""
+        # The temp name is fixed (a rerun resumes it), so whatever is planted under it is never followed:
+        # resuming opens it O_NOFOLLOW, a fresh start removes the entry and creates the file exclusively.
+        safe_write.check_target(self.path)
         if resume and self.tmp.exists():
             header_end = self._write_header(self.path.with_name(f".{self.path.name}.header"), probe=True)
             self._layout(header_end)
-            self._fd = os.open(self.tmp, os.O_WRONLY)
+            self._fd = os.open(self.tmp, os.O_WRONLY | os.O_NOFOLLOW)
             return
+        self.tmp.unlink(missing_ok=True)
+        os.close(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
         self._layout(self._write_header(self.tmp))
-        self._fd = os.open(self.tmp, os.O_WRONLY)
+        self._fd = os.open(self.tmp, os.O_WRONLY | os.O_NOFOLLOW)
         os.ftruncate(self._fd, self.total_bytes)  # sparse until written; the size is final from here
 
     def _write_header(self, path: Path, probe: bool = False) -> int:
@@ -223,8 +228,7 @@ class GgufTwinWriter:
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = None
-        os.replace(self.tmp, self.path)
-        return self.path
+        return safe_write.commit(self.tmp, self.path)
 
     def detach(self) -> None:
         """Close without removing the temp file (an interrupted run that can be resumed)."""
