@@ -16,14 +16,12 @@ int pi2_events_open(pi2_events *ev, const char *path) {
 }
 
 int pi2_events_close(pi2_events *ev) {
-    int rc = 0;
-    if (ev->f && !ev->err) rc = pi2_close_stream(ev->f, ev->path, "--events");
-    else if (ev->f) {
-        fclose(ev->f);
-        rc = pi2_events_check(ev);
-    }
+    FILE *f = ev->f;
     ev->f = NULL;
-    return rc;
+    if (!f) return 0;
+    if (!ev->err) return pi2_close_stream(f, ev->path, "--events"); /* checks the last flush and fsync */
+    fclose(f);
+    return pi2_events_check(ev); /* an earlier write failed: that is the error */
 }
 
 int pi2_events_check(pi2_events *ev) {
