@@ -657,6 +657,77 @@ static void test_gemm_lanes(void) {
     pi2_kernels_force(pi2_kernels_best());
 }
 
+/* The batch GEMM (kernels.h, pi2_batch_gemm) against the scalar level's pi2_gemm_strided: plain rows
+ * and rows inside larger records, and rows interleaved by four (pi2_x4_pack); every
+ * token count of a tile and past it, a last group of fewer than 16 rows, rows from the middle of a
+ * matrix. x86 levels give the scalar floats bit for bit (the GEMM keeps one float order there); arm
+ * levels sum in their own order, within dot_tolerance of the scalar result. The scalar level has the
+ * reference kernel; a level without a kernel must report size 0. */
+static void test_batch(pi2_kernel_level level) {
+    pi2_kernels_force(level);
+    const int64_t min_tokens = PI2_BATCH_MIN_TOKENS;
+    if (pi2_batch_size(PI2_Q4_0, 64, min_tokens) == 0) {
+        CHECK(level != PI2_KERNELS_SCALAR && level != PI2_KERNELS_AVX512); /* those have one */
+        return;
+    }
+    CHECK(pi2_batch_size(PI2_Q4_0, 64, min_tokens - 1) == 0); /* below the threshold: pi2_gemm */
+    const int exact = level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX2 || level == PI2_KERNELS_AVX512;
+    const int64_t ns[] = {32, 96, 4096};
+    const int64_t token_counts[] = {12, 13, 16, 19, 33};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t rows = 36, n = ns[k], maxt = 33;
+        struct case_data c;
+        make_case(&c, PI2_Q4_0, n, rows);
+        const size_t rs = pi2_row_size(PI2_Q4_0, n), stride = rs + 6, as = pi2_row_size(PI2_Q8_0, n);
+        uint8_t *ws = malloc(stride * rows), *acts = malloc(as * maxt), *x4 = malloc(rs * rows);
+        float *x = malloc(sizeof(float) * n * maxt), *af = malloc(sizeof(float) * n);
+        float *ya = malloc(sizeof(float) * (rows + 1) * maxt), *yb = malloc(sizeof(float) * (rows + 1) * maxt);
+        double *tol = malloc(sizeof(double) * rows * maxt);
+        memset(ws, 0x5a, stride * rows);
+        for (int64_t r = 0; r < rows; r++) memcpy(ws + r * stride, c.w + r * rs, rs);
+        fill_gauss(x, n * maxt, 1.0f);
+        for (int64_t t = 0; t < maxt; t++) {
+            pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+            pi2_dequantize_row(PI2_Q8_0, acts + t * as, af, n);
+            for (int64_t r = 0; r < rows; r++) tol[t * rows + r] = exact ? 0.0 : dot_tolerance(c.wf + r * n, af, n);
+        }
+        pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4); /* the layout is data: every batch kernel reads it */
+        for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+            const int64_t tokens = token_counts[ti], ldy = rows + 1;
+            const size_t bytes = pi2_batch_size(PI2_Q4_0, n, tokens);
+            void *batch = aligned_alloc(64, bytes);
+            pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch);
+            for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = -555.0f;
+            pi2_kernels_force(PI2_KERNELS_SCALAR);
+            pi2_gemm_strided(PI2_Q4_0, ws, stride, rows, n, acts, tokens, ya, ldy);
+            pi2_kernels_force(level);
+            for (int layout = 0; layout < 3; layout++) {
+                for (int64_t i = 0; i < ldy * tokens; i++) yb[i] = -777.0f;
+                const uint8_t *w = layout == 0 ? ws : layout == 1 ? c.w : x4;
+                pi2_batch_gemm(PI2_Q4_0, w, layout == 0 ? stride : rs, layout == 2, rows, n, batch, tokens, yb, ldy);
+                for (int64_t t = 0; t < tokens; t++) {
+                    for (int64_t r = 0; r < rows; r++)
+                        if (!(fabs((double)yb[t * ldy + r] - ya[t * ldy + r]) <= tol[t * rows + r])) bad++;
+                    if (yb[t * ldy + rows] != -777.0f) bad++; /* the padding column stays */
+                }
+                /* rows 4..23 alone (x4: from a group boundary; plain: a last group of 4 rows) */
+                const size_t off = layout == 2 ? 4 * rs : layout == 0 ? 4 * stride : 4 * rs;
+                pi2_batch_gemm(PI2_Q4_0, w + off, layout == 0 ? stride : rs, layout == 2, 20, n, batch, tokens, yb, ldy);
+                for (int64_t t = 0; t < tokens; t++)
+                    for (int64_t r = 0; r < 20; r++)
+                        if (!(fabs((double)yb[t * ldy + r] - ya[t * ldy + 4 + r]) <= tol[t * rows + 4 + r])) bad++;
+            }
+            free(batch);
+        }
+        free(ws), free(acts), free(x4), free(x), free(af), free(ya), free(yb), free(tol);
+        free_case(&c);
+    }
+    if (bad) fprintf(stderr, "%s: batch gemm %d mismatches with the scalar level\n", pi2_kernel_level_name(level), bad);
+    CHECK(bad == 0);
+    pi2_kernels_force(level);
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -672,6 +743,7 @@ int main(void) {
         test_f16_act_edges((pi2_kernel_level)level);
         test_attention((pi2_kernel_level)level);
         test_x4((pi2_kernel_level)level);
+        test_batch((pi2_kernel_level)level);
         levels_tested++;
     }
     CHECK(levels_tested >= 1);
