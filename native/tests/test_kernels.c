@@ -667,7 +667,7 @@ static void test_batch(pi2_kernel_level level) {
     pi2_kernels_force(level);
     const int64_t min_tokens = PI2_BATCH_MIN_TOKENS;
     if (pi2_batch_size(PI2_Q4_0, 64, min_tokens) == 0) {
-        CHECK(level != PI2_KERNELS_SCALAR && level != PI2_KERNELS_AVX512); /* those have one */
+        CHECK(level == PI2_KERNELS_AVX2 || level == PI2_KERNELS_NEON); /* the others have one */
         return;
     }
     CHECK(pi2_batch_size(PI2_Q4_0, 64, min_tokens - 1) == 0); /* below the threshold: pi2_gemm */
