@@ -99,8 +99,11 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
  * each thread takes at high thread counts (16 rows x 128 tokens ran at half speed), and it would
  * keep eight token pointers live in the micro-kernel. So the tokens are interleaved by
  * PI2_BATCH_TILE, as llama.cpp interleaves its activations by four (block_q8_0x4): one record per
- * tile and block, the tile's tokens side by side, padded with zero tokens. The layout is the same at
- * every kernel level; a level without a batch kernel reports size 0 and callers keep pi2_gemm.
+ * tile and block, the tile's tokens side by side, padded with zero tokens. Within a record the quants
+ * go by token pairs in 8-byte chunks (qs[pair][chunk][token of the pair][8]: element 8c + k of token
+ * 2p + i at qs[p][c][i][k]), the operand of an i8mm SMMLA as it stands, while AVX-512 and SDOT read
+ * a token's 4-byte groups at fixed offsets all the same. The layout is the same at every kernel
+ * level; a level without a batch kernel reports size 0 and callers keep pi2_gemm.
  *
  * pi2_batch_size: bytes of the batch of `tokens` activations of n elements for weights wt, 0 where
  * this level has no batch kernel for wt or `tokens` is below PI2_BATCH_MIN_TOKENS; pi2_batch_pack:
@@ -111,7 +114,7 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
 #define PI2_BATCH_TILE 8
 #define PI2_BATCH_MIN_TOKENS 12
 typedef struct {
-    int8_t qs[PI2_BATCH_TILE][PI2_QK];
+    int8_t qs[PI2_BATCH_TILE / 2][PI2_QK / 8][2][8]; /* [token pair][8-byte chunk][token of the pair] */
     int32_t nib_off[PI2_BATCH_TILE]; /* -8 * sum(qs[t]): the offset of Q4_0 nibbles taken as unsigned */
     float d[PI2_BATCH_TILE];
 } pi2_batch_block; /* 320 bytes */

@@ -386,9 +386,10 @@ PI2_ROWS_VIA_DOT(q8_0)
 #if defined(__ARM_FEATURE_DOTPROD)
 /* ---- the batch GEMM (kernels.h, pi2_batch_gemm): Q4_0 rows as lanes, four at a time ----
  * A quad of rows is unpacked once per call into, per block, 8 vectors: vector j holds the four rows'
- * weights 4j..4j+3 (nibble - 8, int8), so one SDOT by lane (vdotq_laneq_s32) multiplies them with a
- * token's 4-byte group j and adds into the quad's 4 int32 lanes: 8 SDOT per token, block and quad,
- * 16 products each (SDOT's most), and no horizontal sum at the end. The tile's 8 tokens come
+ * weights 4j..4j+3 (nibble - 8, int8), so one SDOT by element (vdotq_lane_s32 on the batch's 8-byte
+ * chunks) multiplies them with a token's 4-byte group j and adds into the quad's 4 int32 lanes: 8
+ * SDOT per token, block and quad, 16 products each (SDOT's most), and no horizontal sum at the end.
+ * The tile's 8 tokens come
  * through the batch's records (one pointer, fixed offsets). Per row and token the floats are
  * sum = fma((float)isum, d_w * d_a, sum) block after block: this level's order, within rounding of the
  * scalar reference (test_kernels.c). A quad's weights (128 bytes a block) stay in L1 while the
@@ -446,15 +447,17 @@ static void batch_tile_quad(const int8x16_t *u, const float *dw, int64_t nb, con
         const int8x16_t *w = u + b * 8;
         const float32x4_t d = vld1q_f32(dw + b * BQ);
         for (int t = 0; t < PI2_BATCH_TILE; t++) {
-            const int8x16_t a0 = vld1q_s8(a->qs[t]), a1 = vld1q_s8(a->qs[t] + 16);
-            int32x4_t s0 = vdotq_laneq_s32(vdupq_n_s32(0), w[0], a0, 0);
-            int32x4_t s1 = vdotq_laneq_s32(vdupq_n_s32(0), w[4], a1, 0);
-            s0 = vdotq_laneq_s32(s0, w[1], a0, 1);
-            s1 = vdotq_laneq_s32(s1, w[5], a1, 1);
-            s0 = vdotq_laneq_s32(s0, w[2], a0, 2);
-            s1 = vdotq_laneq_s32(s1, w[6], a1, 2);
-            s0 = vdotq_laneq_s32(s0, w[3], a0, 3);
-            s1 = vdotq_laneq_s32(s1, w[7], a1, 3);
+            const int8_t(*q)[2][8] = a->qs[t / 2]; /* chunk c (groups 2c, 2c + 1) at q[c][t % 2] */
+            const int8x8_t c0 = vld1_s8(q[0][t % 2]), c1 = vld1_s8(q[1][t % 2]);
+            const int8x8_t c2 = vld1_s8(q[2][t % 2]), c3 = vld1_s8(q[3][t % 2]);
+            int32x4_t s0 = vdotq_lane_s32(vdupq_n_s32(0), w[0], c0, 0);
+            int32x4_t s1 = vdotq_lane_s32(vdupq_n_s32(0), w[4], c2, 0);
+            s0 = vdotq_lane_s32(s0, w[1], c0, 1);
+            s1 = vdotq_lane_s32(s1, w[5], c2, 1);
+            s0 = vdotq_lane_s32(s0, w[2], c1, 0);
+            s1 = vdotq_lane_s32(s1, w[6], c3, 0);
+            s0 = vdotq_lane_s32(s0, w[3], c1, 1);
+            s1 = vdotq_lane_s32(s1, w[7], c3, 1);
             acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(vaddq_s32(s0, s1)), vmulq_n_f32(d, a->d[t]));
         }
     }

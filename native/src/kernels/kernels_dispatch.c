@@ -335,7 +335,7 @@ void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, vo
         for (int64_t b = 0; b < nb; b++) {
             int32_t sum = 0;
             for (int k = 0; k < PI2_QK; k++) sum += a[b].qs[k];
-            memcpy(r[b].qs[i], a[b].qs, PI2_QK);
+            for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
             r[b].nib_off[i] = -8 * sum;
             r[b].d[i] = pi2_f16_to_f32(a[b].d);
         }

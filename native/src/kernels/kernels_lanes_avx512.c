@@ -203,13 +203,13 @@ static inline __attribute__((always_inline)) void batch_tile(const __m512i *u, c
         const __m512 d = _mm512_load_ps(dw + b * LROWS);
 #pragma GCC unroll 8
         for (int t = 0; t < PI2_BATCH_TILE; t++) {
-            const uint8_t *q = (const uint8_t *)a->qs[t];
+            const uint8_t *q = (const uint8_t *)a->qs[t / 2][0][t % 2]; /* group j at q + 16 (j / 2) + 4 (j % 2) */
             __m512i s0 = _mm512_set1_epi32(a->nib_off[t]), s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int j = 0; j < 8; j += 2) {
                 int32_t v0, v1;
-                memcpy(&v0, q + 4 * j, 4);
-                memcpy(&v1, q + 4 * j + 4, 4);
+                memcpy(&v0, q + 8 * j, 4);
+                memcpy(&v1, q + 8 * j + 4, 4);
                 s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(v0));
                 s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(v1));
             }

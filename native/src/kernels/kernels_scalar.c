@@ -156,8 +156,9 @@ static void batch_gemm_q4_0(const void *w, size_t row_stride, int x4, int64_t ro
                     qs = x->qs, d = (const uint8_t *)&x->d;
                 }
                 int isum = 0; /* sum (q - 8) a as sum q a + the batch's offset: the same integer */
+                const int8_t(*q)[2][8] = a[b].qs[i / 2]; /* element k at q[k / 8][i % 2][k % 8] */
                 for (int j = 0; j < PI2_QK / 2; j++)
-                    isum += (qs[j] & 0xf) * a[b].qs[i][j] + (qs[j] >> 4) * a[b].qs[i][j + PI2_QK / 2];
+                    isum += (qs[j] & 0xf) * q[j / 8][i % 2][j % 8] + (qs[j] >> 4) * q[2 + j / 8][i % 2][j % 8];
                 isum += a[b].nib_off[i];
                 pi2_f16 dw;
                 memcpy(&dw, d, sizeof dw);
