@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "parmat.h"
 
 /* Golden data: a 64-element vector (two blocks) and its quantized bytes, produced by
  *   x = [((i*37) % 29 - 14) * 0.173 + (0.5 if i % 7 == 0 else 0) for i in range(64)] as float32,
@@ -728,6 +729,49 @@ static void test_batch(pi2_kernel_level level) {
     pi2_kernels_force(level);
 }
 
+/* The engine's way to the batch GEMM (parmat.c): the batch packed by a pool's threads, tile by tile,
+ * is the single-threaded batch byte for byte (33 tokens: tiles split unevenly, a padded last one), and
+ * pi2_par_matmul gives the level's pi2_gemm (plain rows) and pi2_x4_gemm (x4) floats, 12+ tokens taking
+ * the batch and fewer the old path. */
+static void test_par_batch(void) {
+    const int64_t rows = 40, n = 256, maxt = 33;
+    struct case_data c;
+    make_case(&c, PI2_Q4_0, n, rows);
+    const size_t rs = pi2_row_size(PI2_Q4_0, n), as = pi2_row_size(PI2_Q8_0, n);
+    uint8_t *acts = malloc(as * maxt), *x4 = malloc(rs * rows);
+    float *x = malloc(sizeof(float) * n * maxt), *ya = malloc(sizeof(float) * rows * maxt),
+          *yb = malloc(sizeof(float) * rows * maxt);
+    fill_gauss(x, n * maxt, 1.0f);
+    for (int64_t t = 0; t < maxt; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+    pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4);
+    pi2_pool *pool = pi2_pool_create(3, NULL);
+    CHECK(pool != NULL);
+    int bad = 0;
+    const size_t bytes = pi2_batch_size(PI2_Q4_0, n, maxt);
+    if (bytes) {
+        uint8_t *one = pi2_par_batch(NULL, PI2_Q4_0, acts, n, maxt), *three = pi2_par_batch(pool, PI2_Q4_0, acts, n, maxt);
+        CHECK(one && three && memcmp(one, three, bytes) == 0);
+        free(one), free(three);
+    }
+    CHECK(pi2_par_batch(pool, PI2_Q4_0, acts, n, PI2_BATCH_MIN_TOKENS - 1) == NULL);
+    for (int64_t tokens = 2; tokens <= maxt; tokens += 10) {
+        for (int layout = 0; layout < 2; layout++) {
+            if (layout == 1 && !pi2_x4_supported(PI2_Q4_0)) continue;
+            pi2_mat m = {.data = layout ? x4 : c.w, .type = PI2_Q4_0, .rows = rows, .cols = n, .row_bytes = rs,
+                         .stride = rs, .x4 = layout};
+            if (layout) pi2_x4_gemm(PI2_Q4_0, x4, rows, n, acts, tokens, ya, rows);
+            else pi2_gemm(PI2_Q4_0, c.w, rows, n, acts, tokens, ya, rows);
+            pi2_par_matmul(pool, &m, acts, tokens, yb, rows);
+            if (memcmp(ya, yb, sizeof(float) * (size_t)(rows * tokens))) bad++;
+        }
+    }
+    if (bad) fprintf(stderr, "%s: par_matmul %d mismatches with the kernels\n", pi2_kernel_level_name(pi2_kernels_current()), bad);
+    CHECK(bad == 0);
+    pi2_pool_free(pool);
+    free(acts), free(x4), free(x), free(ya), free(yb);
+    free_case(&c);
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -744,6 +788,7 @@ int main(void) {
         test_attention((pi2_kernel_level)level);
         test_x4((pi2_kernel_level)level);
         test_batch((pi2_kernel_level)level);
+        if (level == PI2_KERNELS_SCALAR || pi2_x4_supported(PI2_Q4_0)) test_par_batch(); /* exact levels */
         levels_tested++;
     }
     CHECK(levels_tested >= 1);
