@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "parmat.h"
 
 /* Golden data: a 64-element vector (two blocks) and its quantized bytes, produced by
  *   x = [((i*37) % 29 - 14) * 0.173 + (0.5 if i % 7 == 0 else 0) for i in range(64)] as float32,
@@ -657,6 +658,120 @@ static void test_gemm_lanes(void) {
     pi2_kernels_force(pi2_kernels_best());
 }
 
+/* The batch GEMM (kernels.h, pi2_batch_gemm) against the scalar level's pi2_gemm_strided: plain rows
+ * and rows inside larger records, and rows interleaved by four (pi2_x4_pack); every
+ * token count of a tile and past it, a last group of fewer than 16 rows, rows from the middle of a
+ * matrix. x86 levels give the scalar floats bit for bit (the GEMM keeps one float order there); arm
+ * levels sum in their own order, within dot_tolerance of the scalar result. The scalar level has the
+ * reference kernel; a level without a kernel must report size 0. */
+static void test_batch(pi2_kernel_level level) {
+    pi2_kernels_force(level);
+    const int64_t min_tokens = PI2_BATCH_MIN_TOKENS;
+    if (pi2_batch_size(PI2_Q4_0, 64, min_tokens) == 0) {
+        CHECK(level == PI2_KERNELS_NEON); /* the others have one */
+        return;
+    }
+    CHECK(pi2_batch_size(PI2_Q4_0, 64, min_tokens - 1) == 0); /* below the threshold: pi2_gemm */
+    const int exact = level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX2 || level == PI2_KERNELS_AVX512;
+    const int64_t ns[] = {32, 96, 4096};
+    const int64_t token_counts[] = {12, 13, 16, 19, 33};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t rows = 36, n = ns[k], maxt = 33;
+        struct case_data c;
+        make_case(&c, PI2_Q4_0, n, rows);
+        const size_t rs = pi2_row_size(PI2_Q4_0, n), stride = rs + 6, as = pi2_row_size(PI2_Q8_0, n);
+        uint8_t *ws = malloc(stride * rows), *acts = malloc(as * maxt), *x4 = malloc(rs * rows);
+        float *x = malloc(sizeof(float) * n * maxt), *af = malloc(sizeof(float) * n);
+        float *ya = malloc(sizeof(float) * (rows + 1) * maxt), *yb = malloc(sizeof(float) * (rows + 1) * maxt);
+        double *tol = malloc(sizeof(double) * rows * maxt);
+        memset(ws, 0x5a, stride * rows);
+        for (int64_t r = 0; r < rows; r++) memcpy(ws + r * stride, c.w + r * rs, rs);
+        fill_gauss(x, n * maxt, 1.0f);
+        for (int64_t t = 0; t < maxt; t++) {
+            pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+            pi2_dequantize_row(PI2_Q8_0, acts + t * as, af, n);
+            for (int64_t r = 0; r < rows; r++) tol[t * rows + r] = exact ? 0.0 : dot_tolerance(c.wf + r * n, af, n);
+        }
+        pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4); /* the layout is data: every batch kernel reads it */
+        for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+            const int64_t tokens = token_counts[ti], ldy = rows + 1;
+            const size_t bytes = pi2_batch_size(PI2_Q4_0, n, tokens);
+            void *batch = aligned_alloc(64, bytes);
+            pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch);
+            for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = -555.0f;
+            pi2_kernels_force(PI2_KERNELS_SCALAR);
+            pi2_gemm_strided(PI2_Q4_0, ws, stride, rows, n, acts, tokens, ya, ldy);
+            pi2_kernels_force(level);
+            for (int layout = 0; layout < 3; layout++) {
+                for (int64_t i = 0; i < ldy * tokens; i++) yb[i] = -777.0f;
+                const uint8_t *w = layout == 0 ? ws : layout == 1 ? c.w : x4;
+                pi2_batch_gemm(PI2_Q4_0, w, layout == 0 ? stride : rs, layout == 2, rows, n, batch, tokens, yb, ldy);
+                for (int64_t t = 0; t < tokens; t++) {
+                    for (int64_t r = 0; r < rows; r++)
+                        if (!(fabs((double)yb[t * ldy + r] - ya[t * ldy + r]) <= tol[t * rows + r])) bad++;
+                    if (yb[t * ldy + rows] != -777.0f) bad++; /* the padding column stays */
+                }
+                /* rows 4..23 alone (x4: from a group boundary; plain: a last group of 4 rows) */
+                const size_t off = layout == 2 ? 4 * rs : layout == 0 ? 4 * stride : 4 * rs;
+                pi2_batch_gemm(PI2_Q4_0, w + off, layout == 0 ? stride : rs, layout == 2, 20, n, batch, tokens, yb, ldy);
+                for (int64_t t = 0; t < tokens; t++)
+                    for (int64_t r = 0; r < 20; r++)
+                        if (!(fabs((double)yb[t * ldy + r] - ya[t * ldy + 4 + r]) <= tol[t * rows + 4 + r])) bad++;
+            }
+            free(batch);
+        }
+        free(ws), free(acts), free(x4), free(x), free(af), free(ya), free(yb), free(tol);
+        free_case(&c);
+    }
+    if (bad) fprintf(stderr, "%s: batch gemm %d mismatches with the scalar level\n", pi2_kernel_level_name(level), bad);
+    CHECK(bad == 0);
+    pi2_kernels_force(level);
+}
+
+/* The engine's way to the batch GEMM (parmat.c): the batch packed by a pool's threads, tile by tile,
+ * is the single-threaded batch byte for byte (33 tokens: tiles split unevenly, a padded last one), and
+ * pi2_par_matmul gives the level's pi2_gemm (plain rows) and pi2_x4_gemm (x4) floats, 12+ tokens taking
+ * the batch and fewer the old path. */
+static void test_par_batch(void) {
+    const int64_t rows = 40, n = 256, maxt = 33;
+    struct case_data c;
+    make_case(&c, PI2_Q4_0, n, rows);
+    const size_t rs = pi2_row_size(PI2_Q4_0, n), as = pi2_row_size(PI2_Q8_0, n);
+    uint8_t *acts = malloc(as * maxt), *x4 = malloc(rs * rows);
+    float *x = malloc(sizeof(float) * n * maxt), *ya = malloc(sizeof(float) * rows * maxt),
+          *yb = malloc(sizeof(float) * rows * maxt);
+    fill_gauss(x, n * maxt, 1.0f);
+    for (int64_t t = 0; t < maxt; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+    pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4);
+    pi2_pool *pool = pi2_pool_create(3, NULL);
+    CHECK(pool != NULL);
+    int bad = 0;
+    const size_t bytes = pi2_batch_size(PI2_Q4_0, n, maxt);
+    if (bytes) {
+        uint8_t *one = pi2_par_batch(NULL, PI2_Q4_0, acts, n, maxt), *three = pi2_par_batch(pool, PI2_Q4_0, acts, n, maxt);
+        CHECK(one && three && memcmp(one, three, bytes) == 0);
+        free(one), free(three);
+    }
+    CHECK(pi2_par_batch(pool, PI2_Q4_0, acts, n, PI2_BATCH_MIN_TOKENS - 1) == NULL);
+    for (int64_t tokens = 2; tokens <= maxt; tokens += 10) {
+        for (int layout = 0; layout < 2; layout++) {
+            if (layout == 1 && !pi2_x4_supported(PI2_Q4_0)) continue;
+            pi2_mat m = {.data = layout ? x4 : c.w, .type = PI2_Q4_0, .rows = rows, .cols = n, .row_bytes = rs,
+                         .stride = rs, .x4 = layout};
+            if (layout) pi2_x4_gemm(PI2_Q4_0, x4, rows, n, acts, tokens, ya, rows);
+            else pi2_gemm(PI2_Q4_0, c.w, rows, n, acts, tokens, ya, rows);
+            pi2_par_matmul(pool, &m, acts, tokens, yb, rows);
+            if (memcmp(ya, yb, sizeof(float) * (size_t)(rows * tokens))) bad++;
+        }
+    }
+    if (bad) fprintf(stderr, "%s: par_matmul %d mismatches with the kernels\n", pi2_kernel_level_name(pi2_kernels_current()), bad);
+    CHECK(bad == 0);
+    pi2_pool_free(pool);
+    free(acts), free(x4), free(x), free(ya), free(yb);
+    free_case(&c);
+}
+
 int main(void) {
     test_fp16();
     test_golden();
@@ -672,6 +787,9 @@ int main(void) {
         test_f16_act_edges((pi2_kernel_level)level);
         test_attention((pi2_kernel_level)level);
         test_x4((pi2_kernel_level)level);
+        test_batch((pi2_kernel_level)level);
+        /* where pi2_gemm has the batch's floats: the reference, and AVX-512 (rows as lanes from 12 tokens) */
+        if (level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX512) test_par_batch();
         levels_tested++;
     }
     CHECK(levels_tested >= 1);

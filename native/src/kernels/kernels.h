@@ -92,6 +92,37 @@ void pi2_x4_pack(pi2_type wt, const void *w, int64_t rows, int64_t n, void *out)
 void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                  int64_t ldy);
 
+/* Prefill's activations packed once per matrix product: a "batch". Q4_0 only. The GEMM kernels that
+ * take weight rows as lanes (kernels_lanes_avx512.c, kernels_arm_common.h) read every token's
+ * quants once per group of rows and block; from the prepared rows (pi2_prepare_act) each call would
+ * redo the per-token work (block sums, scales), a fixed cost that dominated the small row ranges
+ * each thread takes at high thread counts (16 rows x 128 tokens ran at half speed), and it would
+ * keep eight token pointers live in the micro-kernel. So the tokens are interleaved by
+ * PI2_BATCH_TILE, as llama.cpp interleaves its activations by four (block_q8_0x4): one record per
+ * tile and block, the tile's tokens side by side, padded with zero tokens. Within a record the quants
+ * go by token pairs in 8-byte chunks (qs[pair][chunk][token of the pair][8]: element 8c + k of token
+ * 2p + i at qs[p][c][i][k]), the operand of an i8mm SMMLA as it stands, while AVX-512 and SDOT read
+ * a token's 4-byte groups at fixed offsets all the same. The layout is the same at every kernel
+ * level; a level without a batch kernel reports size 0 and callers keep pi2_gemm.
+ *
+ * pi2_batch_size: bytes of the batch of `tokens` activations of n elements for weights wt, 0 where
+ * this level has no batch kernel for wt or `tokens` is below PI2_BATCH_MIN_TOKENS; pi2_batch_pack:
+ * the batch from `tokens` activations prepared with pi2_prepare_act (pi2_row_size(act_type(wt), n)
+ * bytes apart); out 64-byte aligned. pi2_batch_gemm: y[t * ldy + r] = dot(row r, act t) for the
+ * rows of w (row_stride bytes apart, or, when x4, rows interleaved by four from pi2_x4_pack, from a
+ * group boundary): the floats of pi2_gemm / pi2_gemm_strided / pi2_x4_gemm at the same level. */
+#define PI2_BATCH_TILE 8
+#define PI2_BATCH_MIN_TOKENS 12
+typedef struct {
+    int8_t qs[PI2_BATCH_TILE / 2][PI2_QK / 8][2][8]; /* [token pair][8-byte chunk][token of the pair] */
+    int32_t nib_off[PI2_BATCH_TILE]; /* -8 * sum(qs[t]): the offset of Q4_0 nibbles taken as unsigned */
+    float d[PI2_BATCH_TILE];
+} pi2_batch_block; /* 320 bytes */
+size_t pi2_batch_size(pi2_type wt, int64_t n, int64_t tokens);
+void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, void *out);
+void pi2_batch_gemm(pi2_type wt, const void *w, size_t row_stride, int x4, int64_t rows, int64_t n, const void *batch,
+                    int64_t tokens, float *y, int64_t ldy);
+
 /* Attention of the `group` query heads that share one KV head, over n_pos positions of an F16 KV
  * cache, in parts that merge exactly. q: group x hd F16 (the queries rounded to F16, as llama.cpp
  * does); k, v: the KV head's first position of the range, positions `stride` elements apart; p: group

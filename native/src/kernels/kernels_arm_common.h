@@ -383,6 +383,115 @@ PI2_ROWS_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(q4_1)
 PI2_ROWS_VIA_DOT(q8_0)
 
+#if defined(__ARM_FEATURE_DOTPROD)
+/* ---- the batch GEMM (kernels.h, pi2_batch_gemm): Q4_0 rows as lanes, four at a time ----
+ * A quad of rows is unpacked once per call into, per block, 8 vectors: vector j holds the four rows'
+ * weights 4j..4j+3 (nibble - 8, int8), so one SDOT by element (vdotq_lane_s32 on the batch's 8-byte
+ * chunks) multiplies them with a token's 4-byte group j and adds into the quad's 4 int32 lanes: 8
+ * SDOT per token, block and quad, 16 products each (SDOT's most), and no horizontal sum at the end.
+ * The tile's 8 tokens come
+ * through the batch's records (one pointer, fixed offsets). Per row and token the floats are
+ * sum = fma((float)isum, d_w * d_a, sum) block after block: this level's order, within rounding of the
+ * scalar reference (test_kernels.c). A quad's weights (128 bytes a block) stay in L1 while the
+ * tokens go by. */
+#define BQ 4 /* rows per quad: the int32 lanes of one vector */
+
+/* rows r0 .. r0 + nr - 1 (nr <= 4; the rest zero, scale 0) of plain rows or of rows interleaved by four
+ * -> u[b * 8 + j], dw[b * 4 + i] */
+static void batch_unpack_quad(const uint8_t *w, size_t row_bytes, int x4, int nr, int64_t nb, int8x16_t *u,
+                              float *dw) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f);
+    const int8x16_t eight = vdupq_n_s8(8);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t lo[BQ], hi[BQ];
+        for (int i = 0; i < BQ; i++) {
+            const uint8_t *qs, *d;
+            if (x4) { /* pi2_x4_pack: per block, the quad's 4 x 16 quant bytes, then its 4 scales */
+                const uint8_t *rec = w + (size_t)b * 4 * sizeof(pi2_block_q4_0);
+                qs = rec + 16 * i, d = rec + 64 + 2 * i;
+            } else {
+                const pi2_block_q4_0 *x = (const pi2_block_q4_0 *)(w + (size_t)i * row_bytes) + b;
+                qs = x->qs, d = (const uint8_t *)&x->d;
+            }
+            if (i >= nr) {
+                lo[i] = hi[i] = vdupq_n_s32(0);
+                dw[b * BQ + i] = 0.0f;
+                continue;
+            }
+            const uint8x16_t v = vld1q_u8(qs);
+            lo[i] = vreinterpretq_s32_s8(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), eight));
+            hi[i] = vreinterpretq_s32_s8(vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight));
+            pi2_f16 h;
+            memcpy(&h, d, sizeof h);
+            dw[b * BQ + i] = h2f(h);
+        }
+        /* 4 x 4 transposes of 4-byte groups: vector j = [row 0 group j, row 1 group j, ...] */
+        for (int half = 0; half < 2; half++) {
+            const int32x4_t *r = half ? hi : lo;
+            const int32x4_t t0 = vtrn1q_s32(r[0], r[1]), t1 = vtrn2q_s32(r[0], r[1]);
+            const int32x4_t t2 = vtrn1q_s32(r[2], r[3]), t3 = vtrn2q_s32(r[2], r[3]);
+            int8x16_t *o = u + b * 8 + 4 * half;
+            o[0] = vreinterpretq_s8_s64(vtrn1q_s64(vreinterpretq_s64_s32(t0), vreinterpretq_s64_s32(t2)));
+            o[1] = vreinterpretq_s8_s64(vtrn1q_s64(vreinterpretq_s64_s32(t1), vreinterpretq_s64_s32(t3)));
+            o[2] = vreinterpretq_s8_s64(vtrn2q_s64(vreinterpretq_s64_s32(t0), vreinterpretq_s64_s32(t2)));
+            o[3] = vreinterpretq_s8_s64(vtrn2q_s64(vreinterpretq_s64_s32(t1), vreinterpretq_s64_s32(t3)));
+        }
+    }
+}
+
+static void batch_tile_quad(const int8x16_t *u, const float *dw, int64_t nb, const pi2_batch_block *a, float *y,
+                            int64_t ldy, int nr, int nt) {
+    float32x4_t acc[PI2_BATCH_TILE];
+    for (int t = 0; t < PI2_BATCH_TILE; t++) acc[t] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++, a++) {
+        const int8x16_t *w = u + b * 8;
+        const float32x4_t d = vld1q_f32(dw + b * BQ);
+        for (int t = 0; t < PI2_BATCH_TILE; t++) {
+            const int8_t(*q)[2][8] = a->qs[t / 2]; /* chunk c (groups 2c, 2c + 1) at q[c][t % 2] */
+            const int8x8_t c0 = vld1_s8(q[0][t % 2]), c1 = vld1_s8(q[1][t % 2]);
+            const int8x8_t c2 = vld1_s8(q[2][t % 2]), c3 = vld1_s8(q[3][t % 2]);
+            int32x4_t s0 = vdotq_lane_s32(vdupq_n_s32(0), w[0], c0, 0);
+            int32x4_t s1 = vdotq_lane_s32(vdupq_n_s32(0), w[4], c2, 0);
+            s0 = vdotq_lane_s32(s0, w[1], c0, 1);
+            s1 = vdotq_lane_s32(s1, w[5], c2, 1);
+            s0 = vdotq_lane_s32(s0, w[2], c1, 0);
+            s1 = vdotq_lane_s32(s1, w[6], c3, 0);
+            s0 = vdotq_lane_s32(s0, w[3], c1, 1);
+            s1 = vdotq_lane_s32(s1, w[7], c3, 1);
+            acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(vaddq_s32(s0, s1)), vmulq_n_f32(d, a->d[t]));
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        if (nr == BQ) {
+            vst1q_f32(y + t * ldy, acc[t]);
+        } else {
+            float o[BQ];
+            vst1q_f32(o, acc[t]);
+            memcpy(y + t * ldy, o, sizeof(float) * (size_t)nr);
+        }
+    }
+}
+
+static void batch_gemm_q4_0(const void *w, size_t row_bytes, int x4, int64_t rows, int64_t n,
+                            const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    int8x16_t *u = malloc((size_t)nb * 8 * sizeof(int8x16_t));
+    float *dw = malloc((size_t)nb * BQ * sizeof(float));
+    if (!u || !dw) abort();
+    for (int64_t r = 0; r < rows; r += BQ) {
+        const int nr = rows - r < BQ ? (int)(rows - r) : BQ;
+        batch_unpack_quad((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, x4, nr, nb, u, dw);
+        for (int64_t t = 0; t < tokens; t += PI2_BATCH_TILE) {
+            const int nt = tokens - t < PI2_BATCH_TILE ? (int)(tokens - t) : PI2_BATCH_TILE;
+            batch_tile_quad(u, dw, nb, batch + (t / PI2_BATCH_TILE) * nb, y + t * ldy + r, ldy, nr, nt);
+        }
+    }
+    free(u);
+    free(dw);
+}
+#undef BQ
+#endif
+
 static void arm_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
     t->dot_packed_rows[PI2_Q4_0] = dot_packed_rows_q4_0;
@@ -390,6 +499,9 @@ static void arm_fill(pi2_kernel_table *t) {
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;
+#if defined(__ARM_FEATURE_DOTPROD)
+    t->batch_gemm[PI2_Q4_0] = batch_gemm_q4_0;
+#endif
 }
 
 #endif

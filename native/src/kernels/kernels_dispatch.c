@@ -44,6 +44,7 @@ static void detect_and_fill(void) {
         /* F16C has no __builtin_cpu_supports name in gcc 12; every AVX2 CPU has it (Haswell+, Zen). */
         supported[PI2_KERNELS_AVX2] = 1;
         tables[PI2_KERNELS_AVX2] = tables[PI2_KERNELS_SCALAR];
+        memset(tables[PI2_KERNELS_AVX2].batch_gemm, 0, sizeof tables[0].batch_gemm); /* the reference's: too slow */
         pi2_kernels_fill_avx2(&tables[PI2_KERNELS_AVX2]);
         best_level = PI2_KERNELS_AVX2;
     }
@@ -65,6 +66,7 @@ static void detect_and_fill(void) {
     if (hw & HWCAP_ASIMD) {
         supported[PI2_KERNELS_NEON] = 1;
         tables[PI2_KERNELS_NEON] = tables[PI2_KERNELS_SCALAR];
+        memset(tables[PI2_KERNELS_NEON].batch_gemm, 0, sizeof tables[0].batch_gemm); /* the reference's: too slow */
         pi2_kernels_fill_neon(&tables[PI2_KERNELS_NEON]);
         best_level = PI2_KERNELS_NEON;
         if (hw & HWCAP_ASIMDDP) {
@@ -310,4 +312,42 @@ void pi2_gemm_strided(pi2_type wt, const void *w, size_t row_stride, int64_t row
     const pi2_kernel_table *t = pi2_kernels_table();
     const pi2_gemm_fn f = t->gemm_strided[wt] && tokens > 1 ? t->gemm_strided[wt] : t->gemm[wt];
     f(w, row_stride, rows, n, acts, pi2_row_size(pi2_act_type(wt), n), tokens, y, ldy);
+}
+
+size_t pi2_batch_size(pi2_type wt, int64_t n, int64_t tokens) {
+    check_weight("batch_size", wt, n);
+    if (tokens < PI2_BATCH_MIN_TOKENS || !pi2_kernels_table()->batch_gemm[wt]) return 0;
+    return (size_t)((tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE * (n / PI2_QK)) * sizeof(pi2_batch_block);
+}
+
+/* The same bytes at every level: the kernels differ only in how they go through them. */
+void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, void *out) {
+    check_weight("batch_pack", wt, n);
+    if (wt != PI2_Q4_0 || tokens < 1) die("batch_pack", wt, n);
+    const int64_t nb = n / PI2_QK, tiles = (tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE;
+    const size_t ab = pi2_row_size(PI2_Q8_0, n);
+    pi2_batch_block *rec = out;
+    memset(out, 0, (size_t)(tiles * nb) * sizeof *rec); /* the last tile's padding: zero tokens */
+    for (int64_t t = 0; t < tokens; t++) {
+        const pi2_block_q8_0 *a = (const pi2_block_q8_0 *)((const uint8_t *)acts + (size_t)t * ab);
+        pi2_batch_block *r = rec + (t / PI2_BATCH_TILE) * nb;
+        const int i = (int)(t % PI2_BATCH_TILE);
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t sum = 0;
+            for (int k = 0; k < PI2_QK; k++) sum += a[b].qs[k];
+            for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
+            r[b].nib_off[i] = -8 * sum;
+            r[b].d[i] = pi2_f16_to_f32(a[b].d);
+        }
+    }
+}
+
+void pi2_batch_gemm(pi2_type wt, const void *w, size_t row_stride, int x4, int64_t rows, int64_t n, const void *batch,
+                    int64_t tokens, float *y, int64_t ldy) {
+    check_weight("batch_gemm", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    if (!t->batch_gemm[wt] || rows < 0 || tokens < 1 || (tokens > 1 && ldy < rows) ||
+        (x4 ? rows % 4 : row_stride < pi2_row_size(wt, n)))
+        die("batch_gemm", wt, n);
+    t->batch_gemm[wt](w, x4 ? pi2_row_size(wt, n) : row_stride, x4, rows, n, batch, tokens, y, ldy);
 }

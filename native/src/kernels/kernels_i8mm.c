@@ -133,9 +133,106 @@ PI2_GEMM_OF_KIND(gemm_mmla_q4_0, gemm_mmla, KIND_Q4_0)
 PI2_GEMM_OF_KIND(gemm_mmla_q4_1, gemm_mmla, KIND_Q4_1)
 PI2_GEMM_OF_KIND(gemm_mmla_q8_0, gemm_mmla, KIND_Q8_0)
 
+/* ---- the batch GEMM with SMMLA (kernels.h, pi2_batch_gemm) ----
+ * The batch's records hold each token pair's 8-byte chunks side by side ([a chunk c | b chunk c]: the
+ * 8x2 operand of SMMLA as it stands), so a pair of weight rows, unpacked once per call into the same
+ * shape per block ([row 0 chunk c | row 1 chunk c], c = 0..3), meets the tile's 4 token pairs with 4
+ * SMMLA each: 32 products an instruction and no shuffle of the activations per call (gemm_mmla above
+ * repacks them per tile of every call). Per row and token: sum = fma((float)isum, d_w * d_a, sum)
+ * block after block, the dotprod level's order. */
+
+/* block b of row r: its quants and scale, from plain rows or rows interleaved by four */
+static inline void batch_row_block(const uint8_t *w, size_t row_bytes, int x4, int64_t nb, int64_t r, int64_t b,
+                                   const uint8_t **qs, float *d) {
+    pi2_f16 h;
+    if (x4) { /* pi2_x4_pack: per group of 4 rows and block, the rows' 16 quant bytes, then 4 scales */
+        const uint8_t *rec = w + (size_t)((r / 4) * nb + b) * 4 * sizeof(pi2_block_q4_0);
+        *qs = rec + 16 * (r % 4);
+        memcpy(&h, rec + 64 + 2 * (r % 4), sizeof h);
+    } else {
+        const pi2_block_q4_0 *x = (const pi2_block_q4_0 *)(w + (size_t)r * row_bytes) + b;
+        *qs = x->qs;
+        h = x->d;
+    }
+    *d = h2f(h);
+}
+
+/* rows r0, r0 + 1 (the second zero with scale 0 when nr = 1) -> u[b * 4 + c], dw[b * 4..] = [d0 d0 d1 d1] */
+static void batch_unpack_pair(const uint8_t *w, size_t row_bytes, int x4, int64_t r0, int nr, int64_t nb,
+                              int8x16_t *u, float *dw) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f);
+    const int8x16_t eight = vdupq_n_s8(8);
+    for (int64_t b = 0; b < nb; b++) {
+        int64x2_t lo[2], hi[2];
+        float d[2] = {0.0f, 0.0f};
+        for (int i = 0; i < 2; i++) {
+            if (i >= nr) {
+                lo[i] = hi[i] = vdupq_n_s64(0);
+                continue;
+            }
+            const uint8_t *qs;
+            batch_row_block(w, row_bytes, x4, nb, r0 + i, b, &qs, &d[i]);
+            const uint8x16_t v = vld1q_u8(qs);
+            lo[i] = vreinterpretq_s64_s8(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), eight)); /* elements 0..15 */
+            hi[i] = vreinterpretq_s64_s8(vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight)); /* 16..31 */
+        }
+        int8x16_t *o = u + b * 4;
+        o[0] = vreinterpretq_s8_s64(vzip1q_s64(lo[0], lo[1]));
+        o[1] = vreinterpretq_s8_s64(vzip2q_s64(lo[0], lo[1]));
+        o[2] = vreinterpretq_s8_s64(vzip1q_s64(hi[0], hi[1]));
+        o[3] = vreinterpretq_s8_s64(vzip2q_s64(hi[0], hi[1]));
+        const float dv[4] = {d[0], d[0], d[1], d[1]};
+        memcpy(dw + b * 4, dv, sizeof dv);
+    }
+}
+
+static void batch_tile_pair(const int8x16_t *u, const float *dw, int64_t nb, const pi2_batch_block *a, float *y,
+                            int64_t ldy, int nr, int nt) {
+    float32x4_t acc[PI2_BATCH_TILE / 2]; /* per token pair: [r0 ta, r0 tb, r1 ta, r1 tb] */
+    for (int p = 0; p < PI2_BATCH_TILE / 2; p++) acc[p] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++, a++) {
+        const int8x16_t w0 = u[b * 4], w1 = u[b * 4 + 1], w2 = u[b * 4 + 2], w3 = u[b * 4 + 3];
+        const float32x4_t d = vld1q_f32(dw + b * 4);
+        for (int p = 0; p < PI2_BATCH_TILE / 2; p++) {
+            const int8_t(*q)[2][8] = a->qs[p];
+            int32x4_t s = vmmlaq_s32(vdupq_n_s32(0), w0, vld1q_s8(q[0][0]));
+            s = vmmlaq_s32(s, w1, vld1q_s8(q[1][0]));
+            s = vmmlaq_s32(s, w2, vld1q_s8(q[2][0]));
+            s = vmmlaq_s32(s, w3, vld1q_s8(q[3][0]));
+            const float32x2_t da = vld1_f32(a->d + 2 * p);
+            acc[p] = vfmaq_f32(acc[p], vcvtq_f32_s32(s), vmulq_f32(d, vcombine_f32(da, da)));
+        }
+    }
+    for (int p = 0; p < PI2_BATCH_TILE / 2; p++) {
+        float o[4];
+        vst1q_f32(o, acc[p]);
+        for (int i = 0; i < 2 && 2 * p + i < nt; i++)
+            for (int r = 0; r < nr; r++) y[(2 * p + i) * ldy + r] = o[2 * r + i];
+    }
+}
+
+static void batch_gemm_mmla_q4_0(const void *w, size_t row_bytes, int x4, int64_t rows, int64_t n,
+                                 const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    int8x16_t *u = malloc((size_t)nb * 4 * sizeof(int8x16_t));
+    float *dw = malloc((size_t)nb * 4 * sizeof(float));
+    if (!u || !dw) abort();
+    for (int64_t r = 0; r < rows; r += 2) {
+        const int nr = rows - r < 2 ? 1 : 2;
+        batch_unpack_pair(w, row_bytes, x4, r, nr, nb, u, dw);
+        for (int64_t t = 0; t < tokens; t += PI2_BATCH_TILE) {
+            const int nt = tokens - t < PI2_BATCH_TILE ? (int)(tokens - t) : PI2_BATCH_TILE;
+            batch_tile_pair(u, dw, nb, batch + (t / PI2_BATCH_TILE) * nb, y + t * ldy + r, ldy, nr, nt);
+        }
+    }
+    free(u);
+    free(dw);
+}
+
 void pi2_kernels_fill_i8mm(pi2_kernel_table *t) {
     arm_fill(t);
     t->gemm[PI2_Q4_0] = gemm_mmla_q4_0;
     t->gemm[PI2_Q4_1] = gemm_mmla_q4_1;
     t->gemm[PI2_Q8_0] = gemm_mmla_q8_0;
+    t->batch_gemm[PI2_Q4_0] = batch_gemm_mmla_q4_0;
 }

@@ -42,6 +42,9 @@ typedef struct {
     /* optional: the GEMM of rows inside larger records (pi2_gemm_strided: the FFN's gate and up in a
      * batch); NULL: gemm */
     pi2_gemm_fn gemm_strided[PI2_N_TYPES];
+    /* optional: the GEMM over a packed batch (kernels.h, pi2_batch_gemm); NULL: the level keeps gemm */
+    void (*batch_gemm[PI2_N_TYPES])(const void *w, size_t row_stride, int x4, int64_t rows, int64_t n,
+                                    const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy);
     pi2_att_f16_fn att_f16; /* kernels_att.h over the level's dot_f16, axpy_f16 */
 } pi2_kernel_table;
 

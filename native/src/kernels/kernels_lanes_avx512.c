@@ -183,11 +183,70 @@ void pi2_lanes_x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *
     gemm_lanes(LK_Q4_0_X4, w, pi2_row_size(PI2_Q4_0, n), rows, n, acts, pi2_row_size(PI2_Q8_0, n), tokens, y, ldy);
 }
 
+/* ---- the batch GEMM (kernels.h, pi2_batch_gemm): Q4_0 rows as lanes over a packed batch ----
+ * lanes_tile's arithmetic, with the tile's tokens read through one pointer at fixed offsets (a
+ * pi2_batch_block per block) instead of eight token pointers and their per-call block sums: the
+ * compiler keeps the tile without spilling its addresses, and a call costs its rows' unpack only.
+ * Each token's 8 dpbusd go in two chains of 4 (the int32 sums are exact, so the floats do not
+ * change): one chain of 8 left the dpbusd port idle while it waited on its own latency. The
+ * padding tokens of the last tile are computed (zeros) and not stored. */
+static inline __attribute__((always_inline)) void batch_tile(const __m512i *u, const float *dw, int64_t nb,
+                                                            const pi2_batch_block *a, float *y, int64_t ldy,
+                                                            __mmask16 mask, int nt) {
+    __m512 acc[PI2_BATCH_TILE];
+#pragma GCC unroll 8
+    for (int t = 0; t < PI2_BATCH_TILE; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, a++) {
+        __m512i w[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) w[j] = u[b * 8 + j];
+        const __m512 d = _mm512_load_ps(dw + b * LROWS);
+#pragma GCC unroll 8
+        for (int t = 0; t < PI2_BATCH_TILE; t++) {
+            const uint8_t *q = (const uint8_t *)a->qs[t / 2][0][t % 2]; /* group j at q + 16 (j / 2) + 4 (j % 2) */
+            __m512i s0 = _mm512_set1_epi32(a->nib_off[t]), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 8; j += 2) {
+                int32_t v0, v1;
+                memcpy(&v0, q + 8 * j, 4);
+                memcpy(&v1, q + 8 * j + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(v0));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(v1));
+            }
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->d[t]));
+            const __m512 p = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale,
+                                                 _MM_FROUND_CUR_DIRECTION);
+            acc[t] = _mm512_add_round_ps(acc[t], p, _MM_FROUND_CUR_DIRECTION);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ldy, mask, acc[t]);
+}
+
+static void batch_gemm_q4_0(const void *w, size_t row_bytes, int x4, int64_t rows, int64_t n,
+                            const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    __m512i *u = aligned_alloc(64, (size_t)nb * 8 * sizeof(__m512i));
+    float *dw = aligned_alloc(64, (size_t)nb * LROWS * sizeof(float));
+    if (!u || !dw) abort();
+    for (int64_t r = 0; r < rows; r += LROWS) {
+        const int nr = rows - r < LROWS ? (int)(rows - r) : LROWS;
+        const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+        unpack_lanes(x4 ? LK_Q4_0_X4 : LK_Q4_0, (const uint8_t *)w + (size_t)r * row_bytes, row_bytes, nr, nb, u, dw, NULL);
+        for (int64_t t = 0; t < tokens; t += PI2_BATCH_TILE) {
+            const int nt = tokens - t < PI2_BATCH_TILE ? (int)(tokens - t) : PI2_BATCH_TILE;
+            batch_tile(u, dw, nb, batch + (t / PI2_BATCH_TILE) * nb, y + t * ldy + r, ldy, mask, nt);
+        }
+    }
+    free(u);
+    free(dw);
+}
+
 /* Q4_1 and Q8_0 take it for every GEMM (attention, a dense down copy, the output matrix): no
  * interleaved layout has to agree with their plain GEMM. Q4_0's plain GEMM and its x4 layout take it
  * from PI2_LANES_MIN_TOKENS tokens (pi2_lanes_gemm_q4_0 above). */
 void pi2_kernels_fill_lanes_avx512(pi2_kernel_table *t) {
     t->gemm_strided[PI2_Q4_0] = gemm_lanes_q4_0;
+    t->batch_gemm[PI2_Q4_0] = batch_gemm_q4_0;
     t->gemm[PI2_Q4_1] = t->gemm_strided[PI2_Q4_1] = gemm_lanes_q4_1;
     t->gemm[PI2_Q8_0] = t->gemm_strided[PI2_Q8_0] = gemm_lanes_q8_0;
 }

@@ -135,10 +135,44 @@ SCALAR_DRIVERS(q4_0)
 SCALAR_DRIVERS(q4_1)
 SCALAR_DRIVERS(q8_0)
 
+/* The batch GEMM's reference (kernels.h, pi2_batch_gemm): each row and token as dot_q4_0 sums them,
+ * block after block, the weights read from plain rows or from rows interleaved by four (pi2_x4_pack:
+ * per group of 4 rows and block, the rows' 16 quant bytes, then their 4 scales). */
+static void batch_gemm_q4_0(const void *w, size_t row_stride, int x4, int64_t rows, int64_t n,
+                            const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy) {
+    const int64_t nb = n / PI2_QK;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < tokens; t++) {
+            const pi2_batch_block *a = batch + (t / PI2_BATCH_TILE) * nb;
+            const int i = (int)(t % PI2_BATCH_TILE);
+            float sum = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *qs, *d;
+                if (x4) {
+                    const uint8_t *rec = (const uint8_t *)w + (size_t)((r / 4) * nb + b) * 4 * sizeof(pi2_block_q4_0);
+                    qs = rec + 16 * (r % 4), d = rec + 64 + 2 * (r % 4);
+                } else {
+                    const pi2_block_q4_0 *x = (const pi2_block_q4_0 *)((const uint8_t *)w + (size_t)r * row_stride) + b;
+                    qs = x->qs, d = (const uint8_t *)&x->d;
+                }
+                int isum = 0; /* sum (q - 8) a as sum q a + the batch's offset: the same integer */
+                const int8_t(*q)[2][8] = a[b].qs[i / 2]; /* element k at q[k / 8][i % 2][k % 8] */
+                for (int j = 0; j < PI2_QK / 2; j++)
+                    isum += (qs[j] & 0xf) * q[j / 8][i % 2][j % 8] + (qs[j] >> 4) * q[2 + j / 8][i % 2][j % 8];
+                isum += a[b].nib_off[i];
+                pi2_f16 dw;
+                memcpy(&dw, d, sizeof dw);
+                sum += (float)isum * (pi2_f16_to_f32(dw) * a[b].d[i]);
+            }
+            y[t * ldy + r] = sum;
+        }
+}
+
 void pi2_kernels_fill_scalar(pi2_kernel_table *t) {
     memset(t, 0, sizeof *t);
     PI2_KERNELS_SET_COMMON(t);
     t->act_q8_0 = pi2_act_quantize_q8_0_scalar;
     t->act_q8_1 = pi2_act_quantize_q8_1_scalar;
     t->act_f16 = pi2_act_convert_f16_scalar;
+    t->batch_gemm[PI2_Q4_0] = batch_gemm_q4_0;
 }

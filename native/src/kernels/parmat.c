@@ -1,5 +1,7 @@
 #include "parmat.h"
 
+#include <stdlib.h>
+
 #include "kernels.h"
 
 void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
@@ -38,8 +40,35 @@ int pi2_chunks_take(pi2_chunks *c, int64_t *b, int64_t *e) {
 }
 
 typedef struct {
-    const pi2_mat *w;
+    pi2_type wt;
     const uint8_t *acts;
+    int64_t n, tokens;
+    uint8_t *batch;
+} batch_job;
+
+static void batch_worker(void *p, int ith, int nth) {
+    const batch_job *j = p;
+    const int64_t tiles = (j->tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE;
+    int64_t b, e;
+    pi2_split_range(tiles, ith, nth, &b, &e);
+    if (b >= e) return;
+    const int64_t t0 = b * PI2_BATCH_TILE, t1 = e * PI2_BATCH_TILE < j->tokens ? e * PI2_BATCH_TILE : j->tokens;
+    pi2_batch_pack(j->wt, j->acts + (size_t)t0 * pi2_row_size(pi2_act_type(j->wt), j->n), j->n, t1 - t0,
+                   j->batch + (size_t)b * (size_t)(j->n / PI2_QK) * sizeof(pi2_batch_block));
+}
+
+void *pi2_par_batch(pi2_pool *pool, pi2_type wt, const uint8_t *acts, int64_t n, int64_t tokens) {
+    const size_t bytes = pi2_batch_size(wt, n, tokens);
+    if (!bytes) return NULL;
+    batch_job j = {wt, acts, n, tokens, aligned_alloc(64, (bytes + 63) / 64 * 64)};
+    if (!j.batch) return NULL; /* the unpacked path needs no memory */
+    pi2_pool_run_or_inline(pool, batch_worker, &j);
+    return j.batch;
+}
+
+typedef struct {
+    const pi2_mat *w;
+    const uint8_t *acts, *batch;
     int64_t tokens;
     float *y;
     int64_t ldy;
@@ -49,6 +78,10 @@ typedef struct {
 static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     const pi2_mat *w = j->w;
     const uint8_t *base = w->data + (size_t)r0 * w->stride;
+    if (j->batch) { /* the same floats as below, from the packed batch */
+        pi2_batch_gemm(w->type, base, w->stride, w->x4, r1 - r0, w->cols, j->batch, j->tokens, j->y + r0, j->ldy);
+        return;
+    }
     if (w->x4) { /* chunks are multiples of 16 rows: they start at a group of four */
         pi2_x4_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
         return;
@@ -71,9 +104,11 @@ static void mm_worker(void *p, int ith, int nth) {
 }
 
 void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy) {
-    mm_job j = {.w = w, .acts = acts, .tokens = tokens, .y = y, .ldy = ldy};
+    uint8_t *batch = pi2_par_batch(pool, w->type, acts, w->cols, tokens);
+    mm_job j = {.w = w, .acts = acts, .batch = batch, .tokens = tokens, .y = y, .ldy = ldy};
     pi2_chunks_init(&j.rows, w->rows, 16, pool ? pi2_pool_size(pool) : 1);
     pi2_pool_run_chunks(pool, mm_worker, &j);
+    free(batch);
 }
 
 typedef struct {

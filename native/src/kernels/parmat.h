@@ -39,6 +39,11 @@ int pi2_chunks_take(pi2_chunks *c, int64_t *b, int64_t *e); /* 0 when none are l
 void pi2_par_prepare(pi2_pool *pool, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens, uint8_t *out,
                      size_t out_row);
 
+/* Prefill's packed batch of `tokens` prepared activations (kernels.h, pi2_batch_pack), packed by the
+ * pool's threads tile by tile; NULL where the kernel level has no batch GEMM for wt or the tokens are
+ * too few (callers keep pi2_gemm). The caller frees it. pi2_par_matmul makes its own. */
+void *pi2_par_batch(pi2_pool *pool, pi2_type wt, const uint8_t *acts, int64_t n, int64_t tokens);
+
 /* y[t][r] = dot(W[r], acts[t]) for t < tokens: acts prepared with pi2_prepare_act for w->type, one
  * per token (pi2_row_size(pi2_act_type(w->type), w->cols) bytes each); y rows ldy floats apart. */
 void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy);

@@ -182,7 +182,7 @@ static size_t prepare(pi2_ctx *c, pi2_type wt, const float *x, int64_t n, int64_
  * already in cache from the gate pass, instead of streaming the whole block twice with gaps. */
 typedef struct {
     const pi2_mat *gate, *up;
-    const uint8_t *acts;
+    const uint8_t *acts, *batch; /* batch: pi2_par_batch's, or NULL */
     int64_t tokens;
     float *g, *u;
     int64_t ldy;
@@ -204,6 +204,7 @@ static void gateup_worker(void *p, int ith, int nth) {
             const pi2_mat *w = ws[k];
             const uint8_t *base = w->data + (size_t)r * w->stride;
             if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, nr, w->cols, j->acts, ys[k] + r);
+            else if (j->batch) pi2_batch_gemm(w->type, base, w->stride, 0, nr, w->cols, j->batch, j->tokens, ys[k] + r, j->ldy);
             else pi2_gemm_strided(w->type, base, w->stride, nr, w->cols, j->acts, j->tokens, ys[k] + r, j->ldy);
         }
     }
@@ -389,8 +390,12 @@ static int ffn_block(pi2_ctx *c, int layer, int expert, const float *in, int tok
     const uint32_t act = c->m->h.ffn_act;
     prepare(c, b->gate.type, in, E, E, tokens);
     gateup_job gu = {.gate = &b->gate, .up = &b->up, .acts = c->act, .tokens = tokens, .g = c->g, .u = c->u, .ldy = F};
+    /* one batch for both matrices (their types agree in every model written so far) */
+    uint8_t *batch = b->gate.type == b->up.type ? pi2_par_batch(c->pool, b->gate.type, c->act, b->gate.cols, tokens) : NULL;
+    gu.batch = batch;
     pi2_chunks_init(&gu.rows, F, GATEUP_CHUNK, c->nth);
     run_chunks(c, gateup_worker, &gu);
+    free(batch);
     for (int64_t i = 0; i < tokens * F; i++) {
         float g = c->g[i], u = c->u[i], v;
         if (act == PI2_ACT_SWIGLU) v = silu(g) * u;
