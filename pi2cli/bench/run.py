@@ -324,6 +324,7 @@ class Prepared:
     model_local: Path
     model_remote: str
     binary_dir: str | None
+    floor: dict = field(default_factory=dict)  # the bandwidth floor of its TBT (pi2cli.bench.floor)
 
 
 def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Prepared:
@@ -487,6 +488,11 @@ def run_one(
     if not S.measured_turns(run):
         first = next((t["error"] for t in run["turns"] if t["error"]), "no turn ran")
         S.mark_failed(run, "failed", f"every turn failed: {first}")
+    from pi2cli.bench.floor import apply_floor
+
+    invalid = apply_floor(run, prepared.floor)  # token times faster than the weights can be read: invalid
+    if invalid:
+        reporter.message(f"{label}: invalid: {invalid}")
     if cfg.annotate:
         cfg.annotate(run)
     if cfg.quality:  # measured here, with the host engine, on the same file, policy and budget
@@ -513,6 +519,15 @@ def turn_fields(t) -> dict:
              "text": t.text}  # fmt: skip
     if rate_only:
         extra["rates_from"] = "engine"
+    if getattr(t, "clock", None):  # whose clock the token times are on (llama.cpp: the server's own)
+        extra["clock"] = t.clock
+    if getattr(t, "host_ttft_s", None) is not None:
+        extra["host_ttft_ms"] = round(t.host_ttft_s * 1e3, 3)
+    server = {
+        k: t.timings[k] for k in ("prompt_ms", "predicted_ms", "predicted_per_token_ms") if k in t.timings
+    }
+    if server:
+        extra["engine_timings"] = server
     io = t.timings.get("sparse") or {}
     if io:
         extra["storage_reads"] = io["reads"]
@@ -621,6 +636,10 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         prepared = [prepare_engine(d, target, model, reporter) for d in drivers]
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
+    from pi2cli.bench.floor import tbt_floor
+
+    for prep in prepared:  # measured before any engine runs, on a quiet device
+        prep.floor = tbt_floor(target, prep.model_local, prep.driver.policy, cfg.threads)
     outcomes: list[RunOutcome] = []
     for budget in cfg.budgets:
         for name, conversations in workloads.items():
