@@ -353,13 +353,17 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
                     f"{workdir.rstrip('/')}/bin")  # fmt: skip
 
 
+NOT_ENFORCED_ON_DEVICE = (
+    "not enforced on adb devices (no cgroup control): pi2-engine sizes its neuron cache to the budget "
+    "itself, llama.cpp and the page cache are held to nothing"
+)
+
+
 def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:
     if budget_bytes is None:
         return S.memory_info(None)
-    if not target.on_this_machine:
-        return S.memory_info(
-            budget_bytes, enforced=False, how="not enforced on adb devices (no cgroup control)"
-        )
+    if not target.on_this_machine:  # the same label for every engine: none is held by the OS there
+        return S.memory_info(budget_bytes, enforced=False, how=NOT_ENFORCED_ON_DEVICE)
     rec = budget_record or {}
     return S.memory_info(budget_bytes, enforced=bool(rec.get("enforced")), how=rec.get("how"))
 
@@ -493,6 +497,13 @@ def run_one(
     invalid = apply_floor(run, prepared.floor)  # token times faster than the weights can be read: invalid
     if invalid:
         reporter.message(f"{label}: invalid: {invalid}")
+    from pi2cli.plan.budget import peak_over_budget
+
+    over = peak_over_budget(run["counters"].get("peak_rss_bytes"), run["memory"],
+                            run["counters"].get("budget_peak_bytes"))  # fmt: skip
+    if over:  # stored beside the peak, so no table shows a peak above its budget without a word why
+        S.set_counters(run, peak_over_budget=over)
+        reporter.message(f"{label}: {over}")
     if cfg.annotate:
         cfg.annotate(run)
     if cfg.quality:  # measured here, with the host engine, on the same file, policy and budget
@@ -631,6 +642,10 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
                           reporter=reporter)  # fmt: skip
     if cfg.ctx is None:
         cfg.ctx = max(context_for(c, model.template, cfg.n_gen) for c in workloads.values())
+    from pi2cli.plan.min_budget import check_bench
+
+    # the engine's own smallest budget for these settings, the same rule on every path (nothing run yet)
+    check_bench([d.name for d in drivers], model.pi2, cfg.budgets, cfg.ctx, cfg.threads, model.name)
     try:
         facts = target.facts()
         prepared = [prepare_engine(d, target, model, reporter) for d in drivers]

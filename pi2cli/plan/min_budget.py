@@ -1,0 +1,197 @@
+"""The one budget rule: the smallest memory budget is the engine's own `pi2-engine size`, for every path.
+
+`pi2-engine size` (native/src/size_cmd.c over sparse_size.c, the functions the engine sizes itself with
+when it opens) answers `min_budget_bytes` for a policy, a context and a thread count: measured on a
+.pi2 file (`-m FILE`: the model opened as chat opens it) or estimated for a registry shape (`--facts`).
+`pi2 bench` (every budget, before anything is pushed or run), `pi2 plan` (a file or a registry shape)
+and `pi2 farm check` (every model x budget of the matrix) ask it with the settings the run will have and
+refuse a budget below it in one line naming the minimum, so one budget never runs on one path and fails
+on another, and no engine of a comparison runs under a budget another refuses. Each sparse policy has
+its own minimum (powerinfer2 stages prefill chunks, llmflash does not); a comparison needs the largest
+of its engines'. llama.cpp and pi2's dense policy have none of their own: only the cgroup holds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from pi2cli.errors import Pi2Error
+from pi2cli.units import describe_size
+
+SPARSE = ("powerinfer2", "llmflash", "cache", "bundle")
+
+
+def _size(args: list[str], binary: Path | None) -> dict:
+    from pi2cli.paths import host_build_dir
+
+    binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
+    if not binary.is_file():
+        raise Pi2Error(f"{binary} is not built (run `make engine`): pi2 asks it for the smallest budget",
+                       exit_code=2)  # fmt: skip
+    try:
+        done = subprocess.run([str(binary), "size", *args, "--json"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Pi2Error(f"pi2-engine size failed: {exc}") from None
+    try:
+        out = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        raise Pi2Error(f"pi2-engine size failed: {why}") from None
+    if not out.get("min_budget_bytes"):
+        why = out.get("error") or (done.stderr.strip().splitlines() or ["no minimum"])[-1]
+        raise Pi2Error(f"pi2-engine size gave no smallest budget: {why.removeprefix('pi2-engine: error: ')}")
+    return out
+
+
+def _settings(policy: str, ctx: int | None, threads: int | None) -> list[str]:
+    args = ["--policy", policy]
+    if ctx:
+        args += ["--ctx", str(int(ctx))]
+    if threads:
+        args += ["--threads", str(int(threads))]
+    return args
+
+
+def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | None,
+                      binary: Path | None = None) -> dict[str, int]:  # fmt: skip
+    """{policy: smallest budget in bytes} for a .pi2 file, measured by the engine (sparse policies only).
+
+    The engine measures what the process holds when it opens (VmRSS), which moves by ~0.1 MiB from one
+    open to the next; so each answer is kept (cache_dir()/min-budgets.json, keyed by the file, the
+    engine binary and the settings) and every path asks the same measurement, not a fresh one."""
+    from pi2cli.paths import cache_dir, host_build_dir
+
+    binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
+    store = cache_dir() / "min-budgets.json"
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    out, changed = {}, False
+    for p in dict.fromkeys(policies):
+        if p not in SPARSE:
+            continue
+        key = "|".join(str(x) for x in (_stamp(model), _stamp(binary), p, ctx, threads))
+        if not isinstance(known.get(key), int):
+            known[key] = int(
+                _size(["-m", str(model), *_settings(p, ctx, threads)], binary)["min_budget_bytes"]
+            )
+            changed = True
+        out[p] = known[key]
+    if changed:
+        with contextlib.suppress(OSError):
+            store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            tmp.replace(store)
+    return out
+
+
+def _stamp(path: Path) -> str:
+    """A file as it is now: its path, size and modification time (a rebuilt engine or a new model differs)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return str(path)
+    return f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def minimums_for_facts(facts: dict, policies, ctx: int | None, threads: int | None,
+                       binary: Path | None = None) -> dict[str, int]:  # fmt: skip
+    """The same for a model known by its shape (a registry entry): the engine's estimate."""
+    import tempfile
+
+    out = {}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="pi2-facts-") as f:
+        json.dump(facts, f)
+        f.flush()
+        for p in dict.fromkeys(policies):
+            if p in SPARSE:
+                out[p] = int(
+                    _size(["--facts", f.name, *_settings(p, ctx, threads)], binary)["min_budget_bytes"]
+                )
+    return out
+
+
+def _mib(n: int) -> str:
+    """Rounded up to 0.1 MiB, so the number printed is a budget that works."""
+    return f"{-(-n * 10 // (1 << 20)) / 10:.1f} MiB"
+
+
+def refusal(
+    budget: int, minimums: dict[str, int], what: str, ctx: int | None, threads: int | None
+) -> str | None:
+    """The one line that refuses `budget`, or None when every policy fits in it."""
+    if not minimums or budget >= max(minimums.values()):
+        return None
+    need_policy = max(minimums, key=minimums.get)
+    others = ", ".join(f"{p} {_mib(v)}" for p, v in minimums.items() if p != need_policy)
+    at = ", ".join(x for x in (f"--ctx {ctx}" if ctx else "", f"--threads {threads}" if threads else "") if x)
+    return (f"--memory-budget {describe_size(budget)} is below the smallest budget pi2-engine runs {what} in: "
+            f"{_mib(minimums[need_policy])} ({need_policy}{'; ' + others if others else ''}"
+            f"{'; at ' + at if at else ''}; `pi2-engine size`)")  # fmt: skip
+
+
+def bench_policies(engines: list[str], model_pi2: Path | None) -> list[str]:
+    """The sparse policies a bench's engines run: llmflash always, pi2 powerinfer2 on a model with
+    predictors (else dense, which has no minimum of its own)."""
+    out = []
+    if "llmflash" in engines:
+        out.append("llmflash")
+    if "pi2" in engines and model_pi2 is not None and Path(model_pi2).is_file():
+        from pi2cli.models.pi2file import Pi2File
+
+        try:
+            if Pi2File(model_pi2, verify=False).header.has_predictor:
+                out.append("powerinfer2")
+        except (ValueError, OSError):
+            pass  # the engine says what is wrong with the file when it opens it
+    return out
+
+
+def check_bench(engines: list[str], model_pi2: Path | None, budgets, ctx: int | None, threads: int | None,
+                name: str = "") -> None:  # fmt: skip
+    """`pi2 bench`: refuse (one Pi2Error line) any budget below its engines' smallest, before any run."""
+    given = [b for b in budgets if b is not None]
+    policies = bench_policies(engines, model_pi2)
+    if not given or not policies:
+        return
+    minimums = minimums_for_file(model_pi2, policies, ctx, threads)
+    for budget in given:
+        line = refusal(budget, minimums, name or Path(model_pi2).name, ctx, threads)
+        if line:
+            raise Pi2Error(line)
+
+
+def farm_refusals(farm) -> list[str]:
+    """`pi2 farm check`: one line per model x budget of the matrix below the smallest budget of the
+    matrix's engines (all of them, so a night never runs one engine where another is refused), at the
+    context each workload's cells will run with (the bench's context_for) and the farm's threads."""
+    from pi2cli.bench.run import context_for, model_display_name, resolve_model
+    from pi2cli.workloads import load_workload
+
+    given = [b for b in farm.budgets if b is not None]
+    lines = []
+    for model in farm.models:
+        path = Path(model)
+        if not given or path.suffix != ".pi2" or not path.is_file():
+            continue  # a missing file is reported on its own; a .gguf runs no sparse policy
+        policies = bench_policies(farm.engines, path)
+        if not policies:
+            continue
+        template = resolve_model(str(path), convert_missing_pi2=False).template
+        for workload in farm.workloads:
+            ctx = context_for(
+                load_workload(workload, farm.conversations, farm.seed or None), template, farm.n_gen
+            )
+            minimums = minimums_for_file(path, policies, ctx, farm.threads)
+            for budget in given:
+                line = refusal(budget, minimums, model_display_name(path), ctx, farm.threads)
+                if line:
+                    lines.append(f"model {model}, workload {workload}: {line}")
+    return lines
