@@ -84,6 +84,7 @@ def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | Non
             changed = True
         out[p] = known[key]
     if changed:
+        known = dict(list(known.items())[-256:])  # the newest answers: files come and go (tests' temp models)
         with contextlib.suppress(OSError):
             store.parent.mkdir(parents=True, exist_ok=True)
             tmp = store.with_suffix(f".{os.getpid()}.tmp")
