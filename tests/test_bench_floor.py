@@ -49,6 +49,9 @@ def test_farm_series_use_only_valid_runs():
     (series,) = build_series(runs)
     assert min(series.medians_ms()) > 1.5  # the 0.01 ms nights never enter
     assert "invalid" in FINISHED  # a resume does not redo it: it would be timed the same way
+    from pi2cli.farm.dashboard import _scale
+
+    assert _scale([0.01, 4.0], 10, 100)[1] == 0.0  # a time axis stops at zero (it read -0.303 ms)
 
 
 def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):

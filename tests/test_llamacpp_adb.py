@@ -3,6 +3,7 @@ shell, reached through adb forward (the daemon's tcp: service), timed like a loc
 ways a run ends (normally, Ctrl-C, a device that vanishes) leave no server and no forward behind."""
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -307,3 +308,8 @@ def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(env
     r = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--json"])
     assert r.exit_code == 0, r.output
     assert not any(v["flagged"] for v in json.loads(r.stdout)["series"])
+    r = CliRunner().invoke(cli, ["farm", "report", str(farm), "--out", str(tmp_path / "site")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "site" / "index.html").read_text()
+    axis = [float(v) for v in re.findall(r'<text x="4" y="\d+">(-?[0-9.e+-]+)</text>', page)]
+    assert axis and min(axis) >= 0, axis  # no time axis below zero
