@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytestmark = pytest.mark.skipif(
     not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine not built"
 )
-MINIMUM = re.compile(r"is below the smallest budget pi2-engine runs \S+ in: ([0-9.]+ MiB) \(powerinfer2")
+MINIMUM = re.compile(r"is below the smallest budget pi2-engine runs \S+ in: ([0-9.]+ [MG]iB) \(powerinfer2")
 
 
 def refused(result) -> str:

@@ -120,7 +120,9 @@ def minimums_for_facts(facts: dict, policies, ctx: int | None, threads: int | No
 
 
 def _mib(n: int) -> str:
-    """Rounded up to 0.1 MiB, so the number printed is a budget that works."""
+    """Rounded up (to 0.1 MiB, or 0.01 GiB from 1 GiB on), so the number printed is a budget that works."""
+    if n >= 1 << 30:
+        return f"{-(-n * 100 // (1 << 30)) / 100:.2f} GiB"
     return f"{-(-n * 10 // (1 << 20)) / 10:.1f} MiB"
 
 
