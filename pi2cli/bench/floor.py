@@ -137,8 +137,10 @@ def best_bandwidth(target, working_set: int, threads: int) -> float:
     return _probed[key]
 
 
-def tbt_floor(target, model: Path, policy: str | None, threads: int | None) -> dict:
+def tbt_floor(target, model: Path, policy: str | None, threads: int | None, engine: str = "") -> dict:
     """{"floor_ns", "bytes_per_token", "membw_bytes_per_s", "threads"}, or {"unavailable": why}."""
+    if engine == "mlc-llm":  # its runner loads its own compiled weights, whose size the GGUF does not tell
+        return {"unavailable": "mlc-llm runs its own compiled weights"}
     try:
         nbytes = bytes_per_token(model, policy)
         n = threads or int(target.facts().get("cores") or 1)

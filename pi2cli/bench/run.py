@@ -654,7 +654,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     from pi2cli.bench.floor import tbt_floor
 
     for prep in prepared:  # measured before any engine runs, on a quiet device
-        prep.floor = tbt_floor(target, prep.model_local, prep.driver.policy, cfg.threads)
+        prep.floor = tbt_floor(target, prep.model_local, prep.driver.policy, cfg.threads, prep.driver.name)
     outcomes: list[RunOutcome] = []
     for budget in cfg.budgets:
         for name, conversations in workloads.items():
