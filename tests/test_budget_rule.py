@@ -4,6 +4,7 @@ bench` (here and on an adb device), `pi2 plan` (a file, or a shape with a shippe
 a budget at the minimum runs every engine."""
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,10 +37,13 @@ def test_every_path_refuses_with_the_same_minimum(tiny_model, tmp_path, make_dev
     from pi2cli.plan.predict import load_device
 
     threads = 1
-    minimums = minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, threads)
     # powerinfer2 stages prefill chunks, llmflash does not: each policy has its own, a comparison the larger
-    assert minimums["powerinfer2"] > minimums["llmflash"]
-    budget = str((minimums["llmflash"] + minimums["powerinfer2"]) // 2)  # llmflash alone would run
+    first = minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, threads, 32 << 20)
+    budget = (first["powerinfer2"][0] + first["llmflash"][0]) // 2  # ~1 MiB apart on this model
+    answers = minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, threads, budget)
+    assert answers["llmflash"][1] and not answers["powerinfer2"][1], answers  # llmflash alone would run
+    minimums = {p: least for p, (least, _) in answers.items()}
+    budget = str(budget)
     phone = make_device()
     common = ["-m", str(tiny_model), "-e", "pi2", "-e", "llmflash", "-e", "llama.cpp", "-w", "code", "--limit", "1",
               "-n", "4", "--ctx", "512", "-t", str(threads), "--memory-budget", budget]  # fmt: skip
@@ -60,7 +64,11 @@ def test_every_path_refuses_with_the_same_minimum(tiny_model, tmp_path, make_dev
     r = CliRunner().invoke(
         cli, ["plan", "-m", str(tiny_model), "-b", budget, "--ctx", "512", "-P", "oneplus-12"]
     )
-    at_profile = minimums_for_file(tiny_model, ["powerinfer2"], 512, load_device("oneplus-12").threads)
+    at_profile = {
+        p: least
+        for p, (least, _) in minimums_for_file(tiny_model, ["powerinfer2"], 512, 4, int(budget)).items()
+    }
+    assert load_device("oneplus-12").threads == 4
     assert refused(r) == f"{-(-at_profile['powerinfer2'] * 10 // (1 << 20)) / 10:.1f} MiB"
     farm = tmp_path / "farm.toml"
     farm.write_text(f'name = "f"\nresults_dir = "{tmp_path / "fr"}"\n[[device]]\nname = "local"\n[matrix]\n'
@@ -88,12 +96,18 @@ def test_a_shape_without_a_file_gets_the_engines_estimate(tiny_model):
         "head_dim": 128,
         "n_vocab": 49152,
     }
-    assert minimums_for_facts(facts, ["powerinfer2"], 512, 1)["powerinfer2"] > 4 << 20
+    least, fits = minimums_for_facts(facts, ["powerinfer2"], 512, 1, 16 << 20)["powerinfer2"]
+    assert least > 16 << 20 and not fits
 
 
 def test_a_budget_at_the_minimum_runs_every_sparse_engine(tiny_model, tmp_path):
-    minimums = minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, 1)
-    budget = str(max(minimums.values()))
+    answers = minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, 1, 32 << 20)
+    budget = max(least for least, _ in answers.values())
+    assert all(
+        fits
+        for _, fits in minimums_for_file(tiny_model, ["powerinfer2", "llmflash"], 512, 1, budget).values()
+    )
+    budget = str(budget)
     r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model), "-e", "pi2", "-e", "llmflash", "-w", "code",
                                  "--limit", "1", "-n", "4", "--ctx", "512", "-t", "1", "--memory-budget", budget,
                                  "--results-dir", str(tmp_path / "r"), "--json"])  # fmt: skip
@@ -107,3 +121,21 @@ def test_a_peak_above_the_budget_says_why():
     assert peak_over_budget(30 << 20, memory, 30 << 20) is None
     device = {"budget_bytes": 32 << 20, "enforced": False, "how": "not enforced on adb devices"}
     assert "not enforced on adb devices" in peak_over_budget(40 << 20, device, None)
+
+
+ARM64_ENGINE = host_build_dir().parent / "linux-arm64" / "pi2-engine"
+
+
+@pytest.mark.skipif(not ARM64_ENGINE.is_file() or shutil.which("qemu-aarch64") is None,
+                    reason="no linux-arm64 engine build or no qemu-aarch64")  # fmt: skip
+def test_a_device_on_another_build_is_asked_through_its_own_engine(tiny_model, tmp_path):
+    """Under qemu the emulator's own pages count in the engine's VmRSS: its fixed region is larger than
+    this machine's. The bench asks the engine that will run, there, and refuses in one line naming the
+    device, instead of a run that fails when the engine opens (40 MiB ran here and failed there)."""
+    here = minimums_for_file(tiny_model, ["powerinfer2"], 512, 1, 40 << 20)["powerinfer2"]
+    assert here[1]  # this machine's engine takes 40 MiB
+    r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model), "-e", "pi2", "-w", "code", "--limit", "1", "-n",
+                                 "4", "--ctx", "512", "-t", "1", "--memory-budget", "40M", "--device", "qemu-arm64",
+                                 "--results-dir", str(tmp_path / "r")])  # fmt: skip
+    assert r.exit_code == 1 and re.search(r"runs \S+ on qemu-arm64 in: [0-9.]+ MiB", r.output), r.output
+    assert not (tmp_path / "r" / "runs").is_dir() or not list((tmp_path / "r" / "runs").iterdir())

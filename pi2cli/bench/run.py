@@ -651,6 +651,9 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         prepared = [prepare_engine(d, target, model, reporter) for d in drivers]
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
+    from pi2cli.plan.min_budget import check_on_target
+
+    check_on_target(target, prepared, cfg.budgets, cfg.ctx, cfg.threads, model.name)  # another build: ask it
     from pi2cli.bench.floor import tbt_floor
 
     for prep in prepared:  # measured before any engine runs, on a quiet device

@@ -1,8 +1,12 @@
 """The one budget rule: the smallest memory budget is the engine's own `pi2-engine size`, for every path.
 
 `pi2-engine size` (native/src/size_cmd.c over sparse_size.c, the functions the engine sizes itself with
-when it opens) answers `min_budget_bytes` for a policy, a context and a thread count: measured on a
-.pi2 file (`-m FILE`: the model opened as chat opens it) or estimated for a registry shape (`--facts`).
+when it opens) answers, for a policy, a context, a thread count and the budget itself, whether the
+budget holds the fixed region and `min_budget_bytes`: measured on a .pi2 file (`-m FILE`: the model
+opened as chat opens it) or estimated for a registry shape (`--facts`). The budget is part of the
+question: the batch chat opens with (so the scratch) follows it, and with no budget at all the engine
+plans for the whole model resident (a 2-layer 8192-neuron model: 61 MiB smallest asked without a
+budget, 33 MiB asked at 38 MiB, where it runs).
 `pi2 bench` (every budget, before anything is pushed or run), `pi2 plan` (a file or a registry shape)
 and `pi2 farm check` (every model x budget of the matrix) ask it with the settings the run will have and
 refuse a budget below it in one line naming the minimum, so one budget never runs on one path and fails
@@ -37,19 +41,31 @@ def _size(args: list[str], binary: Path | None) -> dict:
                               capture_output=True, text=True, timeout=300)  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
         raise Pi2Error(f"pi2-engine size failed: {exc}") from None
+    return _parse(done.stdout, done.stderr, "")
+
+
+def _parse(stdout: str, stderr: str, where: str) -> dict:
+    """One `size --json` answer; a missing one or one without a minimum is one Pi2Error line."""
     try:
-        out = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
-        raise Pi2Error(f"pi2-engine size failed: {why}") from None
-    if not out.get("min_budget_bytes"):
-        why = out.get("error") or (done.stderr.strip().splitlines() or ["no minimum"])[-1]
-        raise Pi2Error(f"pi2-engine size gave no smallest budget: {why.removeprefix('pi2-engine: error: ')}")
+        out = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        why = (stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        raise Pi2Error(f"pi2-engine size{where} failed: {why}") from None
+    if not isinstance(out, dict) or not out.get("min_budget_bytes"):
+        why = out.get("error") if isinstance(out, dict) else None
+        raise Pi2Error(f"pi2-engine size{where} gave no smallest budget: {why or 'no answer'}")
     return out
 
 
-def _settings(policy: str, ctx: int | None, threads: int | None) -> list[str]:
+def _answer(out: dict) -> tuple[int, bool]:
+    """(min_budget_bytes, whether the budget asked fits) of one answer ("error": it does not)."""
+    return int(out["min_budget_bytes"]), "error" not in out
+
+
+def _settings(policy: str, ctx: int | None, threads: int | None, budget: int | None) -> list[str]:
     args = ["--policy", policy]
+    if budget:
+        args += ["--memory-budget", str(int(budget))]
     if ctx:
         args += ["--ctx", str(int(ctx))]
     if threads:
@@ -57,13 +73,16 @@ def _settings(policy: str, ctx: int | None, threads: int | None) -> list[str]:
     return args
 
 
-def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | None,
-                      binary: Path | None = None) -> dict[str, int]:  # fmt: skip
-    """{policy: smallest budget in bytes} for a .pi2 file, measured by the engine (sparse policies only).
+Answers = dict[str, tuple[int, bool]]  # policy -> (smallest budget in bytes, whether the budget fits)
+
+
+def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | None, budget: int | None,
+                      binary: Path | None = None) -> Answers:  # fmt: skip
+    """The engine's answer for a .pi2 file and `budget`, per sparse policy (others have no minimum).
 
     The engine measures what the process holds when it opens (VmRSS), which moves by ~0.1 MiB from one
     open to the next; so each answer is kept (cache_dir()/min-budgets.json, keyed by the file, the
-    engine binary and the settings) and every path asks the same measurement, not a fresh one."""
+    engine binary and the settings) and every path reads the same measurement, not a fresh one."""
     from pi2cli.paths import cache_dir, host_build_dir
 
     binary = Path(binary) if binary else host_build_dir() / "pi2-engine"
@@ -72,17 +91,16 @@ def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | Non
         known = json.loads(store.read_text())
     except (OSError, ValueError):
         known = {}
+    known = known if isinstance(known, dict) else {}
     out, changed = {}, False
     for p in dict.fromkeys(policies):
         if p not in SPARSE:
             continue
-        key = "|".join(str(x) for x in (_stamp(model), _stamp(binary), p, ctx, threads))
-        if not isinstance(known.get(key), int):
-            known[key] = int(
-                _size(["-m", str(model), *_settings(p, ctx, threads)], binary)["min_budget_bytes"]
-            )
+        key = "|".join(str(x) for x in (_stamp(model), _stamp(binary), p, ctx, threads, budget))
+        if not (isinstance(known.get(key), list) and len(known[key]) == 2):
+            known[key] = list(_answer(_size(["-m", str(model), *_settings(p, ctx, threads, budget)], binary)))
             changed = True
-        out[p] = known[key]
+        out[p] = (int(known[key][0]), bool(known[key][1]))
     if changed:
         known = dict(list(known.items())[-256:])  # the newest answers: files come and go (tests' temp models)
         with contextlib.suppress(OSError):
@@ -102,8 +120,8 @@ def _stamp(path: Path) -> str:
     return f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def minimums_for_facts(facts: dict, policies, ctx: int | None, threads: int | None,
-                       binary: Path | None = None) -> dict[str, int]:  # fmt: skip
+def minimums_for_facts(facts: dict, policies, ctx: int | None, threads: int | None, budget: int | None,
+                       binary: Path | None = None) -> Answers:  # fmt: skip
     """The same for a model known by its shape (a registry entry): the engine's estimate."""
     import tempfile
 
@@ -113,9 +131,7 @@ def minimums_for_facts(facts: dict, policies, ctx: int | None, threads: int | No
         f.flush()
         for p in dict.fromkeys(policies):
             if p in SPARSE:
-                out[p] = int(
-                    _size(["--facts", f.name, *_settings(p, ctx, threads)], binary)["min_budget_bytes"]
-                )
+                out[p] = _answer(_size(["--facts", f.name, *_settings(p, ctx, threads, budget)], binary))
     return out
 
 
@@ -126,12 +142,11 @@ def _mib(n: int) -> str:
     return f"{-(-n * 10 // (1 << 20)) / 10:.1f} MiB"
 
 
-def refusal(
-    budget: int, minimums: dict[str, int], what: str, ctx: int | None, threads: int | None
-) -> str | None:
+def refusal(budget: int, answers: Answers, what: str, ctx: int | None, threads: int | None) -> str | None:
     """The one line that refuses `budget`, or None when every policy fits in it."""
-    if not minimums or budget >= max(minimums.values()):
+    if all(fits for _, fits in answers.values()):
         return None
+    minimums = {p: least if fits else max(least, budget + 1) for p, (least, fits) in answers.items()}
     need_policy = max(minimums, key=minimums.get)
     others = ", ".join(f"{p} {_mib(v)}" for p, v in minimums.items() if p != need_policy)
     at = ", ".join(x for x in (f"--ctx {ctx}" if ctx else "", f"--threads {threads}" if threads else "") if x)
@@ -164,9 +179,9 @@ def check_bench(engines: list[str], model_pi2: Path | None, budgets, ctx: int | 
     policies = bench_policies(engines, model_pi2)
     if not given or not policies:
         return
-    minimums = minimums_for_file(model_pi2, policies, ctx, threads)
     for budget in given:
-        line = refusal(budget, minimums, name or Path(model_pi2).name, ctx, threads)
+        answers = minimums_for_file(model_pi2, policies, ctx, threads, budget)
+        line = refusal(budget, answers, name or Path(model_pi2).name, ctx, threads)
         if line:
             raise Pi2Error(line)
 
@@ -192,9 +207,54 @@ def farm_refusals(farm) -> list[str]:
             ctx = context_for(
                 load_workload(workload, farm.conversations, farm.seed or None), template, farm.n_gen
             )
-            minimums = minimums_for_file(path, policies, ctx, farm.threads)
             for budget in given:
-                line = refusal(budget, minimums, model_display_name(path), ctx, farm.threads)
+                answers = minimums_for_file(path, policies, ctx, farm.threads, budget)
+                line = refusal(budget, answers, model_display_name(path), ctx, farm.threads)
                 if line:
                     lines.append(f"model {model}, workload {workload}: {line}")
     return lines
+
+
+def check_on_target(
+    target, prepared: list, budgets, ctx: int | None, threads: int | None, name: str = ""
+) -> None:
+    """A target that runs another build than this machine's (an arm64 phone, an emulator, whose
+    /proc/self/status also counts the emulator's pages) is asked through its own engine, on the file
+    pushed there: its answer, not this machine's, is what the engine will hold to when it opens. The
+    test daemon and x86-64 emulators run this machine's build on the same file: the answer above holds."""
+    import platform
+    import shlex
+
+    from pi2cli.targets.base import TargetError, normalize_arch
+
+    given = [b for b in budgets if b is not None]
+    engine = next((p for p in prepared if p.driver.name in ("pi2", "llmflash")), None)
+    same_build = target.arch == normalize_arch(platform.machine()) and not getattr(target, "emulated", False)
+    if not given or engine is None or target.native_here or same_build:
+        return
+    policies = bench_policies([p.driver.name for p in prepared], engine.model_local)
+    if target.on_this_machine:  # qemu-user: the cross build through the emulator
+        exe = [*target.command_prefix(), str(engine.driver.local_binary(target))]
+    else:
+        exe = [f"{engine.binary_dir}/pi2-engine"]
+    for budget in given:
+        answers = {}
+        for policy in policies:
+            argv = [
+                *exe,
+                "size",
+                "-m",
+                engine.model_remote,
+                *_settings(policy, ctx, threads, budget),
+                "--json",
+            ]
+            try:
+                done = target.sh(" ".join(shlex.quote(a) for a in argv), timeout=600)
+            except TargetError as exc:
+                raise Pi2Error(str(exc)) from None
+            answers[policy] = _answer(_parse(done.stdout, done.stderr, f" on {target.name}"))
+        line = refusal(
+            budget, answers, f"{name or Path(engine.model_local).name} on {target.name}", ctx, threads
+        )
+        if line:
+            raise Pi2Error(line)

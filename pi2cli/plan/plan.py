@@ -409,8 +409,8 @@ def make_plan(
     if sparse and model_path and Path(model_path).is_file():  # a file: the engine measures it, as bench asks
         from pi2cli.plan.min_budget import minimums_for_file, refusal
 
-        line = refusal(budget, minimums_for_file(Path(model_path), ["powerinfer2"], ctx, nthreads), m.name, ctx,
-                       nthreads)  # fmt: skip
+        answers = minimums_for_file(Path(model_path), ["powerinfer2"], ctx, nthreads, budget)
+        line = refusal(budget, answers, m.name, ctx, nthreads)
         if line:
             raise Pi2Error(line)
     size = engine_sizing(m, budget, ctx, nthreads)

@@ -415,12 +415,12 @@ def run_prediction(model: str, profile: str, budget: int, ctx: int = DEFAULT_CTX
     if Path(model).suffix == ".pi2" and Path(model).is_file():
         from pi2cli.plan.min_budget import minimums_for_file
 
-        line = refusal(budget, minimums_for_file(Path(model), ["powerinfer2"], ctx, device.threads), m.name, ctx,
-                       device.threads)  # fmt: skip
+        answers = minimums_for_file(Path(model), ["powerinfer2"], ctx, device.threads, budget)
+        line = refusal(budget, answers, m.name, ctx, device.threads)
     else:
         least = engine_split(m, budget, ctx, device.threads)
         line = (
-            refusal(budget, {"powerinfer2": least["fixed"]}, m.name, ctx, device.threads)
+            refusal(budget, {"powerinfer2": (least["fixed"], False)}, m.name, ctx, device.threads)
             if "too_small" in least
             else None
         )
