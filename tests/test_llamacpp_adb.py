@@ -305,7 +305,9 @@ def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(env
     for series in build_series(runs):
         floor_ms = floors[series.key[2].split(":")[0]] / 1e6
         assert all(m > floor_ms for m in series.medians_ms()), (series.key, series.medians_ms(), floor_ms)
-    r = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--json"])
+    # a shared machine's nights run up to 2-3x slower now and then (test_farm_run.py asks for a 300%
+    # effect for that reason); host-stamped bursts were ~100x off the engine's time, far beyond it
+    r = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--json", "--min-effect", "3"])
     assert r.exit_code == 0, r.output
     assert not any(v["flagged"] for v in json.loads(r.stdout)["series"])
     r = CliRunner().invoke(cli, ["farm", "report", str(farm), "--out", str(tmp_path / "site")])
