@@ -62,6 +62,30 @@ def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):
     assert 0 < sparse < dense_pi2  # the sparse policy's floor leaves the FFN out
 
 
+def test_a_moe_token_reads_only_its_experts(tmp_path):
+    """Experts' own tensors (bundles, predictors, .E suffixes in the .pi2; _exps in the GGUF) count for
+    the experts a token is routed to only, in both files alike."""
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+
+    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mixtral-47b", "--layers", "2",
+                                 "--hidden", "256", "--ffn", "512", "--out", str(tmp_path)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    model = tmp_path / "model.pi2"
+    dense = F.bytes_per_token(model, "dense")
+    assert dense == F.bytes_per_token(model.with_suffix(".gguf"), None)
+    from pi2cli.models.pi2file import Pi2File
+
+    f = Pi2File(model, verify=False)
+    assert (f.header.n_expert, f.header.n_expert_used) == (8, 2)
+    preds = sum(e.nbytes for n, e in f.tensors.items() if ".pred_" in n and n[-1].isdigit())  # per expert
+    shared = sum(e.nbytes for n, e in f.tensors.items() if e.region == 1 and n != "token_embd.weight"
+                 and not n[-1].isdigit())  # attention, norms, routers, output: every token reads them  # fmt: skip
+    # the sparse floor: those, and a quarter of the predictors (2 of 8 experts), not all of them
+    assert F.bytes_per_token(model, "powerinfer2") == shared + preds // 4
+
+
 @needs_engine
 def test_the_floor_is_measured_on_the_target_and_binds_the_bench(tiny_model, tmp_path, monkeypatch):
     target = get_target(None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
 from pathlib import Path
 
@@ -42,22 +43,26 @@ def _pi2_bytes(model: Path, policy: str | None) -> int:
     f = Pi2File(model, verify=False)
     h = f.header
     sparse = policy in SPARSE_POLICIES
+    used, experts = max(1, h.n_expert_used), max(1, h.n_expert)
     total = 0
     for name, e in f.tensors.items():
-        if e.region == 0 or name == "token_embd.weight" or name.endswith("ffn_order"):
+        # an expert's own tensors end in .E (blk.L.ffn_down.weight.E, blk.L.pred_fc1.E): a token reads
+        # those of the experts it is routed to, n_expert_used of n_expert
+        base = re.sub(r"\.\d+$", "", name) if h.arch == "moe" else name
+        if e.region == 0 or base == "token_embd.weight" or base.endswith("ffn_order"):
             continue  # the neuron region (counted below), one embedding row, index tables
-        if name.endswith("ffn_down.weight") and sparse:
+        if base.endswith("ffn_down.weight") and sparse:
             continue  # the dense down copy: sparse policies use the bundles' own columns
-        if ".pred_" in name and not sparse:
+        if ".pred_" in base and not sparse:
             continue  # predictors run only under a sparse policy
-        total += e.nbytes
+        total += e.nbytes * used // experts if base != name else e.nbytes
     if h.tied_embeddings:
         total += f.tensors["token_embd.weight"].nbytes  # it is the output head too
     if not sparse:  # a dense engine multiplies every FFN weight of the experts it uses
         from pi2cli.models.pi2file import row_size
 
         parts = 2 if h.dense_down else 3  # gate and up from the bundles, down from its copy (counted above)
-        total += h.n_layer * max(1, h.n_expert_used) * h.n_ff * parts * row_size(h.neuron_type, h.n_embd)
+        total += h.n_layer * used * h.n_ff * parts * row_size(h.neuron_type, h.n_embd)
     return total
 
 
