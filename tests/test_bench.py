@@ -279,8 +279,8 @@ def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
                       "--device", phone.serial, "--memory-budget", "1G", "--results-dir", str(env)])  # fmt: skip
     run = check_row(out["runs"][0], "pi2", "code", 1)
     assert run["target"]["kind"] == "adb" and run["target"]["model"] == "pi2_test_adbd"
-    assert run["memory"] == {"budget_bytes": 1 << 30, "enforced": False,
-                             "how": "not enforced on adb devices (no cgroup control)"}  # fmt: skip
+    assert run["memory"]["budget_bytes"] == 1 << 30 and run["memory"]["enforced"] is False
+    assert run["memory"]["how"].startswith("not enforced on adb devices (no cgroup control)")
     assert run["memory_samples"] and all(m["pss_bytes"] for m in run["memory_samples"][1:])
     pushed = phone.root / "pi2"
     assert (pushed / "bin" / "pi2-engine").is_file() and (pushed / "models" / "model.pi2").is_file()

@@ -11,19 +11,21 @@ from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.results import store
-from pi2cli.units import MAX_MEMORY_BYTES, format_size, parse_size
+from pi2cli.units import MAX_MEMORY_BYTES, describe_size, format_size, parse_size
 
 
 # ------------------------------------------------------------------------------------------- item 1: sizes
 @pytest.mark.parametrize(("text", "expected"), [("8G", 8 << 30), ("512MiB", 512 << 20), ("1.5g", 3 << 29),
                                                 ("96M", 96 << 20), (" 2 GiB ", 2 << 30), ("16T", MAX_MEMORY_BYTES),
-                                                (1 << 30, 1 << 30)])  # fmt: skip
+                                                (1 << 30, 1 << 30), ("19GB", 19 * 10**9), ("19GiB", 19 << 30),
+                                                ("19G", 19 << 30), ("1536mb", 1536 * 10**6), ("8000kB", 8 * 10**6),
+                                                ("0.5 TB", 5 * 10**11)])  # fmt: skip
 def test_sizes_parse(text, expected):
     assert parse_size(text) == expected
 
 
 @pytest.mark.parametrize(
-    "text", ["99999999999999T", "17T", "1e3", "0x1p30", "-1G", "12", "", "G", "8 X", True]
+    "text", ["99999999999999T", "17T", "1e3", "0x1p30", "-1G", "12", "", "G", "8 X", True, "8iB"]
 )
 def test_bad_sizes_are_one_line(text):
     with pytest.raises(Pi2Error) as err:
@@ -38,6 +40,8 @@ def test_sizes_print_in_the_unit_that_reads():
     assert format_size(512) == "512 B"
     assert format_size(None) == "unlimited"
     assert S.budget_label(96 << 20) == "96 MiB"
+    # a decimal budget says both readings, so "19GB" is never mistaken for 19 GiB
+    assert describe_size(19 * 10**9) == "19 GB = 17.7 GiB" and describe_size(8 << 30) == "8 GiB"
 
 
 def test_bench_refuses_an_absurd_budget_before_running(tmp_path, monkeypatch):

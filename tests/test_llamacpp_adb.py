@@ -3,6 +3,7 @@ shell, reached through adb forward (the daemon's tcp: service), timed like a loc
 ways a run ends (normally, Ctrl-C, a device that vanishes) leave no server and no forward behind."""
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -247,3 +248,70 @@ def test_arm64_device_gets_the_arm64_build(tiny_model, tmp_path, adb, monkeypatc
     finally:
         adb.call("disconnect", device.serial, timeout=10)
         device.stop()
+
+
+def _turn_p50s_ms(run: dict) -> list[float]:
+    import numpy as np
+
+    return [float(np.median(t["samples_ns"])) / 1e6 for t in run["turns"] if t["status"] == "ok"]
+
+
+def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_model, phone):
+    """The test daemon's forward delivers streamed tokens in bursts (stamped here they read TBT P50
+    0.007 ms, 74524 tok/s); the server's own per-token stamps give the engine's time, the same as the
+    same build on the same weights run here: every turn within 20%. Local and device runs alternate
+    three times and each turn's least disturbed run counts (a busy moment on this shared machine once
+    doubled one local run's TBT)."""
+    import numpy as np
+
+    p50s: dict[str, list[list[float]]] = {"local": [], "adb": []}
+    for _ in range(3):
+        for where, device in (("local", None), ("adb", phone.serial)):
+            cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["math"], limit=1, n_gen=32,
+                              threads=1, device=device, results_dir=str(env))  # fmt: skip
+            (outcome,) = run_bench(cfg)
+            run = outcome.run
+            assert run["status"] == "ok", run["error"]
+            assert all(t["extra"]["clock"] == "engine" for t in run["turns"])
+            # the floor was measured and every turn is above it
+            assert all(p * 1e6 > run["counters"]["tbt_floor_ns"] for p in _turn_p50s_ms(run))
+            p50s[where].append(_turn_p50s_ms(run))
+    local, adb = np.min(p50s["local"], axis=0), np.min(p50s["adb"], axis=0)
+    assert len(local) == len(adb) >= 2
+    for k, (a, b) in enumerate(zip(local, adb, strict=True)):
+        assert 0.8 <= b / a <= 1.2, (k, p50s)
+
+
+def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(env, tiny_model, phone, adb,
+                                                                             monkeypatch, tmp_path):  # fmt: skip
+    """Three farm nights of llama.cpp and pi2 on the test daemon (whose forward bursts): every run is
+    valid, no series' nightly TBT is below its bandwidth floor, and the regression test flags nothing."""
+    from pi2cli.farm.history import build_series, farm_runs
+    from pi2cli.farm.run import run_farm
+
+    monkeypatch.delenv("ANDROID_ADB_SERVER_PORT")  # reached through the adb server the farm file names
+    farm = tmp_path / "farm.toml"
+    farm.write_text(f'name = "bursty"\nresults_dir = "{tmp_path / "results"}"\n[[device]]\nname = "{phone.serial}"\n'
+                    f'adb_server = "127.0.0.1:{adb.port}"\n[matrix]\nmodels = ["{tiny_model}"]\n'
+                    f'engines = ["pi2", "llama.cpp"]\nworkloads = ["math"]\n[limits]\nconversations = 1\n'
+                    f'n_gen = 16\nthreads = 1\n[gate]\nmax_cpu_temp_c = "none"\n')  # fmt: skip
+    for night in ("2026-11-01", "2026-11-02", "2026-11-03"):
+        assert run_farm(farm, night=night).complete
+    runs = farm_runs(tmp_path / "results", "bursty")
+    assert len(runs) == 6 and all(r["status"] == "ok" for r in runs), [
+        (r["status"], r["error"]) for r in runs
+    ]
+    floors = {r["engine"]["name"]: r["counters"]["tbt_floor_ns"] for r in runs}
+    for series in build_series(runs):
+        floor_ms = floors[series.key[2].split(":")[0]] / 1e6
+        assert all(m > floor_ms for m in series.medians_ms()), (series.key, series.medians_ms(), floor_ms)
+    # a shared machine's nights run up to 2-3x slower now and then (test_farm_run.py asks for a 300%
+    # effect for that reason); host-stamped bursts were ~100x off the engine's time, far beyond it
+    r = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--json", "--min-effect", "3"])
+    assert r.exit_code == 0, r.output
+    assert not any(v["flagged"] for v in json.loads(r.stdout)["series"])
+    r = CliRunner().invoke(cli, ["farm", "report", str(farm), "--out", str(tmp_path / "site")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "site" / "index.html").read_text()
+    axis = [float(v) for v in re.findall(r'<text x="4" y="\d+">(-?[0-9.e+-]+)</text>', page)]
+    assert axis and min(axis) >= 0, axis  # no time axis below zero

@@ -346,7 +346,7 @@ def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
     ("args", "message"),
     [
         (["--memory-budget", "lots"], "not a size"),
-        (["--memory-budget", "16M"], "is too small for"),
+        (["--memory-budget", "16M"], "is below the smallest budget pi2-engine runs"),
         (["--memory-budget", "56M", "--pred-threshold", "0"], "--pred-threshold must be a probability"),
         (["--memory-budget", "56M", "--profile", "MISSING"], "No such file"),
         (["--memory-budget", "56M", "--profile", "NOTJSON"], "not JSON"),

@@ -28,6 +28,7 @@ typedef struct {
     int passes;
     membw_shared *sh;
     volatile uint64_t sink; /* keeps the sums from being optimized away */
+    uint64_t t0, t1;        /* this pass, stamped by the thread itself around its sum */
 } membw_thread;
 
 /* Four independent 128-bit sums (SSE2 / NEON through GCC's vector extension, no intrinsics): no
@@ -51,7 +52,9 @@ static void *membw_main(void *arg) {
     pthread_mutex_unlock(&t->sh->mu);
     for (int p = 0; run && p < t->passes; p++) {
         pthread_barrier_wait(&t->sh->start);
+        t->t0 = pi2_now_ns();
         t->sink += sum_words(t->buf, t->n);
+        t->t1 = pi2_now_ns();
         pthread_barrier_wait(&t->sh->end);
     }
     return NULL;
@@ -91,9 +94,16 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_memb
     pthread_mutex_unlock(&sh.mu);
     for (int p = 0; sh.go > 0 && p < passes; p++) {
         pthread_barrier_wait(&sh.start);
-        uint64_t t0 = pi2_now_ns();
         pthread_barrier_wait(&sh.end);
-        double s = (double)(pi2_now_ns() - t0) * 1e-9;
+        /* From the first thread's start to the last one's end, as the threads stamped them: a timing
+         * thread that stamped after the start barrier could be descheduled while the sums ran (on a
+         * loaded 2-core VM one pass in five read 746 GB/s), and no pass may read faster than it did. */
+        uint64_t t0 = ts[0].t0, t1 = ts[0].t1;
+        for (int i = 1; i < n_threads; i++) {
+            if (ts[i].t0 < t0) t0 = ts[i].t0;
+            if (ts[i].t1 > t1) t1 = ts[i].t1;
+        }
+        double s = (double)(t1 - t0) * 1e-9;
         out->pass_gbps[p] = (double)n * sizeof(uint64_t) * n_threads / s / 1e9;
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);

@@ -11,7 +11,14 @@ int main(void) {
     CHECK(pi2_parse_size("-b", "2G", &v) == 0 && v == 2ull << 30);
     CHECK(pi2_parse_size("-b", "1.5g", &v) == 0 && v == 3ull << 29);
     CHECK(pi2_parse_size("-b", "3MiB", &v) == 0 && v == 3ull << 20);
-    CHECK(pi2_parse_size("-b", "1536mb", &v) == 0 && v == 1536ull << 20);
+    CHECK(pi2_parse_size("-b", "1536mib", &v) == 0 && v == 1536ull << 20);
+    /* a B after the unit letter is decimal (a spec sheet's GB), iB and the bare letter binary */
+    CHECK(pi2_parse_size("-b", "1536mb", &v) == 0 && v == 1536000000ull);
+    CHECK(pi2_parse_size("-b", "19GB", &v) == 0 && v == 19000000000ull);
+    CHECK(pi2_parse_size("-b", "19GiB", &v) == 0 && v == 19ull << 30);
+    CHECK(pi2_parse_size("-b", "19G", &v) == 0 && v == 19ull << 30);
+    CHECK(pi2_parse_size("-b", "1.5kB", &v) == 0 && v == 1500);
+    CHECK(pi2_parse_size("-b", "2TB", &v) == 0 && v == 2000000000000ull);
     CHECK(pi2_parse_size("-b", "4096B", &v) == 0 && v == 4096);
     CHECK(pi2_parse_size("-b", "0.5K", &v) == 0 && v == 512);
     CHECK(pi2_parse_size("-b", "1024T", &v) == 0 && v == 1ull << 50); /* the upper bound itself */

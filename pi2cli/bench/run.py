@@ -325,6 +325,7 @@ class Prepared:
     model_local: Path
     model_remote: str
     binary_dir: str | None
+    floor: dict = field(default_factory=dict)  # the bandwidth floor of its TBT (pi2cli.bench.floor)
 
 
 def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Prepared:
@@ -353,13 +354,17 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
                     f"{workdir.rstrip('/')}/bin")  # fmt: skip
 
 
+NOT_ENFORCED_ON_DEVICE = (
+    "not enforced on adb devices (no cgroup control): pi2-engine sizes its neuron cache to the budget "
+    "itself, llama.cpp and the page cache are held to nothing"
+)
+
+
 def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:
     if budget_bytes is None:
         return S.memory_info(None)
-    if not target.on_this_machine:
-        return S.memory_info(
-            budget_bytes, enforced=False, how="not enforced on adb devices (no cgroup control)"
-        )
+    if not target.on_this_machine:  # the same label for every engine: none is held by the OS there
+        return S.memory_info(budget_bytes, enforced=False, how=NOT_ENFORCED_ON_DEVICE)
     rec = budget_record or {}
     return S.memory_info(budget_bytes, enforced=bool(rec.get("enforced")), how=rec.get("how"))
 
@@ -492,6 +497,18 @@ def run_one(
     if not S.measured_turns(run):
         first = next((t["error"] for t in run["turns"] if t["error"]), "no turn ran")
         S.mark_failed(run, "failed", f"every turn failed: {first}")
+    from pi2cli.bench.floor import apply_floor
+
+    invalid = apply_floor(run, prepared.floor)  # token times faster than the weights can be read: invalid
+    if invalid:
+        reporter.message(f"{label}: invalid: {invalid}")
+    from pi2cli.plan.budget import peak_over_budget
+
+    over = peak_over_budget(run["counters"].get("peak_rss_bytes"), run["memory"],
+                            run["counters"].get("budget_peak_bytes"))  # fmt: skip
+    if over:  # stored beside the peak, so no table shows a peak above its budget without a word why
+        S.set_counters(run, peak_over_budget=over)
+        reporter.message(f"{label}: {over}")
     if cfg.annotate:
         cfg.annotate(run)
     if cfg.quality:  # measured here, with the host engine, on the same file, policy and budget
@@ -518,6 +535,15 @@ def turn_fields(t) -> dict:
              "text": t.text}  # fmt: skip
     if rate_only:
         extra["rates_from"] = "engine"
+    if getattr(t, "clock", None):  # whose clock the token times are on (llama.cpp: the server's own)
+        extra["clock"] = t.clock
+    if getattr(t, "host_ttft_s", None) is not None:
+        extra["host_ttft_ms"] = round(t.host_ttft_s * 1e3, 3)
+    server = {
+        k: t.timings[k] for k in ("prompt_ms", "predicted_ms", "predicted_per_token_ms") if k in t.timings
+    }
+    if server:
+        extra["engine_timings"] = server
     io = t.timings.get("sparse") or {}
     if io:
         extra["storage_reads"] = io["reads"]
@@ -622,11 +648,22 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
                           reporter=reporter)  # fmt: skip
     if cfg.ctx is None:
         cfg.ctx = max(context_for(c, model.template, cfg.n_gen) for c in workloads.values())
+    from pi2cli.plan.min_budget import check_bench
+
+    # the engine's own smallest budget for these settings, the same rule on every path (nothing run yet)
+    check_bench([d.name for d in drivers], model.pi2, cfg.budgets, cfg.ctx, cfg.threads, model.name)
     try:
         facts = target.facts()
         prepared = [prepare_engine(d, target, model, reporter) for d in drivers]
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
+    from pi2cli.plan.min_budget import check_on_target
+
+    check_on_target(target, prepared, cfg.budgets, cfg.ctx, cfg.threads, model.name)  # another build: ask it
+    from pi2cli.bench.floor import tbt_floor
+
+    for prep in prepared:  # measured before any engine runs, on a quiet device
+        prep.floor = tbt_floor(target, prep.model_local, prep.driver.policy, cfg.threads, prep.driver.name)
     outcomes: list[RunOutcome] = []
     for budget in cfg.budgets:
         for name, conversations in workloads.items():

@@ -5,11 +5,16 @@ How it measures (also stored in every result's `how`):
     once with `--load-mode mmap --no-repack`: weights stay file-backed, so a memory budget (cgroup, see
     pi2cli.plan.budget) really makes it page from storage. CPU repacking would copy the weights into
     anonymous memory and defeat that; pass repack=True to measure llama.cpp at its fastest instead.
-  * One request = POST /completion with stream=true, return_tokens=true, cache_prompt=true. The host
-    stamps every streamed token with time.monotonic() as it arrives: TTFT = first token - request sent,
-    TBT = differences of consecutive arrivals. Prefill and decode tok/s are the server's own `timings`
-    (prompt_per_second, predicted_per_second), which exclude HTTP; the host-side decode rate is kept
-    next to them in `extra` for comparison.
+  * One request = POST /completion with stream=true, return_tokens=true, cache_prompt=true and
+    timings_per_token=true. Token times are the server's own clock where it runs (device_token_times):
+    every streamed token carries the slot's timings as they were when the token was sampled, so
+    prompt_ms + predicted_ms is the time from the slot starting the request to that token
+    (ggml_time_us, CLOCK_MONOTONIC on the device itself). TTFT = the first token's, TBT = differences of
+    consecutive tokens'. Stamping arrivals on the host instead measures the transport: through an adb
+    forward tokens arrive in bursts (a run recorded TBT P50 0.01 ms where the engine takes 1.9 ms), so
+    host arrival times are kept only as `host_*` figures beside them. A server that streams no per-token
+    timings gets host stamps on this machine (clock "host") and none on a device (its rates only).
+    Prefill and decode tok/s are the server's final `timings` (prompt_per_second, predicted_per_second).
   * Peak memory = the server process's VmHWM (/proc/PID/status: the kernel's peak resident set,
     including the mmapped weights that were resident), read while it serves and once more right before
     it is stopped; with a budget also the cgroup's peak (page cache included). llama-bench, which runs
@@ -38,8 +43,9 @@ from pi2cli.plan.budget import Budget
 from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
 
 HOW = (
-    "llama-server (llama.cpp {commit}) on 127.0.0.1, streaming /completion: TTFT and per-token times "
-    "stamped on the host as tokens arrive; prefill/decode tok/s from the server's timings; peak RSS = "
+    "llama-server (llama.cpp {commit}) on 127.0.0.1, streaming /completion with timings_per_token: TTFT and "
+    "per-token times from the server's own clock where it runs (prompt_ms + predicted_ms of each token, "
+    "stamped as it is sampled); prefill/decode tok/s from the server's timings; peak RSS = "
     "server VmHWM, last read right before it is stopped; load mode {load_mode}, repack {repack}"
 )
 
@@ -90,6 +96,10 @@ class TurnMetrics:
     # tokens generated when token_ids / token_times_s cannot tell (engines that report counts and rates
     # only, as an MLC command runner); None: len(token_ids)
     n_gen: int | None = None
+    # whose clock token_times_s are on: "engine" (taken where the engine runs: its own per-token stamps),
+    # "host" (arrivals stamped here: only for a server on this machine), None (unknown)
+    clock: str | None = None
+    host_ttft_s: float | None = None  # arrivals here, for comparison with the engine's own times
 
     @property
     def tbt_s(self) -> list[float]:
@@ -266,11 +276,13 @@ class LlamaServer:
             "stream": True,
             "return_tokens": True,
             "cache_prompt": True,
+            "timings_per_token": True,  # every token carries the server's own clock (device_token_times)
             "id_slot": 0,
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         token_ids: list[int] = []
-        times: list[float] = []
+        times: list[float] = []  # arrivals here
+        stamps: list[float | None] = []  # the server's own time of each token (device_token_times)
         pieces: list[str] = []
         final: dict | None = None
         try:
@@ -287,9 +299,11 @@ class LlamaServer:
                 now = time.monotonic() - sent
                 if "error" in event:
                     raise Pi2Error(f"llama-server error: {json.dumps(event['error'])[:300]}")
+                stamp = engine_time_s(event)
                 for tok in event.get("tokens") or []:
                     token_ids.append(int(tok))
                     times.append(now)
+                    stamps.append(stamp)
                 pieces.append(event.get("content", ""))
                 if event.get("stop"):
                     final = event
@@ -300,30 +314,73 @@ class LlamaServer:
             conn.close()
         if final is None:
             raise Pi2Error(f"llama-server stream ended without a final event ({self.log_tail()})")
-        return turn_metrics(final, "".join(pieces), token_ids, times)
+        return turn_metrics(
+            final, "".join(pieces), token_ids, times, stamps, host_clock_ok=self.host_clock_ok
+        )
+
+    # Arrival times here are token times only when nothing but loopback lies between (not an adb forward).
+    host_clock_ok = True
 
 
-def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float]) -> TurnMetrics:
-    """Combine the final stream event (server timings) with the host's arrival times."""
+def engine_time_s(event: dict) -> float | None:
+    """When the server sampled this event's token, on its own clock, in seconds from the slot starting
+    the request: prompt_ms (start -> end of the prompt) + predicted_ms (end of the prompt -> this token),
+    as timings_per_token streams them with every token. None when the event carries no timings."""
+    timings = event.get("timings")
+    if not isinstance(timings, dict):
+        return None
+    try:
+        prompt_ms, predicted_ms = float(timings["prompt_ms"]), float(timings["predicted_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (prompt_ms + predicted_ms) / 1e3
+
+
+def device_token_times(stamps: list[float | None]) -> list[float] | None:
+    """The engine's own token times when every token has one and they never go back, else None."""
+    if not stamps or any(s is None for s in stamps):
+        return None
+    if any(b < a for a, b in zip(stamps, stamps[1:], strict=False)):
+        return None
+    return list(stamps)
+
+
+def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float],
+                 stamps: list[float | None] | None = None, *, host_clock_ok: bool = True) -> TurnMetrics:  # fmt: skip
+    """Combine the final stream event (server timings) with the token times: the server's own per-token
+    stamps when it streamed them (clock "engine"); else the arrivals here when they are trustworthy
+    (host_clock_ok: a server on this machine, clock "host"); else none, and the turn keeps the server's
+    rates only (arrivals through a forward come in bursts: never token times)."""
     timings = final.get("timings") or {}
     n_cached = int(timings.get("cache_n", 0))
     n_processed = int(timings.get("prompt_n", 0))
     host_decode = (
         (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
     )
+    engine = device_token_times(stamps or [])
+    if engine is not None:
+        token_times, ttft, clock = engine, engine[0], "engine"
+    elif host_clock_ok:
+        token_times, ttft, clock = times, (times[0] if times else 0.0), "host"
+    else:  # the server's own prefill time stands for the TTFT; no per-token times
+        prompt_ms = timings.get("prompt_ms")
+        token_times, ttft, clock = [], (float(prompt_ms) / 1e3 if prompt_ms is not None else None), None
     return TurnMetrics(
         text=text,
         token_ids=token_ids,
         n_prompt=int(final.get("tokens_evaluated") or n_cached + n_processed),
         n_prompt_cached=n_cached,
         n_prompt_processed=n_processed,
-        ttft_s=times[0] if times else 0.0,
-        token_times_s=times,
+        ttft_s=ttft,
+        token_times_s=token_times,
         prefill_tps=float(timings.get("prompt_per_second") or 0.0),
         decode_tps=float(timings.get("predicted_per_second") or 0.0),
         host_decode_tps=host_decode,
         stop_type=str(final.get("stop_type", "")),
         timings=timings,
+        n_gen=len(token_ids),
+        clock=clock,
+        host_ttft_s=times[0] if times else None,
     )
 
 

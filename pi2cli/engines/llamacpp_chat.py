@@ -22,8 +22,9 @@ from pi2cli.targets.base import normalize_arch
 
 DEVICE_HOW = (
     "; on the device: llama-server listens on the device's 127.0.0.1 (started with adb shell), reached "
-    "through adb forward, so host-stamped TTFT/TBT include the adb transport's latency; peak RSS = "
-    "VmHWM read on the device"
+    "through adb forward; TTFT/TBT are the server's per-token stamps on the device's clock (arrivals "
+    "through the forward come in bursts and are never used as token times); peak RSS = VmHWM read on "
+    "the device"
 )
 
 
@@ -175,7 +176,11 @@ class LlamaCppDriver(Driver):
         return LlamaCppSession(server, seed, temperature)
 
     def generate_extra(self, session, turn) -> dict:
-        return {"host_decode_tps": turn.host_decode_tps, "server_args": session.server.args}
+        return {
+            "host_decode_tps": turn.host_decode_tps,
+            "server_args": session.server.args,
+            "clock": turn.clock,
+        }
 
     def engine_info(self, target) -> dict:
         from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record

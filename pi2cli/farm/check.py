@@ -31,6 +31,12 @@ def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
             continue
         if "llama.cpp" in farm.engines and m.suffix == ".pi2" and not m.with_suffix(".gguf").is_file():
             problems.append(f"model {model}: llama.cpp needs its GGUF twin {m.with_suffix('.gguf').name}")
+    from pi2cli.plan.min_budget import farm_refusals
+
+    try:  # the engine's smallest budget, as bench will ask it for each cell
+        problems.extend(farm_refusals(farm))
+    except Pi2Error as exc:
+        problems.append(exc.format_message())
     try:
         store.check_writable(farm.results_dir)
     except Pi2Error as exc:

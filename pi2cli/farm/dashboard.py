@@ -61,7 +61,8 @@ def _scale(values: list[float], lo_px: float, hi_px: float):
     if hi == lo:
         lo, hi = lo - 1, hi + 1
     span = hi - lo
-    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    # times and temperatures never go below zero: the axis stops there (it read -0.303 ms once)
+    lo, hi = (lo - 0.08 * span if lo < 0 else max(0.0, lo - 0.08 * span)), hi + 0.08 * span
     return (lambda v: hi_px - (v - lo) / (hi - lo) * (hi_px - lo_px)), lo, hi
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from pi2cli.results import schema as S
 
-FINISHED = ("ok", "failed", "timeout")
+# invalid: token times below the bandwidth floor (pi2cli.bench.floor); a rerun would time it the same way
+FINISHED = ("ok", "failed", "timeout", "invalid")
 
 
 def farm_runs(results_dir: Path, farm: str | None = None) -> list[dict]:
@@ -56,7 +57,8 @@ class Series:
 
 
 def build_series(runs: list[dict]) -> list[Series]:
-    """Runs (status ok, with per-token samples) grouped by series and night."""
+    """Runs (status ok, with per-token samples) grouped by series and night: failed, aborted and invalid
+    runs (token times below the bandwidth floor) never feed a series or a regression test."""
     grouped: dict[tuple, Series] = {}
     pooled: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for run in runs:

@@ -279,6 +279,25 @@ class MemoryCgroup:
         }
 
 
+def peak_over_budget(peak_bytes: int | None, memory: dict, cgroup_peak_bytes: int | None) -> str | None:
+    """Why a run's peak RSS is above its budget (one line), or None when it is not. The peak is the
+    kernel's VmHWM, which counts every resident page the process maps; a cgroup charges a page to the
+    cgroup that first brought it in, so file pages already cached (the binary, its libraries) count in
+    RSS and not against the limit."""
+    budget = memory.get("budget_bytes")
+    if not budget or not peak_bytes or peak_bytes <= budget:
+        return None
+    from pi2cli.units import format_size
+
+    over = f"peak RSS {format_size(peak_bytes)} is above the {format_size(budget)} budget"
+    if not memory.get("enforced"):
+        return f"{over}: {memory.get('how') or 'the budget was not enforced'}"
+    if cgroup_peak_bytes is not None and cgroup_peak_bytes <= budget:
+        return (f"{over}: the cgroup's own peak was {format_size(cgroup_peak_bytes)}; RSS also counts pages "
+                f"charged elsewhere (the binary and libraries already in the page cache)")  # fmt: skip
+    return f"{over} ({memory.get('how') or 'enforced'})"
+
+
 def not_enforced_record(limit_bytes: int | None, reason: str) -> dict:
     return {"limit_bytes": limit_bytes, "enforced": False, "how": f"not enforced: {reason}"}
 

@@ -406,6 +406,13 @@ def make_plan(
     cores, core_why = choose_cores(profile, threads)
     settings.update(cores)
     nthreads = cores["threads"]
+    if sparse and model_path and Path(model_path).is_file():  # a file: the engine measures it, as bench asks
+        from pi2cli.plan.min_budget import minimums_for_file, refusal
+
+        answers = minimums_for_file(Path(model_path), ["powerinfer2"], ctx, nthreads, budget)
+        line = refusal(budget, answers, m.name, ctx, nthreads)
+        if line:
+            raise Pi2Error(line)
     size = engine_sizing(m, budget, ctx, nthreads)
     if "error" in size:
         least = size.get("min_budget_bytes")

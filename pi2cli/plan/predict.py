@@ -409,4 +409,21 @@ def run_prediction(model: str, profile: str, budget: int, ctx: int = DEFAULT_CTX
         raise Pi2Error("a prediction needs --profile: a shipped one "
                        f"({', '.join(shipped_profiles())}), a TOML file or a `pi2 profile` JSON")  # fmt: skip
     m, pred = facts_for(model)
+    from pi2cli.plan.min_budget import refusal
+
+    # the engine's rule, as for the bench: measured on the file when there is one, else for the shape
+    if Path(model).suffix == ".pi2" and Path(model).is_file():
+        from pi2cli.plan.min_budget import minimums_for_file
+
+        answers = minimums_for_file(Path(model), ["powerinfer2"], ctx, device.threads, budget)
+        line = refusal(budget, answers, m.name, ctx, device.threads)
+    else:
+        least = engine_split(m, budget, ctx, device.threads)
+        line = (
+            refusal(budget, {"powerinfer2": (least["fixed"], False)}, m.name, ctx, device.threads)
+            if "too_small" in least
+            else None
+        )
+    if line:
+        raise Pi2Error(line)
     return predict(m, device, budget, pred_bytes_per_block=pred, ctx=ctx)

@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1
 
 # Run and turn outcomes. Anything but "ok" carries a one-line `error`.
 STATUS_OK = "ok"
-RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout")
+RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout", "invalid")
 
 # Where a run's peak RSS (counters.peak_rss_bytes) came from: always the kernel's own high-water mark,
 # never a poll (docs/RESULTS.md). Stored as counters.peak_rss_source; results from before it lack it.

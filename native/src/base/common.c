@@ -29,8 +29,9 @@ void pi2_set_error(const char *fmt, ...) {
 const char *pi2_last_error(void) { return last_error[0] ? last_error : "unknown error"; }
 
 /* Strict on purpose (strtod took "1e3", "0x1p30", " 2G", "inf"): digits, at most one fractional
- * part of up to 6 digits with a unit, a unit K/M/G/T (powers of 1024, any case) with an optional
- * "B" or "iB", nothing else; whole bytes computed in integers, at least 1 and at most PI2_SIZE_MAX. */
+ * part of up to 6 digits with a unit, a unit K/M/G/T (any case) alone or with "iB" (powers of 1024) or
+ * with "B" (powers of 1000: "19GB" is 19e9 bytes, as a spec sheet says it, not 19 GiB), nothing else;
+ * whole bytes computed in integers, at least 1 and at most PI2_SIZE_MAX. pi2cli/units.py reads the same. */
 int pi2_parse_size(const char *flag, const char *text, uint64_t *out) {
     const char *p = text ? text : "";
     uint64_t whole = 0, frac = 0, frac_div = 1, unit = 1;
@@ -57,7 +58,10 @@ int pi2_parse_size(const char *flag, const char *text, uint64_t *out) {
     default: if (frac_digits) goto bad; /* "1.5" bytes */
     }
     if (unit > 1 && (*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b')) p += 2;
-    else if (*p == 'B' || *p == 'b') p++;
+    else if (*p == 'B' || *p == 'b') {
+        p++;
+        for (uint64_t u = unit, d = 1000; u > 1; u >>= 10, d *= 1000) unit = d; /* K -> 10^3 ... T -> 10^12 */
+    }
     if (*p) goto bad;
     /* whole <= 2^50 and unit <= 2^40: compare before multiplying; frac * unit < 10^6 * 2^40 < 2^60 */
     if (whole > PI2_SIZE_MAX / unit) goto too_large;
