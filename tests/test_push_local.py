@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.hw.push import collect_items, engine_files, push_files, sha256_file
+from pi2cli.hw.push import collect_items, engine_files, model_remote_name, push_files, sha256_file
 from pi2cli.targets import get_target
 
 
@@ -27,10 +27,9 @@ def test_local_push_copies_verifies_and_then_skips(tmp_path):
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["copied"] == 1
-    assert (workdir / "models" / "m.gguf").read_bytes() == model.read_bytes()
-    assert json.loads((workdir / ".pi2-manifest.json").read_text())[str(workdir / "models" / "m.gguf")][
-        "sha256"
-    ]
+    landed = workdir / "models" / model_remote_name(model, sha256_file(model))
+    assert landed.name.startswith("m-") and landed.read_bytes() == model.read_bytes()
+    assert json.loads((workdir / ".pi2-manifest.json").read_text())[str(landed)]["sha256"]
     second = json.loads(CliRunner().invoke(cli, args).stdout)
     assert second["copied"] == 0 and second["skipped"] == 1
 
@@ -73,3 +72,13 @@ def test_inputs_are_checked(tmp_path, monkeypatch):
     if shutil.which("qemu-aarch64"):
         with pytest.raises(Pi2Error, match="linux-arm64"):
             engine_files(get_target("qemu-arm64"))
+
+
+def test_remote_model_names_carry_the_model_and_its_hash(tmp_path):
+    a, b = tmp_path / "tiny-a" / "model.pi2", tmp_path / "tiny b" / "model.pi2"
+    for path, body in ((a, b"a"), (b, b"b")):
+        path.parent.mkdir()
+        path.write_bytes(body)
+    names = [model_remote_name(p, sha256_file(p)) for p in (a, b)]
+    assert names[0] == f"tiny-a-{sha256_file(a)[:12]}.pi2" and names[1].startswith("tiny-b-")
+    assert model_remote_name(tmp_path / "smollm2.gguf", "ab" * 32) == "smollm2-abababababab.gguf"

@@ -348,8 +348,8 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
     copied = sum(1 for f in report.files if f.action == "copied")
     driver.files_pushed(workdir.rstrip("/"))
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
-    return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
-                    f"{workdir.rstrip('/')}/bin")  # fmt: skip
+    model_remote = next(i.remote for i in items if i.kind == "model")  # named by model and content hash
+    return Prepared(driver, local_model, model_remote, f"{workdir.rstrip('/')}/bin")
 
 
 def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -> dict:

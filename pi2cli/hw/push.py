@@ -6,7 +6,10 @@ manifest cannot vouch), skip it when the content is already there, else copy it 
 verify the sha256 on the target, and only then rename it to NAME. A transfer that breaks, a corrupted
 copy or Ctrl-C never leaves a file under its real name that looks complete.
 
-Layout under the working directory: bin/ (engine binaries), models/, plans/, workloads/.
+Layout under the working directory: bin/ (engine binaries), models/, plans/, workloads/. A model lands
+as models/NAME-HASH.EXT (model_remote_name: its name, e.g. the directory of DIR/model.pi2, and the
+first 12 hex digits of its sha256), so two models -- every synthetic one is DIR/model.pi2 -- never
+replace each other on the device, and a model's .pi2 and .gguf twin stay apart from another's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -110,13 +114,26 @@ def collect_items(
             path = Path(path)
             if not path.is_file():
                 raise Pi2Error(f"{kind} file not found: {path}")
-            items.append(PushItem(local=path, remote=f"{workdir.rstrip('/')}/{sub}/{path.name}", kind=kind,
-                                  mode=mode, size=path.stat().st_size))  # fmt: skip
+            name, digest = path.name, ""
+            if kind == "model":
+                digest = sha256_file(path)
+                name = model_remote_name(path, digest)
+            items.append(PushItem(local=path, remote=f"{workdir.rstrip('/')}/{sub}/{name}", kind=kind,
+                                  mode=mode, size=path.stat().st_size, sha256=digest))  # fmt: skip
     remotes = [i.remote for i in items]
     dup = {r for r in remotes if remotes.count(r) > 1}
     if dup:
         raise Pi2Error(f"two files would land on the same name: {', '.join(sorted(dup))}")
     return items
+
+
+def model_remote_name(path: Path, sha256: str) -> str:
+    """NAME-HASH.EXT for a model on the device: NAME is the file's stem, or its directory's name for
+    DIR/model.X (as `pi2 models synth` and the store write them); HASH the sha256's first 12 hex digits."""
+    stem = path.stem
+    name = path.parent.name if stem in ("model", "") and path.parent.name else stem
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
+    return f"{name[:64]}-{sha256[:12]}{path.suffix}"
 
 
 # ------------------------------------------------------------------------------------------ hashes
