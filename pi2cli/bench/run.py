@@ -359,6 +359,12 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
         raise Pi2Error(reason)
     local_model = model.for_engine(driver.model_suffix, driver.name)
     driver.configure(target, local_model)
+    if getattr(driver, "policy", None) == "dense" and local_model.suffix == ".pi2":
+        from pi2cli.models.convert_any import runs_dense_note
+
+        note = runs_dense_note(local_model)  # a sparse-kind model without predictors: said, not hidden
+        if note:
+            reporter.message(f"{driver.name}: {note}")
     if target.on_this_machine:
         return Prepared(driver, local_model, str(local_model), None)
     from pi2cli.hw.push import collect_items, push_files

@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models.convert_any import convert_any
+from pi2cli.models.convert_any import convert_any, runs_dense_note
 from pi2cli.models.pi2file import Pi2FormatError
 
 
@@ -132,6 +132,9 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, sparsi
                        "same neurons only approximately; see docs/MODELS.md")  # fmt: skip
     if summary.get("gguf_twin"):
         click.echo(f"wrote {summary['gguf_twin']} (GGUF twin)")
+    note = runs_dense_note(Path(summary["out"]))  # a sparse-kind model that will run dense: said, not hidden
+    if note:
+        click.echo(f"note: {note}")
 
 
 def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, gguf_twin, **others) -> None:
