@@ -99,19 +99,28 @@ def test_sweep_through_the_test_adb_daemon(env, tiny_model, tmp_path, monkeypatc
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     try:
         with server.device(tmp_path / "phone") as phone:
-            r = bench("-m", str(tiny_model), "-e", "pi2", "-p", "8", "-n", "4", "-t", "1,2", "--repeat", "1",
-                      "--warmup", "0", "--device", phone.serial, "--results-dir", str(env), "--json")  # fmt: skip
+            r = bench("-m", str(tiny_model), "-e", "pi2", "-e", "llama.cpp", "-p", "8", "-n", "4", "-t", "1,2",
+                      "--repeat", "1", "--warmup", "0", "--device", phone.serial, "--results-dir", str(env), "--json")  # fmt: skip
             assert r.exit_code == 0, r.output
             runs = [store.load_run(o["result_file"]) for o in json.loads(r.stdout)["runs"]]
-            assert [run["settings"]["threads"] for run in runs] == [1, 2]
+            assert [(run["engine"]["name"], run["settings"]["threads"]) for run in runs] == [
+                ("pi2", 1),
+                ("pi2", 2),
+                ("llama.cpp", 1),
+                ("llama.cpp", 2),
+            ]
             for run in runs:
                 assert run["status"] == "ok" and run["target"]["kind"] == "adb"
-                (t,) = run["turns"]
-                assert t["n_prompt"] == 8 and len(t["samples_ns"]) == 3 and t["ttft_ns"] > 0
-            assert not list((phone.root / "pi2" / "runs").glob("*.events.jsonl"))  # cleaned up
-            bad = bench("-m", str(tiny_model), "-e", "llama.cpp", "--device", phone.serial, "--results-dir",
-                        str(env))  # fmt: skip
-            assert bad.exit_code == 1 and "llama-bench on this machine only" in bad.output
+                if run["engine"]["name"] == "pi2":
+                    (t,) = run["turns"]
+                    assert t["n_prompt"] == 8 and len(t["samples_ns"]) == 3 and t["ttft_ns"] > 0
+                else:  # llama-bench ran on the device, on its clock there, under the pushed pi2-rusage
+                    assert [t["prompt_id"] for t in run["turns"]] == ["pp8", "tg4"]
+                    assert run["summary"]["avg_ts"] > 0 and run["counters"]["peak_rss_bytes"] > 0
+                    assert run["llama_bench"][1]["n_depth"] == 8 and "on the target" in run["measurement"]
+            runs_dir = phone.root / "pi2" / "runs"
+            assert not list(runs_dir.glob("*.events.jsonl")) and not list(runs_dir.glob("*.rusage.json"))
+            assert (phone.root / "pi2" / "bin" / "llama-bench").is_file()
     finally:
         server.stop()
 

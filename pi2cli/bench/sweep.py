@@ -8,9 +8,10 @@ every engine's cell lands in the same comparison group:
     random tokens) and N tokens generated with --ignore-eos. The engine stamps every token on the
     target's monotonic clock (events JSONL), so TTFT (prefill of P tokens + the first token) and the
     N - 1 times between tokens (decode at depth P) are device-clock times on any target.
-  - llama.cpp: llama-bench on this machine, its own clock: `-p P -n 0` (pp) and `-p 0 -n N -d P`
-    (tg at depth P, as pi2's decode is), `-r` repetitions, its own warm-up unless --warmup 0. It times
-    whole tests, not tokens: its turns carry rates (pp: prefill_ts, tg: decode_ts) and no TBT.
+  - llama.cpp: llama-bench, here or on an adb device (pushed with pi2-rusage), on its own clock there:
+    `-p P -n 0` (pp) and `-p 0 -n N -d P` (tg at depth P, as pi2's decode is), `-r` repetitions, its
+    own warm-up unless --warmup 0. It times whole tests, not tokens: its turns carry rates (pp:
+    prefill_ts, tg: decode_ts) and no TBT.
 Warm-up repetitions are stored as warm-up turns (kept, never summarised). --samples-csv writes one
 row per sample: pi2's TTFT and every TBT, llama-bench's per-repetition test times.
 """
@@ -46,7 +47,7 @@ PI2_HOW = ("pi2-engine generate --tokens (a synthetic prompt of exactly n_prompt
            "one process per repetition; --events JSONL stamped on the target's monotonic clock: TTFT = prefill "
            "of n_prompt tokens + the first token, TBT = differences of per-token timestamps (decode at depth "
            "n_prompt)")  # fmt: skip
-LLAMA_HOW = ("llama-bench on this machine, its own clock: `-p P -n 0` (pp, prefill_ts) and `-p 0 -n N -d P` "
+LLAMA_HOW = ("llama-bench on the target, its own clock there (pi2-rusage: peak RSS): `-p P -n 0` (pp, prefill_ts) and `-p 0 -n N -d P` "
              "(tg at depth P, decode_ts), -r repetitions, -lm mmap --repack 0; whole tests are timed, so "
              "no TTFT or TBT")  # fmt: skip
 
@@ -286,12 +287,93 @@ def pi2_cell(run: dict, target, prepared, cell: Cell, cfg: SweepConfig, n_vocab:
 
 
 # -------------------------------------------------------------------------------------- llama.cpp runs
-def llama_cell(run: dict, target, driver, gguf: Path, cell: Cell, cfg: SweepConfig, reporter, label: str,
-               sampler) -> list[dict]:  # fmt: skip
-    """llama-bench's pp test and its tg test at depth P for one cell; returns its JSON records."""
-    from pi2cli.engines.llamacpp import check_llama_bench_exit, llama_bench_command, parse_llama_bench_json
+@dataclass
+class LlamaBenchPlace:
+    """Where llama-bench runs: here (bin_dir), or on a device (pushed: its bin directory and model there)."""
+
+    bin_dir: Path
+    remote_bin: str | None = None
+    remote_model: str | None = None
+
+
+def prepare_llama_bench(driver, target, gguf: Path, reporter) -> LlamaBenchPlace:
+    """Here: the host build in place. On a device: llama-bench of the build for its architecture, this
+    pi2 build's pi2-rusage (its peak memory) and the GGUF, pushed as every engine is (content hashes)."""
+    from pi2cli.hw.push import collect_items, engine_files, push_files
+
+    bin_dir = driver.bin_dir if target.native_here else driver.bin_dir_for(target)
+    binary = bin_dir / "llama-bench"
+    if not binary.is_file():
+        raise Pi2Error(f"llama-bench not found in {bin_dir} (run `pi2 build --engine llama.cpp`)")
+    if target.on_this_machine:
+        return LlamaBenchPlace(bin_dir)
+    rusage = [p for p in engine_files(target) if p.name == "pi2-rusage"]
+    if not rusage:
+        raise Pi2Error(
+            f"no pi2-rusage in the pi2 build for {target.name}: rebuild it ({target.build_hint()})"
+        )
+    workdir = target.workdir.rstrip("/")
+    items = collect_items(target, workdir, engine=[binary, *rusage], models=[gguf])
+    reporter.message(f"pushing llama-bench, pi2-rusage, {gguf.name} to {target.name}")
+    push_files(target, items, workdir)
+    remote_model = next(i.remote for i in items if i.kind == "model")
+    return LlamaBenchPlace(bin_dir, f"{workdir}/bin", remote_model)
+
+
+def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, sampler, timeout_s: float):
+    """llama-bench under pi2-rusage inside the budget's cgroup (model evicted first): (stdout, stderr, usage)."""
     from pi2cli.hw.rusage import Measured
     from pi2cli.plan.budget import Budget
+
+    with Measured(cmd) as measured, Budget(cell.budget, evict=[gguf] if cell.budget else []) as budget:
+        proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        stop = sampler.follow(proc.pid, wrapper=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, 9)
+            proc.communicate()
+            raise
+        finally:
+            stop()
+        sampler.budget_record = budget.record() if cell.budget else None
+        return out, err, measured.usage()
+
+
+def run_llama_bench_on_device(target, place: LlamaBenchPlace, cmd: list[str], timeout_s: float):
+    """The same command on the device, on llama-bench's own clock there, under the pushed pi2-rusage
+    (its report read back and removed): (stdout, stderr, usage). No memory curve: a sampler would follow
+    pi2-rusage, not llama-bench; the peak is the kernel's ru_maxrss, as here."""
+    from pi2cli.hw.rusage import parse_report
+
+    runs = f"{target.workdir.rstrip('/')}/runs"
+    report = f"{runs}/llama-bench-{os.getpid()}-{int(time.time() * 1000)}.rusage.json"
+    target.mkdir(runs)
+    argv = [f"{place.remote_bin}/pi2-rusage", "-o", report, "--", f"{place.remote_bin}/llama-bench", *cmd[1:]]
+    argv[argv.index("-m") + 1] = place.remote_model
+    chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    proc = target.run(argv, on_output=lambda name, data: chunks.setdefault(name, []).append(data))
+    try:
+        proc.wait(timeout_s)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            proc.kill()
+        raise
+    try:
+        usage = parse_report(target.read_text(report) or "")
+    finally:
+        with contextlib.suppress(TargetError):
+            target.sh(f"rm -f {shlex.quote(report)}", timeout=10)
+    text = {k: b"".join(v).decode(errors="replace") for k, v in chunks.items()}
+    return text["stdout"], text["stderr"], usage
+
+
+def llama_cell(run: dict, target, driver, gguf: Path, place: LlamaBenchPlace, cell: Cell, cfg: SweepConfig,
+               reporter, label: str, sampler) -> list[dict]:  # fmt: skip
+    """llama-bench's pp test and its tg test at depth P for one cell; returns its JSON records."""
+    from pi2cli.engines.llamacpp import check_llama_bench_exit, llama_bench_command, parse_llama_bench_json
 
     records: list[dict] = []
     peak = 0
@@ -300,23 +382,12 @@ def llama_cell(run: dict, target, driver, gguf: Path, cell: Cell, cfg: SweepConf
              ("tg", dict(n_prompt=0, n_gen=cell.n_gen), ["-d", str(cell.n_prompt)]))  # fmt: skip
     for i, (test, sizes, more) in enumerate(tests):
         reporter.turn_started(label, f"llama-bench {test}", i + 1, 2)
-        cmd = llama_bench_command(gguf, bin_dir=driver.bin_dir, threads=cell.threads, repetitions=cfg.repeat,
+        cmd = llama_bench_command(gguf, bin_dir=place.bin_dir, threads=cell.threads, repetitions=cfg.repeat,
                                   extra_args=more + extra, **sizes)  # fmt: skip
-        with Measured(cmd) as measured, Budget(cell.budget, evict=[gguf] if cell.budget else []) as budget:
-            proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-            stop = sampler.follow(proc.pid, wrapper=True)
-            try:
-                out, err = proc.communicate(timeout=cfg.timeout_s)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, 9)
-                proc.communicate()
-                raise
-            finally:
-                stop()
-            usage = measured.usage()
-            sampler.budget_record = budget.record() if cell.budget else None
+        if target.on_this_machine:
+            out, err, usage = run_llama_bench_here(cmd, cell, gguf, sampler, cfg.timeout_s)
+        else:
+            out, err, usage = run_llama_bench_on_device(target, place, cmd, cfg.timeout_s)
         check_llama_bench_exit(usage.returncode, err)
         peak = max(peak, usage.maxrss_bytes or 0)
         got = parse_llama_bench_json(out)
@@ -428,9 +499,9 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
     if "llama.cpp" in names:
-        if not target.native_here:
-            raise Pi2Error(f"--mode pp-tg runs llama.cpp's llama-bench on this machine only (target {target.name} "
-                           f"is {target.kind}); -e pi2 / -e llmflash sweep on any target")  # fmt: skip
+        if target.on_this_machine and not target.native_here:
+            raise Pi2Error(f"--mode pp-tg runs llama.cpp's llama-bench here or on an adb device, not under "
+                           f"{target.name} ({target.kind}); -e pi2 / -e llmflash sweep there")  # fmt: skip
         from pi2cli.hw.rusage import wrapper_binary
 
         wrapper_binary()
@@ -447,6 +518,11 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         prepared = {
             n: prepare_engine(d, target, model, reporter) for n, d in drivers.items() if n != "llama.cpp"
         }
+        if "llama.cpp" in drivers:
+            reason = drivers["llama.cpp"].supports(target)
+            if reason:
+                raise Pi2Error(reason)
+            place = prepare_llama_bench(drivers["llama.cpp"], target, model.gguf, reporter)
     except TargetError as exc:
         raise Pi2Error(str(exc)) from None
     n_vocab = None
@@ -480,7 +556,7 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         try:
             if cell.engine == "llama.cpp":
                 run["llama_bench"] = llama_cell(
-                    run, target, driver, model.gguf, cell, cfg, reporter, label, sampler
+                    run, target, driver, model.gguf, place, cell, cfg, reporter, label, sampler
                 )
             else:
                 pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, sampler)
