@@ -152,3 +152,29 @@ def test_the_engine_must_prefill_exactly_the_prompt_asked_for():
     assert g.samples_ns == [500_000_000] and g.ttft_ns == 10_000_000 and g.n_gen == 2
     ids = prompt_ids(32000, 512)
     assert ids == prompt_ids(32000, 512) and len(ids) == 512 and min(ids) >= 3 and max(ids) < 32000
+
+
+@needs_engine
+def test_ctrl_c_saves_the_cell_as_aborted_and_keeps_the_samples(tiny_model, tmp_path, monkeypatch):
+    from pi2cli.bench.run import BenchInterrupted, Reporter
+    from pi2cli.bench.sweep import SweepConfig, run_sweep
+
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+
+    class CtrlC(Reporter):
+        done = 0
+
+        def turn_done(self, label, decode_tps, ttft_ms):
+            self.done += 1
+            if self.done == 3:  # the second cell's first repetition
+                raise KeyboardInterrupt
+
+    cfg = SweepConfig(model=str(tiny_model), n_prompt=[4, 8], n_gen=[3], repeat=2, warmup=0,
+                      results_dir=str(tmp_path / "res"), samples_csv=str(tmp_path / "s.csv"))  # fmt: skip
+    with pytest.raises(BenchInterrupted) as info:
+        run_sweep(cfg, CtrlC())
+    aborted = store.load_run(info.value.outcome.path)
+    assert aborted["status"] == "aborted" and aborted["workload"]["name"] == "pp8-tg3"
+    assert len(aborted["turns"]) == 1  # the repetition that finished before Ctrl-C
+    rows = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert {r["n_prompt"] for r in rows} == {"4", "8"} and len(rows) == 3 * 3

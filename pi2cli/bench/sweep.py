@@ -481,13 +481,19 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     check_config(cfg)
     names = list(dict.fromkeys(cfg.engines))
     needs_pi2 = any(n != "llama.cpp" for n in names)
-    model = resolve_model(cfg.model, convert_missing_pi2=needs_pi2, reporter=reporter, template=False)
+    # a dry run converts nothing: a .gguf's .pi2 is only made when the sweep runs
+    model = resolve_model(cfg.model, convert_missing_pi2=needs_pi2 and not cfg.dry_run, reporter=reporter,
+                          template=False)  # fmt: skip
     for n in names:  # the model form each engine runs, or one line saying how to get it
-        model.for_engine(".gguf" if n == "llama.cpp" else ".pi2", n)
-    main_file = model.pi2 if needs_pi2 else model.gguf
+        suffix = ".gguf" if n == "llama.cpp" else ".pi2"
+        if not (cfg.dry_run and suffix == ".pi2" and model.gguf is not None):
+            model.for_engine(suffix, n)
     if cfg.dry_run:
+        main_file = (model.pi2 if needs_pi2 else None) or model.gguf
         for line in dry_run_lines(cfg, main_file.stat().st_size, model.name):
             echo(line)
+        if needs_pi2 and model.pi2 is None:
+            echo(f"(the sweep converts {model.gguf.name} to .pi2 first; not counted)")
         return []
     if cfg.samples_csv:
         from pi2cli.outputs import check_file_writable
@@ -567,9 +573,10 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
                 outcomes.append(save_failed_run(exc, run, None, target, cell.budget, sampler.budget_record,
                                                 _FailCfg(cfg.results_dir), reporter, label, cell.engine,
                                                 cell.workload))  # fmt: skip
-            except BaseException:
+            except BaseException as stop:
                 if cfg.samples_csv:  # Ctrl-C or a vanished device: the samples so far are kept too
-                    write_samples_csv(cfg.samples_csv, outcomes)
+                    saved = getattr(stop, "outcome", None)  # BenchInterrupted / DeviceVanished carry it
+                    write_samples_csv(cfg.samples_csv, outcomes + ([saved] if saved else []))
                 raise
             continue
         for t_s, rss, pss in sampler.samples:
