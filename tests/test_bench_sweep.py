@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench.sweep import parse_generate_events, prompt_ids
+from pi2cli.bench.sweep import prompt_ids
+from pi2cli.bench.sweep_cells import parse_generate_events
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
