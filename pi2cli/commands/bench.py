@@ -110,7 +110,7 @@ def print_table(console, outcomes) -> None:
                    "own pp/tg benchmark (-p --n-prompt, -n --n-gen, -r --repeat; -lm mmap --repack 0), its "
                    "JSON records kept in the result. pp-tg: a sweep of -p x -n x -t lists for pi2, llmflash "
                    "and llama.cpp alike, with warm-up runs (docs/BENCH.md).")  # fmt: skip
-@click.option("--n-prompt", "-p", default=None, callback=lambda _c, _p, v: int_list(v, "--n-prompt", 0),
+@click.option("--n-prompt", "-p", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--n-prompt", 0),
               help="Prompt tokens: llama-bench mode's pp test (0: none) [512]; pp-tg: a list, e.g. 128,512.")  # fmt: skip
 @click.option("--warmup", type=click.IntRange(0), default=None,
               help="--mode pp-tg: warm-up runs before each cell's repetitions, stored but not summarised [1].")  # fmt: skip
@@ -141,9 +141,9 @@ def print_table(console, outcomes) -> None:
               help="Target: local (default), qemu-arm64, or an adb serial / HOST:PORT (see `pi2 devices`).")  # fmt: skip
 @click.option("--repeat", type=int, default=None,
               help="Run every conversation this many times [default: 1; llama-bench mode: 3 repetitions].")  # fmt: skip
-@click.option("--threads", "-t", default=None, callback=lambda _c, _p, v: int_list(v, "--threads", 1),
+@click.option("--threads", "-t", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--threads", 1),
               help="Engine threads (default: the engine's own); pp-tg: a list, e.g. 1,2,4.")  # fmt: skip
-@click.option("--n-gen", "-n", default=None, callback=lambda _c, _p, v: int_list(v, "--n-gen", 0),
+@click.option("--n-gen", "-n", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--n-gen", 0),
               help="Tokens generated per turn (default: each turn's max_new_tokens from the workload; "
                    "llama-bench mode: the tg test's length, default 128; pp-tg: a list [128]).")  # fmt: skip
 @click.option(
