@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -62,9 +63,17 @@ def test_inputs_are_checked(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     for d in ("a", "b"):
-        (tmp_path / d / "m.gguf").write_bytes(b"m")
+        (tmp_path / d / "p.json").write_text("{}")
+        (tmp_path / d / "model.pi2").write_bytes(d.encode())
     with pytest.raises(Pi2Error, match="same name"):
-        collect_items(target, target.workdir, models=[tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"])
+        collect_items(target, target.workdir, plans=[tmp_path / "a" / "p.json", tmp_path / "b" / "p.json"])
+    # two models of one file name are told apart by their directory and hash, even in one push
+    items = collect_items(
+        target, target.workdir, models=[tmp_path / "a" / "model.pi2", tmp_path / "b" / "model.pi2"]
+    )
+    report = push_files(target, items)
+    assert sorted(Path(f.remote).name.split("-")[0] for f in report.files) == ["a", "b"]
+    assert [i.remote for i in items] == [f.remote for f in report.files]
     monkeypatch.setenv("PI2_BUILD_ROOT", str(tmp_path / "nobuild"))
     monkeypatch.delenv("PI2_BUILD_DIR", raising=False)
     with pytest.raises(Pi2Error, match="no engine build.*make engine"):

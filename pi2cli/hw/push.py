@@ -114,17 +114,26 @@ def collect_items(
             path = Path(path)
             if not path.is_file():
                 raise Pi2Error(f"{kind} file not found: {path}")
-            name, digest = path.name, ""
-            if kind == "model":
-                digest = sha256_file(path)
-                name = model_remote_name(path, digest)
-            items.append(PushItem(local=path, remote=f"{workdir.rstrip('/')}/{sub}/{name}", kind=kind,
-                                  mode=mode, size=path.stat().st_size, sha256=digest))  # fmt: skip
+            items.append(PushItem(local=path, remote=f"{workdir.rstrip('/')}/{sub}/{path.name}", kind=kind,
+                                  mode=mode, size=path.stat().st_size))  # fmt: skip
+    check_unique([i for i in items if i.kind != "model"])  # models: once named by their hash (name_models)
+    return items
+
+
+def check_unique(items: list[PushItem]) -> None:
     remotes = [i.remote for i in items]
     dup = {r for r in remotes if remotes.count(r) > 1}
     if dup:
         raise Pi2Error(f"two files would land on the same name: {', '.join(sorted(dup))}")
-    return items
+
+
+def name_models(items: list[PushItem]) -> None:
+    """Model items get their device name, NAME-HASH.EXT, once their sha256 is known (push_files hashes
+    them with a progress bar, so a GB model is not hashed silently before)."""
+    for item in items:
+        if item.kind == "model" and item.sha256:
+            item.remote = f"{item.remote.rsplit('/', 1)[0]}/{model_remote_name(item.local, item.sha256)}"
+    check_unique(items)
 
 
 def model_remote_name(path: Path, sha256: str) -> str:
@@ -273,6 +282,7 @@ def push_files(
         for item in items:
             with progress_for(item, "hash") as progress:
                 item.sha256 = sha256_file(item.local, hash_cache, progress)
+        name_models(items)  # models/NAME-HASH.EXT: item.remote is where each one is on the device
         manifest = read_manifest(target, workdir)
         same = already_there(target, items, manifest)
         todo = [i for i in items if i.remote not in same]
