@@ -36,7 +36,7 @@ def _bf16_file(path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
 
 
-def make_checkpoint(root, model_type="bamboo", moe=False, drop=None, predictor=False):
+def make_checkpoint(root, model_type="bamboo", moe=False, drop=None, predictor=False, predictor_bias=False):
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": model_type, "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L,
@@ -72,9 +72,11 @@ def make_checkpoint(root, model_type="bamboo", moe=False, drop=None, predictor=F
                            p + "mlp.down_proj.weight": w(H, F)})  # fmt: skip
         if predictor:  # TurboSparse's BambooMLP layout: fc1 [rank, hidden], fc2 [ffn, rank], no biases
             layers[p + "post_attention_layernorm.weight"] = 0.5 + rng.random(H).astype(np.float32)
-            where = "block_sparse_moe.experts.0." if moe else "mlp."
-            layers[p + where + "predictor.fc1.weight"] = w(16, H) * 20
-            layers[p + where + "predictor.fc2.weight"] = w(F, 16) * 20
+            for where in [f"block_sparse_moe.experts.{e}." for e in range(4)] if moe else ["mlp."]:
+                layers[p + where + "predictor.fc1.weight"] = w(16, H) * 20
+                layers[p + where + "predictor.fc2.weight"] = w(F, 16) * 20
+                if predictor_bias:  # a layout pi2 does not read
+                    layers[p + where + "predictor.fc1.bias"] = w(16)
     for name in drop or ():
         layers.pop(name, None)
         t.pop(name, None)
@@ -260,17 +262,41 @@ def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_ggu
         assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
+def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
+    src = make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True, predictor=True)
+    convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
+    f = Pi2File(tmp_path / "out" / "model.pi2", verify=True)
+    assert f.header.has_predictor and f.header.n_expert == 4
+    assert np.array_equal(f.tensor("blk.1.pred_threshold"), np.full(4, 0.5, np.float32))
+
+    def bf16(name):
+        return (src[name].view(np.uint32) >> 16 << 16).view(np.float32)
+
+    fc1 = bf16("model.layers.1.block_sparse_moe.experts.2.predictor.fc1.weight")
+    norm = bf16("model.layers.1.post_attention_layernorm.weight")
+    assert np.allclose(f.tensor("blk.1.pred_fc1.2").reshape(16, H), fc1 / norm, rtol=2e-3, atol=1e-3)
+    engine = host_build_dir() / "pi2-engine"
+    if engine.is_file():
+        ev = tmp_path / "ev.jsonl"
+        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
+                               "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+
+
 def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf, monkeypatch):
-    """Experts' predictors (TurboSparse-Mixtral) have no place in a .pi2: the conversion and the bench
-    both say the model runs dense, and the file records why."""
-    make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True, predictor=True)
-    out = tmp_path / "moe" / "model.pi2"
+    """Predictors in a layout pi2 does not read (here: with biases) are left out: the conversion and the
+    bench both say the model runs dense, and the file records why."""
+    make_checkpoint(tmp_path / "hf", predictor=True, predictor_bias=True)
+    out = tmp_path / "biased" / "model.pi2"
     res = CliRunner().invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(out), "--tokenizer-gguf",
                                    str(smollm2_gguf), "--gguf-twin", str(out.with_suffix(".gguf"))])  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "note: model.pi2: 4 predictor tensors" in res.output and "pi2 runs it dense" in res.output
+    assert "note: model.pi2: 6 predictor tensors" in res.output and "pi2 runs it dense" in res.output
     f = Pi2File(out, verify=False)
-    assert not f.header.has_predictor and f.metadata["dropped_predictors"]["count"] == 4
+    assert not f.header.has_predictor and f.metadata["dropped_predictors"]["count"] == 6
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
     if (host_build_dir() / "pi2-engine").is_file():
         res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",

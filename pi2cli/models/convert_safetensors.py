@@ -14,8 +14,10 @@ BambooMLP merges it (`model.layers.L.mlp.predictor.fc1.weight` [rank, hidden] an
 [ffn, rank], no biases: sigmoid(fc2 relu(fc1 h)) over the residual h before the FFN norm, the layout
 PowerInfer GGUFs store as blk.L.fc1/fc2), keeps it as the .pi2's pred_fc1 / pred_fc2 / pred_threshold
 exactly as the PowerInfer GGUF converter writes them (fc1 divided by the FFN norm, fc2's rows in bundle
-order, threshold sigmoid(0) = 0.5, PowerInfer's default: a checkpoint records none). Any other
-predictor layout (experts' predictors, biases, missing layers) is not converted, and the conversion
+order, threshold sigmoid(0) = 0.5, PowerInfer's default: a checkpoint records none). A mixture of
+experts is read the same way per expert (`block_sparse_moe.experts.E.predictor`, by analogy: the
+layout of TurboSparse-Mixtral's per-expert predictors is not published) into pred_fc1.E / pred_fc2.E.
+Any other predictor layout (biases, missing blocks, other names) is not converted, and the conversion
 says plainly that the model then runs dense (`dropped_predictors`, and the .pi2's metadata).
 """
 
@@ -265,8 +267,8 @@ def convert(
                 writer.add_tensor(name, raw.reshape(-1), q.upper(), shape=tuple(reversed(shape)))
             if progress:
                 progress(name, i + 1, len(plan))
-        for layer, names in (predictors or {}).items():
-            _add_predictor(writer, st, c, layer, names, orders.get(f"{layer}"))
+        for layer in sorted({i for i, _ in predictors or {}}):
+            _add_predictors(writer, st, c, layer, predictors, orders)
         writer.close()
         twin.close()
     except BaseException:
@@ -285,18 +287,29 @@ def convert(
 PREDICTOR_LOGIT_THRESHOLD = 0.0  # PowerInfer's default: a neuron is predicted active when sigmoid > 0.5
 
 
-def predictor_plan(c: HfConfig, st: SafetensorsDir) -> tuple[dict[int, tuple[str, str]] | None, list[str]]:
-    """({layer: (fc1, fc2)} when every layer carries PowerInfer's predictor and nothing else under
-    `.predictor.`, else None; the predictor tensors that will not be converted). Shapes and the FFN
-    norm the predictor is moved behind are checked here, before any output exists."""
+def predictor_names(c: HfConfig) -> dict[tuple[int, int | None], tuple[str, str]]:
+    """Where PowerInfer's predictor sits in a checkpoint, per FFN block: {(layer, expert): (fc1, fc2)}.
+    Dense: BambooMLP's `mlp.predictor`; MoE: the same module in every expert (`block_sparse_moe.experts.E.
+    predictor`), read by analogy with the dense layout."""
+    if c.arch == "mixtral":
+        return {(i, e): (f"model.layers.{i}.block_sparse_moe.experts.{e}.predictor.fc1.weight",
+                         f"model.layers.{i}.block_sparse_moe.experts.{e}.predictor.fc2.weight")
+                for i in range(c.n_layer) for e in range(c.n_expert)}  # fmt: skip
+    return {(i, None): (f"model.layers.{i}.mlp.predictor.fc1.weight", f"model.layers.{i}.mlp.predictor.fc2.weight")
+            for i in range(c.n_layer)}  # fmt: skip
+
+
+def predictor_plan(c: HfConfig, st: SafetensorsDir) -> tuple[dict | None, list[str]]:
+    """({(layer, expert): (fc1, fc2)} when every FFN block carries PowerInfer's predictor and nothing else
+    sits under `.predictor.`, else None; the predictor tensors that will not be converted). Shapes and the
+    FFN norm the predictor is moved behind are checked here, before any output exists."""
     names = sorted(n for n in st.index if ".predictor." in n)
-    if not names or c.arch == "mixtral":  # experts' predictors: pi2's MoE has none (nor PowerInfer's fork)
+    if not names:
         return None, names
-    pairs = {i: (f"model.layers.{i}.mlp.predictor.fc1.weight", f"model.layers.{i}.mlp.predictor.fc2.weight")
-             for i in range(c.n_layer)}  # fmt: skip
+    pairs = predictor_names(c)
     if sorted(n for pair in pairs.values() for n in pair) != names:
         return None, names
-    for i, (a, b) in pairs.items():
+    for (i, _e), (a, b) in pairs.items():
         s1, s2 = st.shape(a), st.shape(b)
         if len(s1) != 2 or s1[1] != c.hidden or s2 != (c.ffn, s1[0]):
             raise Pi2Error(
@@ -310,30 +323,33 @@ def predictor_plan(c: HfConfig, st: SafetensorsDir) -> tuple[dict[int, tuple[str
 
 
 def dropped_reason(c: HfConfig, dropped: list[str]) -> str:
-    what = ("experts' predictors (pi2's mixture-of-experts FFN has none)" if c.arch == "mixtral"
-            else "not PowerInfer's fc1/fc2 in every layer")  # fmt: skip
-    return (f"{len(dropped)} predictor tensors ({dropped[0]}, ...) not converted: {what}; the .pi2 has no "
-            f"activation predictors, so pi2 runs it dense")  # fmt: skip
+    return (f"{len(dropped)} predictor tensors ({dropped[0]}, ...) not converted: not PowerInfer's bias-free "
+            f"fc1/fc2 in every FFN block; the .pi2 has no activation predictors, so pi2 runs it dense")  # fmt: skip
 
 
-def _add_predictor(
-    writer, st: SafetensorsDir, c: HfConfig, layer: int, names: tuple[str, str], order
-) -> None:
-    """pred_fc1 = fc1 / ffn_norm (F16 unless that overflows), pred_fc2 = fc2's rows in bundle order (F16),
-    pred_threshold = sigmoid(PowerInfer's threshold): what the PowerInfer GGUF converter writes."""
+def _add_predictors(writer, st: SafetensorsDir, c: HfConfig, layer: int, pairs: dict, orders: dict) -> None:
+    """One layer's predictors, per FFN block (expert): pred_fc1 = fc1 / ffn_norm (F16 unless that
+    overflows), pred_fc2 = fc2's rows in bundle order (F16), and the layer's pred_threshold (one per
+    block) = sigmoid(PowerInfer's threshold): what the PowerInfer GGUF converter writes."""
     g = st.get(f"model.layers.{layer}.post_attention_layernorm.weight", (c.hidden,)).astype(np.float64)
-    w1 = st.get(names[0]).astype(np.float64) / g  # (rank, hidden)
-    rank = w1.shape[0]
-    fits_f16 = np.abs(w1).max(initial=0.0) < 60000.0
-    writer.add_tensor(
-        f"blk.{layer}.pred_fc1", w1.astype(np.float32), "F16" if fits_f16 else "F32", (c.hidden, rank)
-    )
-    rows = st.get(names[1])  # (ffn, rank): row i scores neuron i
-    if order is not None:
-        rows = rows[np.asarray(order)]
-    writer.add_tensor(f"blk.{layer}.pred_fc2", np.ascontiguousarray(rows), "F16", (rank, c.ffn))
+    moe = c.arch == "mixtral"
+    blocks = range(c.n_expert) if moe else [None]
+    for e in blocks:
+        fc1, fc2 = pairs[(layer, e)]
+        sfx = f".{e}" if moe else ""
+        w1 = st.get(fc1).astype(np.float64) / g  # (rank, hidden)
+        rank = w1.shape[0]
+        fits_f16 = np.abs(w1).max(initial=0.0) < 60000.0
+        writer.add_tensor(f"blk.{layer}.pred_fc1{sfx}", w1.astype(np.float32), "F16" if fits_f16 else "F32",
+                          (c.hidden, rank))  # fmt: skip
+        rows = st.get(fc2)  # (ffn, rank): row i scores neuron i
+        order = orders.get(f"{layer}.{e}" if moe else f"{layer}")
+        if order is not None:
+            rows = rows[np.asarray(order)]
+        writer.add_tensor(f"blk.{layer}.pred_fc2{sfx}", np.ascontiguousarray(rows), "F16", (rank, c.ffn))
     threshold = 1.0 / (1.0 + np.exp(-PREDICTOR_LOGIT_THRESHOLD))
-    writer.add_tensor(f"blk.{layer}.pred_threshold", np.array([threshold], np.float32), "F32", (1,))
+    writer.add_tensor(f"blk.{layer}.pred_threshold", np.full(len(blocks), threshold, np.float32), "F32",
+                      (len(blocks),))  # fmt: skip
 
 
 class _NoTwin:
