@@ -16,7 +16,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 
 from pi2cli.cli import cli  # noqa: E402
-from pi2cli.hw.push import collect_items, push_files  # noqa: E402
+from pi2cli.hw.push import collect_items, model_remote_name, push_files, sha256_file  # noqa: E402
 from pi2cli.targets import TargetError, get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"
@@ -34,6 +34,11 @@ def files(tmp_path):
     engine.write_text("#!/bin/sh\necho engine says $1\n")
     engine.chmod(0o755)
     return {"model": model, "plan": plan, "build_root": tmp_path / "build"}
+
+
+def on_device(model: Path) -> str:
+    """The name a model lands under: NAME-HASH.EXT."""
+    return model_remote_name(model, sha256_file(model))
 
 
 def run_cli(*args):
@@ -100,7 +105,7 @@ def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch)
     report = json.loads(first.stdout)
     assert report["copied"] == 3 and report["skipped"] == 0
     landed = dev.root / "pi2"
-    assert (landed / "models" / "tiny.gguf").read_bytes() == files["model"].read_bytes()
+    assert (landed / "models" / on_device(files["model"])).read_bytes() == files["model"].read_bytes()
     assert (landed / "plans" / "plan.json").read_text() == files["plan"].read_text()
     assert (landed / "bin" / "pi2-engine").stat().st_mode & stat.S_IXUSR
     assert not list(landed.rglob("*.partial"))
@@ -113,17 +118,39 @@ def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch)
     assert [f["remote"] for f in third["files"] if f["action"] == "copied"] == [f"{WORKDIR}/plans/plan.json"]
 
     # The manifest is only a shortcut: a file changed behind pi2's back is caught by its hash.
-    (landed / "models" / "tiny.gguf").write_bytes(os.urandom(3 << 20))
+    (landed / "models" / on_device(files["model"])).write_bytes(os.urandom(3 << 20))
     fourth = json.loads(run_cli(*args).stdout)
     assert {f["remote"] for f in fourth["files"] if f["action"] == "copied"} == {
-        f"{WORKDIR}/models/tiny.gguf"
+        f"{WORKDIR}/models/{on_device(files['model'])}"
     }
-    assert (landed / "models" / "tiny.gguf").read_bytes() == files["model"].read_bytes()
+    assert (landed / "models" / on_device(files["model"])).read_bytes() == files["model"].read_bytes()
 
     # The pushed engine runs on the device.
     out = []
     p = get_target(dev.serial).run([f"{WORKDIR}/bin/pi2-engine", "hi"], on_output=lambda n, d: out.append(d))
     assert p.wait(10) == 0 and b"".join(out) == b"engine says hi\n"
+
+
+def test_two_models_with_the_same_file_name_stay_apart_on_the_device(make_device, tmp_path):
+    """Every synthetic model is DIR/model.pi2 + DIR/model.gguf: a second push once replaced the first
+    model's .pi2 and left its .gguf beside the new one. Both now stay, each under its name and hash."""
+    dev = make_device()
+    pushed = {}
+    for name in ("synth-a", "synth-b"):
+        d = tmp_path / name
+        d.mkdir()
+        for ext in (".pi2", ".gguf"):
+            (d / f"model{ext}").write_bytes(os.urandom(1 << 16))
+        r = run_cli("push", "--device", dev.serial, "--no-engine", "--no-workloads", "-m", str(d / "model.pi2"),
+                    "-m", str(d / "model.gguf"), "--json")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        pushed[name] = {f["local"]: f["remote"] for f in json.loads(r.stdout)["files"]}
+    models = dev.root / "pi2" / "models"
+    assert len(list(models.iterdir())) == 4  # two .pi2, two .gguf: nothing replaced
+    for name, files in pushed.items():
+        for local, remote in files.items():
+            assert Path(remote).name.startswith(f"{name}-")
+            assert (models / Path(remote).name).read_bytes() == Path(local).read_bytes()
 
 
 def test_push_catches_a_corrupted_transfer(make_device, files):
@@ -132,7 +159,10 @@ def test_push_catches_a_corrupted_transfer(make_device, files):
     assert r.exit_code == 1
     assert "corrupted" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     models = dev.root / "pi2" / "models"
-    assert not (models / "tiny.gguf").exists() and not (models / "tiny.gguf.partial").exists()
+    assert (
+        not (models / on_device(files["model"])).exists()
+        and not (models / (on_device(files["model"]) + ".partial")).exists()
+    )
 
 
 def test_push_checks_free_space_first(make_device, files):
@@ -150,7 +180,7 @@ def test_disconnect_mid_push_is_one_line_and_leaves_no_complete_file(make_device
     assert r.exit_code == 1 and time.monotonic() - start < 30
     assert r.stderr.startswith("pi2: error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "not installed" in r.stderr
-    assert not (dev.root / "pi2" / "models" / "tiny.gguf").exists()
+    assert not (dev.root / "pi2" / "models" / on_device(files["model"])).exists()
     assert dev.proc.wait(5) == 3  # the daemon really went away
 
 
@@ -176,7 +206,10 @@ def test_ctrl_c_during_push_removes_the_partial(make_device, files):
     with pytest.raises(KeyboardInterrupt):
         push_files(t, items, progress_for=Interrupt)
     models = dev.root / "pi2" / "models"
-    assert not (models / "tiny.gguf").exists() and not (models / "tiny.gguf.partial").exists()
+    assert (
+        not (models / on_device(files["model"])).exists()
+        and not (models / (on_device(files["model"]) + ".partial")).exists()
+    )
 
 
 def test_devices_lists_states_and_facts(make_device):
@@ -198,7 +231,7 @@ def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_serve
     # The child gets the default SIGINT: a shell that runs the suite in the background (`cmd &`) starts it
     # with SIGINT ignored, and Python then keeps ignoring it, so the Ctrl-C under test would never arrive.
     dev = make_device("--slow", str(2 << 20))  # 3 MiB at 2 MiB/s: plenty of time to interrupt
-    partial = dev.root / "pi2" / "models" / "tiny.gguf.partial"
+    partial = dev.root / "pi2" / "models" / (on_device(files["model"]) + ".partial")
     proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "push", "--device", dev.serial, "--no-engine",
                              "--no-workloads", "-m", str(files["model"])], env={**os.environ},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -215,7 +248,7 @@ def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_serve
             proc.kill()
     # click reports Ctrl-C as "Aborted!" (exit 1) until cli.main handles it (exit 130, "pi2: interrupted").
     assert proc.returncode in (1, 130) and (b"Aborted" in err or b"interrupted" in err), err
-    assert not partial.exists() and not (dev.root / "pi2" / "models" / "tiny.gguf").exists()
+    assert not partial.exists() and not (dev.root / "pi2" / "models" / on_device(files["model"])).exists()
 
 
 def test_port_forward_reaches_a_server_on_the_device_and_is_removed(make_device):

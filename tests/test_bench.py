@@ -23,6 +23,7 @@ from pi2cli.bench.run import (
 from pi2cli.cli import cli
 from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.push import model_remote_name, sha256_file
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
@@ -283,7 +284,8 @@ def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
     assert run["memory"]["how"].startswith("not enforced on adb devices (no cgroup control)")
     assert run["memory_samples"] and all(m["pss_bytes"] for m in run["memory_samples"][1:])
     pushed = phone.root / "pi2"
-    assert (pushed / "bin" / "pi2-engine").is_file() and (pushed / "models" / "model.pi2").is_file()
+    on_device = model_remote_name(model_dir / "model.pi2", sha256_file(model_dir / "model.pi2"))
+    assert (pushed / "bin" / "pi2-engine").is_file() and (pushed / "models" / on_device).is_file()
     assert not list((pushed / "runs").glob("*.events.jsonl"))  # the session cleaned up after itself
 
 

@@ -193,3 +193,53 @@ def test_smollm2_cats50_under_a_budget_below_the_file_keeps_rss_and_reports_spee
     )
     assert q["tokens_scored"] == 31 and q["memory_budget"] == str(budget)
     assert 0 < q["kl_nats"] < 2 and 0.3 < q["top1_agreement"] < 1 and q["ppl_ratio"] > 1
+
+
+# --------------------------------------------------------------------- CATS output benches as any model
+def test_cats_writes_a_twin_and_benches_with_or_without_it(
+    smollm2_gguf, smollm2_dense, tmp_path, monkeypatch
+):
+    """`--sparsify cats` once refused --gguf-twin, and bench refused a .pi2 without a twin even for pi2
+    alone: the CATS workflow ended at the file. Now the twin is the dense source's GGUF, pi2 alone needs
+    none (the .pi2 keeps the chat template) and llama.cpp without one says in one line how to make it."""
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    runner = CliRunner()
+    twin = tmp_path / "with" / "cats0.gguf"
+    twin.parent.mkdir()
+    res = runner.invoke(cli, ["convert", str(smollm2_gguf), "--sparsify", "cats", "--sparsity", "0", "--out",
+                              str(twin.with_suffix(".pi2")), "--gguf-twin", str(twin)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert twin.read_bytes() == smollm2_gguf.read_bytes()  # a plain GGUF's twin is the source, byte for byte
+    meta = Pi2File(twin.with_suffix(".pi2"), verify=False).metadata
+    assert meta["gguf_twin"] == twin.name and "<|im_start|>" in meta["chat_template"]["template"]
+
+    alone = tmp_path / "alone" / "cats0.pi2"
+    alone.parent.mkdir()
+    res = runner.invoke(cli, ["convert", str(smollm2_gguf), "--sparsify", "cats", "--sparsity", "0", "--out",
+                              str(alone)])  # fmt: skip
+    assert res.exit_code == 0 and list(alone.parent.iterdir()) == [alone], res.output
+    results = tmp_path / "results"
+    res = runner.invoke(cli, ["bench", "-m", str(alone), "-e", "pi2", "--limit", "1", "-n", "2", "--results-dir",
+                              str(results), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["runs"]
+    assert row["status"] == "ok" and row["policy"] == "powerinfer2"
+    res = runner.invoke(cli, ["bench", "-m", str(alone), "-e", "pi2", "-e", "llama.cpp", "--limit", "1",
+                              "--results-dir", str(tmp_path / "none")])  # fmt: skip
+    assert (
+        res.exit_code == 1
+        and len(res.output.split()) > 5
+        and len(res.output.strip().splitlines()) == 1
+        and "--gguf-twin cats0.gguf" in res.output
+    )
+    assert not (tmp_path / "none" / "runs").exists() or not list((tmp_path / "none" / "runs").iterdir())
+
+    # A dense .pi2 source: its own twin is copied; without one, one line and no output.
+    dense_twin = smollm2_dense.with_suffix(".gguf")
+    out = tmp_path / "from-pi2.pi2"
+    res = runner.invoke(cli, ["convert", str(smollm2_dense), "--sparsify", "cats", "--sparsity", "0", "--out",
+                              str(out), "--gguf-twin", str(tmp_path / "from-pi2.gguf")])  # fmt: skip
+    if dense_twin.is_file():
+        assert res.exit_code == 0, res.output
+    else:
+        assert res.exit_code == 1 and "has no GGUF twin beside it" in res.output and not out.exists()

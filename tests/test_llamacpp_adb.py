@@ -16,6 +16,7 @@ from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Repo
 from pi2cli.cli import cli
 from pi2cli.engines.llamacpp_chat import LlamaCppDriver, build_target_for
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.push import model_remote_name, sha256_file
 from pi2cli.results import store
 from pi2cli.targets import get_target
 
@@ -106,8 +107,10 @@ def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
     assert run["counters"]["peak_rss_source"] == "device VmHWM via shell"
     assert run["counters"]["peak_pss_bytes"] > 0
     pushed = phone.root / "pi2"
-    assert (pushed / "bin" / "llama-server").is_file() and (pushed / "models" / "model.gguf").is_file()
-    assert not (pushed / "models" / "model.pi2").exists()  # llama.cpp needs only the twin
+    twin = tiny_model.with_suffix(".gguf")
+    on_device = pushed / "models" / model_remote_name(twin, sha256_file(twin))  # NAME-HASH.gguf
+    assert (pushed / "bin" / "llama-server").is_file() and on_device.is_file()
+    assert not list((pushed / "models").glob("*.pi2"))  # llama.cpp needs only the twin
     assert "forward" not in adb.call("forward", "--list") and not wait_gone(phone)
 
     # A second bench pushes nothing (content hashes match) and runs again.

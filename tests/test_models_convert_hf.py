@@ -15,6 +15,7 @@ from pi2cli.models import gguf_twin
 from pi2cli.models.convert_safetensors import convert, permute_qk
 from pi2cli.models.numpy_llama import rope_normal
 from pi2cli.models.pi2file import Pi2File
+from pi2cli.paths import host_build_dir
 
 H, F, NH, NKV, L, V = 64, 96, 2, 1, 2, 49152
 
@@ -35,7 +36,7 @@ def _bf16_file(path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
 
 
-def make_checkpoint(root, model_type="bamboo", moe=False, drop=None):
+def make_checkpoint(root, model_type="bamboo", moe=False, drop=None, predictor=False, predictor_bias=False):
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": model_type, "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L,
@@ -69,6 +70,13 @@ def make_checkpoint(root, model_type="bamboo", moe=False, drop=None):
         else:
             layers.update({p + "mlp.gate_proj.weight": w(F, H), p + "mlp.up_proj.weight": w(F, H),
                            p + "mlp.down_proj.weight": w(H, F)})  # fmt: skip
+        if predictor:  # TurboSparse's BambooMLP layout: fc1 [rank, hidden], fc2 [ffn, rank], no biases
+            layers[p + "post_attention_layernorm.weight"] = 0.5 + rng.random(H).astype(np.float32)
+            for where in [f"block_sparse_moe.experts.{e}." for e in range(4)] if moe else ["mlp."]:
+                layers[p + where + "predictor.fc1.weight"] = w(16, H) * 20
+                layers[p + where + "predictor.fc2.weight"] = w(F, 16) * 20
+                if predictor_bias:  # a layout pi2 does not read
+                    layers[p + where + "predictor.fc1.bias"] = w(16)
     for name in drop or ():
         layers.pop(name, None)
         t.pop(name, None)
@@ -213,3 +221,94 @@ def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_ggu
     result = runner.invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "c.pi2")])
     assert result.exit_code == 1 and "give --tokenizer-gguf" in result.stderr
     assert not (tmp_path / "c.pi2").exists()
+
+
+def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_gguf):
+    """A TurboSparse checkpoint's merged predictors were dropped and the model then ran dense without a
+    word: now fc1 / ffn_norm and fc2's rows (in bundle order) become the .pi2's predictor, and the
+    sparse engine runs it with its own predictor."""
+    from pi2cli.models.profile import save_profile
+
+    src = make_checkpoint(tmp_path / "hf", predictor=True)
+    freqs = {f"freq/{layer}": np.random.default_rng(layer).random(F).astype(np.float32) for layer in range(L)}
+    save_profile(tmp_path / "p.npz", freqs, {})
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "m.pi2"),
+                                   "--tokenizer-gguf", str(smollm2_gguf), "--profile", str(tmp_path / "p.npz")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "predictors: PowerInfer fc1/fc2, sigmoid threshold 0.5" in res.output and "dense" not in res.output
+    f = Pi2File(tmp_path / "m.pi2", verify=True)
+    assert f.header.has_predictor and f.metadata["predictor"]["threshold"] == 0.5
+
+    def bf16(name):
+        return (src[name].view(np.uint32) >> 16 << 16).view(np.float32)
+
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        order = f.tensor(f"blk.{layer}.ffn_order").astype(int)
+        assert np.array_equal(order, np.argsort(-freqs[f"freq/{layer}"], kind="stable"))
+        fc1 = bf16(p + "mlp.predictor.fc1.weight") / bf16(p + "post_attention_layernorm.weight")
+        assert np.allclose(f.tensor(f"blk.{layer}.pred_fc1").reshape(16, H), fc1, rtol=2e-3, atol=1e-3)
+        fc2 = bf16(p + "mlp.predictor.fc2.weight")[order]
+        assert np.allclose(f.tensor(f"blk.{layer}.pred_fc2").reshape(F, 16), fc2, rtol=2e-3, atol=1e-3)
+        assert f.tensor(f"blk.{layer}.pred_threshold")[0] == 0.5
+    engine = host_build_dir() / "pi2-engine"
+    if engine.is_file():
+        ev = tmp_path / "ev.jsonl"
+        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "m.pi2"), "-p", "Hello", "-n", "4",
+                               "--policy", "powerinfer2", "--events", str(ev)], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+
+
+def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
+    src = make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True, predictor=True)
+    convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
+    f = Pi2File(tmp_path / "out" / "model.pi2", verify=True)
+    assert f.header.has_predictor and f.header.n_expert == 4
+    assert np.array_equal(f.tensor("blk.1.pred_threshold"), np.full(4, 0.5, np.float32))
+
+    def bf16(name):
+        return (src[name].view(np.uint32) >> 16 << 16).view(np.float32)
+
+    fc1 = bf16("model.layers.1.block_sparse_moe.experts.2.predictor.fc1.weight")
+    norm = bf16("model.layers.1.post_attention_layernorm.weight")
+    assert np.allclose(f.tensor("blk.1.pred_fc1.2").reshape(16, H), fc1 / norm, rtol=2e-3, atol=1e-3)
+    engine = host_build_dir() / "pi2-engine"
+    if engine.is_file():
+        ev = tmp_path / "ev.jsonl"
+        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
+                               "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+
+
+def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf, monkeypatch):
+    """Predictors in a layout pi2 does not read (here: with biases) are left out: the conversion and the
+    bench both say the model runs dense, and the file records why."""
+    make_checkpoint(tmp_path / "hf", predictor=True, predictor_bias=True)
+    out = tmp_path / "biased" / "model.pi2"
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path / "hf"), "--out", str(out), "--tokenizer-gguf",
+                                   str(smollm2_gguf), "--gguf-twin", str(out.with_suffix(".gguf"))])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "note: model.pi2: 6 predictor tensors" in res.output and "pi2 runs it dense" in res.output
+    f = Pi2File(out, verify=False)
+    assert not f.header.has_predictor and f.metadata["dropped_predictors"]["count"] == 6
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    if (host_build_dir() / "pi2-engine").is_file():
+        res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",
+                                       "1", "--warmup", "0", "--results-dir", str(tmp_path / "res")])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert (
+            "pi2 runs it dense (policy dense)" in " ".join(res.output.split()) and "pi2:dense" in res.output
+        )
+    # A dReLU model converted without any predictor says so too.
+    make_checkpoint(tmp_path / "plain")
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path / "plain"), "--out", str(tmp_path / "plain.pi2"),
+                                   "--tokenizer-gguf", str(smollm2_gguf)])  # fmt: skip
+    assert (
+        res.exit_code == 0 and "a drelu model without activation predictors: pi2 runs it dense" in res.output
+    )

@@ -3,13 +3,14 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.hw.push import collect_items, engine_files, push_files, sha256_file
+from pi2cli.hw.push import collect_items, engine_files, model_remote_name, push_files, sha256_file
 from pi2cli.targets import get_target
 
 
@@ -27,10 +28,9 @@ def test_local_push_copies_verifies_and_then_skips(tmp_path):
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["copied"] == 1
-    assert (workdir / "models" / "m.gguf").read_bytes() == model.read_bytes()
-    assert json.loads((workdir / ".pi2-manifest.json").read_text())[str(workdir / "models" / "m.gguf")][
-        "sha256"
-    ]
+    landed = workdir / "models" / model_remote_name(model, sha256_file(model))
+    assert landed.name.startswith("m-") and landed.read_bytes() == model.read_bytes()
+    assert json.loads((workdir / ".pi2-manifest.json").read_text())[str(landed)]["sha256"]
     second = json.loads(CliRunner().invoke(cli, args).stdout)
     assert second["copied"] == 0 and second["skipped"] == 1
 
@@ -63,9 +63,17 @@ def test_inputs_are_checked(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     for d in ("a", "b"):
-        (tmp_path / d / "m.gguf").write_bytes(b"m")
+        (tmp_path / d / "p.json").write_text("{}")
+        (tmp_path / d / "model.pi2").write_bytes(d.encode())
     with pytest.raises(Pi2Error, match="same name"):
-        collect_items(target, target.workdir, models=[tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"])
+        collect_items(target, target.workdir, plans=[tmp_path / "a" / "p.json", tmp_path / "b" / "p.json"])
+    # two models of one file name are told apart by their directory and hash, even in one push
+    items = collect_items(
+        target, target.workdir, models=[tmp_path / "a" / "model.pi2", tmp_path / "b" / "model.pi2"]
+    )
+    report = push_files(target, items)
+    assert sorted(Path(f.remote).name.split("-")[0] for f in report.files) == ["a", "b"]
+    assert [i.remote for i in items] == [f.remote for f in report.files]
     monkeypatch.setenv("PI2_BUILD_ROOT", str(tmp_path / "nobuild"))
     monkeypatch.delenv("PI2_BUILD_DIR", raising=False)
     with pytest.raises(Pi2Error, match="no engine build.*make engine"):
@@ -73,3 +81,13 @@ def test_inputs_are_checked(tmp_path, monkeypatch):
     if shutil.which("qemu-aarch64"):
         with pytest.raises(Pi2Error, match="linux-arm64"):
             engine_files(get_target("qemu-arm64"))
+
+
+def test_remote_model_names_carry_the_model_and_its_hash(tmp_path):
+    a, b = tmp_path / "tiny-a" / "model.pi2", tmp_path / "tiny b" / "model.pi2"
+    for path, body in ((a, b"a"), (b, b"b")):
+        path.parent.mkdir()
+        path.write_bytes(body)
+    names = [model_remote_name(p, sha256_file(p)) for p in (a, b)]
+    assert names[0] == f"tiny-a-{sha256_file(a)[:12]}.pi2" and names[1].startswith("tiny-b-")
+    assert model_remote_name(tmp_path / "smollm2.gguf", "ab" * 32) == "smollm2-abababababab.gguf"

@@ -59,8 +59,19 @@ class ModelFiles:
         if path is None:
             have = self.pi2 or self.gguf
             raise Pi2Error(f"{engine} runs a {suffix} model and there is none next to {have} "
-                           f"(expected {Path(have).with_suffix(suffix)}; `pi2 convert` writes both)")  # fmt: skip
+                           f"(expected {Path(have).with_suffix(suffix)}; {twin_hint(Path(have), suffix)})")  # fmt: skip
         return path
+
+
+def twin_hint(have: Path, suffix: str) -> str:
+    """How to make the missing form of a model: a CATS .pi2's twin comes from its source GGUF."""
+    if suffix == ".gguf" and have.suffix == ".pi2":
+        from pi2cli.quality.cats import twin_hint as cats_hint
+
+        hint = cats_hint(have)
+        if hint:
+            return hint
+    return "`pi2 convert SRC --out X.pi2 --gguf-twin X.gguf` writes both"
 
 
 def model_display_name(path: Path) -> str:
@@ -69,10 +80,11 @@ def model_display_name(path: Path) -> str:
 
 
 def resolve_model(
-    model: str, *, convert_missing_pi2: bool = True, reporter: Reporter | None = None
+    model: str, *, convert_missing_pi2: bool = True, reporter: Reporter | None = None, template: bool = True
 ) -> ModelFiles:
-    """A .pi2 path (its GGUF twin next to it: DIR/X.pi2 + DIR/X.gguf) or a .gguf (converted to the .pi2
-    beside it when missing and wanted). The chat template comes from the GGUF."""
+    """A .pi2 path (its GGUF twin next to it when there is one: DIR/X.pi2 + DIR/X.gguf) or a .gguf
+    (converted to the .pi2 beside it when missing and wanted). The chat template comes from the GGUF, or
+    from the .pi2's metadata (a CATS .pi2 keeps its source's); template=False: not needed (pp-tg)."""
     path = Path(model).expanduser()
     if not path.exists():
         raise Pi2Error(
@@ -96,10 +108,23 @@ def resolve_model(
                 pi2 = convert_for_pi2(gguf, reporter)
     else:
         raise Pi2Error(f"model {model}: expected a .pi2 or .gguf file")
-    if gguf is None:
-        raise Pi2Error(f"{pi2}: no GGUF twin {pi2.with_suffix('.gguf')} next to it (it carries the chat "
-                       f"template and is what llama.cpp runs; `pi2 convert` writes it)")  # fmt: skip
-    return ModelFiles(model_display_name(path), pi2, gguf, gguf_chat_template(gguf))
+    chat = None
+    if template:
+        chat = gguf_chat_template(gguf) if gguf is not None else pi2_chat_template(pi2)
+    return ModelFiles(model_display_name(path), pi2, gguf, chat)
+
+
+def pi2_chat_template(pi2: Path) -> ChatTemplate:
+    """The chat template a .pi2 without a twin keeps in its metadata (CATS output), else one line."""
+    from pi2cli.models.pi2file import Pi2File
+
+    with contextlib.suppress(Pi2Error, OSError, ValueError):
+        meta = Pi2File(pi2, verify=False).metadata.get("chat_template")
+        if isinstance(meta, dict) and isinstance(meta.get("template"), str):
+            return ChatTemplate(meta["template"], str(meta.get("bos") or ""), str(meta.get("eos") or ""))
+    raise Pi2Error(f"{pi2}: no GGUF twin {pi2.with_suffix('.gguf')} next to it and no chat template in it: "
+                   f"the chat workloads need one (`pi2 convert SRC --gguf-twin` writes the twin; "
+                   f"--mode pp-tg needs none)")  # fmt: skip
 
 
 def convert_for_pi2(gguf: Path, reporter: Reporter | None = None) -> Path:
@@ -336,6 +361,12 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
         raise Pi2Error(reason)
     local_model = model.for_engine(driver.model_suffix, driver.name)
     driver.configure(target, local_model)
+    if getattr(driver, "policy", None) == "dense" and local_model.suffix == ".pi2":
+        from pi2cli.models.convert_any import runs_dense_note
+
+        note = runs_dense_note(local_model)  # a sparse-kind model without predictors: said, not hidden
+        if note:
+            reporter.message(f"{driver.name}: {note}")
     if target.on_this_machine:
         return Prepared(driver, local_model, str(local_model), None)
     from pi2cli.hw.push import collect_items, push_files
@@ -350,8 +381,8 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
     copied = sum(1 for f in report.files if f.action == "copied")
     driver.files_pushed(workdir.rstrip("/"))
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
-    return Prepared(driver, local_model, f"{workdir.rstrip('/')}/models/{local_model.name}",
-                    f"{workdir.rstrip('/')}/bin")  # fmt: skip
+    model_remote = next(i.remote for i in items if i.kind == "model")  # named by model and content hash
+    return Prepared(driver, local_model, model_remote, f"{workdir.rstrip('/')}/bin")
 
 
 NOT_ENFORCED_ON_DEVICE = (
@@ -697,7 +728,7 @@ def run_llama_bench_mode(cfg: BenchConfig, drivers: list, reporter: Reporter) ->
         raise Pi2Error(
             f"--mode llama-bench runs on this machine only (target {target.name} is {target.kind})"
         )
-    model = resolve_model(cfg.model, convert_missing_pi2=False, reporter=reporter)
+    model = resolve_model(cfg.model, convert_missing_pi2=False, reporter=reporter, template=False)
     wrapper_binary()  # measures llama-bench's peak memory: missing, nothing runs
     (driver,) = drivers
     return [

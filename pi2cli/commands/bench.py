@@ -7,7 +7,29 @@ import sys
 
 import click
 
+from pi2cli.errors import Pi2Error
 from pi2cli.results.options import results_dir_option
+
+
+def int_list(value: str | None, option: str, low: int) -> list[int] | None:
+    """`128,512` -> [128, 512] (llama-bench's list syntax); None when not given."""
+    if value is None:
+        return None
+    try:
+        values = [int(v) for v in str(value).split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number or a comma-separated list of numbers") from None
+    if any(v < low for v in values):
+        raise click.BadParameter(f"{value!r}: every value must be at least {low}")
+    return values
+
+
+def one_value(values: list[int] | None, option: str) -> int | None:
+    if values is None:
+        return None
+    if len(values) > 1:
+        raise Pi2Error(f"{option} {','.join(map(str, values))}: lists of values are for --mode pp-tg")
+    return values[0]
 
 
 class RichReporter:
@@ -83,12 +105,21 @@ def print_table(console, outcomes) -> None:
               help="Engine to run; repeat for several: pi2 (policy powerinfer2 when the model has predictors, "
                    "else dense), llmflash (pi2-engine --policy llmflash: the LLM-in-a-Flash baseline), "
                    "llama.cpp, mlc-llm (needs --mlc-runner).  [default: pi2; llama-bench mode: llama.cpp]")  # fmt: skip
-@click.option("--mode", type=click.Choice(["chat", "llama-bench"]), default="chat", show_default=True,
+@click.option("--mode", type=click.Choice(["chat", "llama-bench", "pp-tg"]), default="chat", show_default=True,
               help="chat: the workloads as multi-turn conversations (every engine). llama-bench: llama.cpp's "
                    "own pp/tg benchmark (-p --n-prompt, -n --n-gen, -r --repeat; -lm mmap --repack 0), its "
-                   "JSON records kept in the result.")  # fmt: skip
-@click.option("--n-prompt", "-p", type=click.IntRange(0), default=512, show_default=True,
-              help="--mode llama-bench: prompt tokens of the pp test (0: no pp test).")  # fmt: skip
+                   "JSON records kept in the result. pp-tg: a sweep of -p x -n x -t lists for pi2, llmflash "
+                   "and llama.cpp alike, with warm-up runs (docs/BENCH.md).")  # fmt: skip
+@click.option("--n-prompt", "-p", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--n-prompt", 0),
+              help="Prompt tokens: llama-bench mode's pp test (0: none) [512]; pp-tg: a list, e.g. 128,512.")  # fmt: skip
+@click.option("--warmup", type=click.IntRange(0), default=None,
+              help="--mode pp-tg: warm-up runs before each cell's repetitions, stored but not summarised [1].")  # fmt: skip
+@click.option(
+    "--dry-run", is_flag=True, help="--mode pp-tg: print the matrix and its estimated time, run nothing."
+)
+@click.option("--samples-csv", type=click.Path(dir_okay=False), default=None,
+              help="--mode pp-tg: also write every sample (pi2: TTFT and each TBT; llama-bench: each test's "
+                   "time) as CSV rows to this file.")  # fmt: skip
 @click.option("--llmflash-window", type=click.IntRange(1), default=5, show_default=True,
               help="llmflash: keep the neurons used by the last K tokens (LLM in a Flash uses 5).")  # fmt: skip
 @click.option("--mlc-runner", default=None, envvar="PI2_MLC_RUNNER", show_envvar=True,
@@ -110,10 +141,11 @@ def print_table(console, outcomes) -> None:
               help="Target: local (default), qemu-arm64, or an adb serial / HOST:PORT (see `pi2 devices`).")  # fmt: skip
 @click.option("--repeat", type=int, default=None,
               help="Run every conversation this many times [default: 1; llama-bench mode: 3 repetitions].")  # fmt: skip
-@click.option("--threads", "-t", type=int, default=None, help="Engine threads (default: the engine's own).")
-@click.option("--n-gen", "-n", type=int, default=None,
+@click.option("--threads", "-t", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--threads", 1),
+              help="Engine threads (default: the engine's own); pp-tg: a list, e.g. 1,2,4.")  # fmt: skip
+@click.option("--n-gen", "-n", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--n-gen", 0),
               help="Tokens generated per turn (default: each turn's max_new_tokens from the workload; "
-                   "llama-bench mode: the tg test's length, default 128).")  # fmt: skip
+                   "llama-bench mode: the tg test's length, default 128; pp-tg: a list [128]).")  # fmt: skip
 @click.option(
     "--ctx",
     type=click.IntRange(16, 1 << 20),
@@ -140,9 +172,9 @@ def print_table(console, outcomes) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
-def command(model, make_synth, engines, mode, n_prompt, llmflash_window, mlc_runner, mlc_model, workloads, limit,
-            seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below, plan, quality, tags,
-            results_dir, as_json) -> None:  # fmt: skip
+def command(model, make_synth, engines, mode, n_prompt, warmup, dry_run, samples_csv, llmflash_window, mlc_runner,
+            mlc_model, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below,
+            plan, quality, tags, results_dir, as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
     Every (engine, workload, budget) is one run, saved as one result JSON (see `pi2 results list`).
@@ -159,6 +191,7 @@ def command(model, make_synth, engines, mode, n_prompt, llmflash_window, mlc_run
       pi2 bench -m synth/model.pi2 -e pi2 -e llmflash --llmflash-window 5 --memory-budget 256M --limit 1
       pi2 bench -m models/smollm2/model.gguf -e llama.cpp --mode llama-bench -p 512 -n 128 --repeat 3
       pi2 bench -m synth/model.pi2 -e pi2 --plan plan.json --limit 1
+      pi2 bench -m synth/model.pi2 --mode pp-tg -e pi2 -e llmflash -e llama.cpp -p 128,512 -n 32 -t 1,4 --dry-run
       PI2_MLC_RUNNER=http://127.0.0.1:8000 pi2 bench -m models/smollm2/model.pi2 -e mlc-llm --limit 1
     """
     from rich.console import Console
@@ -169,6 +202,18 @@ def command(model, make_synth, engines, mode, n_prompt, llmflash_window, mlc_run
 
     model = model_arg(model, synth=make_synth)
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
+    if mode == "pp-tg":
+        if plan or quality:
+            raise Pi2Error(f"{'--plan' if plan else '--quality'} goes with --mode chat, not pp-tg")
+        return sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budgets, device, results_dir,
+                             tags, llmflash_window, samples_csv, dry_run, as_json)  # fmt: skip
+    sweep_only = [o for o, v in (("--warmup", warmup), ("--dry-run", dry_run), ("--samples-csv", samples_csv))
+                  if v not in (None, False)]  # fmt: skip
+    if sweep_only:
+        raise Pi2Error(f"{sweep_only[0]} goes with --mode pp-tg")
+    n_prompt, n_gen, threads = (one_value(v, o) for v, o in ((n_prompt, "--n-prompt"), (n_gen, "--n-gen"),
+                                                              (threads, "--threads")))  # fmt: skip
+    n_prompt = 512 if n_prompt is None else n_prompt
     cfg = BenchConfig(
         model=model, engines=engines, workloads=list(workloads), limit=limit, seed=seed,
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
@@ -190,5 +235,46 @@ def command(model, make_synth, engines, mode, n_prompt, llmflash_window, mlc_run
     else:
         out = Console()
         print_table(out if out.is_terminal else Console(width=200), outcomes)  # piped: wide, not squeezed
+    if any(o.run["status"] != "ok" for o in outcomes):
+        sys.exit(1)
+
+
+def sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budgets, device, results_dir, tags,
+                  llmflash_window, samples_csv, dry_run, as_json) -> None:  # fmt: skip
+    """--mode pp-tg: pi2cli.bench.sweep does the work; the same table and --json as the other modes."""
+    from rich.console import Console
+
+    from pi2cli.bench.sweep import (
+        DEFAULT_N_GEN,
+        DEFAULT_N_PROMPT,
+        DEFAULT_REPEAT,
+        DEFAULT_WARMUP,
+        SweepConfig,
+        run_sweep,
+    )
+    from pi2cli.units import parse_size
+
+    cfg = SweepConfig(model=model, engines=engines, n_prompt=n_prompt or list(DEFAULT_N_PROMPT),
+                      n_gen=n_gen or list(DEFAULT_N_GEN), threads=threads or [None],
+                      repeat=DEFAULT_REPEAT if repeat is None else repeat,
+                      warmup=DEFAULT_WARMUP if warmup is None else warmup,
+                      budgets=[parse_size(b) for b in budgets] or [None], device=device, results_dir=results_dir,
+                      tags=list(tags), llmflash_window=llmflash_window, samples_csv=samples_csv, dry_run=dry_run)  # fmt: skip
+    if dry_run:
+        run_sweep(cfg, echo=click.echo)
+        return
+    console = Console(stderr=True)
+    if console.is_terminal or not as_json:
+        with RichReporter(console) as reporter:
+            outcomes = run_sweep(cfg, reporter)
+    else:
+        outcomes = run_sweep(cfg)
+    if as_json:
+        click.echo(json.dumps({"runs": [o.row() for o in outcomes]}, indent=1))
+    else:
+        out = Console()
+        print_table(out if out.is_terminal else Console(width=200), outcomes)
+    if samples_csv:
+        click.echo(f"samples: {samples_csv}", err=True)
     if any(o.run["status"] != "ok" for o in outcomes):
         sys.exit(1)

@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models.convert_any import convert_any
+from pi2cli.models.convert_any import convert_any, runs_dense_note
 from pi2cli.models.pi2file import Pi2FormatError
 
 
@@ -100,9 +100,8 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, sparsi
     if sparsify is None and (sparsity is not None or bundle_type is not None):
         raise Pi2Error("--sparsity and --bundle-type go with --sparsify cats")
     if sparsify is not None:
-        return _sparsify(src, out, sparsity, calibration, bundle_type, as_json,
-                         gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, quant=quant,
-                         tokenizer_gguf=tokenizer_gguf)  # fmt: skip
+        return _sparsify(src, out, sparsity, calibration, bundle_type, as_json, gguf_twin,
+                         ffn_act=ffn_act, profile=profile, quant=quant, tokenizer_gguf=tokenizer_gguf)  # fmt: skip
     from pi2cli.outputs import check_file_writable
 
     check_file_writable(out, "--out")  # a conversion takes minutes: refuse an impossible output first
@@ -133,9 +132,12 @@ def command(src, out, gguf_twin, ffn_act, profile, quant, tokenizer_gguf, sparsi
                        "same neurons only approximately; see docs/MODELS.md")  # fmt: skip
     if summary.get("gguf_twin"):
         click.echo(f"wrote {summary['gguf_twin']} (GGUF twin)")
+    note = runs_dense_note(Path(summary["out"]))  # a sparse-kind model that will run dense: said, not hidden
+    if note:
+        click.echo(f"note: {note}")
 
 
-def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, **others) -> None:
+def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, gguf_twin, **others) -> None:
     from pi2cli.outputs import check_file_writable
     from pi2cli.quality.cats import convert_cats
 
@@ -147,10 +149,14 @@ def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, **others) -
     if out.suffix != ".pi2":
         raise Pi2Error(f"--out {out}: the output name must end in .pi2")
     check_file_writable(out, "--out")
+    if gguf_twin is not None:
+        check_file_writable(gguf_twin, "--gguf-twin")
     with Progress(TextColumn("calibrating"), TimeElapsedColumn(), transient=True, disable=as_json) as bar:
         bar.add_task("cats", total=None)
         try:
-            summary = convert_cats(src, out, sparsity, calibration, bundle_type=bundle_type)
+            summary = convert_cats(
+                src, out, sparsity, calibration, bundle_type=bundle_type, gguf_twin=gguf_twin
+            )
         except Pi2FormatError as err:
             raise Pi2Error(f"{src}: {err}") from None
     if as_json:
@@ -160,3 +166,5 @@ def _sparsify(src, out, sparsity, calibration, bundle_type, as_json, **others) -
     click.echo(f"wrote {summary['out']} ({summary['bytes'] / 2**20:.1f} MiB, bundles {summary['bundle_type']}): "
                f"CATS gate predictor, target sparsity {sparsity:.0%}, thresholds {min(t):.4g}..{max(t):.4g} "
                f"from {summary['calibration']['tokens']} tokens of {calibration} (calibration part)")  # fmt: skip
+    if summary.get("gguf_twin"):
+        click.echo(f"wrote {summary['gguf_twin']} (GGUF twin: the dense source's weights, for llama.cpp)")

@@ -291,8 +291,9 @@ def convert_hf_cmd(src, tokenizer_gguf, quant, activation, profile, out_dir) -> 
     ProSparse, Bamboo, TurboSparse) to .pi2 plus a GGUF twin from the same quantized weights.
 
     bf16/f16/f32 tensors are streamed one at a time; Q/K rows are permuted to GGUF's RoPE order; every
-    tensor's presence, shape and byte range is checked before anything is written. Checkpoint-shipped
-    predictors are not converted.
+    tensor's presence, shape and byte range is checked before anything is written. A predictor merged
+    in PowerInfer's fc1/fc2 form (TurboSparse-Mistral) is kept; any other is left out, and the output
+    says the model then runs dense (docs/MODELS.md).
     """
     from pi2cli.models.convert_safetensors import convert
 
@@ -304,6 +305,13 @@ def convert_hf_cmd(src, tokenizer_gguf, quant, activation, profile, out_dir) -> 
     click.echo(
         f"wrote {result['pi2']} and {result['gguf']} ({result['arch']}, {result['activation']}, {result['layers']} layers)"
     )
+    from pi2cli.models.convert_any import runs_dense_note
+
+    if result["predictor"]:
+        click.echo(f"predictors: PowerInfer fc1/fc2, sigmoid threshold {result['predictor_threshold']:.4g}")
+    note = runs_dense_note(Path(result["pi2"]))
+    if note:
+        click.echo(f"note: {note}")
 
 
 __all__ = ["command", "QUANT_BYTES_PER_ELEMENT"]

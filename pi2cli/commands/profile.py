@@ -42,7 +42,7 @@ def print_profile(console, profile: dict, out: Path | None) -> None:
                    "(`pi2 devices`). On a device pi2-probe is pushed to WORKDIR/bin first when missing.")  # fmt: skip
 @click.option("--file", "-f", "file", required=True,
               help="A large file ON THE TARGET to read at random for the storage curve; the model file is the "
-                   "natural choice (on a phone: WORKDIR/models/NAME.pi2 after `pi2 push -m`). Only read.")  # fmt: skip
+                   "natural choice (on a phone: WORKDIR/models/NAME-HASH.pi2, as `pi2 push -m` prints it). Only read.")  # fmt: skip
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path("profile.json"),
               show_default=True, help="Where to write the profile JSON (written whole or not at all).")  # fmt: skip
 @click.option("--seconds", type=click.FloatRange(0.05, 60), default=2.0, show_default=True,

@@ -13,7 +13,8 @@ import click
                    "adb-connected on first use).")  # fmt: skip
 @click.option("--model", "-m", "models", multiple=True,
               help="Model file to push (repeatable), or a registry name found in the local store; lands in "
-                   "WORKDIR/models/.")  # fmt: skip
+                   "WORKDIR/models/NAME-HASH.EXT (its name and the first 12 hex digits of its sha256, so models "
+                   "never replace each other on the device).")  # fmt: skip
 @click.option("--plan", "plans", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Plan JSON to push (repeatable); lands in WORKDIR/plans/.")  # fmt: skip
 @click.option("--workdir", default=None,
@@ -96,5 +97,8 @@ def command(device, models, plans, workdir, no_engine, no_workloads, as_json):
         click.echo(json.dumps(report.to_json(), indent=1))
         return
     data = report.to_json()
+    for f in report.files:  # where each model is on the device: its name there carries its hash
+        if f.kind == "model":
+            click.echo(f"{f.local} -> {f.remote} ({f.action})")
     click.echo(f"{target.name}:{workdir}: {data['copied']} copied ({data['copied_bytes']} bytes), "
                f"{data['skipped']} unchanged")  # fmt: skip

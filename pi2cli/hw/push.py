@@ -6,7 +6,10 @@ manifest cannot vouch), skip it when the content is already there, else copy it 
 verify the sha256 on the target, and only then rename it to NAME. A transfer that breaks, a corrupted
 copy or Ctrl-C never leaves a file under its real name that looks complete.
 
-Layout under the working directory: bin/ (engine binaries), models/, plans/, workloads/.
+Layout under the working directory: bin/ (engine binaries), models/, plans/, workloads/. A model lands
+as models/NAME-HASH.EXT (model_remote_name: its name, e.g. the directory of DIR/model.pi2, and the
+first 12 hex digits of its sha256), so two models -- every synthetic one is DIR/model.pi2 -- never
+replace each other on the device, and a model's .pi2 and .gguf twin stay apart from another's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -113,11 +117,33 @@ def collect_items(
                 raise Pi2Error(f"{kind} file not found: {path}")
             items.append(PushItem(local=path, remote=f"{workdir.rstrip('/')}/{sub}/{path.name}", kind=kind,
                                   mode=mode, size=path.stat().st_size))  # fmt: skip
+    check_unique([i for i in items if i.kind != "model"])  # models: once named by their hash (name_models)
+    return items
+
+
+def check_unique(items: list[PushItem]) -> None:
     remotes = [i.remote for i in items]
     dup = {r for r in remotes if remotes.count(r) > 1}
     if dup:
         raise Pi2Error(f"two files would land on the same name: {', '.join(sorted(dup))}")
-    return items
+
+
+def name_models(items: list[PushItem]) -> None:
+    """Model items get their device name, NAME-HASH.EXT, once their sha256 is known (push_files hashes
+    them with a progress bar, so a GB model is not hashed silently before)."""
+    for item in items:
+        if item.kind == "model" and item.sha256:
+            item.remote = f"{item.remote.rsplit('/', 1)[0]}/{model_remote_name(item.local, item.sha256)}"
+    check_unique(items)
+
+
+def model_remote_name(path: Path, sha256: str) -> str:
+    """NAME-HASH.EXT for a model on the device: NAME is the file's stem, or its directory's name for
+    DIR/model.X (as `pi2 models synth` and the store write them); HASH the sha256's first 12 hex digits."""
+    stem = path.stem
+    name = path.parent.name if stem in ("model", "") and path.parent.name else stem
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
+    return f"{name[:64]}-{sha256[:12]}{path.suffix}"
 
 
 # ------------------------------------------------------------------------------------------ hashes
@@ -255,6 +281,7 @@ def push_files(
         for item in items:
             with progress_for(item, "hash") as progress:
                 item.sha256 = sha256_file(item.local, hash_cache, progress)
+        name_models(items)  # models/NAME-HASH.EXT: item.remote is where each one is on the device
         manifest = read_manifest(target, workdir)
         same = already_there(target, items, manifest)
         todo = [i for i in items if i.remote not in same]

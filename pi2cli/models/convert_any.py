@@ -39,7 +39,10 @@ def convert_any(src: Path, out: Path, gguf_twin=None, ffn_act=None, profile=None
         return {"out": result["pi2"], "gguf_twin": result["gguf"], "arch": result["arch"],
                 "source_format": "safetensors", "ffn_act": ffn_act or result["activation"],
                 "n_layer": result["layers"], "neuron_type": (quant or "q4_0").upper(),
-                "profile": str(profile) if profile else None, "bytes": out.stat().st_size}  # fmt: skip
+                "profile": str(profile) if profile else None, "bytes": out.stat().st_size,
+                "predictor": result["predictor"], "predictor_threshold": result["predictor_threshold"],
+                "predictor_threshold_exact": True if result["predictor"] else None,
+                "dropped_predictors": result["dropped_predictors"], "dropped_reason": result["dropped_reason"]}  # fmt: skip
     if quant is not None:
         raise Pi2Error(
             "--quant applies to safetensors checkpoints; GGUF weights are copied in their own types"
@@ -49,3 +52,24 @@ def convert_any(src: Path, out: Path, gguf_twin=None, ffn_act=None, profile=None
             "--tokenizer-gguf applies to safetensors checkpoints; a GGUF carries its own vocabulary"
         )
     return convert_gguf(src, out, gguf_twin=gguf_twin, ffn_act=ffn_act, profile=profile, progress=progress)
+
+
+def runs_dense_note(pi2: Path) -> str | None:
+    """One line saying a .pi2 runs dense when a reader would expect it sparse: a ReLU/dReLU model (the
+    sparse-activation kind) without activation predictors, or a conversion that left a checkpoint's
+    predictors out. None otherwise (a plain SwiGLU model is dense by nature)."""
+    from pi2cli.models.pi2file import Pi2File, Pi2FormatError
+
+    try:
+        f = Pi2File(pi2, verify=False)
+    except (Pi2Error, Pi2FormatError, OSError, ValueError):
+        return None
+    if f.header.has_predictor:
+        return None
+    dropped = f.metadata.get("dropped_predictors")
+    if isinstance(dropped, dict) and dropped.get("why"):
+        return f"{pi2.name}: {dropped['why']} (policy dense)"
+    if f.header.ffn_act in ("relu", "drelu"):
+        return (f"{pi2.name}: a {f.header.ffn_act} model without activation predictors: pi2 runs it dense "
+                f"(policy dense); convert a source that carries PowerInfer's fc1/fc2 predictors to run it sparse")  # fmt: skip
+    return None

@@ -7,9 +7,18 @@ tensor's byte range is checked against the file before anything is written. Q an
 permuted as llama.cpp's converter does (GGUF order: adjacent-pair RoPE), so the .pi2 and the GGUF
 hold the same rows. The vocabulary comes from a GGUF with the same tokens (--tokenizer-gguf), e.g.
 the model's PowerInfer GGUF or any llama.cpp conversion: turning tokenizer.model / tokenizer.json
-into GGUF vocab fields is not done here. Predictor weights shipped inside checkpoints are not
-converted (their layouts are not published): profile the model and the engine runs without
-predictors or with `pi2 models profile` frequencies.
+into GGUF vocab fields is not done here.
+
+Predictors: a checkpoint that carries PowerInfer's predictor in every layer, as TurboSparse-Mistral's
+BambooMLP merges it (`model.layers.L.mlp.predictor.fc1.weight` [rank, hidden] and `fc2.weight`
+[ffn, rank], no biases: sigmoid(fc2 relu(fc1 h)) over the residual h before the FFN norm, the layout
+PowerInfer GGUFs store as blk.L.fc1/fc2), keeps it as the .pi2's pred_fc1 / pred_fc2 / pred_threshold
+exactly as the PowerInfer GGUF converter writes them (fc1 divided by the FFN norm, fc2's rows in bundle
+order, threshold sigmoid(0) = 0.5, PowerInfer's default: a checkpoint records none). A mixture of
+experts is read the same way per expert (`block_sparse_moe.experts.E.predictor`, by analogy: the
+layout of TurboSparse-Mixtral's per-expert predictors is not published) into pred_fc1.E / pred_fc2.E.
+Any other predictor layout (biases, missing blocks, other names) is not converted, and the conversion
+says plainly that the model then runs dense (`dropped_predictors`, and the .pi2's metadata).
 """
 
 from __future__ import annotations
@@ -190,6 +199,7 @@ def convert(
     if out_dir.exists() and not out_dir.is_dir():
         raise Pi2Error(f"--out {out_dir} exists and is not a directory")
     plan = _tensor_plan(c, st, quant)
+    predictors, dropped = predictor_plan(c, st)
     pi2_path = Path(pi2_path) if pi2_path else out_dir / "model.pi2"
     gguf_path = out_dir / "model.gguf" if gguf_path is True else (Path(gguf_path) if gguf_path else None)
     pi2_path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,11 +230,23 @@ def convert(
                        n_layer=c.n_layer, n_head=c.n_head, n_head_kv=c.n_kv_head, n_ff=f,
                        neuron_type=quant.upper(), n_expert=c.n_expert, n_expert_used=c.n_expert_used,
                        n_ctx_train=c.context, rope_theta=c.rope_theta, rms_eps=c.norm_eps,
-                       tied_embeddings=c.tied, dense_down=True, has_predictor=False)  # fmt: skip
+                       tied_embeddings=c.tied, dense_down=True, has_predictor=bool(predictors))  # fmt: skip
     blob, _ = _tokenizer_blob(tok_fields)
     meta = {"source": str(src), "converter": "pi2 models convert-safetensors", "synthetic": False,
             "gguf_twin": gguf_path.name if gguf_path else None,
             "activation_profile": str(profile) if profile else None}  # fmt: skip
+    if predictors:
+        meta["predictor"] = {"source": "checkpoint mlp.predictor fc1/fc2 (PowerInfer's format)",
+                             "powerinfer_threshold": PREDICTOR_LOGIT_THRESHOLD,
+                             "threshold": float(1.0 / (1.0 + np.exp(-PREDICTOR_LOGIT_THRESHOLD))),
+                             "threshold_exact": True,
+                             "fc1": "fc1 / ffn_norm (the predictor reads the residual before ffn_norm)"}  # fmt: skip
+    if dropped:
+        meta["dropped_predictors"] = {
+            "count": len(dropped),
+            "example": dropped[0],
+            "why": dropped_reason(c, dropped),
+        }
     writer = Pi2Writer(pi2_path, header, tokenizer_blob=blob, metadata=meta)
     try:
         ffn_parts: dict[str, np.ndarray] = {}
@@ -245,6 +267,8 @@ def convert(
                 writer.add_tensor(name, raw.reshape(-1), q.upper(), shape=tuple(reversed(shape)))
             if progress:
                 progress(name, i + 1, len(plan))
+        for layer in sorted({i for i, _ in predictors or {}}):
+            _add_predictors(writer, st, c, layer, predictors, orders)
         writer.close()
         twin.close()
     except BaseException:
@@ -255,7 +279,77 @@ def convert(
             writer.abort()
         raise
     return {"pi2": str(pi2_path), "gguf": str(gguf_path) if gguf_path else None, "arch": c.arch,
-            "activation": c.activation, "layers": c.n_layer}  # fmt: skip
+            "activation": c.activation, "layers": c.n_layer, "predictor": bool(predictors),
+            "predictor_threshold": meta.get("predictor", {}).get("threshold"),
+            "dropped_predictors": len(dropped), "dropped_reason": dropped_reason(c, dropped) if dropped else None}  # fmt: skip
+
+
+PREDICTOR_LOGIT_THRESHOLD = 0.0  # PowerInfer's default: a neuron is predicted active when sigmoid > 0.5
+
+
+def predictor_names(c: HfConfig) -> dict[tuple[int, int | None], tuple[str, str]]:
+    """Where PowerInfer's predictor sits in a checkpoint, per FFN block: {(layer, expert): (fc1, fc2)}.
+    Dense: BambooMLP's `mlp.predictor`; MoE: the same module in every expert (`block_sparse_moe.experts.E.
+    predictor`), read by analogy with the dense layout."""
+    if c.arch == "mixtral":
+        return {(i, e): (f"model.layers.{i}.block_sparse_moe.experts.{e}.predictor.fc1.weight",
+                         f"model.layers.{i}.block_sparse_moe.experts.{e}.predictor.fc2.weight")
+                for i in range(c.n_layer) for e in range(c.n_expert)}  # fmt: skip
+    return {(i, None): (f"model.layers.{i}.mlp.predictor.fc1.weight", f"model.layers.{i}.mlp.predictor.fc2.weight")
+            for i in range(c.n_layer)}  # fmt: skip
+
+
+def predictor_plan(c: HfConfig, st: SafetensorsDir) -> tuple[dict | None, list[str]]:
+    """({(layer, expert): (fc1, fc2)} when every FFN block carries PowerInfer's predictor and nothing else
+    sits under `.predictor.`, else None; the predictor tensors that will not be converted). Shapes and the
+    FFN norm the predictor is moved behind are checked here, before any output exists."""
+    names = sorted(n for n in st.index if ".predictor." in n)
+    if not names:
+        return None, names
+    pairs = predictor_names(c)
+    if sorted(n for pair in pairs.values() for n in pair) != names:
+        return None, names
+    for (i, _e), (a, b) in pairs.items():
+        s1, s2 = st.shape(a), st.shape(b)
+        if len(s1) != 2 or s1[1] != c.hidden or s2 != (c.ffn, s1[0]):
+            raise Pi2Error(
+                f"predictor tensors {a} {s1} / {b} {s2}: expected [rank, {c.hidden}] and [{c.ffn}, rank]"
+            )
+        g = st.get(f"model.layers.{i}.post_attention_layernorm.weight", (c.hidden,))
+        if not np.all(np.isfinite(g) & (g != 0)):
+            raise Pi2Error(f"model.layers.{i}.post_attention_layernorm.weight has zero or non-finite entries: "
+                           f"the predictor cannot be moved behind the norm")  # fmt: skip
+    return pairs, []
+
+
+def dropped_reason(c: HfConfig, dropped: list[str]) -> str:
+    return (f"{len(dropped)} predictor tensors ({dropped[0]}, ...) not converted: not PowerInfer's bias-free "
+            f"fc1/fc2 in every FFN block; the .pi2 has no activation predictors, so pi2 runs it dense")  # fmt: skip
+
+
+def _add_predictors(writer, st: SafetensorsDir, c: HfConfig, layer: int, pairs: dict, orders: dict) -> None:
+    """One layer's predictors, per FFN block (expert): pred_fc1 = fc1 / ffn_norm (F16 unless that
+    overflows), pred_fc2 = fc2's rows in bundle order (F16), and the layer's pred_threshold (one per
+    block) = sigmoid(PowerInfer's threshold): what the PowerInfer GGUF converter writes."""
+    g = st.get(f"model.layers.{layer}.post_attention_layernorm.weight", (c.hidden,)).astype(np.float64)
+    moe = c.arch == "mixtral"
+    blocks = range(c.n_expert) if moe else [None]
+    for e in blocks:
+        fc1, fc2 = pairs[(layer, e)]
+        sfx = f".{e}" if moe else ""
+        w1 = st.get(fc1).astype(np.float64) / g  # (rank, hidden)
+        rank = w1.shape[0]
+        fits_f16 = np.abs(w1).max(initial=0.0) < 60000.0
+        writer.add_tensor(f"blk.{layer}.pred_fc1{sfx}", w1.astype(np.float32), "F16" if fits_f16 else "F32",
+                          (c.hidden, rank))  # fmt: skip
+        rows = st.get(fc2)  # (ffn, rank): row i scores neuron i
+        order = orders.get(f"{layer}.{e}" if moe else f"{layer}")
+        if order is not None:
+            rows = rows[np.asarray(order)]
+        writer.add_tensor(f"blk.{layer}.pred_fc2{sfx}", np.ascontiguousarray(rows), "F16", (rank, c.ffn))
+    threshold = 1.0 / (1.0 + np.exp(-PREDICTOR_LOGIT_THRESHOLD))
+    writer.add_tensor(f"blk.{layer}.pred_threshold", np.full(len(blocks), threshold, np.float32), "F32",
+                      (len(blocks),))  # fmt: skip
 
 
 class _NoTwin:

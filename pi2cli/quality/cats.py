@@ -17,7 +17,10 @@ dense model's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -74,9 +77,11 @@ def calibrate(dense: Path, sparsity: float, workload: str = "multi-turn", ctx: i
             "tokens": int(sum(len(c) for c in parts)), "chunks": len(parts), "ctx": ctx}  # fmt: skip
 
 
-def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type: str | None = None) -> None:
+def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type: str | None = None,
+               extra_meta: dict | None = None) -> None:  # fmt: skip
     """dense .pi2 -> the same weights plus the gate predictor (flags bit3) and its thresholds.
-    bundle_type: re-encode the bundles in this type (the gate predictor keeps the source rows)."""
+    bundle_type: re-encode the bundles in this type (the gate predictor keeps the source rows).
+    extra_meta: more metadata (the twin's name, the chat template: convert_cats)."""
     f = Pi2File(dense, verify=False)
     if f.header.arch != "llama" or f.header.ffn_act != "swiglu":
         raise Pi2Error(
@@ -93,6 +98,7 @@ def write_cats(dense: Path, out: Path, sparsity: float, calib: dict, bundle_type
     meta["predictor"] = {"kind": "cats-gate", "sparsity_target": sparsity, "paper": "arXiv 2404.08763",
                          "calibration": {k: v for k, v in calib.items() if k != "thresholds"},
                          "thresholds": calib["thresholds"]}  # fmt: skip
+    meta.update(extra_meta or {})
     skip = {f"blk.{layer}.ffn_{kind}{bundle_suffix(h, None)}" for layer in range(h.n_layer)
             for kind in ("bundles", "order", "down.weight")}  # fmt: skip
     p = f.header.part_bytes
@@ -134,15 +140,53 @@ def default_bundle_type(src_type: str, choice: str | None) -> str:
     return (choice or "q8_0").upper()
 
 
+def dense_twin(dense_pi2: Path) -> Path | None:
+    """The GGUF twin beside a dense .pi2 (the name its metadata records, else X.gguf), if it is there."""
+    with contextlib.suppress(Pi2FormatError, OSError, ValueError):
+        name = Pi2File(dense_pi2, verify=False).metadata.get("gguf_twin")
+        if isinstance(name, str) and (dense_pi2.parent / name).is_file():
+            return dense_pi2.parent / name
+    twin = dense_pi2.with_suffix(".gguf")
+    return twin if twin.is_file() else None
+
+
+def chat_template_meta(gguf: Path) -> dict | None:
+    """The GGUF's chat template and BOS/EOS texts, kept in a CATS .pi2 so `pi2 bench -e pi2` runs the
+    chat workloads on it without a twin; None when the GGUF has none."""
+    from pi2cli.workloads import gguf_chat_template
+
+    try:
+        t = gguf_chat_template(gguf)
+    except (Pi2Error, OSError, ValueError):
+        return None
+    return {"template": t.source, "bos": t.bos_token, "eos": t.eos_token}
+
+
+def twin_hint(pi2: Path) -> str | None:
+    """How to get the GGUF twin of a CATS .pi2 written without one; None for other files."""
+    with contextlib.suppress(Pi2FormatError, OSError, ValueError):
+        meta = Pi2File(pi2, verify=False).metadata
+        pred = meta.get("predictor") or {}
+        if isinstance(pred, dict) and pred.get("kind") == "cats-gate":
+            s = pred.get("sparsity_target")
+            return (f"a CATS model's twin is its dense source's GGUF: `pi2 convert SRC --sparsify cats --sparsity "
+                    f"{s} --out {pi2.name} --gguf-twin {pi2.with_suffix('.gguf').name}` writes it")  # fmt: skip
+    return None
+
+
 def convert_cats(src: Path, out: Path, sparsity: float, workload: str = "multi-turn", progress=None,
-                 bundle_type: str | None = None) -> dict:  # fmt: skip
-    """SRC (a GGUF, or a dense .pi2 without predictors) -> a CATS .pi2 at OUT."""
+                 bundle_type: str | None = None, gguf_twin: Path | None = None) -> dict:  # fmt: skip
+    """SRC (a GGUF, or a dense .pi2 without predictors) -> a CATS .pi2 at OUT. gguf_twin: also write the
+    GGUF twin there, the dense source's weights (llama.cpp runs the dense model, CATS's own baseline):
+    a GGUF source's conversion twin, or a dense .pi2's twin beside it, copied. Both appear only once the
+    .pi2 is complete."""
     from pi2cli.models.convert_any import convert_any
 
     if not 0.0 <= sparsity < 1.0:
         raise Pi2Error(f"--sparsity {sparsity}: must be in [0, 1)")
     src, out = Path(src), Path(out)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".cats-") as tmp:
+        twin_src = None
         if src.suffix == ".pi2":
             dense = src
             try:
@@ -150,11 +194,31 @@ def convert_cats(src: Path, out: Path, sparsity: float, workload: str = "multi-t
                     raise Pi2Error(f"{src} already has a predictor: give the dense model")
             except (Pi2FormatError, OSError) as err:
                 raise Pi2Error(f"{src}: {err}") from err
+            twin_src = dense_twin(dense)
+            if gguf_twin is not None and twin_src is None:
+                raise Pi2Error(f"--gguf-twin: {src} has no GGUF twin beside it to copy; give its GGUF source "
+                               f"instead (`pi2 convert SRC.gguf --sparsify cats --gguf-twin ...`)")  # fmt: skip
         else:
             dense = Path(tmp) / "dense.pi2"
-            convert_any(src, dense, progress=progress)
+            twin_src = Path(tmp) / "dense.gguf" if gguf_twin is not None else None
+            convert_any(src, dense, gguf_twin=twin_src, progress=progress)
         calib = calibrate(dense, sparsity, workload)
         btype = default_bundle_type(Pi2File(dense, verify=False).header.neuron_type, bundle_type)
-        write_cats(dense, out, sparsity, calib, bundle_type=btype)
+        extra = {"gguf_twin": Path(gguf_twin).name if gguf_twin is not None else None}
+        template = chat_template_meta(twin_src or src) if (twin_src or src.suffix == ".gguf") else None
+        if template:
+            extra["chat_template"] = template
+        write_cats(dense, out, sparsity, calib, bundle_type=btype, extra_meta=extra)
+        if gguf_twin is not None:
+            partial = Path(gguf_twin).with_name(f".{Path(gguf_twin).name}.partial-{os.getpid()}")
+            try:
+                shutil.copyfile(twin_src, partial)
+                partial.replace(gguf_twin)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+                out.unlink(missing_ok=True)  # no .pi2 without the twin that was asked for
+                raise
     return {"out": str(out), "sparsify": "cats", "sparsity": sparsity, "calibration": calib,
-            "bundle_type": btype, "bytes": out.stat().st_size}  # fmt: skip
+            "bundle_type": btype, "bytes": out.stat().st_size,
+            "gguf_twin": str(gguf_twin) if gguf_twin is not None else None}  # fmt: skip
