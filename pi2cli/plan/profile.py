@@ -7,8 +7,9 @@ What is measured (pi2-probe, native/src/main_probe.c, run ON the target):
     (DEEP_QD: decode issues a block's misses at once, hundreds to thousands of reads), plus 4 KiB at
     queue depth 1 (`pi2-probe storage`),
     through the engine's own reader (io_uring or a pread pool, O_DIRECT when the file system allows);
-  - the cores (count, and per cluster their max frequency from cpufreq, so big and little cores can be
-    told apart) and the total memory, from the target's facts (pi2cli/targets).
+  - the cores (count, and per cluster their max frequency from cpufreq and their cpu_capacity where the
+    kernel has one, so big, mid and little cores can be told apart) and the total memory, from the
+    target's facts (pi2cli/targets).
 
 The profile is one JSON object (docs/PLAN.md lists its fields). It is written to NAME.partial and renamed
 when complete, so a failed or interrupted probe never leaves a file that looks like a profile.
@@ -287,6 +288,10 @@ def validate_profile(data: object, where: str = "profile") -> None:
     for c in cores.get("clusters") or []:
         if not (isinstance(c, dict) and isinstance(c.get("cpus"), list) and positive(c.get("max_mhz"))):
             raise Pi2Error(f"{where}: each of cores.clusters needs cpus (a list) and max_mhz")
+        if "capacity" in c and not positive(c["capacity"]):
+            raise Pi2Error(f"{where}: cores.clusters capacity must be a positive number")
+        if not all(isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in c["cpus"]):
+            raise Pi2Error(f"{where}: cores.clusters cpus must be CPU numbers")
     membw = data.get("membw")
     if (
         not isinstance(membw, list)
