@@ -372,7 +372,7 @@ def main() -> None:
         "benchmark": "benchmarks/scaling.py", "argv": sys.argv[1:], "machine": host, "pi2": commit,
         "engine": str(engine), "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
         "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
-        "prompt_tokens": a.p, "n": a.n, "budget_n": a.budget_n, "llama_budget_n": a.llama_budget_n,
+        "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n, "llama_budget_n": a.llama_budget_n,
         "reps": a.reps, "threads": threads, "storage": storage, "membw": {str(k): v for k, v in membw.items()},
         "table": rows, "runs": runs,
     }, indent=1))  # fmt: skip
