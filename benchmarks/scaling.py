@@ -29,7 +29,8 @@ turn's decode_tps over every generated token, as llama-bench's tg averages its N
 steady state after --warmup tokens. Ratios are medians of the per-repetition ratios. pi2 samples
 (temperature 0.8, seed = repetition + 1): greedy decoding of a synthetic model loops over a few tokens.
 Bounds: in memory, tok/s <= membw / bytes a token reads (pi2: resident weights read per token + the
-active share of the FFN, 1 - the model's measured sparsity; llama.cpp: resident + the whole FFN).
+active share of the FFN, 1 - the model's measured sparsity; llama.cpp: resident + the whole FFN), and
+the other way round, the bytes-per-token ceiling: membw / the measured rate, the most a token could read.
 Under the budget, also storage: reads a token / the random-read rate of a bundle at queue depth 512
 (pi2-probe storage, before the runs). io_wait and FFN time are the pi2 run summary's, for the whole run.
 Not a test.
@@ -186,6 +187,10 @@ def ratio(a: list[dict], b: list[dict], key: str) -> float | None:
     return statistics.median(rs) if rs else None
 
 
+def mb(v: float | None) -> float | None:
+    return None if v is None else v / 1e6
+
+
 def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if v is None else format(v, spec) + suffix
 
@@ -207,6 +212,9 @@ def summarize(
                "pi2_bytes_per_token": pi2_bytes, "dense_bytes_per_token": dense_bytes,
                "pi2_bound_tps": gbs * 1e9 / pi2_bytes, "dense_bound_tps": gbs * 1e9 / dense_bytes,
                "pi2_ffn_s_memory": med(pm, "ffn_s")}  # fmt: skip
+        # the other way round: the most bytes a token could read at the measured rate and this bandwidth
+        for key, tps in (("pi2", row["pi2_decode_tps"]), ("llama", row["llama_tg_tps"])):
+            row[f"{key}_bytes_per_token_ceiling"] = gbs * 1e9 / tps if tps else None
         if f"pi2@budget t={t}" in runs:
             pb, lb = runs[f"pi2@budget t={t}"], runs[f"llama.cpp@budget t={t}"]
             reads = med(pb, "reads_per_token")
@@ -234,6 +242,10 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
               f"{fmt(r['llama_tg_tps'])} | {fmt(r['pi2_decode_tps'])} | {fmt(r['decode_ratio'], '.2f', 'x')} | "
               f"{fmt(r['prefill_ratio'], '.2f', 'x')} | {r['membw_gb_per_s']:.1f} | {r['pi2_bound_tps']:.1f} | "
               f"{r['dense_bound_tps']:.1f} |")  # fmt: skip
+    print("bytes a token could read at the measured rate and bandwidth (pi2 / llama.cpp; the model's: "
+          f"{rows[0]['pi2_bytes_per_token'] / 1e6:.0f} / {rows[0]['dense_bytes_per_token'] / 1e6:.0f} MB): "
+          + ", ".join(f"{r['threads']} threads {fmt(mb(r['pi2_bytes_per_token_ceiling']), '.0f')} / "
+                      f"{fmt(mb(r['llama_bytes_per_token_ceiling']), '.0f')} MB" for r in rows))  # fmt: skip
     if not budget:
         return
     print(f"\nunder a budget of {budget / MiB:.0f} MiB (pi2: {how['pi2']}; llama.cpp: {how['llama.cpp']}); "
