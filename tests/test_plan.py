@@ -214,6 +214,17 @@ def test_a_1_5_2_phone_computes_on_big_and_mid_and_reads_on_one_mid_core():
     assert (four.settings["affinity"], four.settings["io_affinity"]) == ("7,2,3,4", "6")
 
 
+def test_the_estimate_reads_the_bandwidth_at_the_planned_threads():
+    # 5 compute threads on a 1 + 5 + 2 phone: a profile from `pi2 profile` measures that count; an older one
+    # (1 thread and every core) is interpolated, not read at its 1-thread row
+    phone = profile(cores=8, clusters=PHONE_1_5_2, membw=30.0)
+    plan = make_plan(mistral7b(), phone, 2651 * MiB, ctx=64)
+    assert plan.info["measured_membw_gb_per_s"] == pytest.approx(15 + 15 * 4 / 7, rel=1e-3)
+    phone["membw"].append({"threads": 5, "gb_per_s": 27.0})
+    assert make_plan(mistral7b(), phone, 2651 * MiB, ctx=64).info["measured_membw_gb_per_s"] == 27.0
+    assert [s[1][2] for s in probe_steps(8, threads_planned=5) if s[1][0] == "membw"] == ["1", "5", "8"]
+
+
 def test_capacity_tells_apart_cores_of_one_clock():
     # MediaTek Helio P60: four A53 and four A73 cores, all at 2.0 GHz: only cpu_capacity ranks them
     from pi2cli.hw.devices import describe_clusters

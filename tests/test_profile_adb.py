@@ -88,7 +88,8 @@ def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores
         {"cpus": [2, 3, 4, 5, 6], "max_mhz": 3148, "capacity": 870},
         {"cpus": [7], "max_mhz": 3302, "capacity": 1024},
     ]
-    assert data["membw"][-1]["threads"] == 8  # "every core" is the phone's 8
+    # 1 thread, the plan's 5 compute threads, and "every core", the phone's 8
+    assert [m["threads"] for m in data["membw"]] == [1, 5, 8]
     plan = tmp_path / "plan.json"
     result = CliRunner().invoke(cli, ["plan", "-m", str(tiny_model), "--memory-budget", "64M", "--profile", str(out),
                                       "--ctx", "16", "--out", str(plan)])  # fmt: skip

@@ -318,6 +318,16 @@ def cluster_speed(c: dict) -> tuple:
     return (c.get("capacity") or 0, c["max_mhz"])
 
 
+def default_compute_threads(clusters: list[dict]) -> int | None:
+    """The planner's compute threads on clusters of different speeds: the big and mid cores less the one
+    that issues the I/O (at least 1); None where the cores are all alike (then: every core)."""
+    clusters = [c for c in clusters if c.get("cpus")]
+    if len(clusters) <= 1:
+        return None
+    fast = sum(len(c["cpus"]) for c in sorted(clusters, key=cluster_speed)[1:])
+    return max(1, fast - 1)
+
+
 def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
     """threads / affinity / io_threads / io_affinity from the profile's core clusters (docs/PLAN.md,
     "Cores"): compute on the big and mid cores, the I/O on one core, the little cores left out."""
@@ -342,7 +352,7 @@ def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
     # One I/O core: the slowest big/mid core (the paper measured a mid core issuing reads within 6% of a
     # big one, a little core 29% slower); with a single big/mid core, the fastest little core.
     io_cpu = fast[-1] if len(fast) > 1 else order[len(fast)]
-    t = threads or len(fast) - (1 if len(fast) > 1 else 0)
+    t = threads or default_compute_threads(clusters)
     compute = [cpu for cpu in order if cpu != io_cpu][:t] if t < count else order
 
     def desc(cpus: list[int]) -> str:
@@ -402,9 +412,16 @@ class Plan:
 
 
 def pick_membw(profile: dict, threads: int) -> float:
+    """Read bandwidth with `threads` threads: the measured row, else linear between the rows around it
+    (bandwidth saturates as threads grow, so this errs low), else the nearest row."""
     rows = sorted(profile["membw"], key=lambda r: r["threads"])
-    fit = [r for r in rows if r["threads"] <= threads]
-    return float((fit[-1] if fit else rows[0])["gb_per_s"]) * 1e9
+    below = [r for r in rows if r["threads"] <= threads]
+    above = [r for r in rows if r["threads"] > threads]
+    if below and above and below[-1]["threads"] != threads:
+        lo, hi = below[-1], above[0]
+        f = (threads - lo["threads"]) / (hi["threads"] - lo["threads"])
+        return (float(lo["gb_per_s"]) + f * (float(hi["gb_per_s"]) - float(lo["gb_per_s"]))) * 1e9
+    return float((below[-1] if below else rows[0])["gb_per_s"]) * 1e9
 
 
 def make_plan(

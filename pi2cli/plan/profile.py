@@ -51,13 +51,17 @@ ProbeRunner = Callable[[list[str]], str]
 StepCallback = Callable[[int, int, str], None]
 
 
-def probe_steps(threads_all: int, rounds: int = STORAGE_ROUNDS) -> list[tuple[str, list[str]]]:
+def probe_steps(
+    threads_all: int, rounds: int = STORAGE_ROUNDS, threads_planned: int | None = None
+) -> list[tuple[str, list[str]]]:
     """(description, pi2-probe arguments without --file/--seconds) for every measurement, in order. The
     storage curve is measured in `rounds` interleaved rounds (each block size's best round is kept), so a
-    burst of someone else's I/O spoils one point of one round rather than the shape of the curve."""
+    burst of someone else's I/O spoils one point of one round rather than the shape of the curve. Memory
+    bandwidth with 1 thread, with every core, and with `threads_planned` (the compute threads `pi2 plan`
+    gives cores of different speeds: its estimate reads the bandwidth at that count)."""
     steps = [("memory bandwidth, 1 thread", ["membw", "--threads", "1"])]
-    if threads_all > 1:
-        steps.append((f"memory bandwidth, {threads_all} threads", ["membw", "--threads", str(threads_all)]))
+    for t in sorted({t for t in (threads_planned, threads_all) if t and t > 1}):
+        steps.append((f"memory bandwidth, {t} threads", ["membw", "--threads", str(t)]))
     for r in range(rounds):
         for block in STORAGE_BLOCKS:
             steps.append((f"storage {block // 1024} KiB reads, QD {STORAGE_QD} (round {r + 1}/{rounds})",
@@ -94,6 +98,7 @@ def measure(
     seconds: float = DEFAULT_SECONDS,
     membw_mib: int = DEFAULT_MEMBW_MIB,
     step: StepCallback | None = None,
+    threads_planned: int | None = None,
 ) -> dict:
     """Every probe through `run`; returns {"membw": [...], "storage": {...}}."""
     if not seconds > 0:
@@ -101,7 +106,7 @@ def measure(
     if membw_mib < 1:
         raise Pi2Error(f"--membw-mib must be at least 1, got {membw_mib}")
     membw, best, deep, waves, latency = [], {}, {}, {}, None
-    steps = probe_steps(max(1, cores))
+    steps = probe_steps(max(1, cores), threads_planned=threads_planned)
     per_point = seconds / STORAGE_ROUNDS
     for i, (desc, args) in enumerate(steps):
         if step:
@@ -241,7 +246,10 @@ def profile_target(
         raise Pi2Error(str(exc)) from None
     check_file(target, file)
     run = probe_runner(target, message)
-    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step)
+    from pi2cli.plan.plan import default_compute_threads  # plan.py imports this module
+
+    planned = default_compute_threads(facts.get("clusters") or [])
+    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step, planned)
     return build_profile(facts, measured)
 
 
