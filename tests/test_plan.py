@@ -223,6 +223,13 @@ def test_the_estimate_reads_the_bandwidth_at_the_planned_threads():
     phone["membw"].append({"threads": 5, "gb_per_s": 27.0})
     assert make_plan(mistral7b(), phone, 2651 * MiB, ctx=64).info["measured_membw_gb_per_s"] == 27.0
     assert [s[1][2] for s in probe_steps(8, threads_planned=5) if s[1][0] == "membw"] == ["1", "5", "8"]
+    # the prediction from a measured profile (`pi2 plan`'s --profile of a device) uses the same threads
+    from pi2cli.plan.predict import device_from_probe
+
+    dev = device_from_probe(phone)
+    assert (dev.threads, dev.membw_bytes_per_s) == (5, 27e9)
+    alike = device_from_probe(profile(cores=2, membw=18.9))
+    assert (alike.threads, alike.membw_bytes_per_s) == (2, 18.9e9)
 
 
 def test_capacity_tells_apart_cores_of_one_clock():
