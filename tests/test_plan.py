@@ -209,6 +209,13 @@ def test_a_1_5_2_phone_computes_on_big_and_mid_and_reads_on_one_mid_core():
     s = plan.settings
     assert (s["threads"], s["affinity"], s["io_threads"], s["io_affinity"]) == (5, "7,2,3,4,5", 1, "6")
     assert any("1 big + 5 mid + 2 little" in w for w in plan.why)
+    # 8 cores of which the clusters name 7 (one offline while profiled): 8 threads cannot all be pinned
+    short = profile(cores=8, clusters=({"cpus": [0], "max_mhz": 2265}, *PHONE_1_5_2[1:]))
+    with pytest.raises(Pi2Error, match="--threads 8: the profile's clusters list 7 CPUs"):
+        make_plan(mistral7b(), short, 2651 * MiB, ctx=64, threads=8)
+    assert (
+        make_plan(mistral7b(), short, 2651 * MiB, ctx=64, threads=7).settings["affinity"] == "7,2,3,4,5,6,0"
+    )
     # the paper's 4 compute + 1 I/O layout is --threads 4
     four = make_plan(mistral7b(), profile(cores=8, clusters=PHONE_1_5_2), 2651 * MiB, ctx=64, threads=4)
     assert (four.settings["affinity"], four.settings["io_affinity"]) == ("7,2,3,4", "6")

@@ -353,7 +353,9 @@ def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
     # big one, a little core 29% slower); with a single big/mid core, the fastest little core.
     io_cpu = fast[-1] if len(fast) > 1 else order[len(fast)]
     t = threads or default_compute_threads(clusters)
-    compute = [cpu for cpu in order if cpu != io_cpu][:t] if t < count else order
+    if t > len(order):  # cores without cpufreq (offline at profiling) have no place in the clusters
+        raise Pi2Error(f"--threads {t}: the profile's clusters list {len(order)} CPUs to pin them to")
+    compute = [cpu for cpu in order if cpu != io_cpu][:t] if t < len(order) else order
 
     def desc(cpus: list[int]) -> str:
         """'big 7 (3302 MHz, capacity 1024) + mid 2,3 (3148 MHz, capacity 870)': runs of one cluster."""
