@@ -1,7 +1,7 @@
 """pi2 against llama.cpp as the thread count grows: prefill and decode in memory and under a memory budget,
 with the memory bandwidth at each thread count as the bound. Issue 31's table, for any thread list.
 
-    .venv/bin/python benchmarks/scaling.py --model-dir DIR [--threads 2,4,8,16] [--budget 60%] [--reps 2]
+    .venv/bin/python benchmarks/scaling.py --model-dir DIR [--threads 1,2,4] [--budget 60%] [--reps 2]
         [-p 128] [-n 32] [--budget-n 32] [--llama-budget-n 8] [--skip-budget] [--note TEXT] [--json OUT]
 
 DIR holds model.pi2 and its GGUF twin model.gguf (the same weights), e.g. issue 31's model:
@@ -289,11 +289,18 @@ def parse_threads(text: str) -> list[int]:
     return ts
 
 
+def default_threads(cores: int) -> list[int]:
+    """2, 4, 8, ... up to the cores, and the cores themselves (issue 31's 2,4,8,16 on 16 cores)."""
+    out = [t for t in (2**i for i in range(1, 12)) if t <= cores]
+    return out + [cores] if cores not in out else out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", type=Path, default=os.environ.get("MODEL_DIR"),
                     help="holds model.pi2 and model.gguf (default: $MODEL_DIR)")  # fmt: skip
-    ap.add_argument("--threads", default="2,4,8,16", help="comma-separated thread counts (default 2,4,8,16)")
+    ap.add_argument("--threads", help="comma-separated thread counts; more than the cores is run and marked "
+                    "oversubscribed (default: 2, 4, 8, ... up to the usable cores, and the cores: 2,4,8,16 on 16)")  # fmt: skip
     ap.add_argument("--budget", default="60%",
                     help="memory budget: a size (2G) or a share of model.pi2's size (default 60%%)")  # fmt: skip
     ap.add_argument("--skip-budget", action="store_true", help="in memory only")
@@ -313,7 +320,7 @@ def main() -> None:
         sys.exit("scaling: give --model-dir DIR (or set MODEL_DIR)")
     if a.reps < 1 or a.p < 1 or a.n < 2 or a.budget_n < 2 or a.llama_budget_n < 1:
         sys.exit("scaling: --reps, -p and --llama-budget-n must be at least 1, -n and --budget-n at least 2")
-    threads = parse_threads(a.threads)
+    threads = parse_threads(a.threads) if a.threads else default_threads(len(os.sched_getaffinity(0)))
     engine, llama = engine_path(), llama_bench_path()
     probe_exe = probe_path(engine)
     pi2, gguf = model_pair(a.model_dir, "scaling")
