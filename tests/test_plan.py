@@ -2,7 +2,10 @@
 plan file driving pi2-engine (its summary shows the plan's settings) and `pi2 bench --plan`."""
 
 import json
+import os
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -178,14 +181,83 @@ BIG_LITTLE = ({"cpus": [0, 1, 2, 3], "max_mhz": 1800}, {"cpus": [4, 5, 6], "max_
 
 
 def test_big_and_little_cores_split_compute_and_io():
+    # compute on the big and mid cores (fastest first), the I/O on one core: the slowest of them
     plan = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64)
     s = plan.settings
-    assert s["threads"] == 4 and s["affinity"] == "7,4,5,6"  # fastest first
-    assert s["io_threads"] == 4 and s["io_affinity"] == "0,1,2,3"
+    assert s["threads"] == 3 and s["affinity"] == "7,4,5"
+    assert s["io_threads"] == 1 and s["io_affinity"] == "6"  # io_uring: one submitter
     two = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, threads=2)
-    assert two.settings["affinity"] == "7,4" and two.settings["io_affinity"] == "0,1,2,3,5,6"
+    assert two.settings["affinity"] == "7,4" and two.settings["io_affinity"] == "6"
+    more = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, threads=7)
+    assert more.settings["affinity"] == "7,4,5,0,1,2,3" and more.settings["io_affinity"] == "6"
+    assert any("puts compute on little cores too" in w for w in more.why)
     every = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, threads=8)
-    assert "io_affinity" not in every.settings and any("no cores left" in w for w in every.why)
+    assert "io_affinity" not in every.settings and any("no core left" in w for w in every.why)
+    # the pread pool reads one request per thread: as many as the storage curve was measured with
+    pread = profile(cores=8, clusters=BIG_LITTLE)
+    pread["storage"]["method"] = "pread"
+    assert make_plan(mistral7b(), pread, 2651 * MiB, ctx=64).settings["io_threads"] == 32
+
+
+PHONE_1_5_2 = ({"cpus": [0, 1], "max_mhz": 2265, "capacity": 325},
+               {"cpus": [2, 3, 4, 5, 6], "max_mhz": 3148, "capacity": 870},
+               {"cpus": [7], "max_mhz": 3302, "capacity": 1024})  # fmt: skip
+
+
+def test_a_1_5_2_phone_computes_on_big_and_mid_and_reads_on_one_mid_core():
+    plan = make_plan(mistral7b(), profile(cores=8, clusters=PHONE_1_5_2), 2651 * MiB, ctx=64)
+    s = plan.settings
+    assert (s["threads"], s["affinity"], s["io_threads"], s["io_affinity"]) == (5, "7,2,3,4,5", 1, "6")
+    assert any("1 big + 5 mid + 2 little" in w for w in plan.why)
+    # 8 cores of which the clusters name 7 (one offline while profiled): 8 threads cannot all be pinned
+    short = profile(cores=8, clusters=({"cpus": [0], "max_mhz": 2265}, *PHONE_1_5_2[1:]))
+    with pytest.raises(Pi2Error, match="--threads 8: the profile's clusters list 7 CPUs"):
+        make_plan(mistral7b(), short, 2651 * MiB, ctx=64, threads=8)
+    assert (
+        make_plan(mistral7b(), short, 2651 * MiB, ctx=64, threads=7).settings["affinity"] == "7,2,3,4,5,6,0"
+    )
+    # the paper's 4 compute + 1 I/O layout is --threads 4
+    four = make_plan(mistral7b(), profile(cores=8, clusters=PHONE_1_5_2), 2651 * MiB, ctx=64, threads=4)
+    assert (four.settings["affinity"], four.settings["io_affinity"]) == ("7,2,3,4", "6")
+
+
+def test_the_estimate_reads_the_bandwidth_at_the_planned_threads():
+    # 5 compute threads on a 1 + 5 + 2 phone: a profile from `pi2 profile` measures that count; an older one
+    # (1 thread and every core) is interpolated, not read at its 1-thread row
+    phone = profile(cores=8, clusters=PHONE_1_5_2, membw=30.0)
+    plan = make_plan(mistral7b(), phone, 2651 * MiB, ctx=64)
+    assert plan.info["measured_membw_gb_per_s"] == pytest.approx(15 + 15 * 4 / 7, rel=1e-3)
+    phone["membw"].append({"threads": 5, "gb_per_s": 27.0})
+    assert make_plan(mistral7b(), phone, 2651 * MiB, ctx=64).info["measured_membw_gb_per_s"] == 27.0
+    assert [s[1][2] for s in probe_steps(8, threads_planned=5) if s[1][0] == "membw"] == ["1", "5", "8"]
+    # the prediction from a measured profile (`pi2 plan`'s --profile of a device) uses the same threads
+    from pi2cli.plan.predict import device_from_probe
+
+    dev = device_from_probe(phone)
+    assert (dev.threads, dev.membw_bytes_per_s) == (5, 27e9)
+    alike = device_from_probe(profile(cores=2, membw=18.9))
+    assert (alike.threads, alike.membw_bytes_per_s) == (2, 18.9e9)
+
+
+def test_capacity_tells_apart_cores_of_one_clock():
+    # MediaTek Helio P60: four A53 and four A73 cores, all at 2.0 GHz: only cpu_capacity ranks them
+    from pi2cli.hw.devices import describe_clusters
+    from pi2cli.targets.base import parse_cpu_clusters
+
+    freq = "\n".join(f"cpu{i} 2001000 {447 if i < 4 else 1024}" for i in range(8))
+    clusters = parse_cpu_clusters(freq)
+    assert clusters == [{"cpus": [0, 1, 2, 3], "max_mhz": 2001, "capacity": 447},
+                        {"cpus": [4, 5, 6, 7], "max_mhz": 2001, "capacity": 1024}]  # fmt: skip
+    assert describe_clusters(clusters) == "4x2.0/447 + 4x2.0/1024 GHz/cap"  # pi2 devices
+    s = make_plan(mistral7b(), profile(cores=8, clusters=clusters), 2651 * MiB, ctx=64).settings
+    assert (s["affinity"], s["io_affinity"]) == ("4,5,6", "7")
+    # capacity outranks the clock: a faster-clocked cluster of weaker cores is the little one
+    odd = (
+        {"cpus": [0, 1], "max_mhz": 2400, "capacity": 400},
+        {"cpus": [2, 3, 4], "max_mhz": 2000, "capacity": 1024},
+    )
+    s = make_plan(mistral7b(), profile(cores=5, clusters=odd), 2651 * MiB, ctx=64).settings
+    assert (s["affinity"], s["io_affinity"]) == ("2,3", "4")
 
 
 def test_alike_cores_are_not_pinned():
@@ -426,6 +498,47 @@ def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
         assert summary["cache_bytes"] == pytest.approx(plan["predicted_cache_bytes"], rel=0.4), summary[
             "fixed_bytes"
         ]
+
+
+def task_cpus(pid: int) -> dict[int, str]:
+    """Each thread of a running process: its Cpus_allowed_list (what taskset -p shows per thread)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread just ended
+            continue
+        m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
+        if m:
+            out[int(task.name)] = m.group(1)
+    return out
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
+    # A plan's affinity pins the compute threads one per CPU (the calling thread on the first), its
+    # io_affinity the pread pool's threads. The main thread sits on CPU 0 and I/O threads it starts inherit
+    # that, so I/O threads found on CPU 1 were pinned there by io_affinity.
+    plan = tmp_path / "pin.json"
+    plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "policy": "powerinfer2", "threads": 2,
+                                "affinity": "0,1", "io": "pread", "io_threads": 3, "io_affinity": "1"}))  # fmt: skip
+    proc = subprocess.Popen([str(_engine()), "generate", "-m", str(heavy), "--plan", str(plan), "-p", "Hello",
+                             "-n", "4000", "--ignore-eos", "--temperature", "0.8"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    seen: dict[int, str] = {}
+    try:
+        # threads pin themselves once they run: poll until all five are there and pinned, or time is up
+        want = ["0", "1", "1", "1", "1"]  # sorted: the main thread on 0, the worker and the I/O threads on 1
+        deadline = time.monotonic() + 60
+        while sorted(seen.values()) != want and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen = task_cpus(proc.pid)
+    finally:
+        proc.kill()
+        err = proc.communicate()[1]
+    assert len(seen) == 5, (seen, err[-500:])  # main + 1 compute worker + 3 I/O threads
+    assert seen.pop(proc.pid) == "0"
+    assert sorted(seen.values()) == ["1", "1", "1", "1"], seen
 
 
 def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):

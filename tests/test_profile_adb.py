@@ -56,3 +56,47 @@ def test_profile_on_an_adb_device(device, tmp_path):
                                    "--out", str(tmp_path / "x.json")])  # fmt: skip
     assert bad.exit_code == 1 and f"no such file on {device.serial}" in bad.output
     assert len(bad.output.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
+
+
+def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores(
+    tmp_path, monkeypatch, tiny_model
+):
+    # The test daemon's --cpus serves /sys/devices/system/cpu of a Snapdragon 8 Gen 3-shaped phone: 2 little
+    # (cpus 0-1), 5 mid (2-6), 1 big (7), each with cpufreq and cpu_capacity. The profile records the three
+    # clusters; the plan computes on the big and mid cores and reads on one mid core.
+    server = AdbServer(tmp_path / "adbhome")
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    try:
+        with server.device(tmp_path / "dev", "--cpus", str(tmp_path / "sys_cpu")) as dev:
+            store = tmp_path / "store.bin"
+            store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
+            get_target(dev.serial).push(store, f"{WORKDIR}/models/store.bin")
+            out = tmp_path / "phone.json"
+            result = CliRunner().invoke(cli, ["profile", "--device", dev.serial, "--file",
+                                              f"{WORKDIR}/models/store.bin", "--seconds", "0.1", "--membw-mib", "4",
+                                              "--out", str(out)])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert "1x 3302 MHz" in result.output and "capacity 1024" in result.output
+    finally:
+        server.stop()
+    data = json.loads(out.read_text())
+    validate_profile(data)
+    assert data["cores"]["count"] == 8
+    assert data["cores"]["clusters"] == [
+        {"cpus": [0, 1], "max_mhz": 2265, "capacity": 325},
+        {"cpus": [2, 3, 4, 5, 6], "max_mhz": 3148, "capacity": 870},
+        {"cpus": [7], "max_mhz": 3302, "capacity": 1024},
+    ]
+    # 1 thread, the plan's 5 compute threads, and "every core", the phone's 8
+    assert [m["threads"] for m in data["membw"]] == [1, 5, 8]
+    plan = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, ["plan", "-m", str(tiny_model), "--memory-budget", "64M", "--profile", str(out),
+                                      "--ctx", "16", "--out", str(plan)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    p = json.loads(plan.read_text())
+    assert p["threads"] == 5 and p["affinity"] == "7,2,3,4,5"  # the big core, then four mid ones
+    assert p["io_affinity"] == "6" and p["io_threads"] >= 1  # one mid core issues the reads
+    assert not {0, 1} & {
+        int(c) for c in (p["affinity"] + "," + p["io_affinity"]).split(",")
+    }  # little cores idle

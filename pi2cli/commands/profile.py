@@ -13,7 +13,9 @@ def print_profile(console, profile: dict, out: Path | None) -> None:
 
     t = profile["target"]
     cores = profile["cores"]
-    clusters = ", ".join(f"{len(c['cpus'])}x {c['max_mhz']} MHz (cpu {','.join(map(str, c['cpus']))})"
+    clusters = ", ".join(f"{len(c['cpus'])}x {c['max_mhz']} MHz"
+                         + (f" capacity {c['capacity']}" if c.get("capacity") else "")
+                         + f" (cpu {','.join(map(str, c['cpus']))})"
                          for c in cores["clusters"]) or "no cpufreq information"  # fmt: skip
     mem = profile["memory"]["total_bytes"]
     console.print(f"[bold]{t['name']}[/bold] ({t['kind']}, {t['arch']}{', emulated' if t.get('emulated') else ''}): "

@@ -20,9 +20,15 @@ def gather(with_facts: bool = True) -> list[dict]:
 
 
 def describe_clusters(clusters: list[dict]) -> str:
-    """'4x1.8 + 3x2.4 + 1x3.0 GHz' for a big.LITTLE phone."""
+    """'4x1.8 + 3x2.4 + 1x3.0 GHz' for a big.LITTLE phone; with cpu_capacity known,
+    '2x2.3/325 + 5x3.1/870 + 1x3.3/1024' (GHz/capacity: clusters of one clock can differ in design)."""
     if not clusters:
         return ""
+    if all(c.get("capacity") for c in clusters):
+        return (
+            " + ".join(f"{len(c['cpus'])}x{c['max_mhz'] / 1000:.1f}/{c['capacity']}" for c in clusters)
+            + " GHz/cap"
+        )
     return " + ".join(f"{len(c['cpus'])}x{c['max_mhz'] / 1000:.1f}" for c in clusters) + " GHz"
 
 

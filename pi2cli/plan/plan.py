@@ -312,8 +312,25 @@ def split_cache(m: ModelFacts, cache: int, engine_split) -> CacheSplit:
 
 
 # ------------------------------------------------------------------------------------------- the cores
+def cluster_speed(c: dict) -> tuple:
+    """How fast a cluster's cores are: capacity first (arm64's cpu_capacity weighs the microarchitecture,
+    so two designs at one clock are told apart), max frequency next."""
+    return (c.get("capacity") or 0, c["max_mhz"])
+
+
+def default_compute_threads(clusters: list[dict]) -> int | None:
+    """The planner's compute threads on clusters of different speeds: the big and mid cores less the one
+    that issues the I/O (at least 1); None where the cores are all alike (then: every core)."""
+    clusters = [c for c in clusters if c.get("cpus")]
+    if len(clusters) <= 1:
+        return None
+    fast = sum(len(c["cpus"]) for c in sorted(clusters, key=cluster_speed)[1:])
+    return max(1, fast - 1)
+
+
 def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
-    """threads / affinity / io_threads / io_affinity from the profile's core clusters."""
+    """threads / affinity / io_threads / io_affinity from the profile's core clusters (docs/PLAN.md,
+    "Cores"): compute on the big and mid cores, the I/O on one core, the little cores left out."""
     count = int(profile["cores"]["count"])
     clusters = [c for c in profile["cores"].get("clusters") or [] if c.get("cpus")]
     if threads is not None and threads < 1:
@@ -325,22 +342,55 @@ def choose_cores(profile: dict, threads: int | None) -> tuple[dict, list[str]]:
         how = "one max frequency" if clusters else "no cpufreq information"
         return {"threads": t}, [f"threads {t}: the {count} cores are all alike ({how}): no pinning, the "
                                 f"scheduler places compute and I/O threads"]  # fmt: skip
-    fastest = [cpu for c in sorted(clusters, key=lambda c: -c["max_mhz"]) for cpu in sorted(c["cpus"])]
-    slowest = sorted(clusters, key=lambda c: c["max_mhz"])[0]
-    t = threads or max(1, len(fastest) - len(slowest["cpus"]))
-    compute = fastest[:t]
-    mhz = {cpu: c["max_mhz"] for c in clusters for cpu in c["cpus"]}
+    ranked = sorted(clusters, key=cluster_speed, reverse=True)  # fastest first
+    kind = {
+        id(c): "big" if i == 0 else "little" if i == len(ranked) - 1 else "mid" for i, c in enumerate(ranked)
+    }
+    of = {cpu: c for c in ranked for cpu in c["cpus"]}
+    order = [cpu for c in ranked for cpu in sorted(c["cpus"])]  # fastest first
+    fast = [cpu for c in ranked[:-1] for cpu in sorted(c["cpus"])]  # the big and mid cores
+    # One I/O core: the slowest big/mid core (the paper measured a mid core issuing reads within 6% of a
+    # big one, a little core 29% slower); with a single big/mid core, the fastest little core.
+    io_cpu = fast[-1] if len(fast) > 1 else order[len(fast)]
+    t = threads or default_compute_threads(clusters)
+    if t > len(order):  # cores without cpufreq (offline at profiling) have no place in the clusters
+        raise Pi2Error(f"--threads {t}: the profile's clusters list {len(order)} CPUs to pin them to")
+    compute = [cpu for cpu in order if cpu != io_cpu][:t] if t < len(order) else order
+
+    def desc(cpus: list[int]) -> str:
+        """'big 7 (3302 MHz, capacity 1024) + mid 2,3 (3148 MHz, capacity 870)': runs of one cluster."""
+        runs: list[list[int]] = []
+        for cpu in cpus:
+            if runs and of[runs[-1][0]] is of[cpu]:
+                runs[-1].append(cpu)
+            else:
+                runs.append([cpu])
+        return " + ".join(f"{kind[id(of[r[0]])]} {','.join(map(str, r))} ({of[r[0]]['max_mhz']} MHz"
+                          + (f", capacity {of[r[0]]['capacity']})" if of[r[0]].get("capacity") else ")")
+                          for r in runs)  # fmt: skip
+
+    layout = " + ".join(f"{len(c['cpus'])} {kind[id(c)]}" for c in ranked)
     out = {"threads": t, "affinity": ",".join(map(str, compute))}
-    why = [f"threads {t} on the fastest cores {out['affinity']} "
-           f"({'/'.join(str(mhz[c]) for c in compute)} MHz)"]  # fmt: skip
-    io = fastest[t:]
-    if io:
-        out["io_threads"] = len(io)
-        out["io_affinity"] = ",".join(map(str, sorted(io)))
-        why.append(f"I/O threads on the other cores {out['io_affinity']} ({'/'.join(str(mhz[c]) for c in sorted(io))}"
-                   f" MHz; used by the pread pool: io_uring runs no threads of its own)")  # fmt: skip
-    else:
-        why.append("every core computes: no cores left for I/O threads")
+    little = [cpu for cpu in compute if cpu not in fast]
+    why = [f"threads {t} on {desc(compute)}: the cores are {layout}; compute goes on the big and mid cores, "
+           f"fastest first, not on the little ones (a pool that splits a matrix evenly waits for its slowest "
+           f"thread)" + (f"; --threads {t} puts compute on little cores too" if little else "")]  # fmt: skip
+    if io_cpu in compute:
+        why.append("every core computes: no core left for I/O, its threads are not pinned")
+        return out, why
+    # io_uring runs no threads of its own: one submitter. The pread pool: one thread per read in flight,
+    # as many as the storage curve was measured with (pi2-probe gives pread one thread per queue slot).
+    uring = str(profile["storage"].get("method", "")) == "io_uring"
+    qd = int(profile["storage"]["curve"][0].get("qd") or 32)
+    out["io_threads"] = 1 if uring else qd
+    out["io_affinity"] = str(io_cpu)
+    why.append(f"I/O on one core, {desc([io_cpu])}: one issuing core (the paper: UFS loses up to 40% when "
+               f"several cores issue reads, and a little core issues 29% slower than a big one)"
+               + ("; io_threads 1: io_uring needs one submitter (the engine today submits io_uring reads "
+                  "from its compute threads and starts no I/O thread, so io_threads and io_affinity pin "
+                  "only the pread pool)" if uring else
+                  f"; io_threads {qd}: the pread pool's threads, one per read in flight, all on that core, "
+                  f"as many as the storage curve was measured with (QD {qd})"))  # fmt: skip
     return out, why
 
 
@@ -364,9 +414,16 @@ class Plan:
 
 
 def pick_membw(profile: dict, threads: int) -> float:
+    """Read bandwidth with `threads` threads: the measured row, else linear between the rows around it
+    (bandwidth saturates as threads grow, so this errs low), else the nearest row."""
     rows = sorted(profile["membw"], key=lambda r: r["threads"])
-    fit = [r for r in rows if r["threads"] <= threads]
-    return float((fit[-1] if fit else rows[0])["gb_per_s"]) * 1e9
+    below = [r for r in rows if r["threads"] <= threads]
+    above = [r for r in rows if r["threads"] > threads]
+    if below and above and below[-1]["threads"] != threads:
+        lo, hi = below[-1], above[0]
+        f = (threads - lo["threads"]) / (hi["threads"] - lo["threads"])
+        return (float(lo["gb_per_s"]) + f * (float(hi["gb_per_s"]) - float(lo["gb_per_s"]))) * 1e9
+    return float((below[-1] if below else rows[0])["gb_per_s"]) * 1e9
 
 
 def make_plan(

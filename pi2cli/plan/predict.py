@@ -106,12 +106,15 @@ def device_from_toml(path: Path) -> Device:
 
 
 def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
-    """This machine (or a phone) as `pi2 profile` measured it: all-thread read bandwidth, the curve."""
+    """This machine (or a phone) as `pi2 profile` measured it: the read bandwidth with the threads `pi2 plan`
+    gives it (every core; on cores of different speeds the big and mid ones less the I/O core), the curve."""
+    from pi2cli.plan.plan import default_compute_threads, pick_membw
     from pi2cli.plan.profile import validate_profile
 
     validate_profile(profile)
-    rows = sorted(profile["membw"], key=lambda r: r["threads"])
-    threads = int(profile["cores"]["count"])
+    threads = default_compute_threads(profile["cores"].get("clusters") or []) or int(
+        profile["cores"]["count"]
+    )
     name = str(profile.get("target", {}).get("name", "measured"))
     deep = [
         p for p in profile["storage"].get("deep") or [] if p.get("iops", 0) > 0 and p.get("mb_per_s", 0) > 0
@@ -120,7 +123,7 @@ def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
         p for p in profile["storage"].get("waves") or [] if p.get("iops", 0) > 0 and p.get("wave", 0) > 0
     ]
     return Device(
-        name, float(rows[-1]["gb_per_s"]) * 1e9, profile["storage"]["curve"], threads, source, deep, waves
+        name, pick_membw(profile, threads), profile["storage"]["curve"], threads, source, deep, waves
     )
 
 

@@ -7,8 +7,9 @@ What is measured (pi2-probe, native/src/main_probe.c, run ON the target):
     (DEEP_QD: decode issues a block's misses at once, hundreds to thousands of reads), plus 4 KiB at
     queue depth 1 (`pi2-probe storage`),
     through the engine's own reader (io_uring or a pread pool, O_DIRECT when the file system allows);
-  - the cores (count, and per cluster their max frequency from cpufreq, so big and little cores can be
-    told apart) and the total memory, from the target's facts (pi2cli/targets).
+  - the cores (count, and per cluster their max frequency from cpufreq and their cpu_capacity where the
+    kernel has one, so big, mid and little cores can be told apart) and the total memory, from the
+    target's facts (pi2cli/targets).
 
 The profile is one JSON object (docs/PLAN.md lists its fields). It is written to NAME.partial and renamed
 when complete, so a failed or interrupted probe never leaves a file that looks like a profile.
@@ -50,13 +51,17 @@ ProbeRunner = Callable[[list[str]], str]
 StepCallback = Callable[[int, int, str], None]
 
 
-def probe_steps(threads_all: int, rounds: int = STORAGE_ROUNDS) -> list[tuple[str, list[str]]]:
+def probe_steps(
+    threads_all: int, rounds: int = STORAGE_ROUNDS, threads_planned: int | None = None
+) -> list[tuple[str, list[str]]]:
     """(description, pi2-probe arguments without --file/--seconds) for every measurement, in order. The
     storage curve is measured in `rounds` interleaved rounds (each block size's best round is kept), so a
-    burst of someone else's I/O spoils one point of one round rather than the shape of the curve."""
+    burst of someone else's I/O spoils one point of one round rather than the shape of the curve. Memory
+    bandwidth with 1 thread, with every core, and with `threads_planned` (the compute threads `pi2 plan`
+    gives cores of different speeds: its estimate reads the bandwidth at that count)."""
     steps = [("memory bandwidth, 1 thread", ["membw", "--threads", "1"])]
-    if threads_all > 1:
-        steps.append((f"memory bandwidth, {threads_all} threads", ["membw", "--threads", str(threads_all)]))
+    for t in sorted({t for t in (threads_planned, threads_all) if t and t > 1}):
+        steps.append((f"memory bandwidth, {t} threads", ["membw", "--threads", str(t)]))
     for r in range(rounds):
         for block in STORAGE_BLOCKS:
             steps.append((f"storage {block // 1024} KiB reads, QD {STORAGE_QD} (round {r + 1}/{rounds})",
@@ -93,6 +98,7 @@ def measure(
     seconds: float = DEFAULT_SECONDS,
     membw_mib: int = DEFAULT_MEMBW_MIB,
     step: StepCallback | None = None,
+    threads_planned: int | None = None,
 ) -> dict:
     """Every probe through `run`; returns {"membw": [...], "storage": {...}}."""
     if not seconds > 0:
@@ -100,7 +106,7 @@ def measure(
     if membw_mib < 1:
         raise Pi2Error(f"--membw-mib must be at least 1, got {membw_mib}")
     membw, best, deep, waves, latency = [], {}, {}, {}, None
-    steps = probe_steps(max(1, cores))
+    steps = probe_steps(max(1, cores), threads_planned=threads_planned)
     per_point = seconds / STORAGE_ROUNDS
     for i, (desc, args) in enumerate(steps):
         if step:
@@ -239,7 +245,10 @@ def profile_target(
         raise Pi2Error(str(exc)) from None
     check_file(target, file)
     run = probe_runner(target, message)
-    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step)
+    from pi2cli.plan.plan import default_compute_threads  # plan.py imports this module
+
+    planned = default_compute_threads(facts.get("clusters") or [])
+    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step, planned)
     return build_profile(facts, measured)
 
 
@@ -286,6 +295,10 @@ def validate_profile(data: object, where: str = "profile") -> None:
     for c in cores.get("clusters") or []:
         if not (isinstance(c, dict) and isinstance(c.get("cpus"), list) and positive(c.get("max_mhz"))):
             raise Pi2Error(f"{where}: each of cores.clusters needs cpus (a list) and max_mhz")
+        if "capacity" in c and not positive(c["capacity"]):
+            raise Pi2Error(f"{where}: cores.clusters capacity must be a positive number")
+        if not all(isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in c["cpus"]):
+            raise Pi2Error(f"{where}: cores.clusters cpus must be CPU numbers")
     membw = data.get("membw")
     if (
         not isinstance(membw, list)

@@ -125,7 +125,7 @@ echo '@@cpuinfo'; cat /proc/cpuinfo 2>/dev/null
 echo '@@meminfo'; cat /proc/meminfo 2>/dev/null
 echo '@@freq'
 for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  [ -e "$c/cpufreq/cpuinfo_max_freq" ] && echo "${c##*/} $(cat $c/cpufreq/cpuinfo_max_freq 2>/dev/null)"
+  [ -e "$c/cpufreq/cpuinfo_max_freq" ] && echo "${c##*/} $(cat $c/cpufreq/cpuinfo_max_freq 2>/dev/null) $(cat $c/cpu_capacity 2>/dev/null)"
 done
 echo '@@ncpu'; ls -d /sys/devices/system/cpu/cpu[0-9]* 2>/dev/null | wc -l
 echo '@@getprop'; getprop 2>/dev/null
@@ -180,13 +180,28 @@ def parse_getprop(text: str) -> dict[str, str]:
 
 
 def parse_cpu_clusters(freq_text: str) -> list[dict]:
-    """CPUs grouped by max frequency: [{"cpus": [0, 1, 2, 3], "max_mhz": 1800}, ...], slowest first."""
-    by_freq: dict[int, list[int]] = {}
+    """CPUs grouped by max frequency and capacity, slowest first: [{"cpus": [0, 1], "max_mhz": 2265,
+    "capacity": 325}, ...]. Lines are "cpuN MAX_KHZ [CAPACITY]"; capacity (arm64's cpu_capacity, 1024 for
+    the fastest core, scaled by its microarchitecture and max frequency) is left out where the kernel has
+    none. It tells apart cores of one max frequency but different designs (MediaTek's Helio P60: four
+    A73 and four A53 cores, all 2.0 GHz), and ranks them by speed rather than by clock alone."""
+    by_key: dict[tuple[int, int | None], list[int]] = {}
     for line in freq_text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].startswith("cpu") and parts[1].isdigit():
-            by_freq.setdefault(int(parts[1]), []).append(int(parts[0][3:]))
-    return [{"cpus": sorted(cpus), "max_mhz": khz // 1000} for khz, cpus in sorted(by_freq.items())]
+        if (
+            len(parts) in (2, 3)
+            and parts[0].startswith("cpu")
+            and parts[0][3:].isdigit()
+            and parts[1].isdigit()
+        ):
+            cap = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else None
+            by_key.setdefault((int(parts[1]), cap), []).append(int(parts[0][3:]))
+    out = []
+    for (khz, cap), cpus in sorted(by_key.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
+        out.append(
+            {"cpus": sorted(cpus), "max_mhz": khz // 1000, **({"capacity": cap} if cap is not None else {})}
+        )
+    return out
 
 
 def parse_thermal(text: str) -> dict[str, float]:

@@ -43,6 +43,11 @@ DEVICE_TMP = "/data/local/tmp"
 FEATURES = "shell_v2,cmd,stat_v2,ls_v2,fixed_push_mkdir,fixed_push_symlink_timestamp"
 SYNC_DATA_MAX = 64 * 1024
 SENSOR_CLASSES = ("power_supply", "thermal")
+SYS_CPU = "/sys/devices/system/cpu"
+# --cpus: a phone's cores as a Snapdragon 8 Gen 3 groups them (1 big + 5 mid + 2 little), simplified to
+# one max frequency per kind: (cpus, cpuinfo_max_freq in kHz, cpu_capacity). The capacities are made up
+# in the shape arm64 kernels give them (1024 for the fastest core).
+CPU_CLUSTERS = (((0, 1), 2265600, 325), ((2, 3, 4, 5, 6), 3148800, 870), ((7,), 3302400, 1024))
 
 # Shell protocol packet ids.
 SH_STDIN, SH_STDOUT, SH_STDERR, SH_EXIT, SH_CLOSE_STDIN, SH_WINDOW = range(6)
@@ -69,6 +74,7 @@ class Options:
         self.sensors = (
             Path(args.sensors).resolve() if args.sensors else None
         )  # plays /sys/class/{power_supply,thermal}
+        self.cpus = Path(args.cpus).resolve() if args.cpus else None  # plays /sys/devices/system/cpu
 
     # Paths: the device's /data/local/tmp is our --root; nothing else is served for writing.
     def to_host(self, device_path: str) -> Path | None:
@@ -81,9 +87,13 @@ class Options:
         if self.sensors:  # --sensors: the fuel gauge and thermal zones are files the test controls
             for name in SENSOR_CLASSES:
                 command = command.replace(f"/sys/class/{name}", str(self.sensors / name))
+        if self.cpus:  # --cpus: the cores and their cpufreq clusters are files the test controls
+            command = command.replace(SYS_CPU, str(self.cpus))
         return wrap_arm64_programs(command, self.root, self.qemu) if self.qemu else command
 
     def output_to_device(self, data: bytes) -> bytes:
+        if self.cpus:
+            data = data.replace(str(self.cpus).encode(), SYS_CPU.encode())
         return data.replace(str(self.root).encode(), DEVICE_TMP.encode())
 
 
@@ -714,6 +724,31 @@ def write_sensors(directory: Path) -> None:
             path.write_text(value + "\n")
 
 
+def write_cpus(directory: Path) -> None:
+    """--cpus: /sys/devices/system/cpu of a 1 + 5 + 2 phone (CPU_CLUSTERS): per CPU its cpu_capacity and
+    cpufreq (cpuinfo_max_freq, scaling_max_freq, scaling_cur_freq, scaling_governor, related_cpus), and
+    online/possible. Files already there are kept: a test may change a cluster before the daemon runs."""
+    n = sum(len(cpus) for cpus, _, _ in CPU_CLUSTERS)
+    files = {"online": f"0-{n - 1}", "possible": f"0-{n - 1}", "present": f"0-{n - 1}"}
+    for cpus, khz, capacity in CPU_CLUSTERS:
+        for cpu in cpus:
+            files[f"cpu{cpu}/cpu_capacity"] = str(capacity)
+            files[f"cpu{cpu}/online"] = "1"
+            for name, value in (
+                ("cpuinfo_max_freq", khz),
+                ("scaling_max_freq", khz),
+                ("scaling_cur_freq", khz),
+                ("scaling_governor", "schedutil"),
+                ("related_cpus", " ".join(map(str, cpus))),
+            ):
+                files[f"cpu{cpu}/cpufreq/{name}"] = str(value)
+    for rel, value in files.items():
+        path = directory / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -736,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sensors", default=None, metavar="DIR",
                         help="serve a fake fuel gauge and thermal zones from DIR (created with defaults): "
                              "/sys/class/power_supply and /sys/class/thermal in commands are DIR's")  # fmt: skip
+    parser.add_argument("--cpus", default=None, metavar="DIR",
+                        help="serve a 1 + 5 + 2 phone's cores and cpufreq clusters from DIR (created with "
+                             "defaults): /sys/devices/system/cpu in commands is DIR")  # fmt: skip
     parser.add_argument("--full-after", type=int, default=None, metavar="BYTES",
                         help="the disk is full after this many pushed bytes: writes fail with ENOSPC")  # fmt: skip
     args = parser.parse_args(argv)
@@ -746,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sensors:
         write_sensors(Path(args.sensors))
         os.environ["PI2_ADBD_SENSORS"] = str(Path(args.sensors).resolve())  # for the fake dumpsys
+    if args.cpus:
+        write_cpus(Path(args.cpus))
     opts = Options(args, fakebin)
 
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
