@@ -153,7 +153,7 @@ def show_command(run, as_json, results_dir, index_path):
         "run": data["run_id"],
         "created": data["created_at"],
         "status": schema.status_text(data),
-        "device": f"{schema.target_label(data)}, {schema.threads_label(data['settings'].get('threads'))} threads",
+        "device": f"{schema.target_label(data)}, {schema.threads_label(schema.run_threads(data))} threads",
         "pi2 commit": f"{data['pi2']['commit']}{' (dirty)' if data['pi2']['dirty'] else ''}",
         "engine": f"{schema.engine_label(data)} version={e['version']} commit={e['commit']} flags={e['build_flags']}",
         "model": f"{schema.model_label(data)} quant={m['quant']} sha256={m['sha256']}",

@@ -103,7 +103,7 @@ _COLUMNS = [
     Column("budget_bytes", "budget", schema.budget_label, lambda r: r["memory"]["budget_bytes"]),
     Column("budget_enforced", "budget", read=_budget_enforced),
     Column("target", "device", read=schema.target_label),
-    Column("threads", "threads", schema.threads_label, lambda r: r["settings"].get("threads")),
+    Column("threads", "threads", schema.threads_label, schema.run_threads),
     Column("commit", "commit", read=schema.commit_label),  # the engine's commit, else pi2's
     # the bench table's status: a failure's reason, cut to fit a terminal. Its value is (status, error).
     Column("status", "status", lambda v: status_cell(*v), _status_pair),

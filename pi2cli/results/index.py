@@ -97,9 +97,7 @@ def row_for(run: dict, path: Path, st: os.stat_result | None = None) -> dict:
         "target": run["target"]["name"],
         "target_kind": run["target"]["kind"],
         "device": schema.target_label(run),
-        "threads": run["settings"].get("threads")
-        if isinstance(run["settings"].get("threads"), int)
-        else None,
+        "threads": schema.run_threads(run),
         "budget_bytes": run["memory"]["budget_bytes"],
         "budget_enforced": int(run["memory"]["enforced"]),
         "n_turns": summary["n_turns"],

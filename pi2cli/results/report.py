@@ -243,7 +243,7 @@ def plot_budget(runs: Sequence[dict]) -> Plot | None:
         if budget is None or schema.decode_rate(run) is None:
             continue
         key = (schema.engine_label(run), schema.model_label(run), run["workload"]["name"], schema.target_label(run),
-               schema.threads_label(run["settings"].get("threads")))  # fmt: skip
+               schema.threads_label(schema.run_threads(run)))  # fmt: skip
         series.setdefault(key, []).append((budget / 2**30, schema.decode_rate(run)))
     series = {k: sorted(v) for k, v in series.items() if len({b for b, _ in v}) > 1}
     if not series:

@@ -791,7 +791,13 @@ def group_key(run: dict) -> tuple[str, str, int | None, str, int | None]:
     """What a comparison holds fixed: (model label, workload, memory budget, device, threads). A local run
     and a phone run of one engine, or runs at 2 and 4 threads, are never in one group."""
     return (model_label(run), run["workload"]["name"], run["memory"]["budget_bytes"], target_label(run),
-            run["settings"].get("threads"))  # fmt: skip
+            run_threads(run))  # fmt: skip
+
+
+def run_threads(run: dict) -> int | None:
+    """settings.threads as a count, None for the engine's default (or anything that is not a count)."""
+    threads = run["settings"].get("threads")
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
 
 
 def group_sort_key(key: tuple) -> tuple:
