@@ -202,6 +202,8 @@ def _fake_adb_server() -> tuple[int, callable]:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
+            except OSError:  # closed by stop()
+                return
             with conn:
                 request = conn.recv(4)
                 request = conn.recv(int(request, 16)).decode() if request else ""
