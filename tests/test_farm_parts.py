@@ -119,7 +119,7 @@ def test_one_noisy_night_is_not_a_regression():
         samples[names[-1]] = samples[names[-1]] * np.exp(rng.normal(0, 0.3, len(samples[names[-1]])))
         jittery += assess(("s",), names, samples, resamples=100).flagged
     assert odd == 0 and jittery <= 4
-    assert "needs at least 3" in assess(("s",), names[:2], samples).reason
+    assert "not tested: 2 night(s), needs at least 3" in assess(("s",), names[:2], samples).reason
 
 
 # --------------------------------------------------------------------------------------------- gating
@@ -185,3 +185,85 @@ def test_long_builds_say_what_and_how_long_off_a_terminal(tmp_path, monkeypatch,
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("pi2: building pi2-engine for linux-arm64 (about 1-3 minutes")
     assert err[1].startswith("pi2: building llama.cpp ") and str(tmp_path / "build.log") in err[1]
+
+
+def _fake_adb_server() -> tuple[int, callable]:
+    """A tiny adb server that answers host:version and lists no devices: (port, stop)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed by stop()
+                return
+            with conn:
+                request = conn.recv(4)
+                request = conn.recv(int(request, 16)).decode() if request else ""
+                if request == "host:version":
+                    conn.sendall(b"OKAY00040029")
+                elif request.startswith("host:devices"):
+                    conn.sendall(b"OKAY0000")
+                else:
+                    conn.sendall(b"FAIL0007unknown")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], lambda: (stop.set(), listener.close())
+
+
+def test_check_tells_an_unreachable_adb_server_from_one_with_no_devices(tmp_path):
+    """`farm check` used to say "adb devices: none" for a server that does not even resolve."""
+    import socket
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    port, stop = _fake_adb_server()
+    path = tmp_path / "farm.toml"
+    try:
+        for server, expected, unexpected in (
+            (
+                "no-such-host.invalid:5037",
+                "adb server no-such-host.invalid:5037 does not resolve",
+                "adb devices",
+            ),
+            (
+                f"127.0.0.1:{closed_port}",
+                f"adb server 127.0.0.1:{closed_port} does not answer",
+                "adb devices",
+            ),
+            (f"127.0.0.1:{port}", f"via adb server 127.0.0.1:{port} (which answers)", "does not"),
+        ):
+            path.write_text(GOOD.replace("lab:5037", server))
+            r = CliRunner().invoke(cli, ["farm", "check", str(path)])
+            assert r.exit_code == 1
+            line = next(ln for ln in r.stderr.splitlines() if "R5CT1" in ln)
+            assert expected in line and unexpected not in line, line
+            if "which answers" in line:
+                assert "no device 'R5CT1'" in line
+    finally:
+        stop()
+
+
+def test_regressions_say_plainly_when_nothing_could_be_tested():
+    """It used to print "0 of 2 series flagged" when no series had the 3 nights a test needs."""
+    from pi2cli.farm.regressions import summary_line
+
+    names, samples = history(np.random.default_rng(3), 0.5)
+    short = [assess(("a",), names[:2], samples), assess(("b",), names[:1], samples)]
+    assert not any(v.tested for v in short)
+    line = summary_line(short)
+    assert (
+        line.startswith("nothing could be tested: none of 2 series has the 3 nights") and "0 of" not in line
+    )
+    full = assess(("c",), names, samples, resamples=200)
+    assert full.tested and full.flagged
+    assert summary_line(short + [full]).startswith("1 of 1 tested series flagged")
+    assert "2 series not tested" in summary_line(short + [full])

@@ -184,7 +184,9 @@ def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny_mode
     # at least that: the delay spins on the wall clock, and a busy machine can only stretch it
     assert slow["ratio"] >= 0.8 * expected and slow["low"] > 1
     text = CliRunner().invoke(cli, ["farm", "regressions", str(farm), "--min-effect", "3"]).output
-    assert "REGRESSION local" in text and "since 2026-11-08" in text and "1 of 2 series flagged" in text
+    assert (
+        "REGRESSION local" in text and "since 2026-11-08" in text and "1 of 2 tested series flagged" in text
+    )
 
     out = tmp_path / "site"
     r = CliRunner().invoke(cli, ["farm", "report", str(farm), "--out", str(out), "--min-effect", "3"])

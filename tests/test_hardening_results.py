@@ -139,7 +139,7 @@ def test_bad_run_files_are_warnings_and_the_rest_still_lists(tmp_path):
             assert sum(name in w for w in warnings) == 1, (name, listed.stderr)
     assert "truncated" in listed.stderr and "nested too deeply" in listed.stderr
     table = runner.invoke(cli, ["results", "list", "--results-dir", str(tmp_path)])
-    assert table.exit_code == 0 and good["run_id"][:20] in table.stdout
+    assert table.exit_code == 0 and S.short_run_id(good["run_id"]) in table.stdout
     compared = runner.invoke(cli, ["compare", "--results-dir", str(tmp_path), "--format", "json"])
     assert compared.exit_code == 0, compared.output
     assert compared.stderr.count("pi2: warning: skipped") == len(bad)

@@ -113,7 +113,7 @@ def test_compare_and_report_show_quality_beside_speedups(tmp_path):
     for run in (base, sparse):
         S.validate(run)
     cmp = compare_runs([base, sparse])
-    md = render(cmp, "md")
+    md = render(cmp, "md", wide=True)  # the quality column is one of --wide's (and the report's)
     assert "KL 0.0123 [0.0100, 0.0150]" in md and "ppl x1.034 [1.020, 1.050]" in md and "top-1 97.0%" in md
     csv = render(cmp, "csv").splitlines()
     assert "ppl_ratio_ci_high" in csv[0] and "1.05" in csv[2]

@@ -76,7 +76,11 @@ def test_compare_groups_and_baselines():
         S.summarize(run)
     cmp = C.compare_runs(runs + [failed], resamples=500)
     rows = {(r.model, r.workload, r.engine): r for r in cmp.rows}
-    assert len(rows) == 5
+    assert len(rows) == 6  # the failed run too: a row of its group with its status, no figures
+    gone = rows[("fake-model", "dialogue", "mlc-llm")]
+    assert (gone.status, gone.error, gone.decode_ts, gone.decode_speedup) == ("device_vanished", "adb: device gone",
+                                                                              None, None)  # fmt: skip
+    assert not gone.is_baseline and gone.baseline == "llama.cpp"
     base = rows[("fake-model", "dialogue", "llama.cpp")]
     assert base.is_baseline and base.decode_speedup is None
     pi2 = rows[("fake-model", "dialogue", "pi2:powerinfer2")]
@@ -91,7 +95,8 @@ def test_compare_groups_and_baselines():
     assert syn.synthetic and syn.baseline == "pi2:dense"
     assert syn.decode_speedup.ratio == pytest.approx(3.0, rel=0.05)
     assert any("no llama.cpp run" in n for n in cmp.notes)
-    assert any("device_vanished" in n for n in cmp.notes)
+    md = C.render(cmp, "md")
+    assert "mlc-llm: device vanished: adb: device gone" in md
     explicit = C.compare_runs(runs, baseline="pi2:dense", resamples=200)
     row = next(r for r in explicit.rows if r.engine == "llama.cpp")
     assert row.baseline == "pi2:dense" and row.decode_speedup.ratio == pytest.approx(1.0, rel=0.05)
@@ -103,7 +108,11 @@ def test_formats():
         S.summarize(run)
     cmp = C.compare_runs(runs, resamples=300)
     md = C.render(cmp, "md")
-    assert md.startswith("| model") and "syn-7b [synthetic]" in md and "300 resamples" in md
+    assert md.startswith(
+        "### fake-model · dialogue · none (in memory) · test-host (local) · default threads\n"
+    )
+    assert "### syn-7b [synthetic] · code" in md and "300 resamples" in md
+    assert C.render(cmp, "md", wide=True).startswith("| model")
     assert "baseline" in md and "2.0" in md
     rows = list(csv.DictReader(io.StringIO(C.render(cmp, "csv"))))
     assert len(rows) == 5 and set(C.CSV_HEADERS) == set(rows[0])
@@ -120,7 +129,7 @@ def test_formats():
 def test_compare_command(tmp_path):
     runner = CliRunner()
     empty = runner.invoke(cli, ["compare", "--results-dir", str(tmp_path)])
-    assert empty.exit_code == 1 and empty.stdout == "" and "no finished runs" in empty.stderr
+    assert empty.exit_code == 1 and empty.stdout == "" and "no runs to use" in empty.stderr
     old = fake_run("pi2", policy="powerinfer2", tbt_ms=80, created_at="2026-01-01T00:00:00Z")
     for run in [fake_run("llama.cpp", tbt_ms=40), fake_run("pi2", policy="powerinfer2", tbt_ms=20), old]:
         store.save_run(run, tmp_path)

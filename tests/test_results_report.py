@@ -70,7 +70,7 @@ def test_report_files(written):
     for name in pngs:
         assert f"](plots/{name})" in md
     assert "syn-47b [synthetic]" in md and "**Synthetic models are marked [synthetic]" in md
-    assert "device_vanished: adb: device 1a2b disconnected" in md
+    assert "device vanished: adb: device 1a2b disconnected" in md
     assert "200 resamples" in md
     html = (out / "index.html").read_text()
     images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
@@ -103,7 +103,7 @@ def test_report_command(tmp_path):
     none = runner.invoke(
         cli, ["report", "--out", str(tmp_path / "x"), "--results-dir", str(tmp_path / "empty")]
     )
-    assert none.exit_code == 1 and "no finished runs" in none.stderr and not (tmp_path / "x").exists()
+    assert none.exit_code == 1 and "no runs to use" in none.stderr and not (tmp_path / "x").exists()
 
 
 def _chromium() -> str | None:
@@ -147,7 +147,9 @@ def test_html_renders_in_headless_chromium(written, tmp_path):
     # One statistic, named the same in both tables; the Runs table fits a 1400 px window (no scrolling).
     wide = _render(browser, out / "index.html", tmp_path / "profile", "--dump-dom", "--window-size=1400,1000")
     assert re.search(r'data-runs-overflow="0"', wide.stdout), re.search(r"<body[^>]*>", wide.stdout).group(0)
-    assert wide.stdout.count("<th>decode tok/s (pooled)</th>") == 2
+    groups = int(re.search(r'data-run-groups="(\d+)"', wide.stdout).group(1))
+    assert groups == 4  # fake-model at 2 and 4 GiB, syn-47b, and the failed mlc-llm run's group (no budget)
+    assert wide.stdout.count("<th>decode tok/s</th>") == 2 * groups  # the Runs and Comparison table of each
 
     shot = tmp_path / "shot.png"
     snap = _render(

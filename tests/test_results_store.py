@@ -202,9 +202,15 @@ def test_turn_extras_are_kept_and_unstorable_values_refused(tmp_path):
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
-def test_an_unusable_index_is_one_clear_error(tmp_path):
-    _save(tmp_path)
+def test_an_unusable_index_is_one_clear_error_for_writing_and_a_warning_for_reading(tmp_path, capsys):
+    run, _ = _save(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(Pi2Error, match="cannot use the results index"):
-        store.list_runs(tmp_path, index=blocker / "pi2.sqlite")  # its parent is a file
+        store.open_index(tmp_path, blocker / "pi2.sqlite")  # its parent is a file
+    capsys.readouterr()
+    # Reading needs no index on disk: the runs are listed from their files, with one line saying so.
+    rows = store.list_runs(tmp_path, index=blocker / "pi2.sqlite")
+    assert [r["run_id"] for r in rows][-1] == run["run_id"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("pi2: warning: results index") and "not updated" in err[0]

@@ -68,7 +68,7 @@ class RichReporter:
         self.progress.update(self.tasks[label], where=f"{conversation} turn {turn}/{n_turns}")
 
     def turn_done(self, label: str, decode_tps: float | None, ttft_ms: float | None) -> None:
-        speed = f"{decode_tps:.1f} tok/s" if decode_tps else ""
+        speed = f"last turn {decode_tps:.1f} tok/s" if decode_tps else ""  # not the run's decode tok/s
         if ttft_ms is not None:
             speed += f", TTFT {ttft_ms:.0f} ms"
         self.progress.update(self.tasks[label], advance=1, speed=speed)

@@ -4,19 +4,19 @@ import click
 
 from pi2cli.errors import Pi2Error
 from pi2cli.results import compare, schema, store
-from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option
+from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option, wide_option
 
 
-def select_runs(runs_args, results_dir, index_path, *, model=None, engine=None, workload=None, since=None):
-    """Named runs as given, else the newest finished run of each (engine, model, workload, budget)."""
+def select_runs(runs_args, results_dir, index_path, *, model=None, engine=None, workload=None, device=None,
+                threads=None, since=None):  # fmt: skip
+    """Named runs as given, else per engine and group (model, workload, budget, device, threads) the newest
+    ok run and any newer run that is not ok (store.latest_per_group)."""
     if runs_args:
         return store.load_runs(runs_args, results_dir, index=index_path)
     runs = store.load_runs((), results_dir, index=index_path, model=model, engine=engine, workload=workload,
-                           since=parse_since(since), status="ok")  # fmt: skip
+                           device=device, threads=threads, since=parse_since(since))  # fmt: skip
     if not runs:
-        raise Pi2Error(
-            f"no finished runs to use in {store.runs_dir(results_dir)} (record some with `pi2 bench`)"
-        )
+        raise Pi2Error(f"no runs to use in {store.runs_dir(results_dir)} (record some with `pi2 bench`)")
     # Oldest first, so a group without the baseline engine is compared with its oldest run.
     return sorted(
         store.latest_per_group(runs), key=lambda r: (schema.parse_time(r["created_at"]), r["run_id"])
@@ -53,16 +53,21 @@ def select_runs(runs_args, results_dir, index_path, *, model=None, engine=None, 
     show_default=True,
     help="Seed of the bootstrap (numpy default_rng): same runs + seed = same intervals.",
 )
+@wide_option
 @filter_options
 @results_dir_option
 @index_option
-def command(runs, baseline, fmt, resamples, seed, model, engine, workload, since, results_dir, index_path):  # fmt: skip
+def command(runs, baseline, fmt, resamples, seed, wide, model, engine, workload, device, threads, since, results_dir,
+            index_path):  # fmt: skip
     """Compare runs: engines x workloads with speedups and 95% confidence intervals.
 
-    RUNS are run ids (or unique prefixes, or JSON paths). With none, the newest finished run of each
-    (engine, model, workload, memory budget) is used, narrowed by the filters. Runs are grouped by
-    model, workload and budget; in each group every run is compared with the baseline run. Naming two
-    runs of one engine compares them with each other: the first named is the baseline.
+    RUNS are run ids (or unique prefixes, or JSON paths). With none, per engine and group the newest ok
+    run is used, with any newer run that failed, was aborted, timed out or is invalid (shown with its
+    reason, not compared), narrowed by the filters. Runs are grouped by model, workload, memory budget,
+    device and threads: runs from two devices or thread counts are never compared. In each group every
+    ok run is compared with the baseline run. Naming two runs of one engine compares them with each
+    other: the first named is the baseline. The table is one per group and fits 120 columns; --wide
+    shows every column (device, threads, TBT P50 speedup, TTFT speedup, quality, run id) in one table.
 
     \b
     Speedups (above 1: faster than the baseline), each with a 95% percentile-bootstrap interval
@@ -74,11 +79,12 @@ def command(runs, baseline, fmt, resamples, seed, model, engine, workload, since
     \b
     Examples:
       pi2 compare                                  latest run of every engine x workload
+      pi2 compare --device 127.0.0.1:5555 --threads 4
       pi2 compare --baseline pi2:dense --format md
       pi2 compare RUN_A RUN_B --format json
     """
     selected = select_runs(runs, results_dir, index_path, model=model, engine=engine, workload=workload,
-                           since=since)  # fmt: skip
+                           device=device, threads=threads, since=since)  # fmt: skip
     from rich.console import Console
 
     with Console(stderr=True).status(f"bootstrapping {len(selected)} run(s), {resamples} resamples"):
@@ -86,6 +92,6 @@ def command(runs, baseline, fmt, resamples, seed, model, engine, workload, since
     if fmt == "table":
         from pi2cli.commands.results import console
 
-        compare.render_rich(result, console())
+        compare.render_rich(result, console(wide), wide=wide)
     else:
-        click.echo(compare.render(result, fmt))
+        click.echo(compare.render(result, fmt, wide=wide))

@@ -183,8 +183,9 @@ def regressions(farm_file, window, alpha, min_effect, as_json) -> None:
         for v in flagged:
             click.echo(f"REGRESSION {' · '.join(v.key)}: {(v.ratio - 1):+.1%} time per token since {v.change_night} "
                        f"(ratio {v.ratio:.3f}, 95% CI [{v.low:.3f}, {v.high:.3f}], p={v.p_value:.2g})")  # fmt: skip
-        click.echo(f"{len(flagged)} of {len(verdicts)} series flagged (newest night "
-                   f"{max((v.newest for v in verdicts), default='-')})")  # fmt: skip
+        from pi2cli.farm.regressions import summary_line
+
+        click.echo(summary_line(verdicts))
     if flagged:
         sys.exit(1)
 

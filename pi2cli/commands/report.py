@@ -31,11 +31,13 @@ from pi2cli.results.options import filter_options, index_option, results_dir_opt
 @filter_options
 @results_dir_option
 @index_option
-def command(runs, out_dir, title, baseline, seed, model, engine, workload, since, results_dir, index_path):
+def command(runs, out_dir, title, baseline, seed, model, engine, workload, device, threads, since, results_dir,
+            index_path):  # fmt: skip
     """Write DIR/report.md and a self-contained DIR/index.html with plots.
 
-    RUNS are run ids (or unique prefixes, or JSON paths); with none, the newest finished run of each
-    (engine, model, workload, memory budget), narrowed by the filters.
+    RUNS are run ids (or unique prefixes, or JSON paths); with none, as `pi2 compare` picks them: per
+    engine and group (model, workload, memory budget, device, threads) the newest ok run and any newer
+    run that is not ok, narrowed by the filters. Every run is shown in its group with its status.
 
     \b
     Plots: decode tok/s per engine and workload, TBT distribution (CDF with P50/P90/P99), TTFT,
@@ -54,7 +56,7 @@ def command(runs, out_dir, title, baseline, seed, model, engine, workload, since
 
     check_dir_writable(out_dir, "--out", create=False)  # before reading and bootstrapping any run
     selected = select_runs(runs, results_dir, index_path, model=model, engine=engine, workload=workload,
-                           since=since)  # fmt: skip
+                           device=device, threads=threads, since=since)  # fmt: skip
     try:
         with Console(stderr=True).status(f"plotting {len(selected)} run(s)"):
             paths = write_report(selected, out_dir, title=title, baseline=baseline, seed=seed)

@@ -6,7 +6,7 @@ import click
 
 from pi2cli.errors import Pi2Error
 from pi2cli.results import columns, schema, store
-from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option
+from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option, wide_option
 
 
 @click.group(name="results")
@@ -20,17 +20,19 @@ def command() -> None:
     \b
     Examples:
       pi2 results list --engine llama.cpp --since 7d
+      pi2 results list --device 127.0.0.1:5555 --threads 4 --wide
       pi2 results show 20261121T2318   (a unique prefix of the run id is enough)
-      pi2 results list --json | jq '.[].avg_ts'
+      pi2 results list --json | jq '.[].decode_ts'
     """
 
 
-def console():
-    """A rich console; when stdout is not a terminal, wide enough that tables do not fold."""
+def console(wide: bool = False):
+    """A rich console. On a terminal its own width; piped, 120 columns (the default tables are drawn to
+    fit them), or wide enough for --wide tables not to fold."""
     from rich.console import Console
 
     c = Console()
-    return c if c.is_terminal else Console(width=240)
+    return c if c.is_terminal else Console(width=320 if wide else 120)
 
 
 def _ms(ns) -> str:
@@ -41,6 +43,33 @@ def _to_ms(ns) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+# The default list: one table per group (its title: model, workload, budget, device, threads) of the
+# columns that fit 120 columns, a run named by its short id (time and random suffix, which `results show`
+# takes); reasons follow each table.
+LIST_COLUMNS = columns.select(
+    "run_id", "engine", "status_label", "decode_ts", "tbt_p50_ms", "ttft_p50_ms", "commit"
+)
+WIDE_LIST_COLUMNS = columns.select("run_id", "created_at", "engine", "model", "workload", "budget_bytes", "target",
+                                   "threads", "status", "n_turns", "decode_ts", "avg_ts", "tbt_p50_ms",
+                                   "ttft_p50_ms", "commit")  # fmt: skip
+
+
+def row_group(row: dict) -> tuple:
+    """schema.group_key of an index row."""
+    model = row["model"] + (" [synthetic]" if row["synthetic"] else "")
+    return (model, row["workload"], row["budget_bytes"], row["device"], row["threads"])
+
+
+def _row_values(row: dict, run_name: str) -> dict:
+    # index rows hold derived values (ns times, flags): read here, written by the columns
+    return {"run_id": run_name, "created_at": row["created_at"], "engine": row["engine_label"],
+            "model": row_group(row)[0], "workload": row["workload"], "budget_bytes": row["budget_bytes"],
+            "target": row["device"], "threads": row["threads"], "status": (row["status"], row["error"]),
+            "status_label": (row["status"], row["error"]), "n_turns": row["n_turns"], "decode_ts": row["decode_ts"],
+            "avg_ts": row["avg_ts"], "tbt_p50_ms": _to_ms(row["tbt_p50_ns"]), "ttft_p50_ms": _to_ms(row["ttft_p50_ns"]),
+            "commit": row["commit_label"]}  # fmt: skip
+
+
 @command.command(name="list")
 @filter_options
 @click.option(
@@ -48,12 +77,15 @@ def _to_ms(ns) -> float | None:
 )
 @click.option("--limit", type=click.IntRange(1), default=None, help="At most this many (newest first).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of index rows instead of a table.")
+@wide_option
 @results_dir_option
 @index_option
-def list_command(model, engine, workload, since, status, limit, as_json, results_dir, index_path):
-    """List runs, newest first, optionally filtered."""
+def list_command(model, engine, workload, device, threads, since, status, limit, as_json, wide, results_dir,
+                 index_path):  # fmt: skip
+    """List runs by group (model, workload, budget, device, threads), newest first in each, with every
+    run's status: failed, aborted, timed-out and invalid runs with their reason."""
     rows = store.list_runs(results_dir, index=index_path, model=model, engine=engine, workload=workload,
-                           since=parse_since(since), status=status, limit=limit)  # fmt: skip
+                           device=device, threads=threads, since=parse_since(since), status=status, limit=limit)  # fmt: skip
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -63,19 +95,39 @@ def list_command(model, engine, workload, since, status, limit, as_json, results
     from rich.table import Table
     from rich.text import Text
 
-    # index rows hold derived values (model with [synthetic], ns times): read here, written by the columns
-    cols = columns.select("run_id", "created_at", "engine", "model", "workload", "budget_bytes", "status",
-                          "n_turns", "avg_ts", "tbt_p50_ms", "ttft_p50_ms")  # fmt: skip
-    table = Table(title=f"{len(rows)} run(s) in {store.resolve_results_dir(results_dir)}")
-    for col in cols:
-        table.add_column(col.header, overflow="fold")
-    for row in rows:
-        values = [row["run_id"], row["created_at"], row["engine_label"],
-                  row["model"] + (" [synthetic]" if row["synthetic"] else ""), row["workload"], row["budget_bytes"],
-                  row["status"], row["n_turns"], row["avg_ts"], _to_ms(row["tbt_p50_ns"]), _to_ms(row["ttft_p50_ns"])]  # fmt: skip
-        # Text: "[synthetic]" is not rich markup
-        table.add_row(*(Text(col.text(v)) for col, v in zip(cols, values, strict=True)))
-    console().print(table)
+    out = console(wide)
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:  # newest first within each group, as the index gives them
+        groups.setdefault(row_group(row), []).append(row)
+    ordered = sorted(groups, key=schema.group_sort_key)
+    out.print(f"{len(rows)} run(s) in {len(groups)} group(s) in {store.resolve_results_dir(results_dir)}",
+              highlight=False)  # fmt: skip
+    if wide:
+        table = Table()
+        for col in WIDE_LIST_COLUMNS:
+            table.add_column(col.header, overflow="fold")
+        for key in ordered:
+            for i, row in enumerate(groups[key]):
+                values = _row_values(row, row["run_id"])
+                table.add_row(*(Text(col.text(values[col.name])) for col in WIDE_LIST_COLUMNS),
+                              end_section=i == len(groups[key]) - 1)  # fmt: skip
+        out.print(table)
+        return
+    names = {r["run_id"]: schema.short_run_id(r["run_id"]) for r in rows}
+    for key in ordered:
+        table = Table(title=Text(schema.group_label(key), style="bold"), title_justify="left")
+        for col in LIST_COLUMNS:
+            table.add_column(col.header, overflow="fold")
+        for row in groups[key]:
+            values = _row_values(row, names[row["run_id"]])
+            table.add_row(
+                *(Text(col.text(values[col.name])) for col in LIST_COLUMNS)
+            )  # Text: not rich markup
+        out.print(table)
+        for row in groups[key]:
+            if row["status"] != schema.STATUS_OK:
+                reason = columns.status_cell(row["status"], row["error"], width=200)
+                out.print(Text(f"  {names[row['run_id']]}: {reason}", style="yellow"))
 
 
 @command.command(name="show")
@@ -84,7 +136,8 @@ def list_command(model, engine, workload, since, status, limit, as_json, results
 @results_dir_option
 @index_option
 def show_command(run, as_json, results_dir, index_path):
-    """Show one run: RUN is a run id, a unique prefix of one, or a path to a run JSON file."""
+    """Show one run: RUN is a run id, a unique prefix of one, its short id (TIME-HEX, as `results list`
+    prints it), or a path to a run JSON file."""
     data = store.load_run(run, results_dir, index=index_path)
     if as_json:
         click.echo(json.dumps(data, indent=1))
@@ -99,7 +152,8 @@ def show_command(run, as_json, results_dir, index_path):
     facts = {
         "run": data["run_id"],
         "created": data["created_at"],
-        "status": data["status"] + (f": {data['error']}" if data["error"] else ""),
+        "status": schema.status_text(data),
+        "device": f"{schema.target_label(data)}, {schema.threads_label(schema.run_threads(data))} threads",
         "pi2 commit": f"{data['pi2']['commit']}{' (dirty)' if data['pi2']['dirty'] else ''}",
         "engine": f"{schema.engine_label(data)} version={e['version']} commit={e['commit']} flags={e['build_flags']}",
         "model": f"{schema.model_label(data)} quant={m['quant']} sha256={m['sha256']}",
@@ -121,15 +175,16 @@ def show_command(run, as_json, results_dir, index_path):
             )
     if data["turns"]:
         table = Table(title="turns")
+        # a turn's own rate: another statistic than the run's decode tok/s, so named apart
         for header in ["#", "prompt", "rep", "status", "n_prompt", "n_gen", "TTFT ms", "prefill tok/s",
-                       "decode tok/s", "TBT P50 ms"]:  # fmt: skip
+                       "turn tok/s", "TBT P50 ms"]:  # fmt: skip
             table.add_column(header)
         for t in data["turns"]:
             p50 = None
             if t["samples_ns"]:
                 p50 = sorted(t["samples_ns"])[len(t["samples_ns"]) // 2]
             table.add_row(str(t["index"]), Text(t["prompt_id"] or "-"), str(t["rep"]),
-                          "warm-up" if t["warmup"] else t["status"], str(t["n_prompt"]), str(t["n_gen"]),
+                          "warm-up" if t["warmup"] else schema.status_label(t["status"]), str(t["n_prompt"]), str(t["n_gen"]),
                           _ms(t["ttft_ns"]), "-" if t["prefill_ts"] is None else f"{t['prefill_ts']:.1f}",
                           "-" if t["decode_ts"] is None else f"{t['decode_ts']:.2f}", _ms(p50))  # fmt: skip
         out.print(table)

@@ -3,14 +3,47 @@
 The file's own errors stop here (pi2cli.farm.file raises one Pi2Error). Then, without running
 anything: every model exists (with its GGUF twin when llama.cpp is in the matrix), the results
 directory can take files, and each device answers (through its own adb server where it has one),
-with its architecture, SoC and sensors.
+with its architecture, SoC and sensors. A device behind its own adb server has that server asked first
+(probe_adb_server), so a server that does not resolve or answer is told from one that answers with no
+such device.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pi2cli.farm.file import Farm, cells_for, load_farm
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe_adb_server(server: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when HOST:PORT is an adb server that answers `host:version`; else why not, in a few words:
+    it does not resolve, nothing answers there, or what answers is not an adb server."""
+    host, _, port_text = server.rpartition(":")
+    try:
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        return f"adb server {server}: port must be 1-65535"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        reason = err.strerror if isinstance(err, socket.gaierror) and err.strerror else str(err)
+        return f"adb server {server} does not resolve ({reason})"
+    try:
+        with socket.create_connection(addresses[0][4][:2], timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(b"000chost:version")
+            reply = conn.recv(4)
+    except OSError as err:
+        reason = "no reply" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        return f"adb server {server} does not answer ({reason})"
+    if reply != b"OKAY":
+        return f"adb server {server} answers, but not as an adb server (got {reply[:4]!r})"
+    return None
 
 
 def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
@@ -43,6 +76,10 @@ def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
         problems.append(exc.format_message())
     for device in farm.devices:
         n = len(cells_for(farm, device))
+        server_problem = probe_adb_server(device.adb_server) if device.adb_server else None
+        if server_problem:
+            problems.append(f"device {device.name}: not reachable: {server_problem}")
+            continue
         try:
             with environment(device_env(device)):
                 target = get_target(device.name)
@@ -50,7 +87,8 @@ def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
                 sensors = read_sensors(target)
         except (TargetError, Pi2Error, OSError) as exc:
             text = exc.format_message() if isinstance(exc, Pi2Error) else str(exc)
-            where = f" via adb server {device.adb_server}" if device.adb_server else ""
+            # the server answered the probe: "no device" here means an empty or other device list
+            where = f" via adb server {device.adb_server} (which answers)" if device.adb_server else ""
             problems.append(f"device {device.name}{where}: not reachable ({text})")
             continue
         temp = sensors.get("cpu_temp_c")

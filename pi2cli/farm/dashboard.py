@@ -35,7 +35,9 @@ svg text { font-size: 11px; fill: #444; }
 <p class="note">{{ n_series }} series, {{ n_runs }} runs, nights {{ first_night }} to {{ last_night }}.
 Statistic: the median time per token (TBT) of each night, from every token's time; the verdict compares
 the newest night with up to {{ window }} earlier nights (change-point test, p &lt; {{ alpha }}, and a
-bootstrap interval of the ratio above 1 by at least {{ min_effect }}). Synthetic models say so.</p>
+bootstrap interval of the ratio above 1 by at least {{ min_effect }}). Synthetic models say so.
+Series hold ok runs only{% if left_out %} (not in any series: {{ left_out }}){% endif %}.</p>
+<p class="note" id="tested">{{ tested_line }}</p>
 <h2>Summary</h2>
 <table id="summary"><thead><tr><th>device</th><th>model</th><th>engine</th><th>workload</th><th>budget</th>
 <th>newest night</th><th>nights</th><th>TBT median ms</th><th>ratio [95% CI]</th><th>p</th><th>energy J/token</th>
@@ -61,8 +63,8 @@ def _scale(values: list[float], lo_px: float, hi_px: float):
     if hi == lo:
         lo, hi = lo - 1, hi + 1
     span = hi - lo
-    # times and temperatures never go below zero: the axis stops there (it read -0.303 ms once)
-    lo, hi = (lo - 0.08 * span if lo < 0 else max(0.0, lo - 0.08 * span)), hi + 0.08 * span
+    # times and temperatures are not negative: the margin never takes the axis below 0
+    lo, hi = max(lo - 0.08 * span, 0.0) if lo >= 0 else lo - 0.08 * span, hi + 0.08 * span
     return (lambda v: hi_px - (v - lo) / (hi - lo) * (hi_px - lo_px)), lo, hi
 
 
@@ -143,9 +145,21 @@ def _energy(series: Series) -> str:
     return f"{np.mean(values):.4g}" if values else "unavailable"
 
 
+def _left_out(runs: list[dict]) -> str:
+    """ "2 invalid, 1 failed": the runs no series uses (only ok runs are measurements), by status."""
+    from collections import Counter
+
+    from pi2cli.results import schema
+
+    counts = Counter(r["status"] for r in runs if r["status"] != schema.STATUS_OK)
+    return ", ".join(f"{n} {schema.status_label(s)}" for s, n in sorted(counts.items()))
+
+
 def write_dashboard(out: Path, title: str, runs: list[dict], series: list[Series], verdicts: list,
                     settings: dict) -> Path:  # fmt: skip
     from markupsafe import Markup
+
+    from pi2cli.farm.regressions import summary_line
 
     rows, trends = [], []
     for s, v in zip(series, verdicts, strict=True):
@@ -163,6 +177,7 @@ def write_dashboard(out: Path, title: str, runs: list[dict], series: list[Series
     nights = sorted({r["farm"]["night"] for r in runs}) or ["-"]
     text = Environment(autoescape=True).from_string(TEMPLATE).render(
         title=title, rows=rows, trends=trends, devices=devices, n_series=len(series), n_runs=len(runs),
+        tested_line=summary_line(verdicts), left_out=_left_out(runs),
         first_night=nights[0], last_night=nights[-1], **settings)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"

@@ -29,6 +29,7 @@ DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_EFFECT = 0.02
 DEFAULT_RESAMPLES = 1000
 DEFAULT_CONFIDENCE = 0.95
+MIN_NIGHTS = 3  # the change-point test needs a degree of freedom left for the night-to-night spread
 
 
 @dataclass
@@ -44,10 +45,15 @@ class Verdict:
     high: float | None = None
     p_value: float | None = None
 
+    @property
+    def tested(self) -> bool:
+        """False when the series had too few nights for a test: "not flagged" then means "not tested"."""
+        return self.nights >= MIN_NIGHTS
+
     def to_json(self) -> dict:
-        return {"series": list(self.key), "newest": self.newest, "nights": self.nights, "flagged": self.flagged,
-                "reason": self.reason, "change_night": self.change_night, "ratio": self.ratio, "low": self.low,
-                "high": self.high, "p_value": self.p_value}  # fmt: skip
+        return {"series": list(self.key), "newest": self.newest, "nights": self.nights, "tested": self.tested,
+                "flagged": self.flagged, "reason": self.reason, "change_night": self.change_night,
+                "ratio": self.ratio, "low": self.low, "high": self.high, "p_value": self.p_value}  # fmt: skip
 
 
 def change_point(log_medians: np.ndarray) -> tuple[int, float]:
@@ -101,8 +107,9 @@ def assess(key: tuple, nights: list[str], samples: dict[str, np.ndarray], *, win
     """The verdict on one series' newest night (nights sorted oldest first)."""
     nights = [n for n in nights if len(samples.get(n, ())) > 0][-(window + 1) :]
     newest = nights[-1] if nights else "-"
-    if len(nights) < 3:
-        return Verdict(key, newest, len(nights), False, f"{len(nights)} night(s): needs at least 3")
+    if len(nights) < MIN_NIGHTS:
+        return Verdict(key, newest, len(nights), False,
+                       f"not tested: {len(nights)} night(s), needs at least {MIN_NIGHTS}")  # fmt: skip
     log_medians = np.log([np.median(samples[n]) for n in nights])
     k, p = change_point(log_medians)
     ratio, low, high = bootstrap_ratio([samples[n] for n in nights[:k]], [samples[n] for n in nights[k:]],
@@ -123,3 +130,19 @@ def assess(key: tuple, nights: list[str], samples: dict[str, np.ndarray], *, win
 def assess_all(series: list, **kwargs) -> list[Verdict]:
     """A verdict per pi2cli.farm.history.Series."""
     return [assess(s.key, s.nights, s.samples, **kwargs) for s in series]
+
+
+def summary_line(verdicts: list[Verdict]) -> str:
+    """The last line of `pi2 farm regressions`: how many series were flagged out of how many could be
+    tested, and plainly when none could be (no series had MIN_NIGHTS nights): never a bare "0 flagged"."""
+    tested = [v for v in verdicts if v.tested]
+    flagged = [v for v in tested if v.flagged]
+    newest = max((v.newest for v in verdicts), default="-")
+    untested = len(verdicts) - len(tested)
+    if not tested:
+        return (f"nothing could be tested: none of {len(verdicts)} series has the {MIN_NIGHTS} nights of ok runs "
+                f"a test needs (newest night {newest}); no regression can be ruled out yet")  # fmt: skip
+    line = f"{len(flagged)} of {len(tested)} tested series flagged (newest night {newest})"
+    if untested:
+        line += f"; {untested} series not tested (fewer than {MIN_NIGHTS} nights: --json lists them)"
+    return line

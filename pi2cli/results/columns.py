@@ -3,8 +3,8 @@
 Four tables show runs: the `pi2 bench` table, the report's Runs table, `pi2 results list` and `pi2 compare`
 (its text table and its CSV). Each selects the columns it shows from COLUMNS by name, so a column's header
 and how its value is written live here and nowhere else. Columns that look alike but show another
-statistic (the mean TTFT vs the index's median TTFT, pooled vs mean decode rate) are separate columns with
-headers that say so. `read` takes a run JSON dict (docs/RESULTS.md); the index rows of `results list` and
+statistic (the mean TTFT vs the index's median TTFT, the decode rate vs the mean of per-turn rates) are
+separate columns with headers that say so; only schema.decode_rate is headed "decode tok/s". `read` takes a run JSON dict (docs/RESULTS.md); the index rows of `results list` and
 the comparison rows of `compare` hold already-derived values, so those tables pass their values to `text`.
 """
 
@@ -56,19 +56,13 @@ def _ms(key: str) -> Callable[[dict], Any]:
     return lambda run: None if run["summary"].get(key) is None else run["summary"][key] / 1e6
 
 
-def _decode_pooled(run: dict):
-    # all decode tokens over all decode time; engines that report rates only: the mean of the per-turn rates
-    s = run["summary"]
-    return s["pooled_ts"] if s.get("pooled_ts") is not None else s["avg_ts"]
-
-
 def _decode_spread(run: dict) -> tuple[float | None, float | None, int]:
     s = run["summary"]
-    return _decode_pooled(run), s["stddev_ts"], s["n_turns"]
+    return schema.decode_rate(run), s["stddev_ts"], s["n_turns"]
 
 
 def _decode_spread_text(v) -> str:
-    """The pooled rate ± the stddev of the per-turn rates (when there is more than one turn; ±0.00 is shown,
+    """The decode rate ± the stddev of the per-turn rates (when there is more than one turn; ±0.00 is shown,
     so a run with no spread reads differently from a one-turn run)."""
     rate, stddev, n_turns = v
     text = num(2)(rate)
@@ -85,10 +79,15 @@ def _budget_enforced(run: dict) -> str:
 
 def status_cell(status: str, error: str | None, width: int = 80) -> str:
     """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
+    label = schema.status_label(status)
     if status == schema.STATUS_OK or not error:
-        return status
-    text = f"{status}: {error}"
+        return label
+    text = f"{label}: {error}"
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _status_pair(run: dict) -> tuple[str, str | None]:
+    return run["status"], run["error"]
 
 
 def _tbt_triple(v) -> str:
@@ -103,22 +102,24 @@ _COLUMNS = [
     Column("workload", "workload", read=lambda r: r["workload"]["name"]),
     Column("budget_bytes", "budget", schema.budget_label, lambda r: r["memory"]["budget_bytes"]),
     Column("budget_enforced", "budget", read=_budget_enforced),
-    Column("target", "target", read=lambda r: f"{r['target']['name']} ({r['target']['kind']})"),
-    # the bench table's status: a failure's reason, cut to fit a terminal
-    Column("status", "status", lambda v: status_cell(*v), lambda r: (r["status"], r["error"])),
+    Column("target", "device", read=schema.target_label),
+    Column("threads", "threads", schema.threads_label, schema.run_threads),
+    Column("commit", "commit", read=schema.commit_label),  # the engine's commit, else pi2's
+    # the bench table's status: a failure's reason, cut to fit a terminal. Its value is (status, error).
+    Column("status", "status", lambda v: status_cell(*v), _status_pair),
+    # narrow tables: the status alone (the reasons follow the table, one line each). Value: (status, error).
+    Column("status_label", "status", lambda v: schema.status_label(v[0]), _status_pair),
     # the report's status: the whole reason (a report is read, not glanced at)
-    Column(
-        "status_error",
-        "status",
-        read=lambda r: r["status"] if r["status"] == schema.STATUS_OK else f"{r['status']}: {r['error']}",
-    ),
+    Column("status_error", "status", read=schema.status_text),
+    Column("error", "reason", read=lambda r: r["error"]),  # compare's CSV: the reason in a cell of its own
     Column("synthetic", "synthetic", read=lambda r: r["model"]["synthetic"]),
     Column("baseline", "baseline"),  # compare: the engine label each row is compared with
     Column("n_turns", "turns", read=_summary("n_turns")),
-    Column("decode_ts", "decode tok/s", num(2), _decode_pooled),
-    Column("avg_ts", "decode tok/s", num(2), _summary("avg_ts")),  # the mean of the per-turn rates
+    # THE decode statistic (schema.decode_rate): the only column headed "decode tok/s"
+    Column("decode_ts", schema.DECODE_LABEL, num(2), schema.decode_rate),
+    Column("decode_pooled", schema.DECODE_LABEL, _decode_spread_text, _decode_spread),  # ± per-turn stddev
+    Column("avg_ts", "mean turn tok/s", num(2), _summary("avg_ts")),  # the mean of the per-turn rates
     Column("stddev_ts", "stddev tok/s", num(2), _summary("stddev_ts")),  # of the per-turn rates
-    Column("decode_pooled", "decode tok/s (pooled)", _decode_spread_text, _decode_spread),
     Column("ttft_ms", "TTFT ms", num(1), _ms("ttft_avg_ns")),  # the mean over turns
     Column("ttft_p50_ms", "TTFT P50 ms", num(1), _ms("ttft_p50_ns")),
     Column("tbt_p50_ms", "TBT P50 ms", num(2), _ms("tbt_p50_ns")),

@@ -1,7 +1,8 @@
 """Side-by-side comparison of runs: speedups over a baseline engine with bootstrap confidence intervals.
 
-Runs are grouped by (model, workload, memory budget). In each group every run is compared with the
-baseline run, and each ratio is a speedup (above 1: faster than the baseline):
+Runs are grouped by (model, workload, memory budget, device, threads): a phone run and a local run of one
+engine, or runs at different thread counts, are never in one group. In each group every finished run is
+compared with the baseline run, and each ratio is a speedup (above 1: faster than the baseline):
 
     decode   mean TBT(baseline) / mean TBT(engine)    (= pooled decode tok/s ratio)
     tbt_p50  median TBT(baseline) / median TBT(engine)
@@ -9,7 +10,8 @@ baseline run, and each ratio is a speedup (above 1: faster than the baseline):
 
 The interval is a percentile bootstrap: both sample sets are resampled with replacement, independently,
 `resamples` times, from numpy's default_rng(seed) started afresh for every ratio, so an interval depends
-only on the two runs and the settings, never on what else is being compared.
+only on the two runs and the settings, never on what else is being compared. Runs that are not ok
+(failed, aborted, timeout, invalid, ...) are rows of their group with their status and reason, no figures.
 """
 
 import csv
@@ -104,16 +106,21 @@ class Row:
     model: str
     workload: str
     budget_bytes: int | None
+    target: str  # the device (schema.target_label): part of the group, so local and phone runs never mix
+    threads: int | None  # settings.threads (None: the engine's default): part of the group too
     engine: str
     run_id: str
     created_at: str
     synthetic: bool
+    status: str  # a run that is not ok is shown in its group with its reason, never compared
+    error: str | None
+    commit: str  # schema.commit_label: the engine's commit, else pi2's
     is_baseline: bool
     baseline: str | None
     baseline_run_id: str | None
     n_turns: int
-    decode_ts: float | None  # pooled
-    avg_ts: float | None
+    decode_ts: float | None  # schema.decode_rate: THE decode tok/s
+    avg_ts: float | None  # the mean of the per-turn rates (another statistic, named so)
     stddev_ts: float | None
     tbt_p50_ms: float | None
     tbt_p90_ms: float | None
@@ -125,6 +132,10 @@ class Row:
     ttft_speedup: Ratio | None = None
     quality: dict | None = None  # the run's divergence from the dense model (pi2 bench --quality)
 
+    @property
+    def key(self) -> tuple:
+        return (self.model, self.workload, self.budget_bytes, self.target, self.threads)
+
 
 @dataclass
 class Comparison:
@@ -135,13 +146,22 @@ class Comparison:
     confidence: float
     notes: list[str] = field(default_factory=list)
 
+    def groups(self) -> list[tuple[tuple, list[Row]]]:
+        """The rows by group (schema.group_key), in order: what the grouped tables draw."""
+        out: dict[tuple, list[Row]] = {}
+        for row in self.rows:
+            out.setdefault(row.key, []).append(row)
+        return list(out.items())
+
     def to_json(self) -> dict:
         return {
             "baseline": self.baseline,
             "resamples": self.resamples,
             "seed": self.seed,
             "confidence": self.confidence,
+            "group_by": ["model", "workload", "budget_bytes", "target", "threads"],
             "metrics": {
+                "decode_ts": f"{schema.DECODE_LABEL}: {schema.DECODE_MEANING}",
                 "decode_speedup": "mean TBT(baseline) / mean TBT(engine): the decode tok/s ratio",
                 "tbt_p50_speedup": "median TBT(baseline) / median TBT(engine)",
                 "ttft_speedup": "mean TTFT(baseline) / mean TTFT(engine)",
@@ -160,6 +180,29 @@ def _pick_baseline(runs: list[dict], baseline: str) -> dict | None:
     return next((r for r in runs if baseline in (schema.engine_label(r), r["engine"]["name"])), None)
 
 
+def _row(run: dict, key: tuple, base_run: dict | None) -> Row:
+    model, workload, budget, target, threads = key
+    ok = run["status"] == schema.STATUS_OK
+    s = run["summary"]
+
+    def fig(value):  # a run that did not finish or cannot be true: no figure beside the others
+        return value if ok else None
+
+    return Row(
+        model=model, workload=workload, budget_bytes=budget, target=target, threads=threads,
+        engine=schema.engine_label(run), run_id=run["run_id"], created_at=run["created_at"],
+        synthetic=bool(run["model"]["synthetic"]), status=run["status"], error=run["error"],
+        commit=schema.commit_label(run), is_baseline=run is base_run,
+        baseline=None if base_run is None else schema.engine_label(base_run),
+        baseline_run_id=None if base_run is None else base_run["run_id"],
+        n_turns=s["n_turns"], decode_ts=fig(schema.decode_rate(run)), avg_ts=fig(s["avg_ts"]),
+        stddev_ts=fig(s["stddev_ts"]), tbt_p50_ms=fig(_ms(s["tbt_p50_ns"])), tbt_p90_ms=fig(_ms(s["tbt_p90_ns"])),
+        tbt_p99_ms=fig(_ms(s["tbt_p99_ns"])), ttft_ms=fig(_ms(s["ttft_avg_ns"])),
+        peak_rss_mib=fig(None if s["peak_rss_bytes"] is None else s["peak_rss_bytes"] / 2**20),
+        quality=fig(run.get("quality")),
+    )  # fmt: skip
+
+
 def compare_runs(
     runs: Sequence[dict],
     *,
@@ -168,11 +211,13 @@ def compare_runs(
     seed: int = DEFAULT_SEED,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> Comparison:
-    """Group the runs and compare each with its group's baseline run (see the module doc).
+    """Group the runs (schema.group_key: model, workload, budget, device, threads) and compare each
+    finished run with its group's baseline run (see the module doc).
 
-    The baseline of a group is its first run (in the order given) of the baseline engine; a group
-    without that engine is compared with its first run, and a note says so. Failed runs are left out
-    with a note."""
+    The baseline of a group is its first ok run (in the order given) of the baseline engine; a group
+    without that engine is compared with its first ok run, and a note says so. Runs that are not ok
+    (failed, aborted, timeout, invalid, ...) stay in their group as rows with their status and reason,
+    without figures or speedups (the tables print the reason under the group)."""
     wanted = baseline or DEFAULT_BASELINE
     for run in runs:
         if not run.get("summary"):
@@ -180,59 +225,34 @@ def compare_runs(
     notes: list[str] = []
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
-        if run["status"] != schema.STATUS_OK:
-            notes.append(f"{run['run_id']}: left out ({run['status']}: {run['error']})")
-            continue
         groups.setdefault(schema.group_key(run), []).append(run)
 
     rows: list[Row] = []
-    for key in sorted(groups, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
-        model, workload, budget = key
+    for key in sorted(groups, key=schema.group_sort_key):
         given = groups[key]  # in the order the runs were given: that order decides the baseline
-        members = sorted(given, key=lambda r: (schema.engine_label(r), r["created_at"], r["run_id"]))
-        base_run = _pick_baseline(given, wanted)
-        if base_run is None:
-            base_run = given[0]
-            if len(members) > 1:
-                where = f"{model} / {workload} / {schema.budget_label(budget)}"
-                notes.append(f"{where}: no {wanted} run; compared with {schema.engine_label(base_run)} "
-                             f"({base_run['run_id']})")  # fmt: skip
-        base_tbt = schema.tbt_samples_ns(base_run)
-        base_ttft = schema.ttft_samples_ns(base_run)
+        finished = [r for r in given if r["status"] == schema.STATUS_OK]
+        members = sorted(given, key=lambda r: (r["status"] != schema.STATUS_OK, schema.engine_label(r),
+                                               r["created_at"], r["run_id"]))  # fmt: skip
+        base_run = _pick_baseline(finished, wanted)
+        if base_run is None and finished:
+            base_run = finished[0]
+            if len(finished) > 1:
+                notes.append(f"{schema.group_label(key)}: no {wanted} run; compared with "
+                             f"{schema.engine_label(base_run)} ({base_run['run_id']})")  # fmt: skip
+        base_tbt = None if base_run is None else schema.tbt_samples_ns(base_run)
+        base_ttft = None if base_run is None else schema.ttft_samples_ns(base_run)
         for run in members:
-            summary = run["summary"]
-            is_base = run is base_run
-            row = Row(
-                model=model,
-                workload=workload,
-                budget_bytes=budget,
-                engine=schema.engine_label(run),
-                run_id=run["run_id"],
-                created_at=run["created_at"],
-                synthetic=bool(run["model"]["synthetic"]),
-                is_baseline=is_base,
-                baseline=schema.engine_label(base_run),
-                baseline_run_id=base_run["run_id"],
-                n_turns=summary["n_turns"],
-                decode_ts=summary["pooled_ts"] if summary["pooled_ts"] is not None else summary["avg_ts"],
-                avg_ts=summary["avg_ts"],
-                stddev_ts=summary["stddev_ts"],
-                tbt_p50_ms=_ms(summary["tbt_p50_ns"]),
-                tbt_p90_ms=_ms(summary["tbt_p90_ns"]),
-                tbt_p99_ms=_ms(summary["tbt_p99_ns"]),
-                ttft_ms=_ms(summary["ttft_avg_ns"]),
-                peak_rss_mib=None if summary["peak_rss_bytes"] is None else summary["peak_rss_bytes"] / 2**20,
-                quality=run.get("quality"),
-            )
-            if not is_base:
+            row = _row(run, key, base_run)
+            if run["status"] == schema.STATUS_OK and not row.is_baseline:
                 tbt = schema.tbt_samples_ns(run)
                 opts = {"resamples": resamples, "seed": seed, "confidence": confidence}
                 row.decode_speedup = bootstrap_speedup(base_tbt, tbt, np.mean, **opts)
                 row.tbt_p50_speedup = bootstrap_speedup(base_tbt, tbt, np.median, **opts)
                 row.ttft_speedup = bootstrap_speedup(base_ttft, schema.ttft_samples_ns(run), np.mean, **opts)
-                if row.decode_speedup is None and base_run["summary"]["avg_ts"] and summary["avg_ts"]:
-                    # An engine that reports only rates: the plain ratio, no interval.
-                    row.decode_speedup = Ratio(summary["avg_ts"] / base_run["summary"]["avg_ts"], None, None)
+                base_rate = schema.decode_rate(base_run)
+                if row.decode_speedup is None and base_rate and row.decode_ts:
+                    # An engine that reports only rates: the plain ratio of the decode rates, no interval.
+                    row.decode_speedup = Ratio(row.decode_ts / base_rate, None, None)
             rows.append(row)
     return Comparison(rows, wanted, resamples, seed, confidence, notes)
 
@@ -241,15 +261,20 @@ def compare_runs(
 # Rendering.
 
 # The columns (header and formatting) are declared once in pi2cli.results.columns; these pick compare's.
-TABLE_COLUMNS = columns.select("model", "workload", "budget_bytes", "engine", "decode_pooled", "decode_speedup",
-                               "tbt_p50_ms", "tbt_p50_speedup", "tbt_p90_p99_ms", "ttft_ms", "ttft_speedup",
-                               "quality", "run_id")  # fmt: skip
+# The default table is one per group (its title names model, workload, budget, device and threads), with
+# the columns that fit a 120-column terminal; failure reasons follow as notes. --wide: every column, flat.
+TABLE_COLUMNS = columns.select("engine", "status_label", "decode_pooled", "decode_speedup", "tbt_p50_ms", "ttft_ms",
+                               "commit")  # fmt: skip
 HEADERS = columns.headers(TABLE_COLUMNS)
+WIDE_COLUMNS = columns.select("model", "workload", "budget_bytes", "target", "threads", "engine", "status",
+                              "decode_pooled", "decode_speedup", "tbt_p50_ms", "tbt_p50_speedup", "tbt_p90_p99_ms",
+                              "ttft_ms", "ttft_speedup", "quality", "commit", "run_id")  # fmt: skip
+WIDE_HEADERS = columns.headers(WIDE_COLUMNS)
 
 # CSV: the columns' machine names, then each ratio and quality score with its interval ends
-CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "engine", "synthetic", "run_id", "baseline",
-                             "n_turns", "decode_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms",
-                             "ttft_ms")  # fmt: skip
+CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "target", "threads", "engine", "status", "error",
+                             "synthetic", "commit", "run_id", "baseline", "n_turns", "decode_ts", "avg_ts",
+                             "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms")  # fmt: skip
 CSV_HEADERS = [c.name for c in CSV_COLUMNS] + [
     f"{name}{end}" for name in ("decode", "tbt_p50", "ttft") for end in ("_speedup", "_ci_low", "_ci_high")
 ] + ["kl_nats", "kl_ci_low", "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio",
@@ -276,29 +301,61 @@ def _speedup(row: Row, ratio: Ratio | None) -> str:
     return "-" if ratio is None else ratio.text()
 
 
-def table_rows(comparison: Comparison) -> list[list[str]]:
-    """The comparison as rows of text cells in HEADERS order (model names carry [synthetic])."""
-    out = []
-    for row in comparison.rows:
-        values = [row.model, row.workload, row.budget_bytes, row.engine, (row.decode_ts, row.stddev_ts, row.n_turns),
-                  _speedup(row, row.decode_speedup), row.tbt_p50_ms, _speedup(row, row.tbt_p50_speedup),
-                  (row.tbt_p90_ms, row.tbt_p99_ms), row.ttft_ms, _speedup(row, row.ttft_speedup),
-                  quality_text(row.quality), row.run_id]  # fmt: skip
-        out.append([col.text(v) for col, v in zip(TABLE_COLUMNS, values, strict=True)])
-    return out
+def _values(row: Row) -> dict:
+    """A row's value for each column name (the columns write them)."""
+    return {"model": row.model, "workload": row.workload, "budget_bytes": row.budget_bytes, "target": row.target,
+            "threads": row.threads, "engine": row.engine, "status": (row.status, row.error),
+            "status_label": (row.status, row.error), "decode_pooled": (row.decode_ts, row.stddev_ts, row.n_turns),
+            "decode_speedup": _speedup(row, row.decode_speedup), "tbt_p50_ms": row.tbt_p50_ms,
+            "tbt_p50_speedup": _speedup(row, row.tbt_p50_speedup), "tbt_p90_p99_ms": (row.tbt_p90_ms, row.tbt_p99_ms),
+            "ttft_ms": row.ttft_ms, "ttft_speedup": _speedup(row, row.ttft_speedup),
+            "quality": quality_text(row.quality), "commit": row.commit, "run_id": row.run_id}  # fmt: skip
+
+
+def _cells(row: Row, cols: list) -> list[str]:
+    values = _values(row)
+    return [col.text(values[col.name]) for col in cols]
+
+
+def table_rows(comparison: Comparison, *, wide: bool = False) -> list[list[str]]:
+    """The comparison as rows of text cells: WIDE_HEADERS order with wide, else HEADERS order (the group
+    is then the title of each table: group_tables)."""
+    cols = WIDE_COLUMNS if wide else TABLE_COLUMNS
+    return [_cells(row, cols) for row in comparison.rows]
+
+
+# The report's comparison tables: one per group as here, with the columns a page has room for.
+REPORT_COLUMNS = columns.select("engine", "status", "decode_pooled", "decode_speedup", "tbt_p50_ms", "tbt_p50_speedup",
+                                "tbt_p90_p99_ms", "ttft_ms", "ttft_speedup", "quality", "commit", "run_id")  # fmt: skip
+REPORT_HEADERS = columns.headers(REPORT_COLUMNS)
+
+
+def group_tables(comparison: Comparison, cols: list | None = None) -> list[tuple[str, list[list[str]]]]:
+    """(group title, rows of `cols`, TABLE_COLUMNS by default) per group: model, workload, budget, device,
+    threads, in group order."""
+    cols = cols or TABLE_COLUMNS
+    return [(schema.group_label(key), [_cells(r, cols) for r in rows]) for key, rows in comparison.groups()]
+
+
+def reasons(rows: list[Row]) -> list[str]:
+    """One line per row that is not ok: "engine: status: reason (run id)", printed under its group."""
+    return [f"{r.engine}: {columns.status_cell(r.status, r.error, width=300)} ({schema.short_run_id(r.run_id)})"
+            for r in rows if r.status != schema.STATUS_OK]  # fmt: skip
 
 
 def footnote(comparison: Comparison) -> str:
     pct = round(comparison.confidence * 100)
-    return (f"Speedups over the baseline ({comparison.baseline} where present) with {pct}% bootstrap "
-            f"intervals: {comparison.resamples} resamples of the per-token TBT (per-turn TTFT), "
-            f"numpy default_rng(seed={comparison.seed}). decode tok/s (pooled): all decode tokens over all "
-            f"decode time, ± the stddev of the per-turn rates. Quality vs dense (pi2 bench --quality): "
-            f"KL(dense || run) nats/token, top-1 agreement, perplexity ratio, 95% intervals (docs/QUALITY.md).")  # fmt: skip
+    return (f"Groups: model, workload, memory budget, device and threads (runs from different devices or "
+            f"thread counts are never compared). Speedups over the baseline ({comparison.baseline} where "
+            f"present) with {pct}% bootstrap intervals: {comparison.resamples} resamples of the per-token TBT "
+            f"(per-turn TTFT), numpy default_rng(seed={comparison.seed}). {schema.DECODE_LABEL}: "
+            f"{schema.DECODE_MEANING}, ± the stddev of the per-turn rates. Runs that are not ok are shown "
+            f"with their status and no figures. Quality vs dense (pi2 bench --quality): KL(dense || run) "
+            f"nats/token, top-1 agreement, perplexity ratio, 95% intervals (docs/QUALITY.md).")  # fmt: skip
 
 
-def render(comparison: Comparison, fmt: str) -> str:
-    """md / csv / json as text ("table" is drawn by render_rich)."""
+def render(comparison: Comparison, fmt: str, *, wide: bool = False) -> str:
+    """md / csv / json as text ("table" is drawn by render_rich); csv and json always hold every column."""
     if fmt == "json":
         return json.dumps(comparison.to_json(), indent=1)
     if fmt == "csv":
@@ -319,25 +376,46 @@ def render(comparison: Comparison, fmt: str) -> str:
             writer.writerow(["" if c is None else (f"{c:.6g}" if isinstance(c, float) else c) for c in cells])
         return buf.getvalue().rstrip("\n")
     if fmt == "md":
-        from tabulate import tabulate
-
-        text = tabulate(table_rows(comparison), headers=HEADERS, tablefmt="github")
-        lines = [text, "", footnote(comparison)]
-        lines += [f"- {note}" for note in comparison.notes]
-        return "\n".join(lines)
+        return render_md(comparison, wide=wide)
     raise ValueError(f"unknown format {fmt!r}")
 
 
-def render_rich(comparison: Comparison, console) -> None:
+def render_md(comparison: Comparison, *, wide: bool = False, level: str = "###") -> str:
+    """GitHub markdown: one table per group under a heading (wide: one flat table), footnote, notes."""
+    from tabulate import tabulate
+
+    if wide:
+        lines = [tabulate(table_rows(comparison, wide=True), headers=WIDE_HEADERS, tablefmt="github"), ""]
+    else:
+        lines = []
+        for (title, rows), (_, members) in zip(group_tables(comparison), comparison.groups(), strict=True):
+            lines += [f"{level} {title}", "", tabulate(rows, headers=HEADERS, tablefmt="github"), ""]
+            lines += [f"- {line}" for line in reasons(members)] + ([""] if reasons(members) else [])
+    lines += [footnote(comparison)]
+    lines += [f"- {note}" for note in comparison.notes]
+    return "\n".join(lines)
+
+
+def render_rich(comparison: Comparison, console, *, wide: bool = False) -> None:
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="pi2 compare", caption=escape(footnote(comparison)), show_lines=False)
-    for header in HEADERS:
-        table.add_column(header, overflow="fold", no_wrap=header in ("decode speedup", "TBT P50 speedup"))
-    for cells in table_rows(comparison):
-        table.add_row(*(Text(c) for c in cells))  # Text: "[synthetic]" is not rich markup
-    console.print(table)
+    no_wrap = ("decode speedup", "TBT P50 speedup", "TTFT speedup")
+    if wide:  # the status column holds the reasons
+        tables = [("pi2 compare", WIDE_HEADERS, table_rows(comparison, wide=True), [])]
+    else:
+        tables = [(title, HEADERS, rows, reasons(members))
+                  for (title, rows), (_, members) in zip(group_tables(comparison), comparison.groups(), strict=True)]  # fmt: skip
+    for title, headers, rows, why in tables:
+        table = Table(title=Text(title, style="bold"), title_justify="left", show_lines=False)
+        for header in headers:
+            table.add_column(header, overflow="fold", no_wrap=header in no_wrap)
+        for cells in rows:
+            table.add_row(*(Text(c) for c in cells))  # Text: "[synthetic]" is not rich markup
+        console.print(table)
+        for line in why:
+            console.print(Text(f"  {line}", style="yellow"))
+    console.print(escape(footnote(comparison)), style="dim", highlight=False)
     for note in comparison.notes:
         console.print(Text(f"note: {note}", style="yellow"))

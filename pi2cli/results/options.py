@@ -23,16 +23,42 @@ index_option = click.option(
 )
 
 
+class ThreadsFilter(click.ParamType):
+    """--threads: a positive count, or `default` for runs that left the count to the engine (stored as 0)."""
+
+    name = "N|default"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "default":
+            return 0
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+        self.fail(f"{value!r}: a thread count (1, 2, ...) or 'default'", param, ctx)
+
+
 def filter_options(func):
-    """--model / --engine / --workload / --since, the filters the index understands."""
+    """--model / --engine / --workload / --device / --threads / --since, the filters the index understands."""
     for option in reversed([
         click.option("--model", default=None, help="Only models whose name contains this (any case)."),
         click.option("--engine", default=None, help="Only this engine: a name (pi2, llama.cpp) or label (pi2:dense)."),
         click.option("--workload", default=None, help="Only this workload (dialogue, code, math, roleplay, ...)."),
+        click.option("--device", default=None, help="Only runs on this device: its name (local, an adb serial such as 127.0.0.1:5555) or kind (local, adb, qemu-arm64)."),
+        click.option("--threads", type=ThreadsFilter(), default=None, help="Only runs with this many threads ('default': the engine's own choice)."),
         click.option("--since", default=None, help="Only runs from this time on: 2026-11-21, 2026-11-21T08:00, or 7d / 12h / 30m ago."),
     ]):  # fmt: skip
         func = option(func)
     return func
+
+
+wide_option = click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column (device, threads, commit, intervals...) in one wide table; "
+    "by default the tables fit 120 columns.",
+)
 
 
 _RELATIVE = re.compile(r"^(\d+)\s*([dhm])$")

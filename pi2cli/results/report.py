@@ -17,7 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from pi2cli.results import columns, schema
-from pi2cli.results.compare import HEADERS, Comparison, compare_runs, footnote, table_rows
+from pi2cli.results.compare import (
+    REPORT_COLUMNS,
+    REPORT_HEADERS,
+    Comparison,
+    compare_runs,
+    footnote,
+    group_tables,
+)
 from pi2cli.results.template import HTML_TEMPLATE
 
 
@@ -56,23 +63,26 @@ def _pyplot():
 
 
 def _key_order(key: tuple) -> tuple:
-    model, workload, budget = key
-    return (model, workload, -1 if budget is None else budget)
+    return schema.group_sort_key(key)
 
 
 def _case_labels(runs: Sequence[dict]) -> tuple[dict[str, str], list[str]]:
-    """A label per run for its (model, workload, budget) showing only the parts that vary, and the
-    labels in order (model, workload, then budget numerically)."""
+    """A label per run for its group (model, workload, budget, device, threads) showing only the parts
+    that vary (the workload always), and the labels in group order."""
     keys = {r["run_id"]: schema.group_key(r) for r in runs}
-    varying = [len({k[i] for k in keys.values()}) > 1 for i in range(3)]
+    varying = [len({k[i] for k in keys.values()}) > 1 for i in range(5)]
     labels, order = {}, {}
     for run_id, key in keys.items():
-        model, workload, budget = key
+        model, workload, budget, target, threads = key
         parts = [workload]
         if varying[0]:
             parts.insert(0, model)
         if varying[2]:
             parts.append(schema.budget_label(budget))
+        if varying[3]:
+            parts.append(target)
+        if varying[4]:
+            parts.append(f"{schema.threads_label(threads)} threads")
         labels[run_id] = "\n".join(parts)
         order.setdefault(labels[run_id], _key_order(key))
     return labels, sorted(order, key=order.get)
@@ -139,10 +149,10 @@ def _grouped_bars(runs, value, error, ylabel: str, title: str):
 
 
 def plot_decode(runs: Sequence[dict]) -> Plot:
-    fig = _grouped_bars(runs, lambda r: r["summary"]["avg_ts"], lambda r: r["summary"]["stddev_ts"],
-                        "decode tokens/s", "Decode speed per engine and workload (mean ± stddev over turns)")  # fmt: skip
-    return Plot("decode", "Decode speed", "Decode tokens per second, mean over turns, error bars one stddev.",
-                *_save(fig))  # fmt: skip
+    fig = _grouped_bars(runs, schema.decode_rate, lambda r: r["summary"]["stddev_ts"], schema.DECODE_LABEL,
+                        "Decode speed per engine and group (error bars: stddev of the per-turn rates)")  # fmt: skip
+    return Plot("decode", "Decode speed", f"{schema.DECODE_LABEL}: {schema.DECODE_MEANING} (the same figure as "
+                "the tables); error bars one standard deviation of the per-turn rates.", *_save(fig))  # fmt: skip
 
 
 def plot_ttft(runs: Sequence[dict]) -> Plot | None:
@@ -230,27 +240,34 @@ def plot_budget(runs: Sequence[dict]) -> Plot | None:
     series: dict[tuple, list[tuple[float, float]]] = {}
     for run in runs:
         budget = run["memory"]["budget_bytes"]
-        if budget is None or run["summary"]["avg_ts"] is None:
+        if budget is None or schema.decode_rate(run) is None:
             continue
-        key = (schema.engine_label(run), schema.model_label(run), run["workload"]["name"])
-        series.setdefault(key, []).append((budget / 2**30, run["summary"]["avg_ts"]))
+        key = (schema.engine_label(run), schema.model_label(run), run["workload"]["name"], schema.target_label(run),
+               schema.threads_label(schema.run_threads(run)))  # fmt: skip
+        series.setdefault(key, []).append((budget / 2**30, schema.decode_rate(run)))
     series = {k: sorted(v) for k, v in series.items() if len({b for b, _ in v}) > 1}
     if not series:
         return None
     plt = _pyplot()
     colors = _engine_colors(runs)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (engine, model, workload), points in sorted(series.items()):
+    for (engine, model, workload, target, threads), points in sorted(series.items()):
         xs, ys = zip(*points, strict=True)
-        ax.plot(xs, ys, "o-", color=colors[engine], label=f"{engine}: {model} / {workload}")
+        ax.plot(
+            xs,
+            ys,
+            "o-",
+            color=colors[engine],
+            label=f"{engine}: {model} / {workload} / {target} / {threads} thr",
+        )
     ax.set_xlabel("memory budget, GiB")
-    ax.set_ylabel("decode tokens/s")
-    models = ", ".join(sorted({m for _, m, _ in series}))
+    ax.set_ylabel(schema.DECODE_LABEL)
+    models = ", ".join(sorted({k[1] for k in series}))
     ax.set_title(f"Decode speed against memory budget\n{models}", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return Plot("budget", "Speed against memory budget", "Decode tokens per second at each memory budget.",
+    return Plot("budget", "Speed against memory budget", f"{schema.DECODE_LABEL} at each memory budget.",
                 *_save(fig))  # fmt: skip
 
 
@@ -270,29 +287,28 @@ def plot_ablation(runs: Sequence[dict]) -> Plot | None:
     cases = sorted(ladder, key=_key_order)
     width = 0.8 / len(cases)
     for i, key in enumerate(cases):
-        model, workload, budget = key
         xs, ys = [], []
         for p, policy in enumerate(schema.ABLATION_POLICIES):
-            if policy in ladder[key] and ladder[key][policy]["summary"]["avg_ts"] is not None:
+            if policy in ladder[key] and schema.decode_rate(ladder[key][policy]) is not None:
                 xs.append(p + (i - (len(cases) - 1) / 2) * width)
-                ys.append(ladder[key][policy]["summary"]["avg_ts"])
-        bars = ax.bar(xs, ys, width * 0.95, label=f"{model} / {workload} / {schema.budget_label(budget)}")
+                ys.append(schema.decode_rate(ladder[key][policy]))
+        bars = ax.bar(xs, ys, width * 0.95, label=schema.group_label(key))
         ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
     ax.set_xticks(range(len(schema.ABLATION_POLICIES)), ["dense", "+bundle", "+cache", "powerinfer2"])
-    ax.set_ylabel("decode tokens/s")
+    ax.set_ylabel(schema.DECODE_LABEL)
     ax.set_title("Ablation ladder: each pi2 policy adds one technique\n"
                  + ", ".join(sorted({k[0] for k in cases})), fontsize=10)  # fmt: skip
     ax.set_ylim(bottom=0)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    return Plot("ablation", "Ablation ladder", "Decode tokens per second of pi2-engine with each technique "
+    return Plot("ablation", "Ablation ladder", f"{schema.DECODE_LABEL} of pi2-engine with each technique "
                 "switched on in turn (policies dense, bundle, cache, powerinfer2).", *_save(fig))  # fmt: skip
 
 
 def plot_quality(runs: Sequence[dict]):
     """The quality plot: each run that carries a quality block (pi2 bench --quality) as a point, its
     perplexity ratio to the dense model (with the 95% interval) against its decode speed."""
-    points = [r for r in runs if r.get("quality") and r["summary"]["avg_ts"] is not None]
+    points = [r for r in runs if r.get("quality") and schema.decode_rate(r) is not None]
     if not points:
         return None
     plt = _pyplot()
@@ -303,22 +319,22 @@ def plot_quality(runs: Sequence[dict]):
         q, engine = run["quality"], schema.engine_label(run)
         ci = q.get("ppl_ratio_ci")
         err = [[q["ppl_ratio"] - ci[0]], [ci[1] - q["ppl_ratio"]]] if ci else None
-        ax.errorbar(q["ppl_ratio"], run["summary"]["avg_ts"], xerr=err, fmt="o", capsize=3,
+        ax.errorbar(q["ppl_ratio"], schema.decode_rate(run), xerr=err, fmt="o", capsize=3,
                     color=colors[engine], label=None if engine in seen else engine)  # fmt: skip
         seen.add(engine)
         ax.annotate(f"{schema.model_label(run)} / {schema.budget_label(run['memory']['budget_bytes'])}",
-                    (q["ppl_ratio"], run["summary"]["avg_ts"]), fontsize=7, xytext=(4, 4),
+                    (q["ppl_ratio"], schema.decode_rate(run)), fontsize=7, xytext=(4, 4),
                     textcoords="offset points")  # fmt: skip
     ax.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("perplexity / dense perplexity (same tokens; 1 = no loss)")
-    ax.set_ylabel("decode tokens/s")
+    ax.set_ylabel(schema.DECODE_LABEL)
     ax.set_title("Quality beside speed", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return Plot("quality", "Quality beside speed",
                 "Each sparse run's perplexity relative to the dense model on the workload's evaluation text "
-                "(95% bootstrap interval) against its decode tokens per second.", *_save(fig))  # fmt: skip
+                f"(95% bootstrap interval) against its {schema.DECODE_LABEL}.", *_save(fig))  # fmt: skip
 
 
 def make_plots(runs: Sequence[dict]) -> list[Plot]:
@@ -334,15 +350,26 @@ def make_plots(runs: Sequence[dict]) -> list[Plot]:
 # Tables.
 
 # The columns (header and formatting) are declared once in pi2cli.results.columns; this picks the report's.
-RUN_COLUMNS = columns.select("run_id", "engine", "model", "workload", "budget_enforced", "target", "status_error",
-                             "n_turns", "decode_pooled", "tbt_ms", "ttft_ms", "peak_rss_mib", "cache_hit_rate",
-                             "io_share")  # fmt: skip
+# The Runs tables are one per group (model, workload, budget, device, threads: the table's title), so
+# every run is seen in its group with its status and reason, whatever the status.
+RUN_COLUMNS = columns.select("run_id", "engine", "budget_enforced", "status_error", "n_turns", "decode_pooled", "tbt_ms",
+                             "ttft_ms", "peak_rss_mib", "cache_hit_rate", "io_share", "commit")  # fmt: skip
 RUN_HEADERS = columns.headers(RUN_COLUMNS)
 
 
 def run_rows(runs: Sequence[dict]) -> list[list[str]]:
-    # decode: the same statistic as the Comparison table, all decode tokens over all decode time (pooled_ts)
+    # decode: the same statistic as the Comparison table (schema.decode_rate)
     return [[col.cell(run) for col in RUN_COLUMNS] for run in runs]
+
+
+def run_groups(runs: Sequence[dict]) -> list[tuple[str, list[list[str]]]]:
+    """(group title, its runs' rows) per group in group order; in a group ok runs first, then by engine."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(schema.group_key(run), []).append(run)
+    ordered = sorted(groups, key=schema.group_sort_key)
+    return [(schema.group_label(key), run_rows(sorted(groups[key], key=lambda r: (
+        r["status"] != schema.STATUS_OK, schema.engine_label(r), r["created_at"])))) for key in ordered]  # fmt: skip
 
 
 def _measurements(runs: Sequence[dict]) -> list[tuple[str, str]]:
@@ -375,10 +402,14 @@ def _markdown(
     if synthetic:
         lines += ["**Synthetic models are marked [synthetic]: their weights are generated, so their speed says "
                   "nothing about output quality.**", ""]  # fmt: skip
-    lines += ["## Runs", "", tabulate(run_rows(runs), headers=RUN_HEADERS, tablefmt="github"), ""]
+    lines += ["## Runs", "", "One table per group: model · workload · memory budget · device · threads.", ""]
+    for group, rows in run_groups(runs):
+        lines += [f"### {group}", "", tabulate(rows, headers=RUN_HEADERS, tablefmt="github"), ""]
     if comparison.rows:
-        lines += ["## Comparison", "", tabulate(table_rows(comparison), headers=HEADERS, tablefmt="github"), "",
-                  footnote(comparison), ""]  # fmt: skip
+        lines += ["## Comparison", ""]
+        for group, rows in group_tables(comparison, REPORT_COLUMNS):  # the status column holds the reasons
+            lines += [f"### {group}", "", tabulate(rows, headers=REPORT_HEADERS, tablefmt="github"), ""]
+        lines += [footnote(comparison), ""]
         lines += [f"- {note}" for note in comparison.notes] + ([""] if comparison.notes else [])
     for plot in plots:
         lines += [f"## {plot.title}", "", f"![{plot.title}](plots/{plot.name}.png)", "", plot.caption, ""]
@@ -401,9 +432,9 @@ def _html(
         n_runs=len(runs),
         synthetic=synthetic,
         run_headers=RUN_HEADERS,
-        run_rows=run_rows(runs),
-        compare_headers=HEADERS,
-        compare_rows=table_rows(comparison),
+        run_groups=run_groups(runs),
+        compare_headers=REPORT_HEADERS,
+        compare_groups=group_tables(comparison, REPORT_COLUMNS),
         compare_note=footnote(comparison) if comparison.rows else "",
         notes=comparison.notes,
         plots=plots,

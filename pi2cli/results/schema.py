@@ -31,9 +31,14 @@ from pi2cli.units import MAX_MEMORY_BYTES, format_size
 
 SCHEMA_VERSION = 1
 
-# Run and turn outcomes. Anything but "ok" carries a one-line `error`.
+# Run and turn outcomes. Anything but "ok" carries a one-line `error`. "invalid": the run finished but its
+# numbers cannot be true (e.g. token times faster than the device's memory bandwidth allows); it is kept and
+# shown with its reason, never summarised into comparisons or farm series as if it were a measurement.
 STATUS_OK = "ok"
 RUN_STATUSES = ("ok", "aborted", "device_vanished", "failed", "timeout", "invalid")
+# How every view names a status (tables, the report, compare's notes): one word or two, no underscores.
+STATUS_LABELS = {"ok": "ok", "aborted": "aborted", "device_vanished": "device vanished", "failed": "failed",
+                 "timeout": "timeout", "invalid": "invalid"}  # fmt: skip
 
 # Where a run's peak RSS (counters.peak_rss_bytes) came from: always the kernel's own high-water mark,
 # never a poll (docs/RESULTS.md). Stored as counters.peak_rss_source; results from before it lack it.
@@ -173,6 +178,17 @@ def make_run_id(engine: str, model: str, workload: str, created_at: str | None =
         if slug:
             parts.append(slug)
     return "-".join(parts + [secrets.token_hex(3)])
+
+
+_SHORT_ID_RE = re.compile(r"^(\d{8}T\d{6}Z)-.+-([0-9a-f]{6})$")
+SHORT_ID_RE = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{6})$")
+
+
+def short_run_id(run_id: str) -> str:
+    """20261121T231800Z-a3f9c1 for 20261121T231800Z-pi2-smollm2-dialogue-a3f9c1: the time and the random
+    suffix, which name a run as surely as the whole id (the index finds runs by it); other ids as they are."""
+    match = _SHORT_ID_RE.match(run_id)
+    return f"{match.group(1)}-{match.group(2)}" if match else run_id
 
 
 def parse_time(text: str) -> dt.datetime:
@@ -335,8 +351,9 @@ def set_counters(
 
 
 def mark_failed(run: dict, status: str, error: str) -> None:
-    """The run did not finish: status is aborted / device_vanished / failed / timeout; error one line.
-    Turns recorded so far stay; save_run still writes the run so the failure is on record."""
+    """The run did not finish, or its numbers cannot be true: status is aborted / device_vanished /
+    failed / timeout / invalid; error one line (the reason). Turns recorded so far stay; save_run still
+    writes the run so the failure is on record and every view shows it with its reason."""
     if status not in RUN_STATUSES or status == STATUS_OK:
         raise ValueError(f"failure status must be one of {RUN_STATUSES[1:]}, not {status!r}")
     run["status"] = status
@@ -372,8 +389,9 @@ def summarize(run: dict) -> dict:
     """Compute run["summary"] from the turns, memory samples and counters; returns it.
 
     avg_ts / stddev_ts: mean and sample standard deviation of the per-turn decode tok/s (as llama-bench
-    does over repetitions). pooled_ts: all decode tokens over all decode time. TBT percentiles pool every
-    measured token; I/O share = io_ns / (io_ns + compute_ns).
+    does over repetitions). pooled_ts: all decode tokens over all decode time. decode_ts: THE decode
+    statistic (see decode_rate). TBT percentiles pool every measured token; I/O share = io_ns / (io_ns +
+    compute_ns).
     """
     turns = measured_turns(run)
     decode = np.asarray([t["decode_ts"] for t in turns if t["decode_ts"] is not None], dtype=np.float64)
@@ -408,6 +426,7 @@ def summarize(run: dict) -> dict:
         "avg_ts": float(decode.mean()) if decode.size else None,
         "stddev_ts": float(decode.std(ddof=1)) if decode.size > 1 else (0.0 if decode.size else None),
         "pooled_ts": float(tbt.size / (tbt.sum() / 1e9)) if tbt.size and tbt.sum() > 0 else None,
+        "decode_ts": None,  # set below from pooled_ts or the rate-only turns (decode_rate)
         "prefill_avg_ts": float(prefill.mean()) if prefill.size else None,
         "ttft_avg_ns": int(round(float(ttft.mean()))) if ttft.size else None,
         "ttft_p50_ns": pct(ttft, 50),
@@ -428,8 +447,36 @@ def summarize(run: dict) -> dict:
         "io_share": io_ns / busy if io_ns is not None and compute_ns is not None and busy else None,
         "compute_share": compute_ns / busy if io_ns is not None and compute_ns is not None and busy else None,
     }
+    summary["decode_ts"] = _pooled_decode(summary["pooled_ts"], turns)
     run["summary"] = summary
     return summary
+
+
+# ---------------------------------------------------------------------------------------------------
+# The one decode statistic. Every view that says "decode tok/s" shows this number and nothing else; a view
+# that shows another statistic (the mean of the per-turn rates, one turn's rate) labels it differently.
+
+DECODE_LABEL = "decode tok/s"
+DECODE_MEANING = "all decode tokens over all decode time, pooled over the measured turns"
+
+
+def _pooled_decode(pooled_ts: float | None, turns: list[dict]) -> float | None:
+    """pooled_ts when there are token times; for rate-only turns (an engine that reports rates, no token
+    times) the same quantity from the rates: sum(tokens) / sum(tokens / rate), a turn's tokens being its
+    n_gen (each rate is its turn's tokens over its decode time, so this is tokens over time again)."""
+    if pooled_ts is not None:
+        return pooled_ts
+    rated = [
+        (t["n_gen"], t["decode_ts"]) for t in turns if t["decode_ts"] and not t["samples_ns"] and t["n_gen"]
+    ]
+    time_s = sum(n / rate for n, rate in rated)
+    return sum(n for n, _ in rated) / time_s if rated and time_s > 0 else None
+
+
+def decode_rate(run: dict) -> float | None:
+    """THE decode tok/s of a run (DECODE_LABEL, DECODE_MEANING): summary.decode_ts."""
+    summary = run.get("summary") or summarize(run)
+    return summary.get("decode_ts")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -707,6 +754,59 @@ def budget_label(budget_bytes: int | None) -> str:
     return format_size(budget_bytes, none="none (in memory)")
 
 
-def group_key(run: dict) -> tuple[str, str, int | None]:
-    """What a comparison holds fixed: (model label, workload, memory budget)."""
-    return (model_label(run), run["workload"]["name"], run["memory"]["budget_bytes"])
+def status_label(status: str) -> str:
+    """How every view names a run's or turn's status (STATUS_LABELS; an unknown one as stored)."""
+    return STATUS_LABELS.get(status, str(status))
+
+
+def status_text(run: dict) -> str:
+    """ "ok", or "<status>: <reason>": a run that did not give true numbers says why, wherever it is shown."""
+    label = status_label(run["status"])
+    return label if run["status"] == STATUS_OK or not run.get("error") else f"{label}: {run['error']}"
+
+
+def target_label(run: dict) -> str:
+    """The device a run ran on: "local", "qemu-arm64", an adb serial; with its kind when the name hides it."""
+    name, kind = run["target"]["name"], run["target"]["kind"]
+    return name if name == kind else f"{name} ({kind})"
+
+
+def threads_label(threads: int | None) -> str:
+    # no --threads: the engine's own default (each engine picks its own, so it is shown, not guessed)
+    return "default" if threads is None else str(threads)
+
+
+def commit_label(run: dict) -> str:
+    """The engine's commit, else the pi2 checkout's (first 8 hex digits; "+dirty" for uncommitted changes)."""
+    engine = run["engine"].get("commit")
+    if engine:
+        return str(engine)[:8]
+    pi2 = run.get("pi2") or {}
+    if not pi2.get("commit"):
+        return "-"
+    return str(pi2["commit"])[:8] + ("+dirty" if pi2.get("dirty") else "")
+
+
+def group_key(run: dict) -> tuple[str, str, int | None, str, int | None]:
+    """What a comparison holds fixed: (model label, workload, memory budget, device, threads). A local run
+    and a phone run of one engine, or runs at 2 and 4 threads, are never in one group."""
+    return (model_label(run), run["workload"]["name"], run["memory"]["budget_bytes"], target_label(run),
+            run_threads(run))  # fmt: skip
+
+
+def run_threads(run: dict) -> int | None:
+    """settings.threads as a count, None for the engine's default (or anything that is not a count)."""
+    threads = run["settings"].get("threads")
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
+
+
+def group_sort_key(key: tuple) -> tuple:
+    """Groups in order: model, workload, budget (none first), device, threads (default first)."""
+    model, workload, budget, target, threads = key
+    return (model, workload, -1 if budget is None else budget, target, -1 if threads is None else threads)
+
+
+def group_label(key: tuple) -> str:
+    """ "model · workload · budget · device · N threads": the title of a group in every view."""
+    model, workload, budget, target, threads = key
+    return " · ".join([model, workload, budget_label(budget), target, f"{threads_label(threads)} threads"])

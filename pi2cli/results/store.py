@@ -39,7 +39,7 @@ def index_path(results_dir: str | os.PathLike | None = None, index: str | os.Pat
 
 def open_index(results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None,
                *, sync: bool = True) -> Index:  # fmt: skip
-    """The index for a results directory, brought in line with its JSON files (rebuilt if missing)."""
+    """The index for writing (save_run), brought in line with its JSON files (rebuilt if missing)."""
     path = index_path(results_dir, index)
     try:
         idx = Index(path, runs_dir(results_dir))
@@ -48,6 +48,48 @@ def open_index(results_dir: str | os.PathLike | None = None, index: str | os.Pat
         raise Pi2Error(f"cannot use the results index {path}: {err} (set --index or $PI2_RESULTS_INDEX "
                        f"to a writable place)") from None  # fmt: skip
     return idx
+
+
+def open_listing(
+    results_dir: str | os.PathLike | None = None, index: str | os.PathLike | None = None
+) -> Index:
+    """The index for reading (list, show, compare, report), in line with runs/*.json, writing nothing
+    that it does not have to and never needing to write:
+
+    1. the index file opened read-only, used as is when it matches the run files (the usual case);
+    2. else brought in line, or built, through a read-write connection, when the disk takes it;
+    3. else (a read-only or full disk, a lock, a bad --index) a copy in memory, synced there; its
+       `notice` says the index on disk was not updated."""
+    path, base = index_path(results_dir, index), runs_dir(results_dir)
+    readonly = None
+    try:
+        readonly = Index.open_readonly(path, base)
+        stale, fresh, warnings = readonly.plan_sync()
+        if not stale and not fresh:
+            readonly.warnings = warnings
+            return readonly
+    except (sqlite3.Error, OSError):
+        pass  # missing, another version, unreadable: build or update it below
+    try:
+        idx = Index(path, base)
+        try:
+            idx.warnings = idx.sync()
+        except BaseException:
+            idx.close()
+            raise
+        if readonly is not None:
+            readonly.close()
+        return idx
+    except (sqlite3.Error, OSError) as err:
+        reason = os_error_text(err) if isinstance(err, OSError) else str(err)
+    try:
+        memory = Index.in_memory(path, base, readonly if readonly is not None and readonly.readonly else None)
+    finally:
+        if readonly is not None:
+            readonly.close()
+    memory.warnings = memory.sync()
+    memory.notice = f"results index {path} not updated ({reason}); listed from the run files"
+    return memory
 
 
 def warn_bad_file(message: str) -> None:
@@ -168,11 +210,14 @@ def list_runs(
     since: str | None = None,
     status: str | None = None,
     limit: int | None = None,
+    device: str | None = None,
+    threads: int | None = None,
     on_bad_file: Callable[[str], None] | None = warn_bad_file,
 ) -> list[dict]:
     """Index rows (flat dicts: run_id, created_at, engine, engine_label, model, workload, budget_bytes,
-    avg_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes. Run files that cannot be
-    read or break the schema are skipped, each reported once through `on_bad_file` (a stderr warning)."""
+    device, threads, decode_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes. Entries
+    of runs/ that are not usable run files (unreadable, special, too large, breaking the schema) are
+    skipped, each reported once through `on_bad_file` (a stderr warning)."""
     if since:
         try:
             schema.parse_time(since)
@@ -182,12 +227,14 @@ def list_runs(
             ) from None
     if not runs_dir(results_dir).is_dir() and not index_path(results_dir, index).exists():
         return []  # nothing recorded here: do not create an index for a directory that has no runs
-    with open_index(results_dir, index) as idx:
-        for warning in idx.warnings if on_bad_file else ():
-            on_bad_file(warning)
-        return idx.query(
-            model=model, engine=engine, workload=workload, since=since, status=status, limit=limit
-        )
+    with open_listing(results_dir, index) as idx:
+        if on_bad_file:
+            if idx.notice:
+                click.echo(f"pi2: warning: {idx.notice}", err=True)
+            for warning in idx.warnings:
+                on_bad_file(warning)
+        return idx.query(model=model, engine=engine, workload=workload, since=since, status=status, limit=limit,
+                         device=device, threads=threads)  # fmt: skip
 
 
 def load_run(ref: str | os.PathLike, results_dir: str | os.PathLike | None = None,
@@ -196,7 +243,7 @@ def load_run(ref: str | os.PathLike, results_dir: str | os.PathLike | None = Non
     as_path = Path(ref)
     if str(ref).endswith(".json") and as_path.is_file():
         return read_run_file(as_path)
-    with open_index(results_dir, index) as idx:
+    with open_listing(results_dir, index) as idx:
         rows = idx.find(str(ref))
     if not rows:
         raise Pi2Error(f"no run {str(ref)!r} in {runs_dir(results_dir)} (see `pi2 results list`)")
@@ -213,29 +260,42 @@ def load_runs(
     results_dir: str | os.PathLike | None = None,
     *,
     index: str | os.PathLike | None = None,
+    on_bad_file: Callable[[str], None] | None = warn_bad_file,
     **filters,
 ) -> list[dict]:
     """Runs by reference (see load_run), or, with no refs, every indexed run matching `filters`
-    (list_runs' keywords), newest first."""
+    (list_runs' keywords), newest first; a file that went bad since it was indexed is skipped with a warning."""
     if refs:
         return [load_run(ref, results_dir, index=index) for ref in refs]
-    rows = list_runs(results_dir, index=index, **filters)
+    rows = list_runs(results_dir, index=index, on_bad_file=on_bad_file, **filters)
     base = runs_dir(results_dir)
-    return [read_run_file(base / row["path"]) for row in rows]
+    runs = []
+    for row in rows:
+        try:
+            runs.append(read_run_file(base / row["path"]))
+        except Pi2Error as err:
+            if on_bad_file:
+                on_bad_file(err.format_message())
+    return runs
 
 
 def latest_per_group(runs: Sequence[dict]) -> list[dict]:
-    """The newest finished run of each (engine label, model, workload, budget): what `pi2 compare`
-    and `pi2 report` use when no runs are named."""
-    latest: dict[tuple, dict] = {}
+    """What `pi2 compare` and `pi2 report` use when no runs are named: per engine and group
+    (schema.group_key: model, workload, budget, device, threads) the newest ok run, and the newest run of
+    each other status (failed, aborted, timeout, invalid, ...) that is newer than it, so a failure since
+    the last good run is shown beside it, never hidden, and an engine that never ran well still appears."""
+    newest: dict[tuple, dict] = {}
     for run in runs:
-        if run["status"] != schema.STATUS_OK:
-            continue
-        key = (schema.engine_label(run), *schema.group_key(run))
-        if key not in latest or _when(run) > _when(latest[key]):
-            latest[key] = run
-    return sorted(latest.values(), key=lambda r: (schema.group_key(r)[:2], str(schema.group_key(r)[2]),
-                                                  schema.engine_label(r)))  # fmt: skip
+        key = (schema.engine_label(run), schema.group_key(run), run["status"])
+        if key not in newest or _when(run) > _when(newest[key]):
+            newest[key] = run
+    chosen = []
+    for (engine, group, status), run in newest.items():
+        ok = newest.get((engine, group, schema.STATUS_OK))
+        if status == schema.STATUS_OK or ok is None or _when(run) > _when(ok):
+            chosen.append(run)
+    return sorted(chosen, key=lambda r: (schema.group_sort_key(schema.group_key(r)), schema.engine_label(r),
+                                         r["status"] != schema.STATUS_OK, _when(r)))  # fmt: skip
 
 
 def _when(run: dict) -> tuple:

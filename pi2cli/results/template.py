@@ -25,10 +25,13 @@ HTML_TEMPLATE = """<!DOCTYPE html>
  figcaption { color: #555; font-size: 0.9em; }
  .notes li { color: #8a5a00; }
  .scroll { overflow-x: auto; }
- /* Runs fit a 1400 px window: long ids, targets and errors wrap instead of widening the table. */
- #runs td { overflow-wrap: anywhere; }
- #runs td:first-child { min-width: 9em; max-width: 13em; }
- #runs td:nth-child(7) { max-width: 16em; }
+ h3.group { font-size: 1em; margin: 1.2em 0 0; }
+ /* Runs fit a 1400 px window: long ids and errors wrap instead of widening the table. */
+ table.runs td, table.comparison td { overflow-wrap: anywhere; }
+ table.runs td:first-child { min-width: 9em; max-width: 13em; }
+ table.runs td:nth-child(4) { max-width: 16em; }
+ table.runs td:nth-child(2), table.comparison td:first-child { overflow-wrap: normal; white-space: nowrap; }
+ table.comparison td:last-child { max-width: 13em; }
 </style>
 </head>
 <body>
@@ -40,19 +43,26 @@ so their speed says nothing about output quality.</p>
 {% endif %}
 
 <h2>Runs</h2>
-<div class="scroll"><table id="runs">
+<p class="meta">One table per group: model · workload · memory budget · device · threads.</p>
+{% for group, rows in run_groups %}
+<h3 class="group">{{ group }}</h3>
+<div class="scroll"><table class="runs">
 <thead><tr>{% for h in run_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in run_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+<tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</tbody>
 </table></div>
+{% endfor %}
 
-{% if compare_rows %}
+{% if compare_groups %}
 <h2>Comparison</h2>
-<div class="scroll"><table id="comparison">
+{% for group, rows in compare_groups %}
+<h3 class="group">{{ group }}</h3>
+<div class="scroll"><table class="comparison">
 <thead><tr>{% for h in compare_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in compare_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+<tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</tbody>
 </table></div>
+{% endfor %}
 <p>{{ compare_note }}</p>
 {% endif %}
 {% if notes %}<ul class="notes">{% for note in notes %}<li>{{ note }}</li>{% endfor %}</ul>{% endif %}
@@ -81,9 +91,12 @@ so their speed says nothing about output quality.</p>
     document.body.setAttribute("data-images-loaded", String(loaded));
     document.body.setAttribute("data-images-broken", String(images.length - loaded));
     document.body.setAttribute("data-script-errors", String(errors.length));
-    var runs = document.querySelector("#runs");
-    var box = runs ? runs.parentElement : null;
-    document.body.setAttribute("data-runs-overflow", String(box ? box.scrollWidth - box.clientWidth : 0));
+    var overflow = 0;  // the widest overflow of any Runs table's box
+    document.querySelectorAll("table.runs").forEach(function (t) {
+      overflow = Math.max(overflow, t.parentElement.scrollWidth - t.parentElement.clientWidth);
+    });
+    document.body.setAttribute("data-runs-overflow", String(overflow));
+    document.body.setAttribute("data-run-groups", String(document.querySelectorAll("table.runs").length));
     document.body.setAttribute("data-render-check", "done");
   });
 })();
