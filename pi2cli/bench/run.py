@@ -272,7 +272,7 @@ class RunOutcome:
         """What --json prints per run."""
         s = self.run["summary"]
         counters = self.run["counters"]
-        decode = s["pooled_ts"] if s["pooled_ts"] is not None else s["avg_ts"]
+        decode = S.decode_rate(self.run)
 
         def ms(ns):
             return None if ns is None else round(ns / 1e6, 3)
@@ -291,8 +291,7 @@ class RunOutcome:
             "tbt_p50_ms": ms(s["tbt_p50_ns"]),
             "tbt_p90_ms": ms(s["tbt_p90_ns"]),
             "tbt_p99_ms": ms(s["tbt_p99_ns"]),
-            # pooled over every token's time; engines that report rates only (llama-bench, an MLC command
-            # runner): the mean of their per-turn rates
+            # THE decode statistic (schema.decode_rate), as every table, list and report shows it
             "decode_tps": None if decode is None else round(decode, 3),
             "prefill_tps": None if s["prefill_avg_ts"] is None else round(s["prefill_avg_ts"], 3),
             "peak_rss_bytes": s["peak_rss_bytes"],

@@ -7,6 +7,7 @@ Everything is built in a temporary directory next to out_dir and moved in only w
 
 import base64
 import datetime as dt
+import errno
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pi2cli import safe_write
 from pi2cli.results import columns, schema
 from pi2cli.results.compare import (
     REPORT_COLUMNS,
@@ -475,12 +477,15 @@ def write_report(
         (tmp / "index.html").write_text(_html(title, generated, runs, comparison, plots, synthetic))
         out.mkdir(exist_ok=True)
         old_plots = out / "plots"
+        if old_plots.is_symlink():  # moving it would move where it points to no more than its name: refuse
+            raise OSError(errno.ELOOP, "is a symbolic link (pi2 never writes through a link)", str(old_plots))
         if old_plots.exists():
             trash = tmp / "old-plots"
             os.replace(old_plots, trash)
         os.replace(tmp / "plots", old_plots)
-        os.replace(tmp / "report.md", out / "report.md")
-        os.replace(tmp / "index.html", out / "index.html")  # last: its presence means the report is whole
+        safe_write.commit(tmp / "report.md", out / "report.md")  # never over a link or device planted there
+        # last: its presence means the report is whole
+        safe_write.commit(tmp / "index.html", out / "index.html")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ReportFiles(out / "report.md", out / "index.html", out / "plots", plots)

@@ -9,12 +9,12 @@ import json
 import os
 import secrets
 import sqlite3
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.outputs import os_error_text
 from pi2cli.paths import results_dir as default_results_dir
@@ -98,19 +98,10 @@ def warn_bad_file(message: str) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write next to `path` under a temporary name, fsync, then rename over it: readers see the old
-    file or the whole new one, never a part."""
+    """Readers see the old file or the whole new one, never a part, and never a write through a link
+    or over a device planted at `path` (pi2cli/safe_write.py: the one way pi2 writes a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    safe_write.write_text(path, text)
 
 
 def save_run(
@@ -194,7 +185,7 @@ def rebuild_index(results_dir: str | os.PathLike | None = None, index: str | os.
         with Index(tmp, runs_dir(results_dir)) as idx:
             warnings = idx.sync()
             count = idx.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
-        os.replace(tmp, path)
+        safe_write.commit(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return count, warnings
