@@ -61,6 +61,10 @@ typedef struct {
     uint64_t bytes_read, reads, io_wait_ns, ffn_ns;
     uint64_t neurons_computed, neurons_visited, lookahead_reads;
     uint64_t pred_tp, pred_fp, pred_fn; /* --check-predictor */
+    /* where ffn_ns went (sparse_ffn.c): the predictor, the waves' parallel compute (gate/up dots, and the
+     * down pass it overlaps), the down pass left after a wave; the rest of ffn_ns is serial bookkeeping
+     * on the calling thread (inputs, the active list, building waves) */
+    uint64_t predict_ns, wave_ns, down_ns, waves;
 } pi2_sparse_stats;
 
 /* pi2_model_load as the policy reads the model: sparse policies never touch the neuron region (no

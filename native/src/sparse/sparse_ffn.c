@@ -395,7 +395,11 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
     if (exact) pi2_true_activations(s->pool, s->m, blk, s->scratch.act, s->scratch.act_row, tokens, s->scratch.truth);
     if (s->cfg.oracle) memcpy(s->scratch.mask, s->scratch.truth, (size_t)tokens * F);
     else if (dense) memset(s->scratch.mask, 1, (size_t)tokens * F);
-    else pi2_predict(&s->pred, s->pool, b, in, tokens, s->scratch.mask);
+    else {
+        const uint64_t tp = pi2_now_ns();
+        pi2_predict(&s->pred, s->pool, b, in, tokens, s->scratch.mask);
+        s->st.predict_ns += pi2_now_ns() - tp;
+    }
     if (s->cfg.check_predictor) count_check(s, layer, tokens);
     int n_active = 0;
     for (int64_t k = 0; k < F; k++) {
@@ -445,9 +449,14 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
                 if (pi2_sparse_reap(s, 1) == 0 && pi2_io_in_flight(s->io) == 0) break;
             pthread_mutex_unlock(&s->lock);
         }
+        const uint64_t tw = pi2_now_ns();
         pi2_pool_run_or_inline(s->pool, wave_worker, s);
+        const uint64_t td = pi2_now_ns();
+        s->st.wave_ns += td - tw;
+        s->st.waves++;
         if (atomic_load(&s->failed)) goto failed;
         pi2_pool_run_or_inline(s->pool, down_worker, s);
+        s->st.down_ns += pi2_now_ns() - td;
         for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
     }
     if (!s->keep) pi2_ncache_drop_all(s->cache);
