@@ -274,11 +274,19 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     const int64_t E = c->n_embd;
     for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
     prepare(c, L->wq.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
-    if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wk, tokens, c->k, c->kv_dim);
-    if (pi2_act_type(L->wv.type) != pi2_act_type(L->wk.type)) prepare(c, L->wv.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
+    if (pi2_act_type(L->wk.type) == pi2_act_type(L->wq.type) && pi2_act_type(L->wv.type) == pi2_act_type(L->wq.type)) {
+        /* one job for the three: no barrier between them */
+        const pi2_mat *w[3] = {&L->wq, &L->wk, &L->wv};
+        float *y[3] = {c->q, c->k, c->v};
+        const int64_t ld[3] = {c->q_dim, c->kv_dim, c->kv_dim};
+        pi2_par_matmul_n(c->pool, 3, w, c->act, tokens, y, ld);
+    } else {
+        matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
+        if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
+        matmul_prepared(c, &L->wk, tokens, c->k, c->kv_dim);
+        if (pi2_act_type(L->wv.type) != pi2_act_type(L->wk.type)) prepare(c, L->wv.type, c->xn, E, E, tokens);
+        matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
+    }
 
     const float theta_scale = powf(h->rope_theta, -2.0f / (float)h->head_dim);
     for (int t = 0; t < tokens; t++) {
