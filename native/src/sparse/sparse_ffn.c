@@ -95,20 +95,18 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     }
 }
 
-/* Decode's down pass over this thread's slice of the output, from where it stopped: units in wave order
+/* Decode's down pass over slice d (claimed by this thread), from where it stopped: units in wave order
  * while they are computed, at most `max` of them; returns how many it took. The live columns go through
  * the kernel four at a time, a group held in `d` until it is full, so the groups (and the sum's rounding)
- * are the same whether the pass ran while reads were in flight or after the last one landed. */
-static int down_1tok(pi2_sparse *s, int ith, int nth, int max) {
+ * are the same whether the pass ran while reads were in flight or after the last one landed, and
+ * whichever thread ran which part of it. */
+static int down_1tok(pi2_sparse *s, struct pi2_down_at *d, int max) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    int64_t d0, d1;
-    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    const int64_t d0 = d->d0, d1 = d->d1;
     if (d0 >= d1) return 0;
     const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    struct pi2_down_at *d = &s->wave.down_at[ith];
-    int took = 0;
-    for (; took < max && d->at < s->wave.len; d->at++, took++) {
-        const int i = d->at;
+    int took = 0, i = d->at;
+    for (; took < max && i < s->wave.len; i++, took++) {
         if (!__atomic_load_n(&s->wave.done[i], __ATOMIC_ACQUIRE)) break;
         if (!s->scratch.live[i]) continue;
         d->cols[d->n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
@@ -116,47 +114,96 @@ static int down_1tok(pi2_sparse *s, int ith, int nth, int max) {
         d->a[d->n++] = s->scratch.hv[(size_t)i * s->n_batch];
         if (d->n == 4) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0), d->n = 0;
     }
+    __atomic_store_n(&d->at, i, __ATOMIC_RELAXED); /* down_some peeks at it without a claim */
     return took;
 }
 
-/* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
- * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
- * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
- * thresholds would otherwise turn last-bit noise into different neurons, and different text). */
-static void down_worker(void *p, int ith, int nth) {
+/* One thread at a time sums into a slice. */
+static int slice_claim(struct pi2_down_at *d) {
+    int free_ = 0;
+    return !atomic_load_explicit(&d->busy, memory_order_relaxed) &&
+           atomic_compare_exchange_strong_explicit(&d->busy, &free_, 1, memory_order_acquire, memory_order_relaxed);
+}
+static void slice_release(struct pi2_down_at *d) { atomic_store_explicit(&d->busy, 0, memory_order_release); }
+
+/* A thread with no neuron ready to compute: sum finished units into the first free slice that has some
+ * (from a place that depends on ith, so threads spread out). 1 when it did any work. */
+static int down_some(pi2_sparse *s, int ith) {
+    const int S = s->wave.n_slices;
+    for (int q = 0; q < S; q++) {
+        struct pi2_down_at *d = &s->wave.down_at[(ith * PI2_DOWN_SLICES_PER_THREAD + q) % S];
+        const int at = __atomic_load_n(&d->at, __ATOMIC_RELAXED);
+        if (at >= s->wave.len || !__atomic_load_n(&s->wave.done[at], __ATOMIC_ACQUIRE) || !slice_claim(d)) continue;
+        const int took = down_1tok(s, d, 16);
+        slice_release(d);
+        if (took) return 1;
+    }
+    return 0;
+}
+
+/* Every unit of the wave is computed: finish the slices, each by whichever thread claims it first; a
+ * slice another thread holds is finished by it (or released and claimed here), so this returns once
+ * every slice is complete, whatever other threads run. */
+static void down_finish(pi2_sparse *s, int ith) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const int S = s->wave.n_slices;
+    for (;;) {
+        int left = 0;
+        for (int q = 0; q < S; q++) {
+            struct pi2_down_at *d = &s->wave.down_at[(ith * PI2_DOWN_SLICES_PER_THREAD + q) % S];
+            if (atomic_load_explicit(&d->complete, memory_order_acquire)) continue;
+            left++;
+            if (!slice_claim(d)) continue;
+            if (!atomic_load_explicit(&d->complete, memory_order_relaxed)) {
+                down_1tok(s, d, INT_MAX);
+                if (d->n) pi2_axpy_rows(wt, d->d1 - d->d0, d->a, d->cols, d->n, s->scratch.out + d->d0);
+                d->n = 0;
+                atomic_store_explicit(&d->complete, 1, memory_order_release);
+            }
+            slice_release(d);
+        }
+        if (!left) return;
+        sched_yield(); /* a slice is being summed by a thread that may need this core */
+    }
+}
+
+/* A batch's down pass: out[t] += h[i][t] * down_i over the wave's units in their fixed order (hottest
+ * first), slice by slice of the output, each slice taken by one thread. So the sum is the same whatever
+ * thread computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
+ * thresholds would otherwise turn last-bit noise into different neurons, and different text). Any subset
+ * of the threads finishes it (pi2_pool_run_chunks). */
+static void down_batch_worker(void *p, int ith, int nth) {
+    (void)ith, (void)nth;
     pi2_sparse *s = p;
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    int64_t d0, d1;
-    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
-    if (d0 >= d1) return;
-    if (s->wave.tokens == 1) { /* decode: what the wave's workers left of the pass, then the last group */
-        down_1tok(s, ith, nth, INT_MAX);
-        struct pi2_down_at *d = &s->wave.down_at[ith];
-        if (d->n) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0);
-        return;
-    }
-    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    /* a batch: four live columns at a time, each token's slice of the output read and written once per
-     * group while the four columns stay in L1 across tokens. A token whose four outputs are all zero
-     * is skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
-    const uint8_t *cols[4];
-    const float *hv[4];
-    int n = 0;
-    for (int i = 0; i <= s->wave.len; i++) {
-        if (i < s->wave.len) {
-            if (!s->scratch.live[i]) continue;
-            cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
-            hv[n++] = s->scratch.hv + (size_t)i * s->n_batch;
-            if (n < 4) continue;
+    for (;;) {
+        const int q = atomic_fetch_add(&s->wave.next_slice, 1);
+        if (q >= s->wave.n_slices) return;
+        const int64_t d0 = s->wave.down_at[q].d0, d1 = s->wave.down_at[q].d1;
+        if (d0 >= d1) continue;
+        const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+        /* four live columns at a time, each token's slice of the output read and written once per group
+         * while the four columns stay in L1 across tokens. A token whose four outputs are all zero is
+         * skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
+        const uint8_t *cols[4];
+        const float *hv[4];
+        int n = 0;
+        for (int i = 0; i <= s->wave.len; i++) {
+            if (i < s->wave.len) {
+                if (!s->scratch.live[i]) continue;
+                cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+                hv[n++] = s->scratch.hv + (size_t)i * s->n_batch;
+                if (n < 4) continue;
+            }
+            if (!n) break;
+            for (int t = 0; t < s->wave.tokens; t++) {
+                float a[4];
+                int any = 0;
+                for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
+                if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
+            }
+            n = 0;
         }
-        if (!n) break;
-        for (int t = 0; t < s->wave.tokens; t++) {
-            float a[4];
-            int any = 0;
-            for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
-            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
-        }
-        n = 0;
     }
 }
 
@@ -224,12 +271,15 @@ static void wave_worker(void *p, int ith, int nth) {
                     break;
                 }
                 /* nothing to compute: sum the finished units' down columns while the reads fly */
-                if (s->wave.tokens == 1 && down_1tok(s, ith, nth, 16) > 0) continue;
+                if (s->wave.tokens == 1 && down_some(s, ith)) continue;
                 if (finished) {
                     atomic_fetch_sub(&s->wave.pending, finished);
                     finished = 0;
                 }
-                if (atomic_load(&s->wave.pending) == 0) return;
+                if (atomic_load(&s->wave.pending) == 0) {
+                    if (s->wave.tokens == 1) down_finish(s, ith); /* decode: no barrier before the down pass */
+                    return;
+                }
                 if (pthread_mutex_trylock(&s->lock) == 0) {
                     pi2_sparse_reap(s, 1);
                     pthread_mutex_unlock(&s->lock);
@@ -438,7 +488,13 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         atomic_store(&s->wave.pending, s->wave.len);
         atomic_store(&s->wave.next_ticket, 0);
-        memset(s->wave.down_at, 0, (size_t)s->nth * sizeof *s->wave.down_at);
+        for (int q = 0; q < s->wave.n_slices; q++) {
+            struct pi2_down_at *d = &s->wave.down_at[q];
+            d->at = d->n = 0;
+            atomic_store(&d->busy, 0);
+            atomic_store(&d->complete, 0);
+        }
+        atomic_store(&s->wave.next_slice, 0);
         if (!s->pipeline) {
             /* Read everything first, then compute (bundle, llmflash, cache). */
             for (int r = 0; r < s->wave.n_to_read; r++)
@@ -449,13 +505,15 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
                 if (pi2_sparse_reap(s, 1) == 0 && pi2_io_in_flight(s->io) == 0) break;
             pthread_mutex_unlock(&s->lock);
         }
+        /* Any subset of the threads finishes a wave (tickets and down slices are claimed, not owned):
+         * a thread whose core is busy elsewhere when it starts is not waited for. */
         const uint64_t tw = pi2_now_ns();
-        pi2_pool_run_or_inline(s->pool, wave_worker, s);
+        pi2_pool_run_chunks(s->pool, wave_worker, s);
         const uint64_t td = pi2_now_ns();
         s->st.wave_ns += td - tw;
         s->st.waves++;
         if (atomic_load(&s->failed)) goto failed;
-        pi2_pool_run_or_inline(s->pool, down_worker, s);
+        if (tokens > 1) pi2_pool_run_chunks(s->pool, down_batch_worker, s);
         s->st.down_ns += pi2_now_ns() - td;
         for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
     }

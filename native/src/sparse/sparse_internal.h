@@ -32,14 +32,23 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
  * budget gets smaller chunks (stream_bundles). */
 #define PI2_STREAM_STAGES 8
 
-/* One thread's place in a decode wave's down pass: units before `at` are summed into its slice of the
- * output, the last n live ones of them still held as a group (the columns go through the kernel four at
- * a time, and the groups must be the same whenever the pass runs, or the sum's rounding would differ). */
+/* A slice [d0, d1) of a wave's output in the down pass, and in decode its place in the pass: units
+ * before `at` are summed into it, the last n live ones of them still held as a group (the columns go
+ * through the kernel four at a time, and the groups must be the same whenever the pass runs, or the
+ * sum's rounding would differ). Slices are not owned by threads: whichever thread has nothing else to do
+ * claims one (busy) and sums what is ready, so the pass needs no particular thread and no barrier of
+ * its own (sparse_ffn.c). One cache line or more each: claims from different cores do not collide. */
 struct pi2_down_at {
     int at, n;
     const uint8_t *cols[4];
     float a[4];
-};
+    int64_t d0, d1;
+    _Atomic int busy;     /* a thread is summing into this slice */
+    _Atomic int complete; /* decode: every unit of the wave is in, the last group too */
+} __attribute__((aligned(64)));
+
+/* Down slices per compute thread: enough that a thread finding its usual slice taken finds another. */
+#define PI2_DOWN_SLICES_PER_THREAD 2
 
 struct pi2_sparse {
     const pi2_model *m;
@@ -115,7 +124,9 @@ struct pi2_sparse {
         int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
         _Atomic int n_ready, next_ticket, pending;
         uint8_t *done;        /* per unit: computed (hv, live written); decode's early down pass reads it */
-        struct pi2_down_at *down_at; /* [nth]: each thread's place in the decode down pass (sparse_ffn.c) */
+        struct pi2_down_at *down_at; /* [n_slices]: the down pass's slices of the output (sparse_ffn.c) */
+        int n_slices;
+        _Atomic int next_slice;      /* a batch's down pass: the next slice to take */
         int64_t *to_read;     /* slot handles to read for this wave, with their kind */
         uint8_t *to_read_kind;
         int n_to_read;

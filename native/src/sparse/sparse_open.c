@@ -81,7 +81,18 @@ static int alloc_scratch(pi2_sparse *s) {
     s->wave.wait_next = zalloc(F * sizeof(int32_t), &ok);
     s->wave.ready = zalloc(2 * F * sizeof(int32_t), &ok);
     s->wave.done = zalloc(F, &ok);
-    s->wave.down_at = zalloc((size_t)s->nth * sizeof(struct pi2_down_at), &ok);
+    {
+        const int64_t units = (s->E + PI2_QK - 1) / PI2_QK, want = (int64_t)s->nth * PI2_DOWN_SLICES_PER_THREAD;
+        const int n = (int)(units < want ? units : want);
+        s->wave.n_slices = n;
+        const size_t bytes = (size_t)n * sizeof(struct pi2_down_at);
+        if ((s->wave.down_at = aligned_alloc(64, bytes))) {
+            memset(s->wave.down_at, 0, bytes);
+            for (int i = 0; i < n; i++) pi2_split_aligned(s->E, PI2_QK, i, n, &s->wave.down_at[i].d0, &s->wave.down_at[i].d1);
+        } else {
+            ok = 0;
+        }
+    }
     s->wave.to_read = zalloc(F * sizeof(int64_t), &ok);
     s->wave.to_read_kind = zalloc(F, &ok);
     s->block_off = zalloc((size_t)s->n_blocks * sizeof(uint64_t), &ok);
