@@ -90,3 +90,18 @@ def test_logits_are_byte_identical_at_every_thread_count(ffn_heavy, tmp_path, po
             assert done.returncode == 0, done.stderr
             got[(t, batch)] = out.read_bytes()
     assert len(set(got.values())) <= 2 and all(got[(t, b)] == got[(1, b)] for t, b in got)
+
+
+def test_one_submitter_issues_decode_reads_and_the_text_stays(ffn_heavy, tmp_path):
+    # powerinfer2 under a budget: decode's misses and phase-two reads come from the submitter thread
+    # (the paper's I/O core), not from the compute threads; --no-io-submitter restores the old way
+    budget = ["--memory-budget", str(ffn_heavy.stat().st_size - 10 * 2**20)]
+    sample = ["--policy", "powerinfer2", "--temperature", "0.8", "--seed", "4", *budget]
+    ids, s = _ids(ffn_heavy, tmp_path, 4, *sample)
+    assert s["io_submitter"] is True and 0 < s["submitter_reads"] <= s["storage_reads"]
+    old, o = _ids(ffn_heavy, tmp_path, 4, *sample, "--no-io-submitter")
+    assert o["io_submitter"] is False and o["submitter_reads"] == 0
+    assert ids == old
+    # held whole in memory, decode never reads: no thread is started
+    _, m = _ids(ffn_heavy, tmp_path, 4, "--policy", "powerinfer2", "--temperature", "0")
+    assert m["io_submitter"] is False and m["bytes_read_after_load"] == 0

@@ -44,6 +44,7 @@ typedef struct {
     int lru_only;           /* cache, powerinfer2: cold misses always at the MRU end (no insertion by rank) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     int no_warm;            /* powerinfer2 under a budget: no fill of the cache at open (docs/SPARSE.md) */
+    int no_io_submitter;    /* powerinfer2: the compute threads issue decode's reads, no thread of their own */
     float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
     float miss_threshold;   /* decode: cold misses predicted below this probability are not read; 0 = off */
     int read_cap;           /* decode: most cold-miss reads per token; 0 = off, -1 = auto (what compute hides) */

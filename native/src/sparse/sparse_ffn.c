@@ -226,7 +226,9 @@ static void read_rest(pi2_sparse *s, int i) {
     if (first) pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
     add_waiter(s, hdl, i);
     pthread_mutex_unlock(&s->lock);
-    if (first && pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+    if (!first) return;
+    if (s->sub.started) pi2_submitter_post(s, hdl); /* issued from the submitter's core */
+    else if (pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
 }
 
 #define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
@@ -237,7 +239,7 @@ static void read_rest(pi2_sparse *s, int i) {
  * Finished units are subtracted from `pending` in batches, always before waiting. */
 static void wave_worker(void *p, int ith, int nth) {
     pi2_sparse *s = p;
-    if (ith == 0 && s->pipeline) {
+    if (ith == 0 && s->pipeline && !s->sub.started) { /* --no-io-submitter: this thread issues */
         for (int r = 0; r < s->wave.n_to_read; r++)
             if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) break;
         pi2_io_flush(s->io);
@@ -507,9 +509,12 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         /* Any subset of the threads finishes a wave (tickets and down slices are claimed, not owned):
          * a thread whose core is busy elsewhere when it starts is not waited for. */
+        if (s->pipeline && pi2_submitter_wave_begin(s) != 0) /* the compute threads issue instead */
+            fprintf(stderr, "pi2: warning: %s; the compute threads issue the reads\n", pi2_last_error());
         const uint64_t tw = pi2_now_ns();
         pi2_pool_run_chunks(s->pool, wave_worker, s);
         const uint64_t td = pi2_now_ns();
+        if (s->pipeline) pi2_submitter_wave_end(s);
         s->st.wave_ns += td - tw;
         s->st.waves++;
         if (atomic_load(&s->failed)) goto failed;

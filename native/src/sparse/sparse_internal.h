@@ -131,6 +131,17 @@ struct pi2_sparse {
         uint8_t *to_read_kind;
         int n_to_read;
     } wave;
+    struct pi2_submitter { /* the wave's reads, issued from one thread of their own (sparse_submit.c) */
+        pthread_t thread;
+        int started, off;     /* off: --no-io-submitter, the compute threads issue */
+        pthread_mutex_t mu;
+        pthread_cond_t work_cv, idle_cv;
+        int stop, busy;       /* busy: the thread is issuing, reading the wave's arrays */
+        int next_read, n_reads; /* wave.to_read[next_read..n_reads) are still to issue */
+        int64_t *post, *take; /* phase-two reads posted by the compute threads [F], and the thread's copy */
+        int n_post;
+        uint64_t reads;       /* issued by the thread */
+    } sub;
     pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
     _Atomic int failed;
     char error[300];
@@ -162,6 +173,17 @@ static inline float pi2_neuron_output(uint32_t act, float g, float u) {
 /* sparse_io.c: read slot hdl's bundle (READ_* kind) into the cache, pinned while in flight. 0, or -1
  * with s->error set. */
 int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind);
+/* The same from the submitter thread: its waits for a free slot are not I/O wait (pi2_io_submit_bg). */
+int pi2_sparse_submit_bg(pi2_sparse *s, int64_t hdl, int kind);
+/* sparse_submit.c: the submitter. wave_begin (calling thread, before the wave's job) hands it the
+ * wave's reads, starting the thread the first time; 0, or -1 with an error when the thread cannot start
+ * (the compute threads then issue, as with --no-io-submitter). wave_end (after the job) returns once
+ * the thread no longer touches the wave. post: a compute thread's phase-two read (READ_REST). stop:
+ * at close. */
+int pi2_submitter_wave_begin(pi2_sparse *s);
+void pi2_submitter_wave_end(pi2_sparse *s);
+void pi2_submitter_post(pi2_sparse *s, int64_t hdl);
+void pi2_submitter_stop(pi2_sparse *s);
 /* sparse_io.c: harvest finished reads, blocking when wait and reads fly; the caller holds s->lock. The
  * count, or -1 with s->error set. */
 int pi2_sparse_reap(pi2_sparse *s, int wait);

@@ -157,6 +157,7 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, u
     const pi2_policy p = cfg->policy;
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
+    s->sub.off = cfg->no_io_submitter;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
     s->lookahead = s->prefetch && cfg->lookahead && !cfg->oracle;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
@@ -296,6 +297,7 @@ fail:
 
 void pi2_sparse_close(pi2_sparse *s) {
     if (!s) return;
+    pi2_submitter_stop(s);
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     free(s->batch.block_base);
