@@ -131,7 +131,7 @@ static void slice_release(struct pi2_down_at *d) { atomic_store_explicit(&d->bus
 static int down_some(pi2_sparse *s, int ith) {
     const int S = s->wave.n_slices;
     for (int q = 0; q < S; q++) {
-        struct pi2_down_at *d = &s->wave.down_at[(ith * PI2_DOWN_SLICES_PER_THREAD + q) % S];
+        struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
         const int at = __atomic_load_n(&d->at, __ATOMIC_RELAXED);
         if (at >= s->wave.len || !__atomic_load_n(&s->wave.done[at], __ATOMIC_ACQUIRE) || !slice_claim(d)) continue;
         const int took = down_1tok(s, d, 16);
@@ -150,7 +150,7 @@ static void down_finish(pi2_sparse *s, int ith) {
     for (;;) {
         int left = 0;
         for (int q = 0; q < S; q++) {
-            struct pi2_down_at *d = &s->wave.down_at[(ith * PI2_DOWN_SLICES_PER_THREAD + q) % S];
+            struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
             if (atomic_load_explicit(&d->complete, memory_order_acquire)) continue;
             left++;
             if (!slice_claim(d)) continue;

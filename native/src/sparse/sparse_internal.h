@@ -47,8 +47,13 @@ struct pi2_down_at {
     _Atomic int complete; /* decode: every unit of the wave is in, the last group too */
 } __attribute__((aligned(64)));
 
-/* Down slices per compute thread: enough that a thread finding its usual slice taken finds another. */
-#define PI2_DOWN_SLICES_PER_THREAD 2
+/* The down pass's slices: one per compute thread, but none narrower than this many floats. Every live
+ * unit costs each slice a fixed amount (its done flag, its column's address, a share of a kernel call)
+ * on top of the arithmetic, so slices that narrowed with the thread count made the pass's total work
+ * grow with threads: at 16 threads on a 4096-wide output, 256-float slices paid that cost 16 times a
+ * unit. 512 floats (16 Q4_0 blocks) keep it small; the pass is about a third of a wave's arithmetic,
+ * so the 8 slices of a 4096-wide output are enough for the threads free to sum. */
+#define PI2_DOWN_SLICE_MIN 512
 
 struct pi2_sparse {
     const pi2_model *m;

@@ -82,8 +82,8 @@ static int alloc_scratch(pi2_sparse *s) {
     s->wave.ready = zalloc(2 * F * sizeof(int32_t), &ok);
     s->wave.done = zalloc(F, &ok);
     {
-        const int64_t units = (s->E + PI2_QK - 1) / PI2_QK, want = (int64_t)s->nth * PI2_DOWN_SLICES_PER_THREAD;
-        const int n = (int)(units < want ? units : want);
+        const int64_t most = (s->E + PI2_DOWN_SLICE_MIN - 1) / PI2_DOWN_SLICE_MIN;
+        const int n = (int)(s->nth < most ? s->nth : most);
         s->wave.n_slices = n;
         const size_t bytes = (size_t)n * sizeof(struct pi2_down_at);
         if ((s->wave.down_at = aligned_alloc(64, bytes))) {
