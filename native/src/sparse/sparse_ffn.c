@@ -371,8 +371,32 @@ static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
     return limit > floor ? limit : floor;
 }
 
+/* A resident FFN's wave: every active neuron, all in memory. Nothing is evicted or read, so no pins
+ * and no LRU order are kept: the general path's per-neuron bookkeeping (pin, touch: several random
+ * writes each) took ~150 us a block on the calling thread alone, the serial part that stopped decode's
+ * FFN from scaling with threads, and long enough for the waiting workers to fall asleep. */
+static int build_wave_resident(pi2_sparse *s, int b, int n_active, int *pos) {
+    int n = 0, hot = 0;
+    s->wave.n_to_read = 0;
+    for (; *pos < n_active; (*pos)++, n++) {
+        const int k = s->scratch.active[*pos];
+        hot += pi2_ncache_is_hot(s->cache, k);
+        s->wave.k[n] = k;
+        s->wave.h[n] = pi2_ncache_find(s->cache, b, k);
+        s->wave.phase[n] = 0;
+        s->scratch.live[n] = 0;
+        s->wave.done[n] = 0;
+        s->wave.ready[n] = n;
+    }
+    s->st.hits_hot += (uint64_t)hot;
+    s->st.hits_cold += (uint64_t)(n - hot);
+    atomic_store(&s->wave.n_ready, n);
+    return n;
+}
+
 /* Take units from active[*pos..) until the cache cannot pin another slot; returns the wave size. */
 static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
+    if (s->resident) return build_wave_resident(s, b, n_active, pos);
     int n = 0;
     s->wave.n_to_read = 0;
     s->wave.serial++;
@@ -472,7 +496,9 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         s->st.ffn_ns += pi2_now_ns() - t0;
         return 0;
     }
-    for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
+    if (tokens == 1) s->st.neurons_computed += (uint64_t)n_active; /* the same count, no pass over F */
+    else
+        for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
 
     s->cap.logit = floor_logit(s);
     s->cap.left = INT_MAX;
@@ -520,7 +546,8 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         if (atomic_load(&s->failed)) goto failed;
         if (tokens > 1) pi2_pool_run_chunks(s->pool, down_batch_worker, s);
         s->st.down_ns += pi2_now_ns() - td;
-        for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
+        if (!s->resident)
+            for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
     }
     if (!s->keep) pi2_ncache_drop_all(s->cache);
 

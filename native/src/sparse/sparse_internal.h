@@ -63,6 +63,7 @@ struct pi2_sparse {
     int nth, n_batch, n_blocks;
     int64_t E, F;
     int two_phase, pipeline, prefetch, keep, lookahead;
+    int resident; /* the cache holds every bundle and never evicts one (preloaded; cache or powerinfer2) */
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */

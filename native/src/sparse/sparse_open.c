@@ -268,6 +268,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_pool *pool, int n_batch, uin
     for (int64_t i = 0; i < handles; i++) s->wave.wait_head[i] = -1;
     if (z->whole_resident) {
         if (pi2_sparse_preload(s) != 0) goto fail;
+        /* nothing is ever evicted or read again, so decode's waves keep no LRU order and no pins
+         * (sparse_ffn.c); llmflash drops by age and bundle after every block, so they do keep them */
+        s->resident = p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2;
         /* the batched path's up dots: within the budget when none was given (it was sized for them) or
          * when what the cache left over holds them */
         const size_t up_bytes = (size_t)s->n_batch * s->F * sizeof(float);
