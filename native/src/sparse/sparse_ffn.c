@@ -282,9 +282,9 @@ static void wave_worker(void *p, int ith, int nth) {
                     if (s->wave.tokens == 1) down_finish(s, ith); /* decode: no barrier before the down pass */
                     return;
                 }
-                if (pthread_mutex_trylock(&s->lock) == 0) {
-                    pi2_sparse_reap(s, 1);
-                    pthread_mutex_unlock(&s->lock);
+                if (!atomic_exchange(&s->reaping, 1)) { /* become the reaper: wait for a read */
+                    pi2_sparse_reap_waiting(s);
+                    atomic_store(&s->reaping, 0);
                 } else {
                     sched_yield();
                 }

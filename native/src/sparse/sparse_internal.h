@@ -148,7 +148,8 @@ struct pi2_sparse {
         int n_post;
         uint64_t reads;       /* issued by the thread */
     } sub;
-    pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
+    pthread_mutex_t lock; /* slot states, wait lists and the ready list: publishing units, read_rest */
+    _Atomic int reaping;  /* a compute thread is the wave's reaper (pi2_sparse_reap_waiting) */
     _Atomic int failed;
     char error[300];
 
@@ -193,6 +194,10 @@ void pi2_submitter_stop(pi2_sparse *s);
 /* sparse_io.c: harvest finished reads, blocking when wait and reads fly; the caller holds s->lock. The
  * count, or -1 with s->error set. */
 int pi2_sparse_reap(pi2_sparse *s, int wait);
+/* sparse_io.c: the same for a wave's reaper (one thread at a time: s->reaping), blocking until a read
+ * completes without holding s->lock, which it takes only to publish: a compute thread registering a
+ * phase-two read (read_rest) is never held up by a reaper asleep in the kernel. */
+int pi2_sparse_reap_waiting(pi2_sparse *s);
 /* sparse_io.c: collect every read in flight into the cache (blocking). */
 void pi2_sparse_drain(pi2_sparse *s);
 /* sparse_io.c: bytes read from the neuron region so far. */

@@ -141,6 +141,19 @@ int pi2_sparse_reap(pi2_sparse *s, int wait) {
     return n;
 }
 
+int pi2_sparse_reap_waiting(pi2_sparse *s) {
+    uint64_t tags[64];
+    const int n = pi2_io_reap(s->io, tags, 64, 1); /* asleep in the kernel without s->lock */
+    pthread_mutex_lock(&s->lock);
+    if (n < 0) {
+        snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+        atomic_store(&s->failed, 1);
+    }
+    for (int i = 0; i < n; i++) complete(s, (int64_t)tags[i]);
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 void pi2_sparse_drain(pi2_sparse *s) {
     pthread_mutex_lock(&s->lock);
     while (pi2_io_in_flight(s->io) > 0 && pi2_sparse_reap(s, 1) >= 0) {}
