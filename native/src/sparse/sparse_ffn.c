@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,14 @@ static void read_rest(pi2_sparse *s, int i) {
     else if (pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 #define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
 
 /* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
@@ -245,6 +254,7 @@ static void wave_worker(void *p, int ith, int nth) {
         pi2_io_flush(s->io);
     }
     int finished = 0;
+    unsigned spins = 0;
     for (;;) {
         const int t0 = atomic_fetch_add(&s->wave.next_ticket, TICKETS);
         int t = t0;
@@ -281,6 +291,11 @@ static void wave_worker(void *p, int ith, int nth) {
                 if (atomic_load(&s->wave.pending) == 0) {
                     if (s->wave.tokens == 1) down_finish(s, ith); /* decode: no barrier before the down pass */
                     return;
+                }
+                if (s->resident) { /* no reads: another thread is computing the wave's last units */
+                    if ((++spins & 15) == 0) sched_yield(); /* its core may be this one */
+                    else cpu_relax();
+                    continue;
                 }
                 if (!atomic_exchange(&s->reaping, 1)) { /* become the reaper: wait for a read */
                     pi2_sparse_reap_waiting(s);

@@ -128,7 +128,14 @@ struct pi2_sparse {
         int32_t serial;
         int32_t *wait_next;   /* per unit */
         int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
-        _Atomic int n_ready, next_ticket, pending;
+        /* each on a cache line of its own: every thread takes tickets every few units, and a shared
+         * line made each look at n_ready or pending a miss (at 16 threads, a line bouncing per ticket) */
+        _Atomic int n_ready;
+        char pad_ready[64 - sizeof(int)];
+        _Atomic int next_ticket;
+        char pad_ticket[64 - sizeof(int)];
+        _Atomic int pending;
+        char pad_pending[64 - sizeof(int)];
         uint8_t *done;        /* per unit: computed (hv, live written); decode's early down pass reads it */
         struct pi2_down_at *down_at; /* [n_slices]: the down pass's slices of the output (sparse_ffn.c) */
         int n_slices;

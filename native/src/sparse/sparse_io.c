@@ -144,6 +144,7 @@ int pi2_sparse_reap(pi2_sparse *s, int wait) {
 int pi2_sparse_reap_waiting(pi2_sparse *s) {
     uint64_t tags[64];
     const int n = pi2_io_reap(s->io, tags, 64, 1); /* asleep in the kernel without s->lock */
+    if (n == 0) return 0; /* nothing in flight */
     pthread_mutex_lock(&s->lock);
     if (n < 0) {
         snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
