@@ -205,16 +205,17 @@ static int cmd_generate(const pi2_options *o) {
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
                     n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
     pi2_sparse_named_json(sp, ev->f);
-    char sparse_json[4096], sparse_line[400], prof_json[800];
+    char sparse_json[4096 + 800], sparse_line[400], prof_json[800];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
+    pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json); /* the summary's decode_profile */
+    strncat(sparse_json, prof_json, sizeof sparse_json - strlen(sparse_json) - 1);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
-    pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json);
     const uint64_t peak = pi2_peak_rss_bytes();
     pi2_events_emit(ev,
                     "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
-                    "\"model_bytes\": %llu, \"threads\": %d%s%s}",
+                    "\"model_bytes\": %llu, \"threads\": %d%s}",
                     pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),
-                    (unsigned long long)mp->file.size, n_threads, sparse_json, prof_json);
+                    (unsigned long long)mp->file.size, n_threads, sparse_json);
     fflush(stdout);
     fprintf(stderr,
             "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "
