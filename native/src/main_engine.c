@@ -213,8 +213,10 @@ static int cmd_generate(const pi2_options *o) {
                     "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
                     n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
     pi2_sparse_named_json(sp, ev->f);
-    char sparse_json[4096], sparse_line[400];
+    char sparse_json[4096 + 800], sparse_line[400], prof_json[800];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
+    pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json); /* the summary's decode_profile */
+    strncat(sparse_json, prof_json, sizeof sparse_json - strlen(sparse_json) - 1);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
     const uint64_t peak = pi2_peak_rss_bytes();
     (void)pi2_events_emit(ev,

@@ -85,7 +85,7 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_memb
     for (int i = 0; i < n_threads; i++) /* allocated here, touched by the threads */
         if (!(ts[i].buf = malloc(n * sizeof(uint64_t)))) goto done;
     for (; started < n_threads; started++) {
-        ts[started] = (membw_thread){ts[started].buf, n, passes, &sh, 0};
+        ts[started] = (membw_thread){.buf = ts[started].buf, .n = n, .passes = passes, .sh = &sh};
         if (pthread_create(&th[started], NULL, membw_main, &ts[started])) break;
     }
     pthread_mutex_lock(&sh.mu);

@@ -102,7 +102,8 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     }
     pi2_sparse_snapshot(s->sparse, &st_cur);
     uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
-    int n_gen = 0;
+    int n_gen = 0, n_dec = 0;
+    pi2_prof_snap pa, pb;
     while (n_gen < n_predict) {
         int32_t next = pi2_sample(&s->sampler, pi2_ctx_logits(s->ctx));
         uint64_t now = pi2_now_ns();
@@ -124,13 +125,19 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         if (np > 0) emit(piece, np);
         if (n_gen < n_predict) {
             st_prev = st_cur;
+            if (!n_dec) pi2_prof_take(&pa, s->ctx, s->sparse, s->pool);
             if (pi2_forward(s->ctx, &next, 1, NULL) != 0) return -1;
+            n_dec++;
             pi2_sparse_snapshot(s->sparse, &st_cur);
         } else {
             /* The answer's last token joins the cache with the next turn's prefill. */
             s->has_pending = 1;
             s->pending = next;
         }
+    }
+    if (n_dec) {
+        pi2_prof_take(&pb, s->ctx, s->sparse, s->pool);
+        pi2_prof_add(&s->prof, &pa, &pb, (uint64_t)n_dec);
     }
     r->n_gen = n_gen;
     r->prefill_s = pi2_seconds(t_prefill - t0);

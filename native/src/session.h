@@ -17,6 +17,7 @@
 #include "sparse.h"
 #include "sparse_size.h"
 #include "threadpool.h"
+#include "session_profile.h"
 #include "tokenizer.h"
 #include "vocab_blob.h"
 
@@ -36,6 +37,7 @@ typedef struct {
     int ids_cap;
     int has_pending;    /* chat: the last generated token is not in the KV cache yet */
     int32_t pending;
+    pi2_decode_profile prof; /* decode's passes, for the summary's "decode_profile" (session_profile.h) */
 } pi2_session;
 
 /* Whether a session loads the model's tokenizer: no (eval: token ids only), yes (a model without one is

@@ -21,7 +21,7 @@ enum {
     /* the sparse engine's (docs/SPARSE.md) */
     O_POLICY, O_MEMORY_BUDGET, O_PREDICTOR, O_CHECK_PREDICTOR, O_PRED_THRESHOLD, O_LLMFLASH_WINDOW,
     O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD, O_READ_CAP,
-    O_LRU_ONLY, O_LOOKAHEAD, O_NO_WARM, O_NO_REPACK, O_IO, O_IO_THREADS, O_IO_AFFINITY, O_END
+    O_LRU_ONLY, O_LOOKAHEAD, O_NO_WARM, O_NO_REPACK, O_IO, O_IO_THREADS, O_IO_AFFINITY, O_NO_IO_SUBMITTER, O_END
 };
 
 const int pi2_flags_sparse = O_POLICY;
@@ -68,7 +68,8 @@ const pi2_flag pi2_flags[] = {
     [O_NO_REPACK] = {"--no-repack", NULL, 0, G | E | C | S, "keep attention/output rows as stored (no interleaving by four)"},
     [O_IO] = {"--io", NULL, 1, G | E | C | S, "auto|uring|pread|buffered: neuron reads   [auto]"},
     [O_IO_THREADS] = {"--io-threads", NULL, 1, G | E | C | S, "pread-pool threads"},
-    [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S, "the pread-pool threads' CPUs: 0,1"},
+    [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S, "the I/O threads' CPUs: 0,1 (the pread pool's; the first also the submitter's)"},
+    [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own"},
     [O_END] = {NULL, NULL, 0, 0, NULL},
 };
 
@@ -196,6 +197,7 @@ static int apply(int id, const char *a, const char *v, pi2_options *o) {
     case O_LRU_ONLY: sc->lru_only = 1; return 0;
     case O_LOOKAHEAD: sc->lookahead = 1; return 0;
     case O_NO_WARM: sc->no_warm = 1; return 0;
+    case O_NO_IO_SUBMITTER: sc->no_io_submitter = 1; return 0;
     case O_NO_REPACK: sc->no_repack = 1; return 0;
     case O_IO: {
         static const char *const names[] = {"auto", "uring", "pread", "buffered"};

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -175,8 +176,73 @@ static void test_dynamic(int n_threads) {
     CHECK(static_bad == 0);
 }
 
+static void nop(void *ctx, int ith, int nth) { (void)ctx, (void)ith, (void)nth; }
+
+/* The counters the run summary's decode_profile reads: one job per run that used the workers, and a
+ * sleep for each worker left idle past its spin. */
+static void test_counters(void) {
+    pi2_pool_counters c;
+    pi2_pool_counters_get(NULL, &c);
+    CHECK(c.jobs == 0 && c.worker_sleeps == 0);
+    pi2_pool *p = pi2_pool_create(3, NULL);
+    CHECK(p != NULL);
+    for (int i = 0; i < 10; i++) pi2_pool_run(p, nop, NULL);
+    for (int i = 0; i < 5; i++) pi2_pool_run_dynamic(p, nop, NULL);
+    struct timespec ts = {0, 20 * 1000 * 1000}; /* far past the spin: both workers sleep */
+    nanosleep(&ts, NULL);
+    pi2_pool_run(p, nop, NULL);
+    pi2_pool_counters_get(p, &c);
+    CHECK(c.jobs == 16);
+    CHECK(c.worker_sleeps >= 2);
+    pi2_pool_free(p);
+    pi2_pool *one = pi2_pool_create(1, NULL); /* a pool of one runs inline: no jobs */
+    pi2_pool_run(one, nop, NULL);
+    pi2_pool_counters_get(one, &c);
+    CHECK(c.jobs == 0);
+    pi2_pool_free(one);
+}
+
+/* Q, K and V as one job give each matrix's rows byte for byte as one job each, at every thread count,
+ * for one token and for a batch, and a matrix under the inline limit too. */
+static void test_matmul_n(void) {
+    enum { COLS = 256, T = 3 };
+    static const int64_t rows[3] = {100, 48, 1};
+    float *w[3], *y1[3], *yn[3], x[T][COLS];
+    pi2_mat m[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = malloc(sizeof(float) * rows[i] * COLS);
+        y1[i] = calloc((size_t)(rows[i] * T), sizeof(float));
+        yn[i] = calloc((size_t)(rows[i] * T), sizeof(float));
+        for (int64_t e = 0; e < rows[i] * COLS; e++) w[i][e] = (float)((e * 7919 + i * 31) % 201 - 100) / 37.0f;
+        m[i] = (pi2_mat){.data = (const uint8_t *)w[i], .type = PI2_F32, .rows = rows[i], .cols = COLS,
+                         .row_bytes = COLS * sizeof(float), .stride = COLS * sizeof(float)};
+    }
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < COLS; e++) x[t][e] = (float)((t * 13 + e * 17) % 29 - 14) / 7.0f;
+    const size_t act_row = pi2_row_size(pi2_act_type(PI2_F32), COLS);
+    uint8_t *acts = malloc(act_row * T);
+    for (int t = 0; t < T; t++) pi2_prepare_act(PI2_F32, x[t], acts + t * act_row, COLS);
+    int bad = 0;
+    for (int nth = 1; nth <= 5; nth++) {
+        pi2_pool *p = nth > 1 ? pi2_pool_create(nth, NULL) : NULL;
+        for (int tokens = 1; tokens <= T; tokens += T - 1) {
+            const pi2_mat *ws[3] = {&m[0], &m[1], &m[2]};
+            const int64_t ld[3] = {rows[0], rows[1], rows[2]};
+            for (int i = 0; i < 3; i++) pi2_par_matmul(p, &m[i], acts, tokens, y1[i], rows[i]);
+            pi2_par_matmul_n(p, 3, ws, acts, tokens, yn, ld);
+            for (int i = 0; i < 3; i++) bad += memcmp(y1[i], yn[i], sizeof(float) * rows[i] * tokens) != 0;
+        }
+        pi2_pool_free(p);
+    }
+    CHECK(bad == 0);
+    for (int i = 0; i < 3; i++) free(w[i]), free(y1[i]), free(yn[i]);
+    free(acts);
+}
+
 int main(void) {
     test_split();
+    test_counters();
+    test_matmul_n();
     test_dynamic(1);
     test_dynamic(2);
     test_dynamic(6);

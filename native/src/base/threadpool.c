@@ -24,12 +24,14 @@
 #define JOB_SLOTS 0x7fffffffull
 static inline unsigned job_gen(uint64_t w) { return (unsigned)(w >> 32); }
 
+/* One cache line each (aligned_alloc): a worker's counters are written by that worker alone. */
 struct worker {
     pi2_pool *pool;
     pthread_t thread;
     int ith;
     int cpu;
-};
+    _Atomic uint64_t sleeps, skipped;
+} __attribute__((aligned(64)));
 
 struct pi2_pool {
     int n;
@@ -43,7 +45,12 @@ struct pi2_pool {
     _Atomic int stop;
     pi2_pool_fn fn;
     void *ctx;
+    _Atomic uint64_t jobs, caller_sleeps; /* written by the caller only */
 };
+
+static inline void bump(_Atomic uint64_t *c) {
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,6 +90,7 @@ static void *worker_main(void *arg) {
                 sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
                 if (!t0) t0 = now;
                 else if (now - t0 > SPIN_NS) {
+                    bump(&w->sleeps);
                     pthread_mutex_lock(&p->mu);
                     while (job_gen(atomic_load(&p->job)) == seen && !atomic_load(&p->stop))
                         pthread_cond_wait(&p->work_cv, &p->mu);
@@ -101,7 +109,10 @@ static void *worker_main(void *arg) {
             while (job_gen(job) == seen && (job & JOB_SLOTS) && !joined)
                 joined = atomic_compare_exchange_weak_explicit(&p->job, &job, job - 1, memory_order_acq_rel,
                                                                memory_order_acquire);
-            if (!joined) continue;
+            if (!joined) {
+                bump(&w->skipped);
+                continue;
+            }
         }
         p->fn(p->ctx, w->ith, p->n);
         if (atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel) == 1) {
@@ -127,7 +138,9 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
     if (cpu_affinity) pin_self(cpu_affinity[0], 0);
-    p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+    const size_t wbytes = (size_t)n_threads * sizeof *p->workers;
+    p->workers = aligned_alloc(64, wbytes);
+    if (p->workers) memset(p->workers, 0, wbytes);
     if (!p->workers) {
         free(p);
         pi2_set_error("out of memory creating a thread pool");
@@ -151,6 +164,17 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
 
 int pi2_pool_size(const pi2_pool *pool) { return pool->n; }
 
+void pi2_pool_counters_get(const pi2_pool *p, pi2_pool_counters *c) {
+    memset(c, 0, sizeof *c);
+    if (!p) return;
+    c->jobs = atomic_load_explicit(&((pi2_pool *)p)->jobs, memory_order_relaxed);
+    c->caller_sleeps = atomic_load_explicit(&((pi2_pool *)p)->caller_sleeps, memory_order_relaxed);
+    for (int i = 0; i < p->n - 1; i++) {
+        c->worker_sleeps += atomic_load_explicit(&p->workers[i].sleeps, memory_order_relaxed);
+        c->skipped += atomic_load_explicit(&p->workers[i].skipped, memory_order_relaxed);
+    }
+}
+
 pi2_pool *pi2_pool_from_flags(int threads, const char *affinity, int *n_threads) {
     int32_t listed[1024];
     int cpus[1024], n_aff = 0;
@@ -173,6 +197,7 @@ static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
     }
     p->fn = fn;
     p->ctx = ctx;
+    bump(&p->jobs);
     atomic_store(&p->remaining, p->n - 1);
     const uint64_t gen = (uint64_t)(job_gen(atomic_load(&p->job)) + 1u) << 32;
     pthread_mutex_lock(&p->mu); /* orders the bump with sleeping workers' check: no lost wake-up */
@@ -193,6 +218,7 @@ static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
             sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
             if (!t0) t0 = now;
             else if (now - t0 > SPIN_NS) {
+                bump(&p->caller_sleeps);
                 pthread_mutex_lock(&p->mu);
                 while (atomic_load(&p->remaining) != 0) pthread_cond_wait(&p->done_cv, &p->mu);
                 pthread_mutex_unlock(&p->mu);

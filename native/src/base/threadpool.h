@@ -30,6 +30,19 @@ void pi2_pool_run_dynamic(pi2_pool *pool, pi2_pool_fn fn, void *ctx);
 
 int pi2_pool_size(const pi2_pool *pool);
 
+/* What the pool did since it was created, for the run summary: decode runs hundreds of jobs a token,
+ * and each is a barrier every thread must reach; a worker that slept (it spun SPIN_NS without a job)
+ * needs a wake-up through the kernel before it can take part in the next. */
+typedef struct {
+    uint64_t jobs;          /* pi2_pool_run / pi2_pool_run_dynamic calls that used the workers */
+    uint64_t worker_sleeps; /* times a worker gave up spinning and slept on the condition variable */
+    uint64_t caller_sleeps; /* times the caller slept waiting for the workers to finish a job */
+    uint64_t skipped;       /* dynamic jobs a worker joined too late for (the caller had done the work) */
+} pi2_pool_counters;
+
+/* Sums the counters (NULL pool: zeros). Exact when no job runs; a close estimate while one does. */
+void pi2_pool_counters_get(const pi2_pool *pool, pi2_pool_counters *c);
+
 /* The pool the --threads/--affinity flags ask for: `threads` (0: one per CPU in `affinity`, else one
  * per online CPU), pinned to the CPUs listed in `affinity` (NULL: unpinned; one CPU per thread).
  * *n_threads gets the count. NULL with an error on a bad list or count. */

@@ -66,49 +66,89 @@ void *pi2_par_batch(pi2_pool *pool, pi2_type wt, const uint8_t *acts, int64_t n,
     return j.batch;
 }
 
+/* One job over up to PI2_PAR_MULTI matrices: chunk c of the queue is matrix m's rows
+ * [(c - first[m]) * chunk, ...), where first[m] counts the chunks of the matrices before m. */
 typedef struct {
     const pi2_mat *w;
-    const uint8_t *acts, *batch;
-    int64_t tokens;
     float *y;
-    int64_t ldy;
-    pi2_chunks rows;
+    int64_t ldy, first;
+} mm_part;
+
+typedef struct {
+    int n;
+    mm_part part[PI2_PAR_MULTI];
+    const uint8_t *acts, *batch; /* batch: prefill's packed activations, shared by every part, or NULL */
+    int64_t tokens, chunk, n_chunks;
+    _Atomic int64_t next;
 } mm_job;
 
-static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const pi2_mat *w = j->w;
+static void mm_rows(const mm_job *j, const mm_part *p, int64_t r0, int64_t r1) {
+    const pi2_mat *w = p->w;
     const uint8_t *base = w->data + (size_t)r0 * w->stride;
     if (j->batch) { /* the same floats as below, from the packed batch */
-        pi2_batch_gemm(w->type, base, w->stride, w->x4, r1 - r0, w->cols, j->batch, j->tokens, j->y + r0, j->ldy);
+        pi2_batch_gemm(w->type, base, w->stride, w->x4, r1 - r0, w->cols, j->batch, j->tokens, p->y + r0, p->ldy);
         return;
     }
     if (w->x4) { /* chunks are multiples of 16 rows: they start at a group of four */
-        pi2_x4_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+        pi2_x4_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, p->y + r0, p->ldy);
         return;
     }
     if (w->stride == w->row_bytes) {
-        if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, j->y + r0);
-        else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+        if (j->tokens == 1) pi2_gemv(w->type, base, r1 - r0, w->cols, j->acts, p->y + r0);
+        else pi2_gemm(w->type, base, r1 - r0, w->cols, j->acts, j->tokens, p->y + r0, p->ldy);
         return;
     }
     /* Rows inside bundles (stride = bundle_stride): the kernels' strided variants. */
-    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->y + r0);
-    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, j->y + r0, j->ldy);
+    if (j->tokens == 1) pi2_gemv_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, p->y + r0);
+    else pi2_gemm_strided(w->type, base, w->stride, r1 - r0, w->cols, j->acts, j->tokens, p->y + r0, p->ldy);
 }
 
-static void mm_worker(void *p, int ith, int nth) {
+static void mm_worker(void *arg, int ith, int nth) {
     (void)ith, (void)nth;
-    mm_job *j = p;
-    int64_t r0, r1;
-    while (pi2_chunks_take(&j->rows, &r0, &r1)) mm_rows(j, r0, r1);
+    mm_job *j = arg;
+    for (;;) {
+        const int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n_chunks) return;
+        int m = 0;
+        while (m + 1 < j->n && c >= j->part[m + 1].first) m++;
+        const mm_part *p = &j->part[m];
+        const int64_t r0 = (c - p->first) * j->chunk, r1 = r0 + j->chunk < p->w->rows ? r0 + j->chunk : p->w->rows;
+        mm_rows(j, p, r0, r1);
+    }
+}
+
+/* Below this many multiply-adds a matrix is computed on the calling thread: waking the pool costs more
+ * than it saves (a predictor's fc1, rank x n_embd: 32 x 4096, is two 16-row chunks, so two threads at
+ * most would share it while every other thread woke for nothing). */
+#define PAR_MIN_MACS ((int64_t)1 << 17)
+
+void pi2_par_matmul_n(pi2_pool *pool, int n, const pi2_mat *const *w, const uint8_t *acts, int64_t tokens,
+                      float *const *y, const int64_t *ldy) {
+    mm_job j = {.n = n, .acts = acts, .tokens = tokens};
+    int64_t rows = 0, macs = 0;
+    for (int i = 0; i < n; i++) rows += w[i]->rows, macs += w[i]->rows * w[i]->cols * tokens;
+    /* about 4 chunks per thread over all the rows, each a multiple of 16 (x4 groups start on one) */
+    const int nth = pool ? pi2_pool_size(pool) : 1;
+    int64_t chunk = rows / ((int64_t)nth * 4);
+    chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
+    j.chunk = chunk;
+    for (int i = 0; i < n; i++) {
+        j.part[i] = (mm_part){.w = w[i], .y = y[i], .ldy = ldy[i], .first = j.n_chunks};
+        j.n_chunks += (w[i]->rows + chunk - 1) / chunk;
+    }
+    atomic_init(&j.next, 0);
+    pi2_pool *run = macs <= PAR_MIN_MACS ? NULL : pool;
+    /* One packed batch serves every part when they share the input's type and width (Q, K and V do). */
+    int same = 1;
+    for (int i = 1; i < n; i++) same &= w[i]->type == w[0]->type && w[i]->cols == w[0]->cols;
+    uint8_t *batch = same ? pi2_par_batch(run, w[0]->type, acts, w[0]->cols, tokens) : NULL;
+    j.batch = batch;
+    pi2_pool_run_chunks(run, mm_worker, &j);
+    free(batch);
 }
 
 void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy) {
-    uint8_t *batch = pi2_par_batch(pool, w->type, acts, w->cols, tokens);
-    mm_job j = {.w = w, .acts = acts, .batch = batch, .tokens = tokens, .y = y, .ldy = ldy};
-    pi2_chunks_init(&j.rows, w->rows, 16, pool ? pi2_pool_size(pool) : 1);
-    pi2_pool_run_chunks(pool, mm_worker, &j);
-    free(batch);
+    pi2_par_matmul_n(pool, 1, &w, acts, tokens, &y, &ldy);
 }
 
 typedef struct {

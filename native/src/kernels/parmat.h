@@ -48,4 +48,11 @@ void *pi2_par_batch(pi2_pool *pool, pi2_type wt, const uint8_t *acts, int64_t n,
  * per token (pi2_row_size(pi2_act_type(w->type), w->cols) bytes each); y rows ldy floats apart. */
 void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64_t tokens, float *y, int64_t ldy);
 
+/* The same for n (<= PI2_PAR_MULTI) matrices that take the same activations (attention's Q, K and V),
+ * as one pool job: their rows are one queue of chunks, so threads move from one matrix to the next with
+ * no barrier between them. y[i] gets w[i]'s rows, ldy[i] floats apart; the floats are pi2_par_matmul's. */
+#define PI2_PAR_MULTI 4
+void pi2_par_matmul_n(pi2_pool *pool, int n, const pi2_mat *const *w, const uint8_t *acts, int64_t tokens,
+                      float *const *y, const int64_t *ldy);
+
 #endif

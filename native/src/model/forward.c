@@ -32,6 +32,7 @@ struct pi2_ctx {
     size_t bytes;                          /* all of the above */
     size_t kv_bytes;                       /* of which the KV cache */
     const pi2_ffn_backend *ffn;            /* FFN computed elsewhere (the sparse engine), or NULL: dense */
+    pi2_fwd_prof prof;
 };
 
 /* Every buffer of a context (count_only: only add up their bytes, so sizing can ask what a context of
@@ -164,6 +165,7 @@ int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }
 int pi2_ctx_n_batch(const pi2_ctx *c) { return c->n_batch; }
 void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
+void pi2_ctx_prof(const pi2_ctx *c, pi2_fwd_prof *p) { *p = c->prof; }
 
 /* ---- parallel helpers ------------------------------------------------------------------------ */
 
@@ -273,11 +275,19 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     const int64_t E = c->n_embd;
     for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
     prepare(c, L->wq.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
-    if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wk, tokens, c->k, c->kv_dim);
-    if (pi2_act_type(L->wv.type) != pi2_act_type(L->wk.type)) prepare(c, L->wv.type, c->xn, E, E, tokens);
-    matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
+    if (pi2_act_type(L->wk.type) == pi2_act_type(L->wq.type) && pi2_act_type(L->wv.type) == pi2_act_type(L->wq.type)) {
+        /* one job for the three: no barrier between them */
+        const pi2_mat *w[3] = {&L->wq, &L->wk, &L->wv};
+        float *y[3] = {c->q, c->k, c->v};
+        const int64_t ld[3] = {c->q_dim, c->kv_dim, c->kv_dim};
+        pi2_par_matmul_n(c->pool, 3, w, c->act, tokens, y, ld);
+    } else {
+        matmul_prepared(c, &L->wq, tokens, c->q, c->q_dim);
+        if (pi2_act_type(L->wk.type) != pi2_act_type(L->wq.type)) prepare(c, L->wk.type, c->xn, E, E, tokens);
+        matmul_prepared(c, &L->wk, tokens, c->k, c->kv_dim);
+        if (pi2_act_type(L->wv.type) != pi2_act_type(L->wk.type)) prepare(c, L->wv.type, c->xn, E, E, tokens);
+        matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
+    }
 
     const float theta_scale = powf(h->rope_theta, -2.0f / (float)h->head_dim);
     for (int t = 0; t < tokens; t++) {
@@ -493,6 +503,7 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         pi2_set_error("context full: %d positions, %d more asked (raise --ctx)", c->n_ctx, n);
         return -1;
     }
+    const uint64_t t_start = pi2_now_ns();
     for (int t = 0; t < n; t++) {
         if (tokens[t] < 0 || (int64_t)tokens[t] >= V) {
             pi2_set_error("token id %d out of range [0, %lld)", tokens[t], (long long)V);
@@ -502,10 +513,15 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
         if (c->ffn && emb->data != m->output.data) release_row(emb, tokens[t]);
     }
+    const uint64_t t_emb = pi2_now_ns();
+    uint64_t t = t_emb, t1; /* the embedding rows are counted with the head, below */
     for (uint32_t l = 0; l < m->h.n_layer; l++) {
         if (c->ffn) c->ffn->layer_begin(c->ffn->impl, (int)l, c->x, n); /* reads fly during attention */
+        t1 = pi2_now_ns(), c->prof.prefetch_ns += t1 - t, t = t1;
         attention(c, &m->layers[l], (int)l, n);
+        t1 = pi2_now_ns(), c->prof.attention_ns += t1 - t, t = t1;
         if (ffn(c, (int)l, n) != 0) return -1;
+        t1 = pi2_now_ns(), c->prof.ffn_ns += t1 - t, t = t1;
     }
     /* Only the rows whose logits are wanted go through the output matrix. */
     int first = logits_all ? 0 : n - 1, rows = n - first;
@@ -518,6 +534,8 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         matmul(c, &m->output, c->xn, E, rows, dst, V);
     }
     if (logits_all) memcpy(c->logits, logits_all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+    c->prof.output_ns += pi2_now_ns() - t + (t_emb - t_start);
+    c->prof.passes++;
     c->n_past += n;
     if (c->ffn) c->ffn->step_end(c->ffn->impl);
     return 0;

@@ -39,6 +39,17 @@ size_t pi2_ctx_bytes_for(const pi2_header *h, int n_ctx, int n_batch, int nth, i
 /* Compute FFN blocks through a backend (the sparse engine: pi2_sparse_backend) instead of densely; NULL
  * detaches. The backend must outlive its use by this context. */
 void pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_backend *b);
+/* Where the forward passes' time went since the context was created (wall time on the calling thread;
+ * per token: take differences). The phases are the serial order of a pass, so they add up to it. */
+typedef struct {
+    uint64_t passes;
+    uint64_t attention_ns; /* norms, Q/K/V, RoPE, attention, its output and the residual */
+    uint64_t ffn_ns;       /* the FFN norm, the FFN (dense here, or the attached backend) and the residual */
+    uint64_t output_ns;    /* the output norm and head, and the embedding row */
+    uint64_t prefetch_ns;  /* the backend's layer_begin (its reads started before attention) */
+} pi2_fwd_prof;
+void pi2_ctx_prof(const pi2_ctx *c, pi2_fwd_prof *p);
+
 /* Forget the cache (a new conversation). */
 void pi2_ctx_reset(pi2_ctx *c);
 

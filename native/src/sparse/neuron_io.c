@@ -425,7 +425,7 @@ pi2_io_method pi2_io_method_used(const pi2_io *io) { return io->method; }
 int pi2_io_is_direct(const pi2_io *io) { return io->direct; }
 size_t pi2_io_align(const pi2_io *io) { return io->align; }
 
-int pi2_io_submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag) {
+static int submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag, int counted) {
     size_t a = io->align;
     if (len == 0 || !dst || off % a || len % a || (uintptr_t)dst % a) {
         pi2_set_error("%s: bad read of %zu bytes at offset %llu into %p (O_DIRECT needs multiples of %zu)",
@@ -437,7 +437,7 @@ int pi2_io_submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag)
     if (io->n_free == 0) {
         uint64_t t0 = pi2_now_ns();
         while (io->n_free == 0 && rc == 0) rc = wait_progress(io);
-        io->st.wait_ns += pi2_now_ns() - t0;
+        if (counted) io->st.wait_ns += pi2_now_ns() - t0;
     }
     if (rc == 0) rc = reserve_done(io);
     if (rc == 0) {
@@ -454,6 +454,13 @@ int pi2_io_submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag)
     }
     pthread_mutex_unlock(&io->mu);
     return rc;
+}
+
+int pi2_io_submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag) {
+    return submit(io, off, len, dst, tag, 1);
+}
+int pi2_io_submit_bg(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag) {
+    return submit(io, off, len, dst, tag, 0);
 }
 
 int pi2_io_flush(pi2_io *io) {

@@ -46,6 +46,9 @@ size_t pi2_io_align(const pi2_io *io);
  * and hands them to the kernel every queue_depth/4 reads, in pi2_io_flush and in pi2_io_reap.
  * 0, or -1 on bad arguments (unaligned for O_DIRECT, len 0) or a failed hand-over to the kernel. */
 int pi2_io_submit(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag);
+/* The same from a thread that only issues reads (the sparse engine's submitter): its waits for a free
+ * slot stall no computation, so they are not counted in wait_ns. */
+int pi2_io_submit_bg(pi2_io *io, uint64_t off, size_t len, void *dst, uint64_t tag);
 int pi2_io_flush(pi2_io *io); /* hands queued reads to the kernel now (io_uring); 0 or -1 */
 
 /* Up to max completed tags into tags[]; returns the count. wait=1 blocks until at least one completes

@@ -44,6 +44,7 @@ typedef struct {
     int lru_only;           /* cache, powerinfer2: cold misses always at the MRU end (no insertion by rank) */
     int lookahead;          /* powerinfer2: early reads from the coming layer's predictor (docs/SPARSE.md) */
     int no_warm;            /* powerinfer2 under a budget: no fill of the cache at open (docs/SPARSE.md) */
+    int no_io_submitter;    /* powerinfer2: the compute threads issue decode's reads, no thread of their own */
     float pred_threshold;   /* in (0, 1): replaces the model file's per-layer thresholds; 0 = the file's */
     float miss_threshold;   /* decode: cold misses predicted below this probability are not read; 0 = off */
     int read_cap;           /* decode: most cold-miss reads per token; 0 = off, -1 = auto (what compute hides) */
@@ -61,6 +62,10 @@ typedef struct {
     uint64_t bytes_read, reads, io_wait_ns, ffn_ns;
     uint64_t neurons_computed, neurons_visited, lookahead_reads;
     uint64_t pred_tp, pred_fp, pred_fn; /* --check-predictor */
+    /* where ffn_ns went (sparse_ffn.c): the predictor, the waves' parallel compute (gate/up dots, and the
+     * down pass it overlaps), the down pass left after a wave; the rest of ffn_ns is serial bookkeeping
+     * on the calling thread (inputs, the active list, building waves) */
+    uint64_t predict_ns, wave_ns, down_ns, waves;
 } pi2_sparse_stats;
 
 /* pi2_model_load as the policy reads the model: sparse policies never touch the neuron region (no

@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,20 +96,18 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     }
 }
 
-/* Decode's down pass over this thread's slice of the output, from where it stopped: units in wave order
+/* Decode's down pass over slice d (claimed by this thread), from where it stopped: units in wave order
  * while they are computed, at most `max` of them; returns how many it took. The live columns go through
  * the kernel four at a time, a group held in `d` until it is full, so the groups (and the sum's rounding)
- * are the same whether the pass ran while reads were in flight or after the last one landed. */
-static int down_1tok(pi2_sparse *s, int ith, int nth, int max) {
+ * are the same whether the pass ran while reads were in flight or after the last one landed, and
+ * whichever thread ran which part of it. */
+static int down_1tok(pi2_sparse *s, struct pi2_down_at *d, int max) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    int64_t d0, d1;
-    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
+    const int64_t d0 = d->d0, d1 = d->d1;
     if (d0 >= d1) return 0;
     const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    struct pi2_down_at *d = &s->wave.down_at[ith];
-    int took = 0;
-    for (; took < max && d->at < s->wave.len; d->at++, took++) {
-        const int i = d->at;
+    int took = 0, i = d->at;
+    for (; took < max && i < s->wave.len; i++, took++) {
         if (!__atomic_load_n(&s->wave.done[i], __ATOMIC_ACQUIRE)) break;
         if (!s->scratch.live[i]) continue;
         d->cols[d->n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
@@ -116,47 +115,96 @@ static int down_1tok(pi2_sparse *s, int ith, int nth, int max) {
         d->a[d->n++] = s->scratch.hv[(size_t)i * s->n_batch];
         if (d->n == 4) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0), d->n = 0;
     }
+    __atomic_store_n(&d->at, i, __ATOMIC_RELAXED); /* down_some peeks at it without a claim */
     return took;
 }
 
-/* The down projection of a wave: out[t] += h[i][t] * down_i over the wave's units in their fixed order
- * (hottest first), each thread owning a slice of the output. So the sum is the same whatever thread
- * computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
- * thresholds would otherwise turn last-bit noise into different neurons, and different text). */
-static void down_worker(void *p, int ith, int nth) {
+/* One thread at a time sums into a slice. */
+static int slice_claim(struct pi2_down_at *d) {
+    int free_ = 0;
+    return !atomic_load_explicit(&d->busy, memory_order_relaxed) &&
+           atomic_compare_exchange_strong_explicit(&d->busy, &free_, 1, memory_order_acquire, memory_order_relaxed);
+}
+static void slice_release(struct pi2_down_at *d) { atomic_store_explicit(&d->busy, 0, memory_order_release); }
+
+/* A thread with no neuron ready to compute: sum finished units into the first free slice that has some
+ * (from a place that depends on ith, so threads spread out). 1 when it did any work. */
+static int down_some(pi2_sparse *s, int ith) {
+    const int S = s->wave.n_slices;
+    for (int q = 0; q < S; q++) {
+        struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
+        const int at = __atomic_load_n(&d->at, __ATOMIC_RELAXED);
+        if (at >= s->wave.len || !__atomic_load_n(&s->wave.done[at], __ATOMIC_ACQUIRE) || !slice_claim(d)) continue;
+        const int took = down_1tok(s, d, 16);
+        slice_release(d);
+        if (took) return 1;
+    }
+    return 0;
+}
+
+/* Every unit of the wave is computed: finish the slices, each by whichever thread claims it first; a
+ * slice another thread holds is finished by it (or released and claimed here), so this returns once
+ * every slice is complete, whatever other threads run. */
+static void down_finish(pi2_sparse *s, int ith) {
+    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
+    const int S = s->wave.n_slices;
+    for (;;) {
+        int left = 0;
+        for (int q = 0; q < S; q++) {
+            struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
+            if (atomic_load_explicit(&d->complete, memory_order_acquire)) continue;
+            left++;
+            if (!slice_claim(d)) continue;
+            if (!atomic_load_explicit(&d->complete, memory_order_relaxed)) {
+                down_1tok(s, d, INT_MAX);
+                if (d->n) pi2_axpy_rows(wt, d->d1 - d->d0, d->a, d->cols, d->n, s->scratch.out + d->d0);
+                d->n = 0;
+                atomic_store_explicit(&d->complete, 1, memory_order_release);
+            }
+            slice_release(d);
+        }
+        if (!left) return;
+        sched_yield(); /* a slice is being summed by a thread that may need this core */
+    }
+}
+
+/* A batch's down pass: out[t] += h[i][t] * down_i over the wave's units in their fixed order (hottest
+ * first), slice by slice of the output, each slice taken by one thread. So the sum is the same whatever
+ * thread computed which neuron and whenever its read arrived: runs repeat bit for bit (the predictor's
+ * thresholds would otherwise turn last-bit noise into different neurons, and different text). Any subset
+ * of the threads finishes it (pi2_pool_run_chunks). */
+static void down_batch_worker(void *p, int ith, int nth) {
+    (void)ith, (void)nth;
     pi2_sparse *s = p;
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    int64_t d0, d1;
-    pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
-    if (d0 >= d1) return;
-    if (s->wave.tokens == 1) { /* decode: what the wave's workers left of the pass, then the last group */
-        down_1tok(s, ith, nth, INT_MAX);
-        struct pi2_down_at *d = &s->wave.down_at[ith];
-        if (d->n) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0);
-        return;
-    }
-    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    /* a batch: four live columns at a time, each token's slice of the output read and written once per
-     * group while the four columns stay in L1 across tokens. A token whose four outputs are all zero
-     * is skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
-    const uint8_t *cols[4];
-    const float *hv[4];
-    int n = 0;
-    for (int i = 0; i <= s->wave.len; i++) {
-        if (i < s->wave.len) {
-            if (!s->scratch.live[i]) continue;
-            cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
-            hv[n++] = s->scratch.hv + (size_t)i * s->n_batch;
-            if (n < 4) continue;
+    for (;;) {
+        const int q = atomic_fetch_add(&s->wave.next_slice, 1);
+        if (q >= s->wave.n_slices) return;
+        const int64_t d0 = s->wave.down_at[q].d0, d1 = s->wave.down_at[q].d1;
+        if (d0 >= d1) continue;
+        const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+        /* four live columns at a time, each token's slice of the output read and written once per group
+         * while the four columns stay in L1 across tokens. A token whose four outputs are all zero is
+         * skipped; a zero output within a group adds q * 0 = 0, which leaves the sum as it was. */
+        const uint8_t *cols[4];
+        const float *hv[4];
+        int n = 0;
+        for (int i = 0; i <= s->wave.len; i++) {
+            if (i < s->wave.len) {
+                if (!s->scratch.live[i]) continue;
+                cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+                hv[n++] = s->scratch.hv + (size_t)i * s->n_batch;
+                if (n < 4) continue;
+            }
+            if (!n) break;
+            for (int t = 0; t < s->wave.tokens; t++) {
+                float a[4];
+                int any = 0;
+                for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
+                if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
+            }
+            n = 0;
         }
-        if (!n) break;
-        for (int t = 0; t < s->wave.tokens; t++) {
-            float a[4];
-            int any = 0;
-            for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
-            if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
-        }
-        n = 0;
     }
 }
 
@@ -179,7 +227,17 @@ static void read_rest(pi2_sparse *s, int i) {
     if (first) pi2_ncache_set_state(s->cache, hdl, PI2_SLOT_LOADING_REST);
     add_waiter(s, hdl, i);
     pthread_mutex_unlock(&s->lock);
-    if (first && pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+    if (!first) return;
+    if (s->sub.started) pi2_submitter_post(s, hdl); /* issued from the submitter's core */
+    else if (pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
 }
 
 #define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
@@ -190,12 +248,13 @@ static void read_rest(pi2_sparse *s, int i) {
  * Finished units are subtracted from `pending` in batches, always before waiting. */
 static void wave_worker(void *p, int ith, int nth) {
     pi2_sparse *s = p;
-    if (ith == 0 && s->pipeline) {
+    if (ith == 0 && s->pipeline && !s->sub.started) { /* --no-io-submitter: this thread issues */
         for (int r = 0; r < s->wave.n_to_read; r++)
             if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) break;
         pi2_io_flush(s->io);
     }
     int finished = 0;
+    unsigned spins = 0;
     for (;;) {
         const int t0 = atomic_fetch_add(&s->wave.next_ticket, TICKETS);
         int t = t0;
@@ -224,15 +283,23 @@ static void wave_worker(void *p, int ith, int nth) {
                     break;
                 }
                 /* nothing to compute: sum the finished units' down columns while the reads fly */
-                if (s->wave.tokens == 1 && down_1tok(s, ith, nth, 16) > 0) continue;
+                if (s->wave.tokens == 1 && down_some(s, ith)) continue;
                 if (finished) {
                     atomic_fetch_sub(&s->wave.pending, finished);
                     finished = 0;
                 }
-                if (atomic_load(&s->wave.pending) == 0) return;
-                if (pthread_mutex_trylock(&s->lock) == 0) {
-                    pi2_sparse_reap(s, 1);
-                    pthread_mutex_unlock(&s->lock);
+                if (atomic_load(&s->wave.pending) == 0) {
+                    if (s->wave.tokens == 1) down_finish(s, ith); /* decode: no barrier before the down pass */
+                    return;
+                }
+                if (s->resident) { /* no reads: another thread is computing the wave's last units */
+                    if ((++spins & 15) == 0) sched_yield(); /* its core may be this one */
+                    else cpu_relax();
+                    continue;
+                }
+                if (!atomic_exchange(&s->reaping, 1)) { /* become the reaper: wait for a read */
+                    pi2_sparse_reap_waiting(s);
+                    atomic_store(&s->reaping, 0);
                 } else {
                     sched_yield();
                 }
@@ -319,8 +386,32 @@ static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
     return limit > floor ? limit : floor;
 }
 
+/* A resident FFN's wave: every active neuron, all in memory. Nothing is evicted or read, so no pins
+ * and no LRU order are kept: the general path's per-neuron bookkeeping (pin, touch: several random
+ * writes each) took ~150 us a block on the calling thread alone, the serial part that stopped decode's
+ * FFN from scaling with threads, and long enough for the waiting workers to fall asleep. */
+static int build_wave_resident(pi2_sparse *s, int b, int n_active, int *pos) {
+    int n = 0, hot = 0;
+    s->wave.n_to_read = 0;
+    for (; *pos < n_active; (*pos)++, n++) {
+        const int k = s->scratch.active[*pos];
+        hot += pi2_ncache_is_hot(s->cache, k);
+        s->wave.k[n] = k;
+        s->wave.h[n] = pi2_ncache_find(s->cache, b, k);
+        s->wave.phase[n] = 0;
+        s->scratch.live[n] = 0;
+        s->wave.done[n] = 0;
+        s->wave.ready[n] = n;
+    }
+    s->st.hits_hot += (uint64_t)hot;
+    s->st.hits_cold += (uint64_t)(n - hot);
+    atomic_store(&s->wave.n_ready, n);
+    return n;
+}
+
 /* Take units from active[*pos..) until the cache cannot pin another slot; returns the wave size. */
 static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
+    if (s->resident) return build_wave_resident(s, b, n_active, pos);
     int n = 0;
     s->wave.n_to_read = 0;
     s->wave.serial++;
@@ -395,7 +486,11 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
     if (exact) pi2_true_activations(s->pool, s->m, blk, s->scratch.act, s->scratch.act_row, tokens, s->scratch.truth);
     if (s->cfg.oracle) memcpy(s->scratch.mask, s->scratch.truth, (size_t)tokens * F);
     else if (dense) memset(s->scratch.mask, 1, (size_t)tokens * F);
-    else pi2_predict(&s->pred, s->pool, b, in, tokens, s->scratch.mask);
+    else {
+        const uint64_t tp = pi2_now_ns();
+        pi2_predict(&s->pred, s->pool, b, in, tokens, s->scratch.mask);
+        s->st.predict_ns += pi2_now_ns() - tp;
+    }
     if (s->cfg.check_predictor) count_check(s, layer, tokens);
     int n_active = 0;
     for (int64_t k = 0; k < F; k++) {
@@ -416,7 +511,9 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         s->st.ffn_ns += pi2_now_ns() - t0;
         return 0;
     }
-    for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
+    if (tokens == 1) s->st.neurons_computed += (uint64_t)n_active; /* the same count, no pass over F */
+    else
+        for (size_t i = 0; i < (size_t)tokens * F; i++) s->st.neurons_computed += s->scratch.mask[i];
 
     s->cap.logit = floor_logit(s);
     s->cap.left = INT_MAX;
@@ -434,7 +531,13 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         atomic_store(&s->wave.pending, s->wave.len);
         atomic_store(&s->wave.next_ticket, 0);
-        memset(s->wave.down_at, 0, (size_t)s->nth * sizeof *s->wave.down_at);
+        for (int q = 0; q < s->wave.n_slices; q++) {
+            struct pi2_down_at *d = &s->wave.down_at[q];
+            d->at = d->n = 0;
+            atomic_store(&d->busy, 0);
+            atomic_store(&d->complete, 0);
+        }
+        atomic_store(&s->wave.next_slice, 0);
         if (!s->pipeline) {
             /* Read everything first, then compute (bundle, llmflash, cache). */
             for (int r = 0; r < s->wave.n_to_read; r++)
@@ -445,10 +548,21 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
                 if (pi2_sparse_reap(s, 1) == 0 && pi2_io_in_flight(s->io) == 0) break;
             pthread_mutex_unlock(&s->lock);
         }
-        pi2_pool_run_or_inline(s->pool, wave_worker, s);
+        /* Any subset of the threads finishes a wave (tickets and down slices are claimed, not owned):
+         * a thread whose core is busy elsewhere when it starts is not waited for. */
+        if (s->pipeline && pi2_submitter_wave_begin(s) != 0) /* the compute threads issue instead */
+            fprintf(stderr, "pi2: warning: %s; the compute threads issue the reads\n", pi2_last_error());
+        const uint64_t tw = pi2_now_ns();
+        pi2_pool_run_chunks(s->pool, wave_worker, s);
+        const uint64_t td = pi2_now_ns();
+        if (s->pipeline) pi2_submitter_wave_end(s);
+        s->st.wave_ns += td - tw;
+        s->st.waves++;
         if (atomic_load(&s->failed)) goto failed;
-        pi2_pool_run_or_inline(s->pool, down_worker, s);
-        for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
+        if (tokens > 1) pi2_pool_run_chunks(s->pool, down_batch_worker, s);
+        s->st.down_ns += pi2_now_ns() - td;
+        if (!s->resident)
+            for (int i = 0; i < s->wave.len; i++) pi2_ncache_unpin(s->cache, s->wave.h[i]);
     }
     if (!s->keep) pi2_ncache_drop_all(s->cache);
 

@@ -32,14 +32,28 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
  * budget gets smaller chunks (stream_bundles). */
 #define PI2_STREAM_STAGES 8
 
-/* One thread's place in a decode wave's down pass: units before `at` are summed into its slice of the
- * output, the last n live ones of them still held as a group (the columns go through the kernel four at
- * a time, and the groups must be the same whenever the pass runs, or the sum's rounding would differ). */
+/* A slice [d0, d1) of a wave's output in the down pass, and in decode its place in the pass: units
+ * before `at` are summed into it, the last n live ones of them still held as a group (the columns go
+ * through the kernel four at a time, and the groups must be the same whenever the pass runs, or the
+ * sum's rounding would differ). Slices are not owned by threads: whichever thread has nothing else to do
+ * claims one (busy) and sums what is ready, so the pass needs no particular thread and no barrier of
+ * its own (sparse_ffn.c). One cache line or more each: claims from different cores do not collide. */
 struct pi2_down_at {
     int at, n;
     const uint8_t *cols[4];
     float a[4];
-};
+    int64_t d0, d1;
+    _Atomic int busy;     /* a thread is summing into this slice */
+    _Atomic int complete; /* decode: every unit of the wave is in, the last group too */
+} __attribute__((aligned(64)));
+
+/* The down pass's slices: one per compute thread, but none narrower than this many floats. Every live
+ * unit costs each slice a fixed amount (its done flag, its column's address, a share of a kernel call)
+ * on top of the arithmetic, so slices that narrowed with the thread count made the pass's total work
+ * grow with threads: at 16 threads on a 4096-wide output, 256-float slices paid that cost 16 times a
+ * unit. 512 floats (16 Q4_0 blocks) keep it small; the pass is about a third of a wave's arithmetic,
+ * so the 8 slices of a 4096-wide output are enough for the threads free to sum. */
+#define PI2_DOWN_SLICE_MIN 512
 
 struct pi2_sparse {
     const pi2_model *m;
@@ -49,6 +63,7 @@ struct pi2_sparse {
     int nth, n_batch, n_blocks;
     int64_t E, F;
     int two_phase, pipeline, prefetch, keep, lookahead;
+    int resident; /* the cache holds every bundle and never evicts one (preloaded; cache or powerinfer2) */
     size_t part, ra, gate_len, rest_off, rest_len, full_len;
     uint64_t *block_off; /* file offset of each block's first bundle */
     int admit_limit;     /* cold misses ranked at or beyond it go in at the cold end of the LRU (F: none) */
@@ -113,14 +128,35 @@ struct pi2_sparse {
         int32_t serial;
         int32_t *wait_next;   /* per unit */
         int32_t *ready;       /* units whose data is in memory, in arrival order (a unit may come twice) */
-        _Atomic int n_ready, next_ticket, pending;
+        /* each on a cache line of its own: every thread takes tickets every few units, and a shared
+         * line made each look at n_ready or pending a miss (at 16 threads, a line bouncing per ticket) */
+        _Atomic int n_ready;
+        char pad_ready[64 - sizeof(int)];
+        _Atomic int next_ticket;
+        char pad_ticket[64 - sizeof(int)];
+        _Atomic int pending;
+        char pad_pending[64 - sizeof(int)];
         uint8_t *done;        /* per unit: computed (hv, live written); decode's early down pass reads it */
-        struct pi2_down_at *down_at; /* [nth]: each thread's place in the decode down pass (sparse_ffn.c) */
+        struct pi2_down_at *down_at; /* [n_slices]: the down pass's slices of the output (sparse_ffn.c) */
+        int n_slices;
+        _Atomic int next_slice;      /* a batch's down pass: the next slice to take */
         int64_t *to_read;     /* slot handles to read for this wave, with their kind */
         uint8_t *to_read_kind;
         int n_to_read;
     } wave;
-    pthread_mutex_t lock; /* the reaper: one thread at a time moves slot states and publishes units */
+    struct pi2_submitter { /* the wave's reads, issued from one thread of their own (sparse_submit.c) */
+        pthread_t thread;
+        int started, off;     /* off: --no-io-submitter, the compute threads issue */
+        pthread_mutex_t mu;
+        pthread_cond_t work_cv, idle_cv;
+        int stop, busy;       /* busy: the thread is issuing, reading the wave's arrays */
+        int next_read, n_reads; /* wave.to_read[next_read..n_reads) are still to issue */
+        int64_t *post, *take; /* phase-two reads posted by the compute threads [F], and the thread's copy */
+        int n_post;
+        uint64_t reads;       /* issued by the thread */
+    } sub;
+    pthread_mutex_t lock; /* slot states, wait lists and the ready list: publishing units, read_rest */
+    _Atomic int reaping;  /* a compute thread is the wave's reaper (pi2_sparse_reap_waiting) */
     _Atomic int failed;
     char error[300];
 
@@ -151,9 +187,24 @@ static inline float pi2_neuron_output(uint32_t act, float g, float u) {
 /* sparse_io.c: read slot hdl's bundle (READ_* kind) into the cache, pinned while in flight. 0, or -1
  * with s->error set. */
 int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind);
+/* The same from the submitter thread: its waits for a free slot are not I/O wait (pi2_io_submit_bg). */
+int pi2_sparse_submit_bg(pi2_sparse *s, int64_t hdl, int kind);
+/* sparse_submit.c: the submitter. wave_begin (calling thread, before the wave's job) hands it the
+ * wave's reads, starting the thread the first time; 0, or -1 with an error when the thread cannot start
+ * (the compute threads then issue, as with --no-io-submitter). wave_end (after the job) returns once
+ * the thread no longer touches the wave. post: a compute thread's phase-two read (READ_REST). stop:
+ * at close. */
+int pi2_submitter_wave_begin(pi2_sparse *s);
+void pi2_submitter_wave_end(pi2_sparse *s);
+void pi2_submitter_post(pi2_sparse *s, int64_t hdl);
+void pi2_submitter_stop(pi2_sparse *s);
 /* sparse_io.c: harvest finished reads, blocking when wait and reads fly; the caller holds s->lock. The
  * count, or -1 with s->error set. */
 int pi2_sparse_reap(pi2_sparse *s, int wait);
+/* sparse_io.c: the same for a wave's reaper (one thread at a time: s->reaping), blocking until a read
+ * completes without holding s->lock, which it takes only to publish: a compute thread registering a
+ * phase-two read (read_rest) is never held up by a reaper asleep in the kernel. */
+int pi2_sparse_reap_waiting(pi2_sparse *s);
 /* sparse_io.c: collect every read in flight into the cache (blocking). */
 void pi2_sparse_drain(pi2_sparse *s);
 /* sparse_io.c: bytes read from the neuron region so far. */

@@ -90,7 +90,7 @@ int pi2_sparse_preload(pi2_sparse *s) {
 
 /* ---- reading ---------------------------------------------------------------------------------- */
 
-int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind) {
+static int submit(pi2_sparse *s, int64_t hdl, int kind, int bg) {
     size_t bytes;
     int block, k;
     uint8_t *dst = pi2_ncache_slot_data(s->cache, hdl, &bytes, &block, &k);
@@ -106,13 +106,16 @@ int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind) {
         len = s->rest_len;
     }
     pi2_ncache_pin(s->cache, hdl); /* in flight: never evicted */
-    if (pi2_io_submit(s->io, off, len, dst, (uint64_t)hdl) != 0) {
+    if ((bg ? pi2_io_submit_bg : pi2_io_submit)(s->io, off, len, dst, (uint64_t)hdl) != 0) {
         snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
         atomic_store(&s->failed, 1);
         return -1;
     }
     return 0;
 }
+
+int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind) { return submit(s, hdl, kind, 0); }
+int pi2_sparse_submit_bg(pi2_sparse *s, int64_t hdl, int kind) { return submit(s, hdl, kind, 1); }
 
 /* Called with s->lock held: a read finished; move the slot on and release the units waiting for it. */
 static void complete(pi2_sparse *s, int64_t hdl) {
@@ -135,6 +138,20 @@ int pi2_sparse_reap(pi2_sparse *s, int wait) {
         return -1;
     }
     for (int i = 0; i < n; i++) complete(s, (int64_t)tags[i]);
+    return n;
+}
+
+int pi2_sparse_reap_waiting(pi2_sparse *s) {
+    uint64_t tags[64];
+    const int n = pi2_io_reap(s->io, tags, 64, 1); /* asleep in the kernel without s->lock */
+    if (n == 0) return 0; /* nothing in flight */
+    pthread_mutex_lock(&s->lock);
+    if (n < 0) {
+        snprintf(s->error, sizeof s->error, "%s", pi2_last_error());
+        atomic_store(&s->failed, 1);
+    }
+    for (int i = 0; i < n; i++) complete(s, (int64_t)tags[i]);
+    pthread_mutex_unlock(&s->lock);
     return n;
 }
 

@@ -81,7 +81,18 @@ static int alloc_scratch(pi2_sparse *s) {
     s->wave.wait_next = zalloc(F * sizeof(int32_t), &ok);
     s->wave.ready = zalloc(2 * F * sizeof(int32_t), &ok);
     s->wave.done = zalloc(F, &ok);
-    s->wave.down_at = zalloc((size_t)s->nth * sizeof(struct pi2_down_at), &ok);
+    {
+        const int64_t most = (s->E + PI2_DOWN_SLICE_MIN - 1) / PI2_DOWN_SLICE_MIN;
+        const int n = (int)(s->nth < most ? s->nth : most);
+        s->wave.n_slices = n;
+        const size_t bytes = (size_t)n * sizeof(struct pi2_down_at);
+        if ((s->wave.down_at = aligned_alloc(64, bytes))) {
+            memset(s->wave.down_at, 0, bytes);
+            for (int i = 0; i < n; i++) pi2_split_aligned(s->E, PI2_QK, i, n, &s->wave.down_at[i].d0, &s->wave.down_at[i].d1);
+        } else {
+            ok = 0;
+        }
+    }
     s->wave.to_read = zalloc(F * sizeof(int64_t), &ok);
     s->wave.to_read_kind = zalloc(F, &ok);
     s->block_off = zalloc((size_t)s->n_blocks * sizeof(uint64_t), &ok);
@@ -146,6 +157,7 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, u
     const pi2_policy p = cfg->policy;
     s->keep = p != PI2_POLICY_BUNDLE;
     s->pipeline = p == PI2_POLICY_POWERINFER2;
+    s->sub.off = cfg->no_io_submitter;
     s->prefetch = p == PI2_POLICY_POWERINFER2 && h->arch != PI2_ARCH_MOE;
     s->lookahead = s->prefetch && cfg->lookahead && !cfg->oracle;
     /* Two-phase pays only when a zero gate makes the neuron's output zero (ReLU-family FFNs). */
@@ -256,6 +268,9 @@ pi2_sparse *pi2_sparse_open(const pi2_model *m, pi2_pool *pool, int n_batch, uin
     for (int64_t i = 0; i < handles; i++) s->wave.wait_head[i] = -1;
     if (z->whole_resident) {
         if (pi2_sparse_preload(s) != 0) goto fail;
+        /* nothing is ever evicted or read again, so decode's waves keep no LRU order and no pins
+         * (sparse_ffn.c); llmflash drops by age and bundle after every block, so they do keep them */
+        s->resident = p == PI2_POLICY_CACHE || p == PI2_POLICY_POWERINFER2;
         /* the batched path's up dots: within the budget when none was given (it was sized for them) or
          * when what the cache left over holds them */
         const size_t up_bytes = (size_t)s->n_batch * s->F * sizeof(float);
@@ -285,6 +300,7 @@ fail:
 
 void pi2_sparse_close(pi2_sparse *s) {
     if (!s) return;
+    pi2_submitter_stop(s);
     pi2_io_close(s->io);
     pi2_ncache_free(s->cache);
     free(s->batch.block_base);

@@ -82,6 +82,9 @@ void pi2_sparse_summary_json(const pi2_sparse *s, const pi2_sparse_config *cfg, 
         cfg->two_phase ? "flag" : s->batch.rand_reads_per_s > 0 ? "storage probe" : "default", s->admit_limit,
         (unsigned long long)s->batch.warmed_bundles, (unsigned long long)s->batch.cached_bundles,
         (unsigned long long)s->check.skipped_misses);
+    /* decode's reads issued from a thread of their own (sparse_submit.c), and how many */
+    OUT(", \"io_submitter\": %s, \"submitter_reads\": %llu", s->sub.started ? "true" : "false",
+        (unsigned long long)s->sub.reads);
     if (s->cap_on) /* --read-cap: the limit asked for, and the misses it left unread (within skipped_misses) */
         OUT(", \"read_cap\": %d, \"capped_misses\": %llu", cfg->read_cap, (unsigned long long)s->cap.capped);
     if (cfg->pred_threshold > 0) OUT(", \"pred_threshold\": %.6f", cfg->pred_threshold);
