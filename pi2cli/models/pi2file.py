@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import struct
 import zlib
@@ -89,6 +90,25 @@ def default_bundle_align(part_bytes: int) -> int:
     """4 KiB (the page and phone-storage block) once a bundle is 2 KiB or more; 512 bytes (the
     smallest O_DIRECT unit) for smaller bundles, so tiny test models do not double in size."""
     return PAGE if 3 * part_bytes >= PAGE // 2 else 512
+
+
+def hparam_problems(n_ctx_train, rope_theta, rms_eps) -> list[tuple[str, object, str]]:
+    """(field, value, why) for each of the scalar hyperparameters the engine would refuse: rule 8 of
+    docs/FORMAT.md as native/src/model/pi2file.c applies it to the header's u32 and float32 fields,
+    so a value that only fails after rounding to float32 (1e39 -> inf, 1e-50 -> 0) counts too."""
+    problems = []
+    if not (isinstance(n_ctx_train, numbers.Integral) and not isinstance(n_ctx_train, bool)
+            and 1 <= n_ctx_train < 1 << 32):  # fmt: skip
+        problems.append(("n_ctx_train", n_ctx_train, "must be an integer in [1, 2^32)"))
+    for name, value in (("rope_theta", rope_theta), ("rms_eps", rms_eps)):
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if ok:
+            with np.errstate(over="ignore"):
+                as_f32 = float(np.float32(value))
+            ok = math.isfinite(as_f32) and as_f32 > 0
+        if not ok:
+            problems.append((name, value, "must be finite and positive as a float32"))
+    return problems
 
 
 @dataclass
@@ -179,6 +199,8 @@ class Pi2Header:
             raise Pi2FormatError("moe needs 0 < n_expert_used <= n_expert")
         if self.arch == "llama" and (self.n_expert or self.n_expert_used):
             raise Pi2FormatError("a dense llama model has n_expert = n_expert_used = 0")
+        for name, value, why in hparam_problems(self.n_ctx_train, self.rope_theta, self.rms_eps):
+            raise Pi2FormatError(f"{name} {value!r} {why} (.pi2 rule 8)")
         if self.gate_predictor and not (self.has_predictor and self.ffn_act == "swiglu"):
             raise Pi2FormatError("a gate predictor needs has_predictor and a SwiGLU FFN (.pi2 rule 8)")
         a = self.bundle_align
