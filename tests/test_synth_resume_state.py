@@ -86,3 +86,13 @@ def test_a_state_that_does_not_fit_the_run_starts_it_over(tmp_path, smollm2_gguf
         assert summary["resumed_from_layer"] is None, i
         for name in ("model.pi2", "model.gguf"):
             assert (cut / name).read_bytes() == (whole / name).read_bytes(), (i, name)
+
+
+def test_a_planted_link_at_the_pi2_temp_name_is_removed_not_written_through(tmp_path, smollm2_gguf):
+    out, victim = tmp_path / "m", tmp_path / "victim"
+    out.mkdir()
+    victim.write_bytes(b"keep me")
+    (out / ".model.pi2.partial").symlink_to(victim)
+    synth.synthesize(synth.SynthConfig(tokenizer_gguf=smollm2_gguf, **TINY), out)
+    assert victim.read_bytes() == b"keep me"
+    assert sorted(p.name for p in out.iterdir()) == ["model.gguf", "model.pi2"]

@@ -53,7 +53,9 @@ class ResumablePi2Writer(Pi2Writer):
             for key, value in resume_state.items():
                 setattr(self, key, value)
         else:
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # a fresh start: whatever is at the temp name goes (a planted link is removed, never followed)
+            self._tmp.unlink(missing_ok=True)
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 
     def snapshot(self) -> dict:
         os.fsync(self._fd)
