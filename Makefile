@@ -3,7 +3,8 @@
 #   make test    native unit tests (host + arm64 under qemu) and pytest (sets up first when needed)
 #   make lint    ruff
 #   make test-sanitize   native tests + engine runs under ASan+UBSan (build/asan)
-#   make fuzz    bounded fuzz run of the engine's readers under ASan+UBSan (FUZZ_SECONDS, default 120)
+#   make fuzz    bounded fuzz run of the engine's readers under ASan+UBSan (FUZZ_SECONDS, default 120),
+#                then the host's parsers under hypothesis (a quarter of FUZZ_SECONDS)
 #   make engine  build native/ for this host
 #   make demo    the main job end to end on this machine
 #   make clean   remove build outputs (keeps ~/.cache/pi2)
@@ -68,6 +69,7 @@ fuzz: $(VENV)/.installed
 	cmake -S native -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPI2_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	sh native/fuzz/run-fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_SEED) $(PY)
+	$(PY) tests/fuzz_host.py --seconds $$(( $(FUZZ_SECONDS) / 4 )) --seed $(FUZZ_SEED) --findings $(ASAN_BUILD)/fuzz/findings/host
 
 test-python: $(VENV)/.installed
 	$(PY) -m pytest -q

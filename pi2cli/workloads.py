@@ -196,16 +196,188 @@ def _tojson(
     )
 
 
-def _compile_template(source: str):
+# A chat template comes from a model file (a GGUF twin's tokenizer.chat_template), so it is untrusted
+# code: jinja2's sandbox stops it reaching Python internals but not from building 'x'*4000000000 or
+# looping 10^15 times. These bounds keep a hostile template to one error line in a few seconds and a
+# few times MAX_TEMPLATE_CHARS of memory. A real conversation renders to well under the bound (a 128k
+# token context is ~0.5M characters) in milliseconds.
+MAX_TEMPLATE_CHARS = 1 << 22  # the output, and any string, list or number a template builds
+MAX_TEMPLATE_SECONDS = 2.0
+
+
+class _TemplateLimit(Exception):
+    pass
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, (str, bytes, list, tuple, dict, set)) and len(value) > MAX_TEMPLATE_CHARS:
+        raise _TemplateLimit(f"builds a value of {len(value):,} items, over the {MAX_TEMPLATE_CHARS:,} limit")
+    return value
+
+
+def _check_count(n: Any, what: str) -> None:
+    if isinstance(n, int) and not isinstance(n, bool) and abs(n) > MAX_TEMPLATE_CHARS:
+        raise _TemplateLimit(f"{what} {n:,} is over the {MAX_TEMPLATE_CHARS:,} limit")
+
+
+def _check_widths(fmt: Any) -> None:
+    """A printf / str.format / strftime width or precision allocates that many characters."""
+    import re
+
+    if isinstance(fmt, str):
+        for digits in re.findall(r"\d{7,}", fmt):
+            _check_count(int(digits), "a format width")
+
+
+def _sized(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes, list, tuple)) else 1
+
+
+def _bounded_list(items: Any) -> Any:
+    import itertools
+
+    if isinstance(items, (str, bytes, list, tuple, dict)) or not hasattr(items, "__iter__"):
+        return items
+    return _check_size(list(itertools.islice(items, MAX_TEMPLATE_CHARS + 1)))
+
+
+def _precheck(name: str, target: Any, args: tuple, kwargs: dict) -> None:
+    """Bound the calls whose result size is a product of their arguments before they allocate."""
+    for a in (*args, *kwargs.values()):
+        _check_count(a, "a count or width")
+        _check_size(a)
+    if name in ("format", "format_map", "strftime", "strftime_now"):
+        _check_widths(target)
+        for a in args:
+            _check_widths(a)
+    elif name == "replace" and isinstance(target, str) and args and isinstance(args[0], str):
+        new = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        hits = target.count(args[0]) if args[0] else len(target) + 1
+        _check_count(len(target) + hits * max(0, len(new) - len(args[0])), "a replace result")
+    elif name in ("join", "sum") and args and isinstance(args[0], (list, tuple)):
+        sep = _sized(target) if isinstance(target, str) else 0
+        _check_count(sum(_sized(v) + sep for v in args[0]), f"a {name} result")
+
+
+class _Deadline:
+    def __init__(self, seconds: float):
+        import time
+
+        self._clock = time.monotonic
+        self.at = self._clock() + seconds
+
+    def check(self) -> None:
+        if self._clock() > self.at:
+            raise _TemplateLimit(f"ran over {MAX_TEMPLATE_SECONDS:g} s")
+
+
+def _bounded_env(deadline: _Deadline):
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    # Same environment as transformers' apply_chat_template, so GGUF templates written for HF render here.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        # intercepted operators also stop jinja2 folding 'x'*4000000000 at compile time
+        intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
+
+        def call_binop(self, context, operator, left, right):
+            deadline.check()
+            if operator == "*":
+                for a, b in ((left, right), (right, left)):
+                    if isinstance(b, int) and isinstance(a, (str, list, tuple)):
+                        _check_count(len(a) * b, "a repeated value's length")
+            elif operator == "**" and isinstance(right, int) and isinstance(left, int) and abs(left) > 1:
+                _check_count(right * max(1, abs(left).bit_length()) // 4, "a power's digit count")
+            elif operator == "%":
+                _check_widths(left)
+                for a in right if isinstance(right, tuple) else (right,):
+                    _check_count(a, "a format width")
+            return _check_size(super().call_binop(context, operator, left, right))
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+            deadline.check()
+            name = getattr(__obj, "__name__", "")
+            if name == "join" and len(args) == 1:
+                args = (_bounded_list(args[0]),)
+            _precheck(name, getattr(__obj, "__self__", None), args, kwargs)
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+        def getattr(self, obj, attribute):
+            deadline.check()
+            return _check_size(super().getattr(obj, attribute))
+
+        def getitem(self, obj, argument):
+            deadline.check()
+            return _check_size(super().getitem(obj, argument))
+
+        def wrap_str_format(self, value):
+            fmt = super().wrap_str_format(value)
+            if fmt is None:
+                return None
+
+            def bounded(*args, **kwargs):
+                _precheck("format", value.__self__, args, kwargs)
+                return _check_size(fmt(*args, **kwargs))
+
+            return bounded
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(name, f, deadline) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+def _bounded_filter(name: str, func, deadline: _Deadline):
+    """Filters are called directly by the compiled template (not through the sandbox's call)."""
+    import functools
+
+    @functools.wraps(func)  # keeps jinja_pass_arg, so eval-context filters still get theirs
+    def bounded(*args, **kwargs):
+        deadline.check()
+        value_at = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
+        rest = args[value_at:]
+        _precheck(name, rest[0] if rest else None, tuple(rest[1:]), kwargs)
+        if name in ("join", "sum") and rest:
+            items = _bounded_list(rest[0])  # a generator (map, select) can only be measured as a list
+            sep = rest[1] if name == "join" and len(rest) > 1 else kwargs.get("d", "")
+            _precheck(name, sep, (items,), {})
+            args = (*args[:value_at], items, *rest[1:])
+        return _check_size(func(*args, **kwargs))
+
+    return bounded
+
+
+def _compile_template(source: str, deadline: _Deadline | None = None):
+    # Same environment as transformers' apply_chat_template (sandboxed, trim/lstrip blocks, loopcontrols,
+    # tojson, raise_exception, strftime_now), so GGUF templates written for HF render here, with bounds.
+    return _bounded_env(deadline or _Deadline(MAX_TEMPLATE_SECONDS)).from_string(source)
+
+
+def _alarm(seconds: float):
+    """SIGALRM after `seconds` on the main thread (a loop with no calls in its body passes no hook);
+    elsewhere, or when a timer is already set, only the hooks' deadline checks apply."""
+    import contextlib
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def armed():
+        def fire(signum, frame):
+            raise _TemplateLimit(f"ran over {MAX_TEMPLATE_SECONDS:g} s")
+
+        previous = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    return armed()
 
 
 def render_chat(
@@ -216,20 +388,35 @@ def render_chat(
     eos_token: str = "",
     **extra: Any,
 ) -> str:
-    """Render a chat template (the GGUF's tokenizer.chat_template, or the registry's) over messages."""
-    from jinja2.exceptions import TemplateError
-
+    """Render a chat template (the GGUF's tokenizer.chat_template, or the registry's) over messages.
+    Any failure of the template -- a syntax error, raise_exception, a bound above, a Python error inside
+    it -- is one Pi2Error line."""
+    deadline = _Deadline(MAX_TEMPLATE_SECONDS)
+    out: list[str] = []
+    size = 0
     try:
-        template = _compile_template(template_source)
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            **extra,
-        )
-    except TemplateError as exc:
-        raise Pi2Error(f"chat template failed: {exc}") from None
+        with _alarm(MAX_TEMPLATE_SECONDS):
+            template = _compile_template(template_source, deadline)
+            for chunk in template.generate(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                **extra,
+            ):
+                size += len(chunk)
+                if size > MAX_TEMPLATE_CHARS:
+                    raise _TemplateLimit(f"output is over the {MAX_TEMPLATE_CHARS:,} character limit")
+                out.append(chunk)
+                deadline.check()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except MemoryError:
+        raise Pi2Error("chat template failed: ran out of memory") from None
+    except BaseException as exc:  # untrusted code: every way it can fail is the template's failure
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise Pi2Error(f"chat template failed: {text}") from None
+    return "".join(out)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def test_interrupted_synth_resumes_to_the_same_bytes(tmp_path, smollm2_gguf, mon
     with pytest.raises(KeyboardInterrupt):
         synth.synthesize(cfg(), tmp_path / "cut")
     left = sorted(p.name for p in (tmp_path / "cut").iterdir())
-    assert left == [".model.gguf.partial", ".model.pi2.partial", ".synth-state.pkl"]
+    assert left == [".model.gguf.partial", ".model.pi2.partial", ".synth-state.json", ".synth-state.x.npy"]
     monkeypatch.setattr(synth, "_layer", real)
     steps = []
     summary = synth.synthesize(cfg(), tmp_path / "cut", progress=lambda w, d, t: steps.append(w))

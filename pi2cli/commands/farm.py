@@ -217,11 +217,23 @@ def report(farm_file, out, window, alpha, min_effect) -> None:
 @click.option(
     "--install", is_flag=True, help="Install it (systemd user timer or crontab), not just print it."
 )
-def schedule(farm_file, at, report_dir, kind, install) -> None:
-    """Print (or --install) a systemd timer or crontab line that runs the farm every night."""
+@click.option(
+    "--uninstall", is_flag=True, help="Remove the timer or crontab entry --install wrote for FARM_FILE."
+)
+def schedule(farm_file, at, report_dir, kind, install, uninstall) -> None:
+    """Print (or --install / --uninstall) a systemd timer or crontab line that runs the farm every night.
+
+    Only pi2's own entry is touched: the line after a marker line naming FARM_FILE (cron) or units whose
+    first line is that marker (systemd); every other crontab line is kept byte for byte."""
     from pi2cli.farm import schedule as sch
     from pi2cli.farm.file import load_farm
 
+    if install and uninstall:
+        raise Pi2Error("--install and --uninstall: choose one")
+    if uninstall:
+        kind = ("systemd" if sch.has_systemd_user() else "cron") if kind == "auto" else kind
+        click.echo(sch.uninstall(farm_file.resolve(), kind))
+        return
     load_farm(farm_file)  # a broken file is refused now, not at 2 am
     try:
         hour, minute = (int(x) for x in at.split(":"))

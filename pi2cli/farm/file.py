@@ -7,7 +7,10 @@ results_dir are relative to the farm file, so a farm file can live beside its mo
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +21,14 @@ from pi2cli.units import parse_size
 ENGINES = ("pi2", "llmflash", "llama.cpp", "mlc-llm")
 WORKLOADS = ("multi-turn", "code", "math", "role-play")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_SERVER_RE = re.compile(r"^[\w.\-]+:\d{1,5}$")
+_SERVER_RE = re.compile(r"^[\w.\-]+:(\d{1,5})$")
+MAX_FARM_BYTES = 1 << 20
+# The engine's own bounds (native/src/session_options.c: --n-predict in [0, 2^20], --threads in [1, 1024];
+# `pi2-engine capabilities --json` lists flags, not their ranges), so a farm file the engine would refuse
+# at 2 am is refused by `farm check` now.
+MAX_N_GEN = 1 << 20
+MAX_THREADS = 1024
+MAX_SEED = (1 << 64) - 1  # --seed is a u64
 
 
 @dataclass
@@ -77,17 +87,26 @@ def _list_of_str(path: Path, value, where: str) -> list[str]:
     return value
 
 
-def _number(path: Path, table: dict, key: str, where: str, default, *, integer=False, low=0.0, none_ok=False):
+def _number(path: Path, table: dict, key: str, where: str, default, *, integer=False, low=0.0, high=None,
+            none_ok=False):  # fmt: skip
     if key not in table:
         return default
     value = table[key]
     if none_ok and value in ("none", "off"):
         return None
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if not ok or isinstance(value, bool) or value < low:
-        kind = "an integer" if integer else "a number"
+    # TOML has nan and inf: neither is a count, a time or a temperature (nan passes every < test)
+    if (
+        not ok
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        kind = "an integer" if integer else "a finite number"
+        span = f">= {low:g}" if high is None else f"in [{low:g}, {high}]"
         extra = ' or "none"' if none_ok else ""
-        raise _err(path, f"{where}.{key} must be {kind} >= {low:g}{extra}, got {value!r}")
+        raise _err(path, f"{where}.{key} must be {kind} {span}{extra}, got {value!r}")
     return value
 
 
@@ -101,14 +120,36 @@ def load_farm(path: str | Path) -> Farm:
     """Parse and check a farm file; one Pi2Error naming the first problem."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = _read_text(path)
     except FileNotFoundError:
         raise Pi2Error(f"farm file {path}: no such file") from None
-    except tomllib.TOMLDecodeError as err:
-        raise _err(path, f"not valid TOML: {err}") from None
+    except OSError as err:
+        raise _err(path, f"cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError:
         raise _err(path, "not a text file") from None
-    return parse_farm(data, path)
+    return parse_farm(parse_toml(text, path), path)
+
+
+def _read_text(path: Path) -> str:
+    """A regular file of at most MAX_FARM_BYTES (a FIFO would block, /dev/zero would never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        raw = f.read(MAX_FARM_BYTES + 1)
+    if len(raw) > MAX_FARM_BYTES:
+        raise OSError(0, f"over {MAX_FARM_BYTES >> 20} MiB, not a farm file")
+    return raw.decode("utf-8")
+
+
+def parse_toml(text: str, path: Path) -> dict:
+    """tomllib, with every way it fails as one line (deep nesting raises RecursionError, not its own error)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise _err(path, f"not valid TOML: {err}") from None
+    except RecursionError:
+        raise _err(path, "not valid TOML: nested too deeply") from None
 
 
 def parse_farm(data: dict, path: Path) -> Farm:
@@ -155,9 +196,11 @@ def parse_farm(data: dict, path: Path) -> Farm:
     farm.conversations = _number(
         path, limits, "conversations", "limits", 1, integer=True, low=1, none_ok=True
     )
-    farm.n_gen = _number(path, limits, "n_gen", "limits", 32, integer=True, low=1, none_ok=True)
-    farm.threads = _number(path, limits, "threads", "limits", None, integer=True, low=1)
-    farm.seed = _number(path, limits, "seed", "limits", 0, integer=True)
+    farm.n_gen = _number(
+        path, limits, "n_gen", "limits", 32, integer=True, low=1, high=MAX_N_GEN, none_ok=True
+    )
+    farm.threads = _number(path, limits, "threads", "limits", None, integer=True, low=1, high=MAX_THREADS)
+    farm.seed = _number(path, limits, "seed", "limits", 0, integer=True, high=MAX_SEED)
     farm.reconnect_timeout_s = _number(path, limits, "reconnect_timeout_s", "limits", 60.0)
     farm.energy_interval_s = _number(path, limits, "energy_interval_s", "limits", 0.5, low=0.05)
     farm.gate = _gate(path, data.get("gate", {}))
@@ -177,8 +220,11 @@ def _device(path: Path, table: dict, i: int) -> Device:
     if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
         raise _err(path, f"{where}.name must be local, qemu-arm64 or an adb serial, got {name!r}")
     server = table.get("adb_server")
-    if server is not None and (not isinstance(server, str) or not _SERVER_RE.match(server)):
-        raise _err(path, f"{where} ({name}): adb_server must be HOST:PORT, got {server!r}")
+    port = _SERVER_RE.match(server) if isinstance(server, str) else None
+    if server is not None and (port is None or not 1 <= int(port.group(1)) <= 65535):
+        raise _err(
+            path, f"{where} ({name}): adb_server must be HOST:PORT with a port in 1..65535, got {server!r}"
+        )
     if server is not None and name in ("local", "qemu-arm64"):
         raise _err(path, f"{where} ({name}): adb_server is for adb devices only")
     engines = table.get("engines")

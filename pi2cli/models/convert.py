@@ -40,6 +40,7 @@ from pi2cli.models.pi2file import (
     Pi2Writer,
     decode_rows,
     encode_rows,
+    hparam_problems,
 )
 
 ProgressFn = Callable[[int, int], None]
@@ -132,6 +133,20 @@ def check_architecture(src: Path) -> str:
         raise Pi2Error(f"GGUF architecture {arch!r} is not supported (only 'llama', incl. Mistral/Mixtral, "
                        "and PowerInfer's 'bamboo')")  # fmt: skip
     return arch
+
+
+def check_hparams(reader) -> None:
+    """The scalar hyperparameters as the engine will check them (finite, positive, in range; .pi2
+    rule 8), before anything is written: a NaN rope_theta, a negative rms_eps or a context of 0 used
+    to convert to files both readers refuse."""
+    arch = _field(reader, "general.architecture")
+    keys = {"n_ctx_train": (f"{arch}.context_length", 4096), "rope_theta": (f"{arch}.rope.freq_base", 10000.0),
+            "rms_eps": (f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)}  # fmt: skip
+    values = {name: _field(reader, key, default) for name, (key, default) in keys.items()}
+    for name, value, why in hparam_problems(**values):
+        raise Pi2Error(
+            f"GGUF key {keys[name][0]} is {value!r}: {why} (the engine refuses it; nothing written)"
+        )
 
 
 def check_tensors(reader, src: Path) -> None:
@@ -250,6 +265,7 @@ def convert_gguf(
     )  # from the key/value header alone: an unsupported GGUF is refused before its tensors
     reader = open_gguf(src)
     check_tensors(reader, src)
+    check_hparams(reader)
     header = header_from_gguf(reader, ffn_act)
     h = header
     tensors = {t.name: t for t in reader.tensors}

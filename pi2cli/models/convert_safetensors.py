@@ -156,6 +156,19 @@ def read_config(root: Path, activation: str | None = None) -> HfConfig:
         )  # fmt: skip
     except KeyError as exc:
         raise Pi2Error(f"{path}: missing {exc.args[0]}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Pi2Error(f"{path}: a value is not a number ({exc})") from None
+
+
+def check_hparams(c: HfConfig, path: Path) -> None:
+    """The scalar hyperparameters as the engine will check them (finite, positive, in range; .pi2
+    rule 8), before any output exists: NaN, negative or zero values used to convert to files both
+    readers refuse."""
+    from pi2cli.models.pi2file import hparam_problems
+
+    keys = {"n_ctx_train": "max_position_embeddings", "rope_theta": "rope_theta", "rms_eps": "rms_norm_eps"}
+    for name, value, why in hparam_problems(c.context, c.rope_theta, c.norm_eps):
+        raise Pi2Error(f"{path}: {keys[name]} is {value!r}: {why} (the engine refuses it; nothing written)")
 
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -181,6 +194,7 @@ def convert(
     from pi2cli.models.synth import _tokenizer_blob
 
     c = read_config(src, activation)
+    check_hparams(c, Path(src) / "config.json")
     st = SafetensorsDir(src)
     tok_fields, vocab = gguf_twin.load_tokenizer(tokenizer_gguf)
     if vocab != c.vocab:

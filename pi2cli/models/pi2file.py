@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,11 @@ TYPE_NAMES = {v: k for k, v in TYPES.items()}
 WEIGHT_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 # (bytes per block, elements per block)
 BLOCK = {"F32": (4, 1), "F16": (2, 1), "I32": (4, 1), "Q4_0": (18, QK), "Q4_1": (20, QK), "Q8_0": (34, QK)}
+# By type id, for the vectorized table check: elements and bytes per block (0: not a tensor type here).
+_PER_BLOCK = np.zeros(max(TYPES.values()) + 1, dtype=np.uint64)
+_BLOCK_BYTES = np.zeros_like(_PER_BLOCK)
+for _name, _id in TYPES.items():
+    _BLOCK_BYTES[_id], _PER_BLOCK[_id] = BLOCK[_name]
 
 # Sections in the order of the header's section table (file order: neurons, resident, table,
 # tokenizer, metadata). Tensor entries name their region by these ids.
@@ -69,7 +76,9 @@ _SECTION = struct.Struct("<QQII")
 _SECTIONS_AT = 128
 _HEADER_CRC_AT = HEADER_BYTES - 4
 _ENTRY = struct.Struct(f"<{NAME_BYTES}sII4QIIQQ")
-assert _HEADER_FIELDS.size == _SECTIONS_AT and _ENTRY.size == ENTRY_BYTES
+_ENTRY_DTYPE = np.dtype([("name", f"S{NAME_BYTES}"), ("type", "<u4"), ("n_dims", "<u4"), ("ne", "<u8", (4,)),
+                         ("region", "<u4"), ("reserved", "<u4"), ("offset", "<u8"), ("nbytes", "<u8")])  # fmt: skip
+assert _HEADER_FIELDS.size == _SECTIONS_AT and _ENTRY.size == ENTRY_BYTES == _ENTRY_DTYPE.itemsize
 
 
 class Pi2FormatError(ValueError):
@@ -91,6 +100,25 @@ def default_bundle_align(part_bytes: int) -> int:
     """4 KiB (the page and phone-storage block) once a bundle is 2 KiB or more; 512 bytes (the
     smallest O_DIRECT unit) for smaller bundles, so tiny test models do not double in size."""
     return PAGE if 3 * part_bytes >= PAGE // 2 else 512
+
+
+def hparam_problems(n_ctx_train, rope_theta, rms_eps) -> list[tuple[str, object, str]]:
+    """(field, value, why) for each of the scalar hyperparameters the engine would refuse: rule 8 of
+    docs/FORMAT.md as native/src/model/pi2file.c applies it to the header's u32 and float32 fields,
+    so a value that only fails after rounding to float32 (1e39 -> inf, 1e-50 -> 0) counts too."""
+    problems = []
+    if not (isinstance(n_ctx_train, numbers.Integral) and not isinstance(n_ctx_train, bool)
+            and 1 <= n_ctx_train < 1 << 32):  # fmt: skip
+        problems.append(("n_ctx_train", n_ctx_train, "must be an integer in [1, 2^32)"))
+    for name, value in (("rope_theta", rope_theta), ("rms_eps", rms_eps)):
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if ok:
+            with np.errstate(over="ignore"):
+                as_f32 = float(np.float32(value))
+            ok = math.isfinite(as_f32) and as_f32 > 0
+        if not ok:
+            problems.append((name, value, "must be finite and positive as a float32"))
+    return problems
 
 
 @dataclass
@@ -181,6 +209,8 @@ class Pi2Header:
             raise Pi2FormatError("moe needs 0 < n_expert_used <= n_expert")
         if self.arch == "llama" and (self.n_expert or self.n_expert_used):
             raise Pi2FormatError("a dense llama model has n_expert = n_expert_used = 0")
+        for name, value, why in hparam_problems(self.n_ctx_train, self.rope_theta, self.rms_eps):
+            raise Pi2FormatError(f"{name} {value!r} {why} (.pi2 rule 8)")
         if self.gate_predictor and not (self.has_predictor and self.ffn_act == "swiglu"):
             raise Pi2FormatError("a gate predictor needs has_predictor and a SwiGLU FFN (.pi2 rule 8)")
         a = self.bundle_align
@@ -489,6 +519,83 @@ def _pack_entry(e: TensorEntry) -> bytes:
     return _ENTRY.pack(e.name.encode(), TYPES[e.type], len(e.shape), *ne, e.region, 0, e.offset, e.nbytes)
 
 
+def _entry_name(raw_name: bytes) -> bytes:
+    return raw_name.split(b"\0", 1)[0]
+
+
+def _first_duplicate(raw: np.ndarray, n: int, inner_nul: list[int]) -> int:
+    """Index of the first entry whose name (bytes up to the first NUL, as the engine compares them)
+    an earlier entry has; n when none. The names are hashed as 8 words each by numpy and only
+    entries with equal hashes are compared, so a 1M-entry table needs no 1M-key dict."""
+    words = raw.view("<u8").reshape(n, ENTRY_BYTES // 8)[:, : NAME_BYTES // 8]
+    h = _name_hash(words)
+    for k in inner_nul:  # bytes after an inner NUL are not part of the name: hash what is
+        row = np.frombuffer(_entry_name(raw[k * ENTRY_BYTES : k * ENTRY_BYTES + NAME_BYTES].tobytes())
+                            .ljust(NAME_BYTES, b"\0"), dtype="<u8")  # fmt: skip
+        h[k] = _name_hash(row[None, :])[0]
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    same = np.flatnonzero(hs[1:] == hs[:-1])
+    if not same.size:
+        return n
+    first, seen = n, {}
+    for k in sorted({int(order[i]) for i in same} | {int(order[i + 1]) for i in same}):
+        name = _entry_name(raw[k * ENTRY_BYTES : k * ENTRY_BYTES + NAME_BYTES].tobytes())
+        if name in seen:
+            return k  # ascending k: the first repeat
+        seen[name] = k
+    return first
+
+
+def _name_hash(words: np.ndarray) -> np.ndarray:
+    h = np.full(words.shape[0], 0xCBF29CE484222325, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(words.shape[1]):
+            h = (h ^ words[:, k]) * np.uint64(0x100000001B3)  # FNV-1a over 8-byte words
+    return h
+
+
+class _TensorTable(Mapping):
+    """name -> TensorEntry over the validated table; the names and each TensorEntry are made on first
+    use: a 1M-entry table would otherwise cost a second in objects nobody reads."""
+
+    def __init__(self, table: np.ndarray, inner_nul: list[int]):
+        self._t, self._inner_nul, self._names, self._index, self._built = table, inner_nul, None, None, {}
+
+    def _lookup(self) -> dict[str, int]:
+        if self._index is None:
+            listed = self._t["name"].tolist()  # numpy drops the trailing NULs
+            # The engine compares names as bytes; any byte but NUL is allowed, so decode losslessly.
+            try:
+                names = list(map(bytes.decode, listed))
+            except UnicodeDecodeError:
+                names = [b.decode("utf-8", "backslashreplace") for b in listed]
+            for k in self._inner_nul:
+                names[k] = _entry_name(listed[k]).decode("utf-8", "backslashreplace")
+            self._names, self._index = names, dict(zip(names, range(len(names)), strict=True))
+        return self._index
+
+    def __getitem__(self, name: str) -> TensorEntry:
+        e = self._built.get(name)
+        if e is None:
+            r = self._t[self._lookup()[name]]
+            n_dims = int(r["n_dims"])
+            e = TensorEntry(name, TYPE_NAMES[int(r["type"])], tuple(int(x) for x in r["ne"][:n_dims]),
+                            int(r["region"]), int(r["offset"]), int(r["nbytes"]))  # fmt: skip
+            self._built[name] = e
+        return e
+
+    def __contains__(self, name) -> bool:
+        return name in self._lookup()
+
+    def __iter__(self):
+        self._lookup()
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+
 class Pi2File:
     """Reads and validates a .pi2 file (numpy memmap for the data). Raises Pi2FormatError with one
     line naming the problem and the rule it breaks; tests, the planner, `pi2 models show` and the
@@ -524,7 +631,7 @@ class Pi2File:
             self._check_crc(i)
         if verify:
             self._check_crc(SEC_NEURONS)
-        self.tensors: dict[str, TensorEntry] = {}
+        self.tensors: Mapping[str, TensorEntry] = {}
         self._read_table(f[24])
         off, n, _ = self.sections[SEC_METADATA]
         try:
@@ -633,49 +740,93 @@ class Pi2File:
             self._fail(13, f"{SECTION_NAMES[s]} checksum mismatch (corrupted file)")
 
     def _read_table(self, n_tensors: int) -> None:
+        """Rules 14-19 over the whole table at once (numpy; a 1M-entry table in a fraction of a second,
+        as the engine), then the entry-by-entry checks below only for the entries numpy flagged, so the
+        first problem is still reported as the engine reports it: the first bad entry, its first rule."""
+        t_off = self.sections[SEC_TABLE][0]
+        raw = np.frombuffer(self.data, dtype=np.uint8, count=n_tensors * ENTRY_BYTES, offset=t_off)
+        t = raw.view(_ENTRY_DTYPE)
+        # each field copied out once: arithmetic on 128-byte-strided views would stream the table per step
+        n_dims, region, type_id = (np.ascontiguousarray(t[k]) for k in ("n_dims", "region", "type"))
+        ne0, ne1, ne2, ne3 = (np.ascontiguousarray(t["ne"][:, d]) for d in range(MAX_DIMS))
+        offset, nbytes = np.ascontiguousarray(t["offset"]), np.ascontiguousarray(t["nbytes"])
+        zero = raw.reshape(n_tensors, ENTRY_BYTES)[:, :NAME_BYTES] == 0
+        first_nul = zero.argmax(axis=1)
+        suspect = ~zero[np.arange(n_tensors), first_nul] | (first_nul == 0)  # rule 14
+        # a NUL inside the name (bytes after it): numpy keeps them, the engine does not; decoded one by one
+        inner_nul = np.strings.str_len(t["name"]) != first_nul
+        del zero
+        suspect |= (n_dims - 1) >= MAX_DIMS  # rule 15 (unsigned: 0 wraps high)
+        for d, n in enumerate((ne0, ne1, ne2, ne3)):
+            suspect |= ((n - 1) >= 1 << 32) | ((n != 1) & (n_dims <= d))
+        neurons = region == SEC_NEURONS
+        suspect |= ~neurons & (region != SEC_RESIDENT)  # rule 16
+        # rule 17: a known type, whole blocks per row, nbytes what the shape needs
+        tid = np.minimum(type_id, len(_PER_BLOCK) - 1)  # the last id is I32; larger ones are flagged below
+        per, block_bytes = _PER_BLOCK[tid], _BLOCK_BYTES[tid]
+        suspect |= (type_id >= len(_PER_BLOCK)) | (per == 0)
+        per = np.maximum(per, 1)
+        suspect |= ne0 % per != 0
         h = self.header
-        table = bytes(
-            self.data[self.sections[SEC_TABLE][0] : self.sections[SEC_TABLE][0] + n_tensors * ENTRY_BYTES]
+        suspect |= neurons & ((n_dims != 2) | (type_id != TYPES[h.neuron_type]) | (ne0 != h.n_embd))
+        # sizes: where the exact product could pass 2^53 the entry is left to the exact (Python int) check
+        with np.errstate(over="ignore"):
+            big = (ne1 >= 1 << 17) | (ne2 >= 1 << 17) | (ne3 >= 1 << 17) | (ne0 >= 1 << 20)
+            want = np.where(
+                neurons, ne1 * np.uint64(h.bundle_stride), (ne0 // per) * block_bytes * ne1 * ne2 * ne3
+            )
+        suspect |= big | (nbytes != want)
+        # rule 18: aligned, inside its region (compared without the u64 sum that could wrap)
+        limit = np.where(
+            neurons, np.uint64(self.sections[SEC_NEURONS][1]), np.uint64(self.sections[SEC_RESIDENT][1])
         )
-        for i, v in enumerate(_ENTRY.iter_unpack(table)):
-            name_bytes = v[0]
-            if b"\0" not in name_bytes or name_bytes[0] == 0:
-                self._fail(14, f"tensor entry {i} has no NUL-terminated name")
-            # The engine compares names as bytes; any byte but NUL is allowed, so decode losslessly.
-            name = name_bytes[: name_bytes.index(b"\0")].decode("utf-8", "backslashreplace")
-            type_id, n_dims = v[1], v[2]
-            if not 1 <= n_dims <= MAX_DIMS:
-                self._fail(15, f"tensor '{name}' has {n_dims} dims (1..4 allowed)")
-            ne = v[3:7]
-            for d, n in enumerate(ne):
-                if not 1 <= n <= 1 << 32 or (d >= n_dims and n != 1):
-                    self._fail(15, f"tensor '{name}' has a bad dimension {d} ({n})")
-            region, offset, nbytes = v[7], v[9], v[10]
-            if region not in (SEC_NEURONS, SEC_RESIDENT):
-                self._fail(
-                    16,
-                    f"tensor '{name}' names region {region} (only the neuron and resident regions hold tensors)",
-                )
-            type_name = TYPE_NAMES.get(type_id)
-            per = BLOCK[type_name][1] if type_name else 0
-            if type_name is None or (type_name not in WEIGHT_TYPES and type_name != "I32") or ne[0] % per:
-                self._fail(17, f"tensor '{name}': type {type_id} with rows of {ne[0]} elements is invalid")
-            rows = ne[1] * ne[2] * ne[3]  # exact: Python ints do not wrap
-            if region == SEC_NEURONS:
-                if n_dims != 2 or type_name != h.neuron_type or ne[0] != h.n_embd:
-                    self._fail(17, f"bundle tensor '{name}' must be [n_embd, n_ff] of the neuron type")
-                want = ne[1] * h.bundle_stride
-            else:
-                want = row_size(type_name, ne[0]) * rows
-            if nbytes != want:
-                self._fail(17, f"tensor '{name}' is {nbytes} bytes, its shape needs {want}")
-            if offset % PAGE:
-                self._fail(18, f"tensor '{name}' offset is not 4 KiB-aligned")
-            if offset + nbytes > self.sections[region][1]:
-                self._fail(18, f"tensor '{name}' extends past the end of the {SECTION_NAMES[region]}")
-            if name in self.tensors:
-                self._fail(19, f"tensor '{name}' appears twice")
-            self.tensors[name] = TensorEntry(name, type_name, tuple(ne[:n_dims]), region, offset, nbytes)
+        suspect |= (offset % PAGE != 0) | (offset > limit) | (nbytes > limit - np.minimum(offset, limit))
+        first_dup = _first_duplicate(raw, n_tensors, np.flatnonzero(inner_nul).tolist())  # rule 19
+        for k in np.flatnonzero(suspect[:first_dup]).tolist():
+            self._check_entry(k, _ENTRY.unpack_from(raw, k * ENTRY_BYTES))  # raises when it is bad
+        if first_dup < n_tensors:
+            e = self._check_entry(first_dup, _ENTRY.unpack_from(raw, first_dup * ENTRY_BYTES))
+            self._fail(19, f"tensor '{e.name}' appears twice")
+        self.tensors = _TensorTable(t, np.flatnonzero(inner_nul).tolist())
+
+    def _check_entry(self, i: int, v: tuple) -> TensorEntry:
+        """Rules 14-18 for one entry, exactly (Python ints do not wrap)."""
+        h = self.header
+        name_bytes = v[0]
+        if b"\0" not in name_bytes or name_bytes[0] == 0:
+            self._fail(14, f"tensor entry {i} has no NUL-terminated name")
+        name = name_bytes[: name_bytes.index(b"\0")].decode("utf-8", "backslashreplace")
+        type_id, n_dims = v[1], v[2]
+        if not 1 <= n_dims <= MAX_DIMS:
+            self._fail(15, f"tensor '{name}' has {n_dims} dims (1..4 allowed)")
+        ne = v[3:7]
+        for d, n in enumerate(ne):
+            if not 1 <= n <= 1 << 32 or (d >= n_dims and n != 1):
+                self._fail(15, f"tensor '{name}' has a bad dimension {d} ({n})")
+        region, offset, nbytes = v[7], v[9], v[10]
+        if region not in (SEC_NEURONS, SEC_RESIDENT):
+            self._fail(
+                16,
+                f"tensor '{name}' names region {region} (only the neuron and resident regions hold tensors)",
+            )
+        type_name = TYPE_NAMES.get(type_id)
+        per = BLOCK[type_name][1] if type_name else 0
+        if type_name is None or (type_name not in WEIGHT_TYPES and type_name != "I32") or ne[0] % per:
+            self._fail(17, f"tensor '{name}': type {type_id} with rows of {ne[0]} elements is invalid")
+        rows = ne[1] * ne[2] * ne[3]  # exact: Python ints do not wrap
+        if region == SEC_NEURONS:
+            if n_dims != 2 or type_name != h.neuron_type or ne[0] != h.n_embd:
+                self._fail(17, f"bundle tensor '{name}' must be [n_embd, n_ff] of the neuron type")
+            want = ne[1] * h.bundle_stride
+        else:
+            want = row_size(type_name, ne[0]) * rows
+        if nbytes != want:
+            self._fail(17, f"tensor '{name}' is {nbytes} bytes, its shape needs {want}")
+        if offset % PAGE:
+            self._fail(18, f"tensor '{name}' offset is not 4 KiB-aligned")
+        if offset + nbytes > self.sections[region][1]:
+            self._fail(18, f"tensor '{name}' extends past the end of the {SECTION_NAMES[region]}")
+        return TensorEntry(name, type_name, tuple(ne[:n_dims]), region, offset, nbytes)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as (rows, row_bytes) uint8 (bundles: (n_ff, bundle_stride))."""

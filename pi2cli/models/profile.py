@@ -180,7 +180,7 @@ def save_profile(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
 
 def load_profile(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     try:
-        with np.load(path) as data:
+        with np.load(path, allow_pickle=False) as data:  # a profile may come from anyone: never unpickle
             arrays = {k: data[k] for k in data.files if k != "meta"}
             meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
     except (OSError, ValueError) as exc:

@@ -662,7 +662,7 @@ def synthesize(
 ) -> dict:
     """Generate DIR/model.pi2 and DIR/model.gguf. Returns the summary (also stored as metadata).
 
-    Resumes from DIR/.synth-state.pkl when an earlier run of the same options was interrupted
+    Resumes from DIR/.synth-state.json (plain data, checked against this run) when an earlier run of the same options was interrupted
     (pi2cli.models.synth_resume). `workers`: FFN blocks (experts) built at once, each with one BLAS
     thread [default: the CPU count, for MoE; dense layers use all BLAS threads on their one block]."""
     from pi2cli.models import synth_resume
@@ -679,7 +679,7 @@ def synthesize(
     cfg_fields = {k: v for k, v in asdict(cfg).items() if k != "tokenizer_gguf"}
     cfg_fields["tokenizer"] = Path(cfg.tokenizer_gguf).name
     fp = synth_resume.fingerprint({**cfg_fields, "pi2": write_pi2}, asdict(spec))
-    state = synth_resume.load(out_dir, fp)
+    state = synth_resume.load(out_dir, fp, spec.n_layer, (n_calib + n_eval, h))
 
     twin = gguf_twin.GgufTwinWriter(gguf_path, _twin_kv(spec, cfg, tok_fields))
     _declare_twin(twin, spec, quant)

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import (
     PID_MARKER,
     CommandResult,
@@ -53,7 +54,7 @@ def _start_server_quietly() -> None:
     import subprocess
 
     host = os.environ.get("ANDROID_ADB_SERVER_HOST", "127.0.0.1")
-    port = int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037") or 5037)
+    port = adb_server_port()
     try:
         socket.create_connection((host, port), timeout=2).close()
         return
@@ -63,6 +64,14 @@ def _start_server_quietly() -> None:
         return  # a remote server is not ours to start
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([adb_binary(), "start-server"], capture_output=True, timeout=20, check=False)
+
+
+def adb_server_port() -> int:
+    """ANDROID_ADB_SERVER_PORT, checked: 99999 made socket raise OverflowError, "x" ValueError."""
+    text = os.environ.get("ANDROID_ADB_SERVER_PORT", "") or "5037"
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        raise Pi2Error(f"ANDROID_ADB_SERVER_PORT={text!r} is not a port (1..65535)")
+    return int(text)
 
 
 def adb_binary() -> str:
