@@ -3,7 +3,6 @@ format's limit) took 7.7 s entry by entry while the engine loads it in 0.43 s; c
 a fraction of a second, and a bad entry anywhere in it is still reported as the engine reports it."""
 
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -53,19 +52,18 @@ def big_table_file(base, path, n, edit=None):
     return path
 
 
-def test_a_1m_entry_table_reads_in_well_under_a_second(base, tmp_path):
+def test_a_1m_entry_table_is_checked_whole_not_entry_by_entry(base, tmp_path, monkeypatch):
+    """The linear path is guarded by what it does, not by a clock (speed is a benchmark's business):
+    a valid table at the format's limit is checked by numpy with no entry taken one by one."""
     path = big_table_file(base, tmp_path / "1m.pi2", MAX_TENSORS)
-    Pi2File(path, verify=False)  # warm the page cache and numpy
-    times = []
-    for _ in range(3):  # CPU time: the runner's other jobs do not count against it
-        start = time.process_time()
-        f = Pi2File(path, verify=False)
-        times.append(time.process_time() - start)
+    calls = []
+    real = Pi2File._check_entry
+    monkeypatch.setattr(Pi2File, "_check_entry", lambda self, i, v: calls.append(i) or real(self, i, v))
+    f = Pi2File(path, verify=False)
+    assert calls == []  # the entry-by-entry loop took 7.7 s for this table; numpy ~0.5 s CPU
     assert len(f.tensors) == MAX_TENSORS and "t999999" in f.tensors and "t1000000" not in f.tensors
     e = f.tensors["t123456"]
     assert (e.type, e.shape, e.region, e.offset, e.nbytes) == ("F32", (1,), SEC_RESIDENT, 0, 4)
-    # 0.53 s CPU here with the 2 vCPUs at load 12 (the entry-by-entry loop: 3.7 s CPU, 13 s wall)
-    assert min(times) < 1.5, times
 
 
 N_BAD = 200_000  # enough to be slow entry by entry; the speed test above uses the format's limit
