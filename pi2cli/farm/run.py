@@ -177,6 +177,9 @@ def run_farm(path: str | Path, *, resume: bool = False, night: str | None = None
             t.join()
             proc.wait()
             log.close()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (pi2cli.signals): the workers store theirs first
+        stop_workers([p for _d, p, _log in procs])
+        raise
     finally:
         os.unlink(skip_file)
     for device, proc, _log in procs:
@@ -185,6 +188,29 @@ def run_farm(path: str | Path, *, resume: bool = False, night: str | None = None
         if proc.returncode not in (0, 1) and not d.lost:
             d.lost, d.error = True, f"worker exited {proc.returncode} (log: {d.log})"
     return outcome
+
+
+STOP_GRACE_S = 10.0  # how long a stopped worker has to stop its engine and store its run as aborted
+
+
+def stop_workers(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """Ask every worker still running to stop (SIGTERM: it stops its engine and stores the cell in
+    progress as aborted, as bench does), then kill those that have not within grace_s. A `kill -TERM`
+    reaches the parent alone: without this the workers, and the engines they run, outlived it."""
+    import signal
+    import time
+
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _read_events(proc, device: DeviceOutcome, lock: threading.Lock, on_event) -> None:

@@ -16,9 +16,11 @@ and the worker exits 3.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
+from pi2cli import signals
 from pi2cli.errors import Pi2Error
 from pi2cli.farm.file import Cell, Farm, cells_for, load_farm
 from pi2cli.targets.base import TargetError
@@ -128,6 +130,11 @@ def work(farm: Farm, device_name: str, night: str, skip: set[str]) -> int:
             try:
                 result = run_cell(farm, cell, target, night, attempt)
                 lost = result["status"] == "device_vanished"
+            except KeyboardInterrupt as stop:  # with an outcome: bench stopped the engine, stored the run
+                if saved := getattr(stop, "outcome", None):
+                    emit("cell_done", device_name, cell=cell.key, status="aborted", run_id=saved.run["run_id"],
+                         error=f"aborted: {signals.signal_name(stop)}")  # fmt: skip
+                raise
             except (Pi2Error, TargetError) as exc:
                 message = exc.format_message() if isinstance(exc, Pi2Error) else str(exc)
                 lost = not device_answers(device_name)
@@ -153,8 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     farm = load_farm(farm_file)
     with open(skip_file) as f:
         skip = set(json.load(f))
+    # The parent owns the stop: Ctrl-C in its terminal reaches this process too, and a second unwinding
+    # (the parent's SIGTERM) in the middle of the first would cut short the storing of the aborted run.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signals.install()  # SIGTERM / SIGHUP (the parent's stop, `systemctl stop`) unwind as Ctrl-C does
     try:
         return work(farm, device_name, night, skip)
+    except KeyboardInterrupt as stop:
+        emit("stopped", device_name, signal=signals.signal_name(stop))
+        return signals.exit_code(stop)
     except Pi2Error as exc:
         emit("lost", device_name, error=exc.format_message(), undone=[])
         return 1
