@@ -44,3 +44,11 @@ def test_a_build_is_reused_only_when_its_record_matches(tmp_path):
     assert not eb._up_to_date(tmp_path, "k2")
     (tmp_path / "pi2-engine").unlink()
     assert not eb._up_to_date(tmp_path, "k1")
+
+
+def test_a_build_that_makes_no_engine_is_one_error_line_naming_the_log(tmp_path, monkeypatch):
+    # CMake succeeded but left no pi2-engine (a target renamed, a broken CMakeLists): the message names the
+    # log; it once named an undefined variable and ended in a NameError instead
+    monkeypatch.setattr(eb, "cmake_build", lambda *a, **k: None)
+    with pytest.raises(Pi2Error, match=r"produced no pi2-engine \(log: .*build\.log\)"):
+        eb._build(tmp_path, "host", [], 1, False)

@@ -117,4 +117,5 @@ def _build(build_dir: Path, target: str, args: list[str], jobs: int, show: bool)
     cmake_build(NATIVE, build_dir, name="pi2-engine", label="pi2-engine", target=target, args=args, jobs=jobs,
                 show=show, takes="about 1-3 minutes on 2 cores")  # fmt: skip
     if not (build_dir / "pi2-engine").exists():
+        log_path = build_dir / "build.log"  # where cmake_build wrote every line
         raise Pi2Error(f"pi2-engine build for {target} produced no pi2-engine (log: {log_path})")
