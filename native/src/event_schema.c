@@ -31,6 +31,7 @@ const pi2_event_field pi2_event_fields[] = {
     {"start", "threads", PI2_EV_INT, AT(pi2_start_record, threads), "integer", BOTH, NULL, "compute threads"},
     {"start", "kernels", PI2_EV_STR, AT(pi2_start_record, kernels), "string", BOTH, NULL, "the kernel level that runs"},
     {"start", "n_ctx", PI2_EV_INT, AT(pi2_start_record, n_ctx), "integer", BOTH, NULL, "KV cache positions"},
+    {"start", "n_batch", PI2_EV_INT, AT(pi2_start_record, n_batch), "integer", BOTH, NULL, "most tokens per forward pass (prefill's batch)"},
     {"start", "n_prompt", PI2_EV_INT, AT(pi2_start_record, n_prompt), "integer", GEN, NULL, "prompt tokens"},
     {"start", "load_s", PI2_EV_SEC, AT(pi2_start_record, load_s), "number", BOTH, NULL, "model load and session start (s)"},
     {"start", "prompt_ids", PI2_EV_IDS, AT(pi2_start_record, prompt_ids), "array", GEN, NULL, "the prompt's token ids"},

@@ -43,7 +43,7 @@ extern const char *const pi2_event_kinds[]; /* NULL-terminated */
 typedef struct {
     double t, load_s;
     const char *mode, *engine, *kernels;
-    int threads, n_ctx, n_prompt;
+    int threads, n_ctx, n_batch, n_prompt;
     const int32_t *prompt_ids;
     int n_prompt_ids; /* follows prompt_ids (PI2_EV_IDS) */
 } pi2_start_record;
