@@ -19,7 +19,8 @@ from pi2cli.engines import get_driver
 from pi2cli.engines.llmflash import LlmFlashDriver
 from pi2cli.engines.pi2 import Pi2Driver
 from pi2cli.engines.pi2_args import engine_argv, sparse_flags
-from pi2cli.engines.pi2_chat import engine_flags, summary_counters, turn_io_sums
+from pi2cli.engines.pi2_chat import engine_flags
+from pi2cli.engines.pi2_events import summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
@@ -348,7 +349,7 @@ def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2,
 
 
 def test_sparse_summary_fields_become_counters():
-    # a summary event as SPARSE_SPEC.md describes it
+    # a summary event as docs/SPARSE.md describes it (its fields: capabilities --json)
     event = {"event": "summary", "peak_rss_bytes": 90 << 20, "bytes_read": 5 << 20, "policy": "powerinfer2",
              "predictor": "model", "memory_budget_bytes": 256 << 20, "io_method": "io_uring", "o_direct": True,
              "storage_bytes_read": 123456789, "storage_reads": 4000, "cache_bytes": 64 << 20, "hot_bytes": 32 << 20,

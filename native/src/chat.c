@@ -8,6 +8,7 @@
 
 #include "chat_request.h"
 #include "common.h"
+#include "event_schema.h"
 #include "events.h"
 #include "forward.h"
 #include "kernels.h"
@@ -42,21 +43,27 @@ static void emit_text(const char *p, int n) {
     fflush(stdout);
 }
 
-/* The turn record: to the events file and, after the separator, to stdout. */
-static void emit_record(pi2_session *s, const char *json) {
-    pi2_events_emit(&s->ev, "%s", json);
+/* The turn record: to the events file (event_schema.c builds it) and, after the separator, to stdout.
+ * -1 only when it could not be built (out of memory); a failed events write sticks in s->ev, and the
+ * loop's pi2_events_check ends the run on it. */
+static int emit_record(pi2_session *s, const pi2_turn_record *r) {
+    char *json = NULL;
+    (void)pi2_event_turn(&s->ev, PI2_CMD_CHAT, r, &json);
+    if (!json) return -1;
     fputc(RECORD_SEPARATOR, stdout);
     fputs(json, stdout);
     fputc('\n', stdout);
     fflush(stdout);
+    free(json);
+    return 0;
 }
 
-static void emit_error_record(pi2_session *s, int turn, const char *message) {
-    char msg[600], rec[800];
-    pi2_json_string(msg, sizeof msg, message);
-    snprintf(rec, sizeof rec, "{\"event\": \"turn\", \"turn\": %d, \"stop\": \"error\", \"error\": %s, \"n_past\": %d}",
-             turn, msg, pi2_ctx_n_past(s->ctx) + s->has_pending);
-    emit_record(s, rec);
+/* A request that ran nothing: the same record, nothing prefilled or generated, with the reason. */
+static int emit_error_record(pi2_session *s, int turn, uint64_t t0, const char *message) {
+    const int n_past = pi2_ctx_n_past(s->ctx) + s->has_pending;
+    const pi2_turn_record r = {.turn = turn, .t0 = pi2_seconds(t0), .n_cached = n_past, .stop = "error",
+                               .error = message, .n_past = n_past, .peak_rss_bytes = pi2_peak_rss_bytes()};
+    return emit_record(s, &r);
 }
 
 /* One request: append its tokens (plus a pending token from the last turn), prefill them, generate.
@@ -77,28 +84,21 @@ static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request
     if (s->has_pending) s->ids[0] = s->pending;
     int n_new = n_text + off;
     int n_past = pi2_ctx_n_past(s->ctx);
-    if (n_new == 0) {
-        emit_error_record(s, turn, "the prompt tokenizes to nothing");
-        return 0;
-    }
+    if (n_new == 0) return emit_error_record(s, turn, t0, "the prompt tokenizes to nothing");
     if (n_past + n_new + n_predict > s->n_ctx) {
         char msg[200];
         snprintf(msg, sizeof msg, "context full: %d cached + %d new + %d to generate > --ctx %d (send \"reset\": true)",
                  n_past, n_new, n_predict, s->n_ctx);
-        emit_error_record(s, turn, msg);
-        return 0;
+        return emit_error_record(s, turn, t0, msg);
     }
     pi2_turn r;
     if (pi2_session_turn(s, n_new, n_predict, ignore_eos, turn, t0, emit_text, &r) != 0) return -1;
-    char rec[640];
-    snprintf(rec, sizeof rec,
-             "{\"event\": \"turn\", \"turn\": %d, \"t0\": %.9f, \"n_prompt\": %d, \"n_cached\": %d, \"n_gen\": %d, "
-             "\"ttft_s\": %.6f, \"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f, "
-             "\"stop\": \"%s\", \"n_past\": %d, \"peak_rss_bytes\": %llu}",
-             turn, pi2_seconds(t0), n_new, n_past, r.n_gen, r.ttft_s, r.prefill_s, r.prefill_tps, r.decode_s, r.decode_tps, r.stop,
-             pi2_ctx_n_past(s->ctx) + s->has_pending, (unsigned long long)pi2_peak_rss_bytes());
-    emit_record(s, rec);
-    return 0;
+    const pi2_turn_record rec = {.turn = turn, .t0 = pi2_seconds(t0), .n_prompt = n_new, .n_cached = n_past,
+                                 .n_gen = r.n_gen, .ttft_s = r.ttft_s, .prefill_s = r.prefill_s,
+                                 .prefill_tps = r.prefill_tps, .decode_s = r.decode_s, .decode_tps = r.decode_tps,
+                                 .stop = r.stop, .n_past = pi2_ctx_n_past(s->ctx) + s->has_pending,
+                                 .peak_rss_bytes = pi2_peak_rss_bytes()};
+    return emit_record(s, &rec);
 }
 
 /* The model once, a context for the whole conversation. */
@@ -127,11 +127,10 @@ int pi2_chat_main(int argc, char **argv) {
     size_t line_cap = 0;
     if (open_session(&s, &o) != 0) goto done;
     uint64_t t_ready = pi2_now_ns();
-    (void)pi2_events_emit(&s.ev, /* a failure sticks: the first turn's check reports it */
-                    "{\"event\": \"start\", \"t\": %.9f, \"mode\": \"chat\", \"engine\": \"pi2-engine %s\", "
-                    "\"threads\": %d, \"kernels\": \"%s\", \"n_ctx\": %d, \"load_s\": %.6f}",
-                    pi2_seconds(t_ready), PI2_VERSION, s.n_threads, pi2_kernel_level_name(pi2_kernels_current()),
-                    s.n_ctx, pi2_seconds(t_ready - s.t_load0));
+    const pi2_start_record start = {.t = pi2_seconds(t_ready), .mode = "chat", .engine = "pi2-engine " PI2_VERSION,
+                                    .threads = s.n_threads, .kernels = pi2_kernel_level_name(pi2_kernels_current()),
+                                    .n_ctx = s.n_ctx, .n_batch = s.n_batch, .load_s = pi2_seconds(t_ready - s.t_load0)};
+    (void)pi2_event_start(&s.ev, PI2_CMD_CHAT, &start); /* a failure sticks: the first turn's check reports it */
     ssize_t len;
     while ((len = getline(&line, &line_cap, stdin)) >= 0) {
         size_t n = (size_t)len;
@@ -139,7 +138,7 @@ int pi2_chat_main(int argc, char **argv) {
         if (!n) continue; /* blank lines are not requests */
         pi2_chat_request req;
         if (pi2_chat_request_parse(line, n, &req) != 0) {
-            emit_error_record(&s, turn++, pi2_last_error());
+            if (emit_error_record(&s, turn++, pi2_now_ns(), pi2_last_error()) != 0) goto done;
             continue;
         }
         int turn_rc = run_turn(&s, &o, &req, turn++);
@@ -147,14 +146,14 @@ int pi2_chat_main(int argc, char **argv) {
         if (turn_rc != 0 || pi2_events_check(&s.ev) != 0) goto done; /* events lost: the run failed */
     }
     pi2_sparse_named_json(s.sparse, s.ev.f);
-    char sparse_json[4096], sparse_line[400];
+    char sparse_json[4096], sparse_line[400], prof_json[800];
     pi2_sparse_summary_json(s.sparse, &o.sparse, sparse_json, sizeof sparse_json);
+    pi2_prof_json(&s.prof, s.sparse != NULL, prof_json, sizeof prof_json);
     pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);
-    (void)pi2_events_emit(&s.ev,
-                    "{\"event\": \"summary\", \"t\": %.9f, \"turns\": %d, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
-                    "\"model_bytes\": %llu, \"threads\": %d%s}",
-                    pi2_seconds(pi2_now_ns()), turn, (unsigned long long)pi2_peak_rss_bytes(),
-                    (unsigned long long)pi2_io_read_bytes(), (unsigned long long)s.m.file.size, s.n_threads, sparse_json);
+    const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = turn, .peak_rss_bytes = pi2_peak_rss_bytes(),
+                                        .bytes_read = pi2_io_read_bytes(), .model_bytes = s.m.file.size,
+                                        .threads = s.n_threads, .decode_profile = prof_json[0] ? prof_json : NULL};
+    (void)pi2_event_summary(&s.ev, PI2_CMD_CHAT, &summary, sparse_json);
     if (pi2_events_close(&s.ev) != 0) goto done;
     fprintf(stderr, "pi2-engine chat: %d turns, peak RSS %.0f MiB; %s\n", turn, pi2_peak_rss_bytes() / 1048576.0,
             sparse_line);

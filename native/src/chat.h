@@ -7,7 +7,7 @@
  *     "\x1e" + the turn's JSON record + "\n"
  * (0x1e, ASCII record separator, is therefore never part of the streamed text: such bytes are
  * dropped there; the token ids in the events keep them). The same record, per-token events and a
- * start/summary pair go to --events FILE (the schema of `generate`, with a "turn" index on tokens).
+ * start/summary pair go to --events FILE (event_schema.h's builders: the records `generate` writes).
  * A request that fails (bad JSON, context full) gives a record with "stop": "error" and an "error"
  * message, and the session goes on; end of input ends it with exit code 0. */
 #ifndef PI2_CHAT_H

@@ -11,6 +11,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "event_schema.h"
 #include "events.h"
 #include "forward.h"
 #include "kernels.h"
@@ -39,7 +40,7 @@ static void usage(FILE *out) {
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
             "  size (-m MODEL.pi2 | --facts FACTS.json) [--memory-budget B] [--json] [...]   the sparse engine's\n"
             "           sizing: budget, fixed region, neuron cache and its split, the smallest budget\n"
-            "  capabilities --json   commands, flags, policies, plan keys and kernel levels of this build\n"
+            "  capabilities --json   commands, flags, policies, plan keys, events and kernel levels of this build\n"
             "  --version  print the engine version\n");
     for (int c = 0; c < pi2_command_count(); c++) {
         if (!strcmp(pi2_command_names[c], "chat")) continue; /* chat --help says more */
@@ -195,35 +196,31 @@ static int cmd_generate(const pi2_options *o) {
     pi2_events *ev = &ss.ev;
     const int32_t *ids = ss.ids;
     uint64_t t0 = pi2_now_ns();
-    if (ev->f) {
-        fprintf(ev->f,
-                "{\"event\": \"start\", \"t\": %.9f, \"engine\": \"pi2-engine %s\", \"threads\": %d, "
-                "\"kernels\": \"%s\", \"n_prompt\": %d, \"load_s\": %.6f, \"prompt_ids\": [",
-                pi2_seconds(t0), PI2_VERSION, n_threads, pi2_kernel_level_name(pi2_kernels_current()), n_prompt,
-                pi2_seconds(t0 - t_load0));
-        for (int i = 0; i < n_prompt; i++) fprintf(ev->f, i ? ", %d" : "%d", ids[i]);
-        if (pi2_events_emit(ev, "]}") != 0) goto done;
-    }
+    const pi2_start_record start = {.t = pi2_seconds(t0), .mode = "generate", .engine = "pi2-engine " PI2_VERSION,
+                                    .threads = n_threads, .kernels = pi2_kernel_level_name(pi2_kernels_current()),
+                                    .n_ctx = n_ctx, .n_batch = ss.n_batch, .n_prompt = n_prompt, .load_s = pi2_seconds(t0 - t_load0),
+                                    .prompt_ids = ids, .n_prompt_ids = n_prompt};
+    if (pi2_event_start(ev, PI2_CMD_GENERATE, &start) != 0) goto done;
     pi2_turn r;
-    if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, -1, t0, emit_stdout, &r) != 0) goto done;
+    if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, 0, t0, emit_stdout, &r) != 0) goto done;
     const int n_gen = r.n_gen;
     const double ttft = r.ttft_s, prefill_tps = r.prefill_tps, decode_tps = r.decode_tps;
-    (void)pi2_events_emit(ev, /* a failure sticks: pi2_events_close below reports it */
-                    "{\"event\": \"turn\", \"turn\": 0, \"n_prompt\": %d, \"n_gen\": %d, \"ttft_s\": %.6f, "
-                    "\"prefill_s\": %.6f, \"prefill_tps\": %.3f, \"decode_s\": %.6f, \"decode_tps\": %.3f}",
-                    n_prompt, n_gen, ttft, r.prefill_s, prefill_tps, r.decode_s, decode_tps);
+    const pi2_turn_record turn = {.turn = 0, .t0 = pi2_seconds(t0), .n_prompt = n_prompt, .n_cached = 0, .n_gen = n_gen,
+                                  .ttft_s = ttft, .prefill_s = r.prefill_s, .prefill_tps = prefill_tps,
+                                  .decode_s = r.decode_s, .decode_tps = decode_tps, .stop = r.stop,
+                                  .n_past = pi2_ctx_n_past(ss.ctx) + ss.has_pending,
+                                  .peak_rss_bytes = pi2_peak_rss_bytes()};
+    (void)pi2_event_turn(ev, PI2_CMD_GENERATE, &turn, NULL); /* a failure sticks: pi2_events_close reports it */
     pi2_sparse_named_json(sp, ev->f);
-    char sparse_json[4096 + 800], sparse_line[400], prof_json[800];
+    char sparse_json[4096], sparse_line[400], prof_json[800];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
-    pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json); /* the summary's decode_profile */
-    strncat(sparse_json, prof_json, sizeof sparse_json - strlen(sparse_json) - 1);
+    pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
     const uint64_t peak = pi2_peak_rss_bytes();
-    (void)pi2_events_emit(ev,
-                    "{\"event\": \"summary\", \"t\": %.9f, \"peak_rss_bytes\": %llu, \"bytes_read\": %llu, "
-                    "\"model_bytes\": %llu, \"threads\": %d%s}",
-                    pi2_seconds(pi2_now_ns()), (unsigned long long)peak, (unsigned long long)pi2_io_read_bytes(),
-                    (unsigned long long)mp->file.size, n_threads, sparse_json);
+    const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = 1, .peak_rss_bytes = peak,
+                                        .bytes_read = pi2_io_read_bytes(), .model_bytes = mp->file.size,
+                                        .threads = n_threads, .decode_profile = prof_json[0] ? prof_json : NULL};
+    (void)pi2_event_summary(ev, PI2_CMD_GENERATE, &summary, sparse_json);
     if (pi2_events_close(ev) != 0) goto done; /* the events are the run's record: lost, it failed */
     fflush(stdout);
     fprintf(stderr,
@@ -243,8 +240,8 @@ done:
 
 /* ---- capabilities ------------------------------------------------------------------------------ */
 
-/* What this build takes, printed from the tables the engine parses with (session_options.c, plan.c,
- * kernels_dispatch.c), for the host to read instead of probing flag by flag. */
+/* What this build takes and writes, printed from the tables the engine parses and writes with
+ * (session_options.c, plan.c, event_schema.c, kernels_dispatch.c), for the host to read instead of probing flag by flag. */
 static int cmd_capabilities(void) {
     char s[400];
     printf("{\"schema\": 1, \"version\": \"%s\", \"commands\": [", PI2_VERSION);
@@ -268,7 +265,9 @@ static int cmd_capabilities(void) {
     for (int p = 0; p <= PI2_POLICY_POWERINFER2; p++) printf("%s\"%s\"", p ? ", " : "", pi2_policy_name((pi2_policy)p));
     printf("], \"plan_keys\": [");
     for (int i = 0; pi2_plan_key(i); i++) printf("%s\"%s\"", i ? ", " : "", pi2_plan_key(i));
-    printf("], \"kernel_levels\": {\"compiled\": [");
+    printf("], ");
+    pi2_event_schema_json(stdout); /* event_schema.c: every event kind's fields */
+    printf(", \"kernel_levels\": {\"compiled\": [");
     for (int l = 0, n = 0; l < PI2_KERNEL_LEVELS; l++)
         if (pi2_kernels_compiled((pi2_kernel_level)l))
             printf("%s\"%s\"", n++ ? ", " : "", pi2_kernel_level_name((pi2_kernel_level)l));

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "event_schema.h"
 
 #define DEFAULT_CTX 4096
 
@@ -93,8 +94,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     r->stop = "length";
     s->has_pending = 0;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
-    char tok_json[400], turn_json[32] = "", piece[256];
-    if (turn_index >= 0) snprintf(turn_json, sizeof turn_json, "\"turn\": %d, ", turn_index);
+    char tok_json[400], piece[256];
     pi2_sparse_snapshot(s->sparse, &st_prev);
     for (int t = 0; t < n_new; t += s->n_batch) {
         int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
@@ -112,9 +112,9 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         /* with the sparse engine: what the forward pass that produced this token's logits cost */
         pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
         /* events that cannot be written end the run now, not after hours of tokens nobody recorded */
-        if (pi2_events_emit(&s->ev, "{\"event\": \"token\", \"t\": %.9f, \"cpu_s\": %.6f, %s\"i\": %d, \"id\": %d%s}",
-                            pi2_seconds(now), pi2_cpu_ns() / 1e9, turn_json, n_gen, next, tok_json) != 0)
-            return -1;
+        const pi2_token_record tr = {.t = pi2_seconds(now), .cpu_s = pi2_cpu_ns() / 1e9, .turn = turn_index,
+                                     .i = n_gen, .id = next};
+        if (pi2_event_token(&s->ev, PI2_CMD_GENERATE | PI2_CMD_CHAT, &tr, tok_json) != 0) return -1;
         n_gen++;
         if (!ignore_eos && pi2_token_is_eog(s->tok, next)) {
             /* Not kept in the cache: the host's chat template writes the end-of-turn text itself. */

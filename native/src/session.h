@@ -68,8 +68,8 @@ typedef struct {
 } pi2_turn;
 
 /* One turn: prefill s->ids[0..n_new) in batches, then sample up to n_predict tokens (stopping at an
- * end-of-generation token unless ignore_eos), each with a token event (with "turn": turn_index when it
- * is >= 0) and its text handed to emit. The last token sampled is not run: it stays in s->pending for
+ * end-of-generation token unless ignore_eos), each with a token event of turn turn_index
+ * (event_schema.h) and its text handed to emit. The last token sampled is not run: it stays in s->pending for
  * the next turn's prefill. t0: when the turn began (its TTFT counts from there). 0, or -1 with an
  * error from the forward pass. */
 int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,

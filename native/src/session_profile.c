@@ -25,7 +25,7 @@ void pi2_prof_json(const pi2_decode_profile *p, int sparse, char *buf, size_t n)
     const double t = (double)p->tokens, ms = 1e6 * t;
     const pi2_prof_snap *s = &p->sum;
     int o = snprintf(buf, n,
-                     ", \"decode_profile\": {\"tokens\": %llu, \"attention_ms\": %.4f, \"ffn_ms\": %.4f, "
+                     "{\"tokens\": %llu, \"attention_ms\": %.4f, \"ffn_ms\": %.4f, "
                      "\"output_ms\": %.4f, \"prefetch_ms\": %.4f, \"pool_jobs\": %.2f, \"worker_sleeps\": %.2f, "
                      "\"caller_sleeps\": %.2f, \"skipped_joins\": %.2f",
                      (unsigned long long)p->tokens, s->fwd.attention_ns / ms, s->fwd.ffn_ns / ms, s->fwd.output_ns / ms,

@@ -27,7 +27,7 @@ typedef struct {
 void pi2_prof_take(pi2_prof_snap *s, const pi2_ctx *ctx, const pi2_sparse *sparse, const pi2_pool *pool);
 /* Adds what happened between a and b, a span of `tokens` decode passes. */
 void pi2_prof_add(pi2_decode_profile *p, const pi2_prof_snap *a, const pi2_prof_snap *b, uint64_t tokens);
-/* ", \"decode_profile\": {...}" (per decoded token) into buf; "" when no token was decoded. */
+/* The summary's "decode_profile" object "{...}" (per decoded token) into buf; "" when no token was decoded. */
 void pi2_prof_json(const pi2_decode_profile *p, int sparse, char *buf, size_t n);
 
 #endif

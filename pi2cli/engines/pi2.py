@@ -3,7 +3,6 @@ one turn of one for `pi2 generate` (engines/generate.py); every argv from pi2_ar
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pi2cli.engines.pi2_chat import (
     open_chat_session,
     target_engine_flags,
 )
+from pi2cli.engines.pi2_events import parse_events
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 
@@ -28,27 +28,9 @@ def engine_binary() -> Path:
     return path
 
 
-def parse_events(lines: list[str]) -> dict:
-    """Group pi2-engine's events: start, token (list), turn, summary."""
-    out: dict = {"token": []}
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise Pi2Error(f"pi2-engine wrote a malformed event line: {line[:120]!r}") from err
-        kind = event.get("event")
-        if kind == "token":
-            out["token"].append(event)
-        elif kind:
-            out[kind] = event
-    return out
-
-
 @dataclass
 class GenerateRun:
-    """One `pi2-engine generate` run: its events grouped (parse_events; {} when it failed), the
+    """One `pi2-engine generate` run: its events grouped (pi2_events.parse_events; {} when it failed), the
     engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
 
     events: dict

@@ -30,6 +30,7 @@ from pi2cli.build.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.engines.pi2_args import engine_argv
+from pi2cli.engines.pi2_events import parse_line, parse_lines, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_ENGINE
 from pi2cli.targets.base import TargetError, wrap_command
@@ -177,7 +178,8 @@ def adb_chat_process(target, argv: list[str], cwd: str | None = None):
 
 # --------------------------------------------------------------------------------------------- events
 class EventsTail:
-    """New complete lines of the engine's events file, wherever it is (read here or via the target)."""
+    """New complete lines of the engine's events file, wherever it is (read here or via the target),
+    parsed by the one events parser (pi2_events.py)."""
 
     def __init__(self, target, path: str):
         self.target, self.path, self.offset = target, path, 0
@@ -196,55 +198,7 @@ class EventsTail:
             data = out.stdout.encode()
         end = data.rfind(b"\n") + 1
         self.offset += end
-        events = []
-        for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    events.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise Pi2Error(f"pi2-engine wrote a malformed event line: {line[:120]!r}") from None
-        return events
-
-
-# ------------------------------------------------------------------------------------ sparse figures
-# What the sparse engine's `summary` event reports (SPARSE_SPEC / docs/ENGINE.md), kept in the result's
-# counters under the engine's own names. Dense runs of an engine without them simply lack the keys.
-SPARSE_SUMMARY_FIELDS = (
-    "policy", "predictor", "memory_budget_bytes", "memory_budget_source", "preload_bytes",
-    "bytes_read_after_load", "io_method", "o_direct", "storage_bytes_read",
-    "storage_reads", "cache_bytes", "hot_bytes", "cold_bytes", "fixed_bytes", "hits_hot", "hits_cold",
-    "misses_hot", "misses_cold", "hit_rate", "io_wait_s", "compute_s", "io_share", "active_fraction",
-    "predictor_recall", "predictor_precision",
-)  # fmt: skip
-
-
-def summary_counters(event: dict) -> dict:
-    """The run-level counters of a `summary` event: peak RSS, bytes read, and the sparse engine's figures,
-    plus the schema's own cache_hits / cache_misses / io_ns / compute_ns so summaries compute the hit rate
-    and I/O share the same way for every engine."""
-    out = {k: event[k] for k in ("peak_rss_bytes", "bytes_read", *SPARSE_SUMMARY_FIELDS)
-           if isinstance(event.get(k), int | float | str)}  # fmt: skip
-    hits = [event.get("hits_hot"), event.get("hits_cold")]
-    misses = [event.get("misses_hot"), event.get("misses_cold")]
-    if all(isinstance(v, int) for v in hits + misses):
-        out["cache_hits"], out["cache_misses"] = sum(hits), sum(misses)
-    for src, dst in (("io_wait_s", "io_ns"), ("compute_s", "compute_ns")):
-        if isinstance(event.get(src), int | float):
-            out[dst] = round(event[src] * 1e9)
-    return out
-
-
-def turn_io_sums(tokens: list[dict]) -> dict:
-    """Storage and cache figures of one turn, summed over its token events (sparse policies only):
-    {"bytes_read", "reads", "hits", "misses", "io_ns", "compute_ns"}; {} when the events carry none."""
-    if not tokens or not any("bytes_read" in e for e in tokens):
-        return {}
-    out = {
-        key: sum(int(e.get(key) or 0) for e in tokens) for key in ("bytes_read", "reads", "hits", "misses")
-    }
-    out["io_ns"] = round(sum(float(e.get("io_wait_s") or 0) for e in tokens) * 1e9)
-    out["compute_ns"] = round(sum(float(e.get("compute_s") or 0) for e in tokens) * 1e9)
-    return out
+        return parse_lines(data[:end].splitlines())
 
 
 # -------------------------------------------------------------------------------------------- session
@@ -317,10 +271,9 @@ class Pi2ChatSession:
         record_line, _, self._buffer = rest.partition(b"\n")
         pieces.append(decoder.decode(head, final=True))
         text = "".join(pieces)
-        try:
-            record = json.loads(record_line)
-        except json.JSONDecodeError:
-            raise Pi2Error(f"pi2-engine wrote a malformed turn record: {record_line[:120]!r}") from None
+        record = parse_line(record_line)  # the turn event, as the events file holds it
+        if record is None:
+            raise Pi2Error("pi2-engine wrote an empty turn record")
         turn_index = self._turn
         self._turn += 1
         if record.get("stop") == "error":
