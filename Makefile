@@ -75,8 +75,8 @@ test-python: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check pi2cli tests benchmarks workloads
-	$(VENV)/bin/ruff format --check pi2cli tests benchmarks workloads
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The main job end to end on this machine: a small synthetic sparse model (TurboSparse-Mistral shapes
 # scaled down, dReLU, measured sparsity), pi2 against the baselines on the same weights, prompts and

@@ -86,7 +86,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.llamacpp_bin is None:
-        from pi2cli.build.baselines.llamacpp_build import ensure_built
+        from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
         args.llamacpp_bin = ensure_built("host")
     gguf = args.gguf or smollm2_gguf()

@@ -17,13 +17,13 @@ def smollm2_gguf() -> Path:
 def llamacpp_bindir() -> Path:
     """Directory holding llama.cpp's tools (llama-completion, llama-tokenize, llama-bench, ...).
 
-    Built from the pinned source by pi2cli.build.baselines.llamacpp_build (cached under ~/.cache/pi2);
+    Built from the pinned source by pi2cli.builds.baselines.llamacpp_build (cached under ~/.cache/pi2);
     $PI2_LLAMACPP_BIN_DIR overrides it.
     """
     override = os.environ.get("PI2_LLAMACPP_BIN_DIR")
     if override:
         return Path(override)
-    from pi2cli.build.baselines.llamacpp_build import ensure_built
+    from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
     return ensure_built("host")
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pi2cli.build import engine_build as eb
+from pi2cli.builds import engine_build as eb
 from pi2cli.errors import Pi2Error
 
 

@@ -173,8 +173,8 @@ def test_schedule_prints_a_crontab_line_and_a_systemd_timer(tmp_path):
 
 def test_long_builds_say_what_and_how_long_off_a_terminal(tmp_path, monkeypatch, capsys):
     """Off a terminal rich shows no bar: a build prints one plain line first (what, time, log)."""
-    from pi2cli.build import cmake_run, engine_build
-    from pi2cli.build.baselines import llamacpp_build
+    from pi2cli.builds import cmake_run, engine_build
+    from pi2cli.builds.baselines import llamacpp_build
     from pi2cli.errors import Pi2Error
 
     monkeypatch.setattr(cmake_run, "run_logged", lambda *a, **k: 1)  # configure "fails" at once

@@ -218,7 +218,7 @@ def _cached_arm64_build() -> Path | None:
     """The linux-arm64 llama.cpp build when it is already in the cache (never built here: ~35 min)."""
     import shutil
 
-    from pi2cli.build.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
+    from pi2cli.builds.baselines.llamacpp_build import build_dir_for, cache_key, cmake_args, is_complete
 
     if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc") is None:
         return None

@@ -6,7 +6,7 @@ import tarfile
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.build.baselines import llamacpp_build as lb
+from pi2cli.builds.baselines import llamacpp_build as lb
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 
@@ -70,7 +70,7 @@ def test_cache_key_follows_flags_target_and_source():
 
 
 def test_parse_progress_understands_ninja_and_make():
-    from pi2cli.build.cmake_run import parse_progress
+    from pi2cli.builds.cmake_run import parse_progress
 
     assert parse_progress("[12/224] Building CXX object src/llama.cpp.o") == (12, 224)
     assert parse_progress("[ 45%] Building C object ggml.c.o") == (45, 100)

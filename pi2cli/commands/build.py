@@ -2,7 +2,7 @@
 
 import click
 
-from pi2cli.build.engine_build import DEFAULT_ANDROID_API, TARGETS
+from pi2cli.builds.engine_build import DEFAULT_ANDROID_API, TARGETS
 
 
 @click.command(name="build")
@@ -59,13 +59,13 @@ def command(engine: str, target: str, jobs: int | None, android_api: int) -> Non
       ANDROID_NDK_HOME=~/android-ndk-r27 pi2 build --engine llama.cpp --target android-arm64
     """
     if engine == "pi2":
-        from pi2cli.build.engine_build import ensure_engine_built
+        from pi2cli.builds.engine_build import ensure_engine_built
 
         build_dir, rebuilt = ensure_engine_built(target, jobs=jobs, android_api=android_api)
         click.echo(f"pi2-engine for {target}: {'built' if rebuilt else 'up to date'}", err=True)
         click.echo(str(build_dir / "pi2-engine"))
         return
-    from pi2cli.build.baselines.llamacpp_build import build_record, ensure_built
+    from pi2cli.builds.baselines.llamacpp_build import build_record, ensure_built
 
     bin_dir = ensure_built(target, jobs=jobs)
     record = build_record(bin_dir)

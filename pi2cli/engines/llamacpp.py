@@ -1,7 +1,7 @@
 """The llama.cpp baseline driver: llama-server on a loopback port, driven through its streaming API.
 
 How it measures (also stored in every result's `how`):
-  * The server (llama.cpp's own `llama-server`, built by pi2cli.build.baselines.llamacpp_build) loads the GGUF
+  * The server (llama.cpp's own `llama-server`, built by pi2cli.builds.baselines.llamacpp_build) loads the GGUF
     once with `--load-mode mmap --no-repack`: weights stay file-backed, so a memory budget (cgroup, see
     pi2cli.plan.budget) really makes it page from storage. CPU repacking would copy the weights into
     anonymous memory and defeat that; pass repack=True to measure llama.cpp at its fastest instead.
@@ -55,7 +55,7 @@ def default_bin_dir(target: str = "host") -> Path:
     override = os.environ.get("PI2_LLAMACPP_BIN_DIR")
     if override:
         return Path(override)
-    from pi2cli.build.baselines.llamacpp_build import ensure_built
+    from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
     return ensure_built(target)
 

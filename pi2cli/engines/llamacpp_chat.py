@@ -80,7 +80,7 @@ class LlamaCppSession:
 
 
 def build_target_for(target) -> str:
-    """Which llama.cpp build (pi2cli.build.baselines.llamacpp_build target) runs on `target`: this machine's
+    """Which llama.cpp build (pi2cli.builds.baselines.llamacpp_build target) runs on `target`: this machine's
     for local and for devices of this machine's architecture (x86-64 emulators, the test adb daemon);
     arm64 devices get the NDK build when ANDROID_NDK_HOME is set, else the static linux-arm64 one
     (static binaries run on Android from /data/local/tmp)."""
@@ -111,7 +111,7 @@ class LlamaCppDriver(Driver):
 
     @property
     def how(self) -> str:
-        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT
+        from pi2cli.builds.baselines.llamacpp_build import LLAMACPP_COMMIT
         from pi2cli.engines.llamacpp import HOW
 
         return HOW.format(commit=LLAMACPP_COMMIT, load_mode="mmap", repack=False) + (
@@ -147,7 +147,7 @@ class LlamaCppDriver(Driver):
         if which == "host":
             return self.bin_dir
         if which not in self._device_bin_dirs:
-            from pi2cli.build.baselines.llamacpp_build import ensure_built
+            from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
             self._device_bin_dirs[which] = ensure_built(which)
         return self._device_bin_dirs[which]
@@ -183,7 +183,7 @@ class LlamaCppDriver(Driver):
         }
 
     def engine_info(self, target) -> dict:
-        from pi2cli.build.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
+        from pi2cli.builds.baselines.llamacpp_build import LLAMACPP_COMMIT, build_record
         from pi2cli.hw.push import sha256_file
 
         bin_dir = self.bin_dir_for(target)

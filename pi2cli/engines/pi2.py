@@ -84,7 +84,7 @@ class Pi2Driver(Driver):
 
     def use_plan(self, path: Path, data: dict) -> None:
         """Run with `--plan PATH` (its settings; the bench's budget and --threads override it)."""
-        from pi2cli.build.capabilities import plan_keys
+        from pi2cli.builds.capabilities import plan_keys
 
         self.plan_local, self.plan_data = Path(path), dict(data)
         self.plan_remote = str(Path(path).resolve())

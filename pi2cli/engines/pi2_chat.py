@@ -26,7 +26,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pi2cli.build.capabilities import command_flags
+from pi2cli.builds.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp import TurnMetrics
 from pi2cli.engines.pi2_args import engine_argv
@@ -382,7 +382,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
 def engine_flags(
     binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
 ) -> frozenset[str]:
-    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.build.capabilities)."""
+    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.builds.capabilities)."""
     return command_flags(binary, command, prefix)
 
 

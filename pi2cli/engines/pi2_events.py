@@ -54,7 +54,7 @@ def parse_events(lines) -> dict:
 def event_schema(binary: Path | None = None) -> dict[str, list[dict]]:
     """{kind: [{"name", "type", "commands", "when"?, "source", "help"}, ...]} from `capabilities --json`
     of `binary` (the host build by default: host and engine ship at one commit)."""
-    from pi2cli.build.capabilities import capabilities
+    from pi2cli.builds.capabilities import capabilities
     from pi2cli.paths import host_build_dir
 
     binary = Path(binary) if binary else host_build_dir() / "pi2-engine"

@@ -92,7 +92,7 @@ def choose_night(farm: Farm, night: str | None, resume: bool, runs: list[dict]) 
 
 def build_all(farm: Farm, say: Callable[[str], None]) -> None:
     """Each engine build a device needs, once per build target, before the workers start."""
-    from pi2cli.build.engine_build import ensure_engine_built
+    from pi2cli.builds.engine_build import ensure_engine_built
     from pi2cli.engines.llamacpp_chat import build_target_for
     from pi2cli.targets import get_target
     from pi2cli.targets.base import TargetError
@@ -131,7 +131,7 @@ def build_all(farm: Farm, say: Callable[[str], None]) -> None:
             f"log: build/{which}/build.log)")  # fmt: skip
         ensure_engine_built(which, show=sys.stderr.isatty())
     for which in sorted(llama_targets):
-        from pi2cli.build.baselines.llamacpp_build import ensure_built
+        from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
         say(f"llama.cpp for {which}: checking the build (a full build takes about 6-10 minutes on 2 cores; "
             f"cached in ~/.cache/pi2)")  # fmt: skip

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli import __version__
-from pi2cli.build.capabilities import engine_size, plan_keys
+from pi2cli.builds.capabilities import engine_size, plan_keys
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.profile import check_format, read_json_file
 from pi2cli.units import format_size, parse_size

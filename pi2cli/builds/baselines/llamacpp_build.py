@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi2cli.build.cmake_run import cmake_build, default_jobs
+from pi2cli.builds.cmake_run import cmake_build, default_jobs
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import cache_dir
 

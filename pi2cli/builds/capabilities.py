@@ -48,7 +48,9 @@ def _option_strings(binary: Path) -> list[str]:
     return sorted({m.decode() for m in re.findall(rb"(?<=\0)--[a-z][a-z0-9-]*(?=\0)", binary.read_bytes())})
 
 
-def command_flags(binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()) -> frozenset[str]:
+def command_flags(
+    binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
+) -> frozenset[str]:
     """The flags `pi2-engine COMMAND` takes (their long names)."""
     caps = capabilities(binary, prefix)
     if "option_strings" in caps:
@@ -64,7 +66,9 @@ def plan_keys(binary: Path | None = None) -> tuple[str, ...]:
                        exit_code=2)  # fmt: skip
     keys = capabilities(binary).get("plan_keys")
     if not isinstance(keys, list) or not keys:
-        raise Pi2Error(f"{binary} does not list its plan keys (`capabilities --json`): rebuild it (make engine)")
+        raise Pi2Error(
+            f"{binary} does not list its plan keys (`capabilities --json`): rebuild it (make engine)"
+        )
     return tuple(str(k) for k in keys)
 
 
@@ -89,5 +93,7 @@ def engine_size(facts: dict, flags: list[str], binary: Path | None = None) -> di
         why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
         raise Pi2Error(f"pi2-engine size failed: {why}") from None
     if done.returncode != 0 and "error" not in out:
-        out["error"] = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("pi2-engine: error: ")
+        out["error"] = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix(
+            "pi2-engine: error: "
+        )
     return out

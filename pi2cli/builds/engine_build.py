@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pi2cli import safe_write
-from pi2cli.build.cmake_run import cmake_build, default_jobs
+from pi2cli.builds.cmake_run import cmake_build, default_jobs
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import REPO_ROOT
 
