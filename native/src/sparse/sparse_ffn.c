@@ -248,6 +248,7 @@ static inline void cpu_relax(void) {
  * Finished units are subtracted from `pending` in batches, always before waiting. */
 static void wave_worker(void *p, int ith, int nth) {
     pi2_sparse *s = p;
+    if (s->pipeline) pi2_submitter_kick(s); /* the first thread in hands the reads over (sparse_submit.c) */
     if (ith == 0 && s->pipeline && !s->sub.started) { /* --no-io-submitter: this thread issues */
         for (int r = 0; r < s->wave.n_to_read; r++)
             if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) break;

@@ -151,6 +151,7 @@ struct pi2_sparse {
         pthread_cond_t work_cv, idle_cv;
         int stop, busy;       /* busy: the thread is issuing, reading the wave's arrays */
         int next_read, n_reads; /* wave.to_read[next_read..n_reads) are still to issue */
+        _Atomic int kick;     /* wave_begin armed it: the first thread into the wave's job hands over the reads */
         int64_t *post, *take; /* phase-two reads posted by the compute threads [F], and the thread's copy */
         int n_post;
         uint64_t reads;       /* issued by the thread */
@@ -189,12 +190,13 @@ static inline float pi2_neuron_output(uint32_t act, float g, float u) {
 int pi2_sparse_submit(pi2_sparse *s, int64_t hdl, int kind);
 /* The same from the submitter thread: its waits for a free slot are not I/O wait (pi2_io_submit_bg). */
 int pi2_sparse_submit_bg(pi2_sparse *s, int64_t hdl, int kind);
-/* sparse_submit.c: the submitter. wave_begin (calling thread, before the wave's job) hands it the
- * wave's reads, starting the thread the first time; 0, or -1 with an error when the thread cannot start
- * (the compute threads then issue, as with --no-io-submitter). wave_end (after the job) returns once
- * the thread no longer touches the wave. post: a compute thread's phase-two read (READ_REST). stop:
- * at close. */
+/* sparse_submit.c: the submitter. wave_begin (calling thread, before the wave's job) starts the thread
+ * the first time and arms the hand-over; 0, or -1 with an error when the thread cannot start (the
+ * compute threads then issue, as with --no-io-submitter). kick (every thread entering the wave's job;
+ * the first one acts) hands it the wave's reads. wave_end (after the job) returns once the thread no
+ * longer touches the wave. post: a compute thread's phase-two read (READ_REST). stop: at close. */
 int pi2_submitter_wave_begin(pi2_sparse *s);
+void pi2_submitter_kick(pi2_sparse *s);
 void pi2_submitter_wave_end(pi2_sparse *s);
 void pi2_submitter_post(pi2_sparse *s, int64_t hdl);
 void pi2_submitter_stop(pi2_sparse *s);
