@@ -179,3 +179,23 @@ def test_ctrl_c_saves_the_cell_as_aborted_and_keeps_the_samples(tiny_model, tmp_
     assert len(aborted["turns"]) == 1  # the repetition that finished before Ctrl-C
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert {r["n_prompt"] for r in rows} == {"4", "8"} and len(rows) == 3 * 3
+
+
+def test_the_samples_csv_is_never_written_through_a_planted_link(tmp_path):
+    """The CSV goes through safe_write: a link planted at the temp name pi2 once used (a pid anyone can
+    guess) or at the CSV itself is never written through."""
+    import os
+
+    from pi2cli.bench.sweep import write_samples_csv
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    out = tmp_path / "samples.csv"
+    (tmp_path / f".samples.csv.partial-{os.getpid()}").symlink_to(victim)
+    write_samples_csv(str(out), [])
+    assert victim.read_text() == "keep me\n" and out.read_text().startswith("run_id,engine,")
+    out.unlink()
+    out.symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic link"):
+        write_samples_csv(str(out), [])
+    assert victim.read_text() == "keep me\n" and out.is_symlink()

@@ -138,3 +138,18 @@ def test_a_device_on_another_build_is_asked_through_its_own_engine(tiny_model, t
                                  "--results-dir", str(tmp_path / "r")])  # fmt: skip
     assert r.exit_code == 1 and re.search(r"runs \S+ on qemu-arm64 in: [0-9.]+ MiB", r.output), r.output
     assert not (tmp_path / "r" / "runs").is_dir() or not list((tmp_path / "r" / "runs").iterdir())
+
+
+def test_the_minimum_cache_is_never_written_through_a_planted_link(tiny_model, tmp_path, monkeypatch):
+    """min-budgets.json goes through safe_write: a link planted at the pid-named temp pi2 once used
+    (anyone can guess a pid) is never written through."""
+    import os
+
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (tmp_path / "cache" / f"min-budgets.{os.getpid()}.tmp").symlink_to(victim)
+    minimums_for_file(tiny_model, ["powerinfer2"], 512, 1, 32 << 20)
+    assert victim.read_text() == "keep me\n"
+    assert len(json.loads((tmp_path / "cache" / "min-budgets.json").read_text())) == 1

@@ -88,3 +88,24 @@ def test_an_unsupported_architecture_is_refused_before_its_tensors_are_read(plai
     src.write_bytes(bytes(raw))
     result = CliRunner().invoke(cli, ["convert", str(src), "--out", str(tmp_path / "o.pi2")])
     assert result.exit_code == 1 and "architecture 'gpt2x' is not supported" in result.stderr
+
+
+def test_the_gguf_twin_is_never_written_through_a_planted_link(plain, tmp_path):
+    """The twin's temp file is created exclusively under a random name: a link planted at the pid-named
+    temp pi2 once used is never written through, and a link at the twin itself is refused, not replaced."""
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me\n")
+    twin = tmp_path / "twin.gguf"
+    (tmp_path / f".twin.gguf.partial-{os.getpid()}").symlink_to(victim)  # CliRunner runs in this process
+    args = ["convert", str(plain), "--out", str(tmp_path / "o.pi2"), "--gguf-twin", str(twin)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert victim.read_bytes() == b"keep me\n" and twin.read_bytes()[:4] == b"GGUF"
+    twin.unlink()
+    twin.symlink_to(victim)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "symbolic link" in result.stderr, result.output
+    assert result.stderr.count("\n") == 1 and victim.read_bytes() == b"keep me\n" and twin.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -156,3 +156,37 @@ def test_systemd_install_refuses_a_unit_it_did_not_write_and_uninstall_removes_o
     assert "enable --now pi2-farm.timer" in calls.read_text()
     r = CliRunner().invoke(cli, ["farm", "schedule", str(farm), "--kind", "systemd", "--uninstall"])
     assert r.exit_code == 0 and not any(unit_dir.iterdir()), r.output
+
+
+def test_a_marker_whose_job_line_was_removed_by_hand_takes_only_itself():
+    """A user who deleted pi2's job line by hand and wrote their own below the marker keeps their line:
+    only a line that is pi2's job for this farm file goes with the marker."""
+    farm = Path("/srv/lab/farm.toml")
+    marker = sch.MARKER.format(farm=farm).encode()
+    theirs = b"7 7 * * * /usr/local/bin/my-backup\n"
+    assert sch.without_entry(b"5 5 * * * echo hi\n" + marker + b"\n" + theirs, farm) == (
+        b"5 5 * * * echo hi\n" + theirs, 1)  # fmt: skip
+    ours = (sch.crontab_line(farm, farm.parent / "r", 3, 15) + "\n").encode()
+    assert sch.without_entry(theirs + marker + b"\n" + ours, farm) == (theirs, 1)
+    assert sch.without_entry(marker, farm) == (b"", 1)  # a marker on the last line, no newline
+
+
+def test_systemd_install_never_writes_through_a_link_planted_at_a_temp_name(tmp_path, monkeypatch):
+    _on_path(monkeypatch, tmp_path / "bin", "systemctl", "exit 0\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    unit_dir = tmp_path / "home" / ".config" / "systemd" / "user"
+    unit_dir.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me\n")
+    for name in ("pi2-farm.service", "pi2-farm.timer"):  # the fixed temp names pi2 once used
+        (unit_dir / f".{name}.pi2-tmp").symlink_to(victim)
+    farm = _farm(tmp_path / "lab").resolve()
+    r = CliRunner().invoke(cli, ["farm", "schedule", str(farm), "--kind", "systemd", "--install"])
+    assert r.exit_code == 0, r.output
+    assert victim.read_bytes() == b"keep me\n"
+    assert (unit_dir / "pi2-farm.timer").read_text().startswith(sch.MARKER.format(farm=farm))
+    (unit_dir / "pi2-farm.timer").unlink()
+    (unit_dir / "pi2-farm.timer").symlink_to(victim)  # a link at the unit itself: refused, left as it is
+    r = CliRunner().invoke(cli, ["farm", "schedule", str(farm), "--kind", "systemd", "--install"])
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert victim.read_bytes() == b"keep me\n" and (unit_dir / "pi2-farm.timer").is_symlink()

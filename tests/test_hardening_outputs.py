@@ -400,3 +400,26 @@ def test_an_output_that_is_a_link_is_refused_before_any_work(tmp_path):
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith(f"pi2: error: --out {out}: is a symbolic link"), p.stderr
     assert (tmp_path / "victim").read_text() == "keep" and out.is_symlink()
+
+
+def test_models_profile_refuses_a_link_at_out_before_profiling(tmp_path, monkeypatch):
+    """The profile takes minutes of numpy forward passes: an --out it will refuse (a link) is refused
+    first, not after the work."""
+    from click.testing import CliRunner
+
+    from pi2cli.cli import cli
+    from pi2cli.models import profile as prof
+    from pi2cli.paths import REPO_ROOT
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("profiled before checking --out")
+
+    monkeypatch.setattr(prof, "workload_texts", must_not_run)
+    (tmp_path / "victim").write_text("keep")
+    (tmp_path / "m.pi2").write_bytes(b"")
+    out = tmp_path / "p.npz"
+    out.symlink_to(tmp_path / "victim")
+    r = CliRunner().invoke(cli, ["models", "profile", "-m", str(tmp_path / "m.pi2"), "-w",
+                                 str(REPO_ROOT / "workloads" / "code.jsonl"), "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 1 and "symbolic link" in r.stderr and r.stderr.count("\n") == 1, r.output
+    assert (tmp_path / "victim").read_text() == "keep" and out.is_symlink()

@@ -176,3 +176,24 @@ def test_full_and_read_only_disks_still_list(tmp_path):
         out = _pi2("results", "list", "--results-dir", str(results_dir))
         assert out.returncode == 0, out.stderr
         assert all(r["workload"]["name"] in out.stdout for r in runs)
+
+
+def test_a_second_file_with_a_stored_run_id_is_named_not_silently_swapped_in(tmp_path):
+    """A copy of a run file (a backup, a planted file) holds a run_id another file holds: one row can
+    hold only one, so the copy is skipped with a warning naming both, every listing alike -- it once
+    replaced the first file's row without a word, and the two then took turns at each sync."""
+    import json
+
+    path = store.save_run(fake_run("pi2", policy="powerinfer2", seed=3), tmp_path)
+    run = json.loads(Path(path).read_text())
+    copy = tmp_path / "runs" / "zz-copy.json"
+    copy.write_text(json.dumps({**run, "tags": ["planted"]}))
+    for _ in range(2):
+        out = _pi2("results", "list", "--json", "--results-dir", str(tmp_path))
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout)
+        assert [r["run_id"] for r in rows] == [run["run_id"]] and rows[0]["path"].endswith(Path(path).name)
+        warnings = out.stderr.splitlines()
+        assert len(warnings) == 1 and "zz-copy.json" in warnings[0] and Path(path).name in warnings[0], (
+            out.stderr
+        )

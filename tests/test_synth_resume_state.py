@@ -96,3 +96,20 @@ def test_a_planted_link_at_the_pi2_temp_name_is_removed_not_written_through(tmp_
     synth.synthesize(synth.SynthConfig(tokenizer_gguf=smollm2_gguf, **TINY), out)
     assert victim.read_bytes() == b"keep me"
     assert sorted(p.name for p in out.iterdir()) == ["model.gguf", "model.pi2"]
+
+
+def test_a_residual_array_declaring_a_huge_shape_is_refused_before_numpy_allocates_it(tmp_path):
+    """The .npy header names its shape; a planted one declaring 2^40 floats once reached numpy's
+    allocation (a MemoryError traceback from `pi2 models synth`): the header is checked first."""
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 20, 1 << 20)}
+    )
+    path = tmp_path / synth_resume.X_NAME
+    path.write_bytes(header.getvalue() + bytes(64))
+    assert synth_resume._load_x(path, (4, 256), "0" * 64) is None
+    x = np.arange(4 * 256, dtype=np.float32).reshape(4, 256)  # the real thing still loads
+    np.save(path, x)
+    assert np.array_equal(synth_resume._load_x(path, (4, 256), synth_resume._sha256(x)), x)

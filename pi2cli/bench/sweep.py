@@ -19,7 +19,6 @@ row per sample: pi2's TTFT and every TBT, llama-bench's per-repetition test time
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,9 +143,9 @@ def prompt_ids(n_vocab: int, n: int, seed: int = TOKEN_SEED) -> list[int]:
 # ------------------------------------------------------------------------------------------- the sweep
 def write_samples_csv(path: str, outcomes: list) -> None:
     """One row per sample of every run: pi2's TTFT and TBTs (per token), llama-bench's test times."""
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
+    from pi2cli import safe_write
+
+    with safe_write.safe_open(path, "w", newline="") as f:  # never through a link; whole or not at all
         w = csv.writer(f)
         w.writerow(["run_id", "engine", "policy", "target", "threads", "budget_bytes", "n_prompt", "n_gen",
                     "rep", "warmup", "kind", "index", "ns"])  # fmt: skip
@@ -162,7 +161,6 @@ def write_samples_csv(path: str, outcomes: list) -> None:
                     w.writerow(base + ["tbt", i + 1, ns])
                 if "t_ns" in t["extra"]:
                     w.writerow(base + [f"{t['extra']['test']}_test", 0, t["extra"]["t_ns"]])
-    tmp.replace(out)
 
 
 def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:

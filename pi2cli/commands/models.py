@@ -252,7 +252,10 @@ def profile_cmd(model_path, workload, limit, max_tokens, tokenizer_bin, out, as_
     The .npz feeds the converter's hot-first neuron order and the planner's hot-set sizes.
     """
     from pi2cli.models import profile as prof
+    from pi2cli.outputs import check_file_writable
 
+    out = out or model_path.with_suffix(".profile.npz")
+    check_file_writable(out, "--out")  # minutes of forward passes: refuse an impossible output first
     texts = prof.workload_texts(workload, limit)
     seqs = [s[:max_tokens] for s in prof.tokenize(model_path, texts, tokenizer_bin)]
     arrays = info.run_with_progress(

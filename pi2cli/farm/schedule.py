@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 
 UNIT = "pi2-farm"
@@ -123,10 +124,8 @@ def _install_systemd(farm_file: Path, report_dir: Path, hour: int, minute: int) 
             raise Pi2Error(f"{unit_dir / name} exists and is {other}: left as it is, nothing installed "
                            "(pi2 farm schedule --uninstall its farm file first)")  # fmt: skip
     unit_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in units.items():
-        tmp = unit_dir / f".{name}.pi2-tmp"
-        tmp.write_text(text)
-        tmp.replace(unit_dir / name)
+    for name, text in units.items():  # never through a link planted at the unit or a temp name
+        safe_write.write_text(unit_dir / name, text)
     done = _systemctl("daemon-reload")
     if done.returncode == 0:
         done = _systemctl("enable", "--now", f"{UNIT}.timer")
@@ -174,15 +173,18 @@ def _write_crontab(text: bytes) -> None:
 
 
 def without_entry(crontab: bytes, farm_file: Path) -> tuple[bytes, int]:
-    """crontab minus pi2's entries for farm_file (each its exact marker line and the line after it),
-    every other byte kept; and how many entries were removed."""
+    """crontab minus pi2's entries for farm_file (each its exact marker line and the line after it
+    when that line is pi2's job for farm_file), every other byte kept; and how many were removed.
+    A marker whose job line a person deleted by hand takes only itself: whatever they wrote below it
+    is theirs."""
     marker = MARKER.format(farm=farm_file).encode()
+    job = f" farm run {shlex.quote(str(farm_file))} ".encode()  # in every job line crontab_line writes
     lines = crontab.splitlines(keepends=True)
     kept, removed, i = [], 0, 0
     while i < len(lines):
         if lines[i].rstrip(b"\r\n") == marker:
             removed += 1
-            i += 2
+            i += 2 if i + 1 < len(lines) and job in lines[i + 1] else 1
             continue
         kept.append(lines[i])
         i += 1

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli import __version__
+from pi2cli import __version__, safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.models.pi2file import (
     ACTS,
@@ -368,13 +368,20 @@ def convert_gguf(
                 progress(layer + 2, n_steps)
     if gguf_twin:
         twin = Path(gguf_twin)
-        partial = twin.with_name(f".{twin.name}.partial-{os.getpid()}")
+        fd, partial = safe_write.create_temp(twin)  # exclusive, random name: a planted link is never followed
         try:
+            with os.fdopen(fd, "wb") as f:
+                if not sparse:
+                    with open(src, "rb") as s:
+                        shutil.copyfileobj(s, f)
             if sparse:
                 _write_llama_twin(reader, tensors, h, twin_downs, partial)
-            else:
-                shutil.copyfile(src, partial)
-            partial.replace(twin)
+            fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)  # whole on disk before it takes the twin's name
+            finally:
+                os.close(fd)
+            safe_write.commit(partial, twin)  # over a regular file only: a link or device there is refused
         except BaseException:
             out.unlink(missing_ok=True)  # no .pi2 without the twin that was asked for
             raise

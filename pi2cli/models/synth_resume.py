@@ -167,6 +167,12 @@ def _load_x(path: Path, shape: tuple[int, int], sha: object):
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
+            # the header first: a shape it declares is allocated by np.load before any check of ours
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(f))  # fmt: skip
+            if read_header is None or read_header(f) != (shape, False, np.dtype("<f4")):
+                return None
+            f.seek(0)
             x = np.load(f, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None

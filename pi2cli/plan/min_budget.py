@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 from pathlib import Path
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.units import describe_size
 
@@ -105,9 +105,7 @@ def minimums_for_file(model: Path, policies, ctx: int | None, threads: int | Non
         known = dict(list(known.items())[-256:])  # the newest answers: files come and go (tests' temp models)
         with contextlib.suppress(OSError):
             store.parent.mkdir(parents=True, exist_ok=True)
-            tmp = store.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known))
-            tmp.replace(store)
+            safe_write.write_text(store, json.dumps(known))  # never through a link planted beside it
     return out
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
 from pi2cli.models.numpy_llama import Reference
 from pi2cli.models.pi2file import Pi2File, Pi2FormatError, Pi2Writer, bundle_suffix, decode_rows, encode_rows
@@ -210,13 +210,10 @@ def convert_cats(src: Path, out: Path, sparsity: float, workload: str = "multi-t
             extra["chat_template"] = template
         write_cats(dense, out, sparsity, calib, bundle_type=btype, extra_meta=extra)
         if gguf_twin is not None:
-            partial = Path(gguf_twin).with_name(f".{Path(gguf_twin).name}.partial-{os.getpid()}")
-            try:
-                shutil.copyfile(twin_src, partial)
-                partial.replace(gguf_twin)
+            try:  # exclusive temp, random name, renamed over a regular file only: a planted link is refused
+                with open(twin_src, "rb") as src_f, safe_write.safe_open(gguf_twin) as f:
+                    shutil.copyfileobj(src_f, f)
             except BaseException:
-                with contextlib.suppress(OSError):
-                    partial.unlink()
                 out.unlink(missing_ok=True)  # no .pi2 without the twin that was asked for
                 raise
     return {"out": str(out), "sparsify": "cats", "sparsity": sparsity, "calibration": calib,

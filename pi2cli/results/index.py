@@ -212,6 +212,9 @@ class Index:
                  for row in self.conn.execute("SELECT path, file_mtime_ns, file_size, run_id FROM runs")}  # fmt: skip
         files, warnings = scan_runs_dir(self.runs_dir)
         stale = [known[name][2] for name in known if name not in files]
+        # run_id -> the file that holds it: one row per run_id, so a second file with a stored run's id
+        # (a copy, a planted file) is named and skipped, never silently swapped in for the first.
+        owner = {rid: name for name, (_, _, rid) in known.items() if name in files}
         fresh = []
         for name, (path, st) in sorted(files.items()):
             if name in known and known[name][:2] == (st.st_mtime_ns, st.st_size):
@@ -220,11 +223,20 @@ class Index:
                 run = read_run_file(path)
                 row = row_for(run, path, st)
                 _check_storable(row, path)
+                first = owner.get(row["run_id"], name)
+                if first != name:
+                    raise Pi2Error(
+                        f"{path}: run {row['run_id']} is already {self.runs_dir / first} (a copy?)"
+                    )
             except Pi2Error as err:
                 warnings.append(str(err.format_message()))
-                if name in known:
+                if name in known and owner.get(known[name][2]) == name:
                     stale.append(known[name][2])
+                    del owner[known[name][2]]
                 continue
+            if name in known and owner.get(known[name][2]) == name:
+                del owner[known[name][2]]  # this file now holds another id (or the same, set again below)
+            owner[row["run_id"]] = name
             fresh.append(row)
         return stale, fresh, warnings
 
