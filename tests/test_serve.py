@@ -223,52 +223,52 @@ def test_slow_loris_gets_408_and_the_socket_closed(tiny):
     assert tiny.healthy()
 
 
-def test_disconnect_mid_stream_frees_the_slot(tiny):
-    body = json.dumps({"prompt": "Tell me a long story", "max_tokens": 256, "temperature": 0, "stream": True,
-                       "stop": ["\u0001never"]}).encode()  # fmt: skip
-    head = f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-    s = socket.create_connection((HOST, tiny.port), timeout=20)
-    s.sendall(head + body)
-    got = b""
-    while got.count(b"data: ") < 3:  # the role chunk and two tokens
-        got += s.recv(4096)
-    s.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        status, h = tiny.get("/health")
-        if h["busy"] == 0:
-            break
-        time.sleep(0.05)
-    assert h["busy"] == 0
-    # the next request computes at once and whole
-    r = tiny.client().completions.create(model="m", prompt="Hi", max_tokens=3, temperature=0)
-    assert r.usage.completion_tokens == 3
-
-
-def test_full_queue_answers_503_with_retry_after(tiny_model):
-    # PI2_TEST_DELAY_US slows every token, so the one computing request holds the slot long enough
+@pytest.fixture(scope="module")
+def slow(tiny_model):
+    """A server whose tokens take 20 ms each (PI2_TEST_DELAY_US), so a request holds the slot for seconds."""
     with serve(tiny_model, "--max-queue", "1", env={"PI2_TEST_DELAY_US": "20000"}) as srv:
-        results = {}
+        yield srv
 
-        def run(i):
-            results[i] = srv.post(
-                "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 40, "temperature": 0})
-            )
 
-        first = threading.Thread(target=run, args=(0,))
-        first.start()
-        _wait(lambda: srv.get("/health")[1]["busy"] == 1)
-        second = threading.Thread(target=run, args=(1,))
-        second.start()
-        _wait(lambda: srv.get("/health")[1]["waiting"] == 1)
-        body = json.dumps({"prompt": "x", "max_tokens": 4}).encode()
-        raw = srv.raw(f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body,
-                      shut=False)  # fmt: skip
-        assert parse(raw)[0] == 503 and b"\r\nRetry-After: 1\r\n" in raw
-        first.join(60)
-        second.join(60)
-        assert results[0][0] == 200 and results[1][0] == 200  # the queued one ran after the first
-        assert results[1][1]["pi2_timings"]["queue_ms"] > 0
+def test_disconnect_mid_stream_frees_the_slot(slow):
+    body = json.dumps({"prompt": "Tell me a long story", "max_tokens": 200, "temperature": 0, "stream": True})
+    head = f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    with socket.create_connection((HOST, slow.port), timeout=20) as s:
+        s.sendall(head + body.encode())
+        got = b""
+        while got.count(b"data: ") < 3:  # the role chunk and two tokens
+            got += s.recv(4096)
+    t_closed = time.monotonic()
+    _wait(lambda: slow.get("/health")[1]["busy"] == 0)
+    # 200 tokens at 20 ms would hold the slot 4 s; cancelled at the next token, it is free at once
+    assert time.monotonic() - t_closed < 1.5
+    status, r = slow.post("/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 3, "temperature": 0}))
+    assert status == 200 and r["usage"]["completion_tokens"] == 3
+
+
+def test_full_queue_answers_503_with_retry_after(slow):
+    results = {}
+
+    def run(i):
+        results[i] = slow.post(
+            "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 40, "temperature": 0})
+        )
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    _wait(lambda: slow.get("/health")[1]["busy"] == 1)
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    _wait(lambda: slow.get("/health")[1]["waiting"] == 1)
+    body = json.dumps({"prompt": "x", "max_tokens": 4}).encode()
+    raw = slow.raw(
+        f"POST /v1/completions HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body, shut=False
+    )
+    assert parse(raw)[0] == 503 and b"\r\nRetry-After: 1\r\n" in raw
+    first.join(60)
+    second.join(60)
+    assert results[0][0] == 200 and results[1][0] == 200  # the queued one ran after the first
+    assert results[1][1]["pi2_timings"]["queue_ms"] > 0
 
 
 def _wait(cond, seconds: float = 20):
