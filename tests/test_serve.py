@@ -90,9 +90,26 @@ def generate_text(model: Path, prompt: str, n: int, *flags: str) -> str:
 
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
-CHATML = (
-    "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CHAT) + "<|im_start|>assistant\n"
-)
+
+
+def chatml(messages: list[dict]) -> str:
+    return (
+        "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        + "<|im_start|>assistant\n"
+    )
+
+
+def converse(srv: Server, model: Path, turns: int = 3) -> None:
+    """A conversation that resends its history: each turn prefills only what is new (the KV prefix of the
+    last prompt is reused) and still answers what `generate` answers for the whole conversation."""
+    msgs, n_prev = [{"role": "user", "content": "Name a colour."}], 0
+    for _ in range(turns):
+        r = srv.client().chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
+        text = r.choices[0].message.content
+        assert text == generate_text(model, chatml(msgs), 12)
+        assert r.model_extra["pi2_timings"]["n_cached"] == n_prev  # the whole previous prompt
+        n_prev = r.usage.prompt_tokens
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "And another?"}]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +120,7 @@ def tiny(tiny_model):
 
 def test_openai_client_chat_and_completions_match_generate(tiny, tiny_model):
     c = tiny.client()
-    want = generate_text(tiny_model, CHATML, 12)
+    want = generate_text(tiny_model, chatml(CHAT), 12)
     assert want.strip()
     whole = c.chat.completions.create(model="m", messages=CHAT, max_tokens=12, temperature=0)
     assert whole.choices[0].message.content == want
@@ -125,6 +142,11 @@ def test_openai_client_chat_and_completions_match_generate(tiny, tiny_model):
         model="m", prompt=prompt, max_tokens=10, temperature=0.8, seed=7, stream=True
     )
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == want
+
+
+def test_a_conversation_reuses_its_prefix(tiny_model):
+    with serve(tiny_model, "--chat-template", "chatml") as srv:
+        converse(srv, tiny_model)
 
 
 def test_stop_strings_cut_the_text(tiny, tiny_model):
@@ -314,7 +336,7 @@ def smollm2_pi2(tmp_path_factory, smollm2_gguf) -> Path:
 
 
 def test_smollm2_chat_matches_generate(smollm2_pi2):
-    want = generate_text(smollm2_pi2, CHATML, 24)
+    want = generate_text(smollm2_pi2, chatml(CHAT), 24)
     assert want.strip()
     with serve(smollm2_pi2, "--chat-template", "chatml", "--ctx", "512") as srv:
         c = srv.client()
@@ -326,3 +348,4 @@ def test_smollm2_chat_matches_generate(smollm2_pi2):
         prompt = "The capital of France is"
         got = c.completions.create(model="smollm2", prompt=prompt, max_tokens=16, temperature=0)
         assert got.choices[0].text == generate_text(smollm2_pi2, prompt, 16)
+        converse(srv, smollm2_pi2)
