@@ -435,11 +435,28 @@ done:
     pi2_buf_free(&in);
 }
 
+/* Close after the answer without losing it: closing a socket with unread bytes (the rest of a body
+ * refused with 413, a request cut off with 408) sends a reset, and a reset can arrive before the
+ * client has read the answer. So: end our side, and read what still comes for a moment. */
+static void lingering_close(int fd) {
+    shutdown(fd, SHUT_WR);
+    const uint64_t deadline = pi2_now_ns() + 500000000ull;
+    char sink[4096];
+    for (size_t drained = 0; drained < MAX_BODY;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        const int left = ms_left(deadline);
+        if (!left || poll(&pf, 1, left) <= 0) break;
+        const ssize_t r = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (r <= 0) break;
+        drained += (size_t)r;
+    }
+    close(fd);
+}
+
 static void *conn_main(void *arg) {
     const int fd = (int)(intptr_t)arg;
     handle(fd);
-    shutdown(fd, SHUT_WR);
-    close(fd);
+    lingering_close(fd);
     pthread_mutex_lock(&S.mu);
     S.conns--;
     pthread_cond_broadcast(&S.cv);
