@@ -293,6 +293,19 @@ def test_full_queue_answers_503_with_retry_after(slow):
     assert results[1][1]["pi2_timings"]["queue_ms"] > 0
 
 
+def test_request_timeout_ends_a_long_generation(tiny_model):
+    with serve(tiny_model, "--request-timeout", "1", env={"PI2_TEST_DELAY_US": "20000"}) as srv:
+        t0 = time.monotonic()
+        status, r = srv.post(
+            "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1000, "temperature": 0})
+        )
+        assert (
+            status == 200 and r["choices"][0]["finish_reason"] == "length" and r["pi2_timings"]["timed_out"]
+        )
+        assert r["usage"]["completion_tokens"] < 200 and time.monotonic() - t0 < 10  # 1000 tokens: 20 s
+        assert srv.healthy()
+
+
 def _wait(cond, seconds: float = 20):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@
 enum {
     O_MODEL, O_FACTS, O_PROMPT, O_TOKENS, O_LOGITS_OUT, O_ALL, O_N_PREDICT, O_TEMPERATURE, O_TOP_P, O_SEED,
     O_IGNORE_EOS, O_EVENTS, O_THREADS, O_AFFINITY, O_CTX, O_BATCH, O_NO_VERIFY_NEURONS, O_NO_PACK, O_PLAN,
-    O_JSON, O_VERIFY, O_HOST, O_PORT, O_API_KEY, O_MAX_QUEUE, O_MAX_TOKENS, O_READ_TIMEOUT, O_CHAT_TEMPLATE,
+    O_JSON, O_VERIFY, O_HOST, O_PORT, O_API_KEY, O_MAX_QUEUE, O_MAX_TOKENS, O_READ_TIMEOUT, O_REQUEST_TIMEOUT, O_CHAT_TEMPLATE,
     /* the sparse engine's (docs/SPARSE.md) */
     O_POLICY, O_MEMORY_BUDGET, O_PREDICTOR, O_CHECK_PREDICTOR, O_PRED_THRESHOLD, O_LLMFLASH_WINDOW,
     O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD, O_READ_CAP,
@@ -55,6 +55,7 @@ const pi2_flag pi2_flags[] = {
     [O_MAX_QUEUE] = {"--max-queue", NULL, 1, V, "requests that may wait while one computes; more get 503   [4]"},
     [O_MAX_TOKENS] = {"--max-tokens", NULL, 1, V, "largest max_tokens a request may ask for (more: 400)   [4096]"},
     [O_READ_TIMEOUT] = {"--read-timeout", NULL, 1, V, "seconds a client has to send its whole request (else 408), and to take each write   [10]"},
+    [O_REQUEST_TIMEOUT] = {"--request-timeout", NULL, 1, V, "seconds a request may compute; then it ends at its next token (finish_reason length)   [300]"},
     [O_CHAT_TEMPLATE] = {"--chat-template", NULL, 1, V, "chatml|llama2|llama3: render chats so   [the kind of the model's own template]"},
     [O_POLICY] = {"--policy", NULL, 1, G | E | C | S | V, "dense|bundle|llmflash|cache|powerinfer2   [dense]"},
     [O_MEMORY_BUDGET] = {"--memory-budget", NULL, 1, G | E | C | S | V, "whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)"},
@@ -101,6 +102,7 @@ static void options_default(pi2_options *o) {
     o->max_queue = 4;
     o->max_tokens = 4096;
     o->read_timeout_s = 10;
+    o->request_timeout_s = 300;
     pi2_sparse_config_default(&o->sparse);
 }
 
@@ -182,6 +184,7 @@ static int apply(int id, const char *a, const char *v, pi2_options *o) {
     case O_MAX_QUEUE: return pi2_parse_int_arg(a, v, 0, 1024, &o->max_queue);
     case O_MAX_TOKENS: return pi2_parse_int_arg(a, v, 1, 1 << 20, &o->max_tokens);
     case O_READ_TIMEOUT: return pi2_parse_int_arg(a, v, 1, 3600, &o->read_timeout_s);
+    case O_REQUEST_TIMEOUT: return pi2_parse_int_arg(a, v, 1, 86400, &o->request_timeout_s);
     case O_CHAT_TEMPLATE: o->chat_template = v; return 0;
     case O_POLICY: {
         for (int i = 0; i <= PI2_POLICY_POWERINFER2; i++)

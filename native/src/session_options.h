@@ -44,7 +44,7 @@ typedef struct {
     pi2_sparse_config sparse;
     /* serve (server/serve.h) */
     const char *host, *api_key, *chat_template;
-    int port, max_queue, max_tokens, read_timeout_s;
+    int port, max_queue, max_tokens, read_timeout_s, request_timeout_s;
 } pi2_options;
 
 /* Parse argv[2..argc) for `cmd` (one pi2_command bit) into o (defaults first). A flag the command does

@@ -150,7 +150,7 @@ static int read_request(int fd, pi2_buf *in, pi2_http_request *req) {
 
 /* The request that holds the compute slot, for emit (the session's callback has no user pointer). */
 typedef struct {
-    int fd, stream, gone, stopped, failed;
+    int fd, stream, gone, stopped, timed_out;
     const pi2_oai_request *rq;
     pi2_oai_reply reply;
     pi2_buf text;       /* everything generated so far (cut at a stop string) */
@@ -230,7 +230,8 @@ static void emit(const char *piece, int n) {
         stream_text(g, safe, 0);
     }
     if (!g->gone && client_gone(g->fd)) g->gone = 1;
-    if (g->stopped || g->gone || stopping || g->text.oom) S.s.stop_turn = 1;
+    if (now - g->t0 > (uint64_t)S.o.request_timeout_s * 1000000000ull) g->timed_out = 1;
+    if (g->stopped || g->gone || g->timed_out || stopping || g->text.oom) S.s.stop_turn = 1;
 }
 
 /* Prompt ids common with what the cache holds: that many positions are kept (at least one token is
@@ -316,10 +317,10 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     snprintf(timings, sizeof timings,
              "{\"t_ns\": %llu, \"n_prompt\": %d, \"n_cached\": %d, \"n_gen\": %d, \"queue_ms\": %.3f, \"ttft_ms\": %.3f, "
              "\"prefill_ms\": %.3f, \"prefill_tps\": %.3f, \"decode_ms\": %.3f, \"decode_tps\": %.3f, \"threads\": %d, "
-             "\"kernels\": \"%s\", \"peak_rss_bytes\": %llu}",
+             "\"kernels\": \"%s\", \"peak_rss_bytes\": %llu, \"timed_out\": %s}",
              (unsigned long long)t_end, n, k, r.n_gen, (g.t0 - t_queued) / 1e6, r.ttft_s * 1e3, r.prefill_s * 1e3,
              r.prefill_tps, r.decode_s * 1e3, r.decode_tps, s->n_threads, pi2_kernel_level_name(pi2_kernels_current()),
-             (unsigned long long)pi2_peak_rss_bytes());
+             (unsigned long long)pi2_peak_rss_bytes(), g.timed_out ? "true" : "false");
     pi2_buf out = {0}, json = {0};
     if (g.stream) {
         if (!g.gone) {
