@@ -6,7 +6,7 @@ A tiny model has everything a real one has: a SentencePiece vocabulary, predicto
 thresholds), neuron bundles, a dense down copy, MoE experts when asked. It is ~90 KB, nearly all
 page padding.
 
-    python tests/crafted_models.py seeds DIR     # the fuzz seed corpus (DIR/pi2file, DIR/plan, DIR/chat)
+    python tests/crafted_models.py seeds DIR     # the fuzz seed corpus (DIR/pi2file, DIR/plan, DIR/chat, DIR/http)
     python tests/crafted_models.py crafted DIR   # the crafted files (run-sanitize.sh feeds them to ASan)
 """
 
@@ -200,6 +200,43 @@ CHAT_SEEDS = {
 }
 
 
+def _http(method: str, path: str, body: dict | None = None, headers: str = "") -> bytes:
+    data = json.dumps(body).encode() if body is not None else b""
+    length = f"Content-Length: {len(data)}\r\n" if body is not None else ""
+    return f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}{length}\r\n".encode() + data
+
+
+# Requests to `pi2-engine serve` (the http fuzz target's seeds): each route, streamed and not.
+HTTP_SEEDS = {
+    "health.http": _http("GET", "/health"),
+    "models.http": _http("GET", "/v1/models", headers="Authorization: Bearer k\r\n"),
+    "chat.http": _http(
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi \u00e9"},
+                {"role": "assistant", "content": [{"type": "text", "text": "yes"}]},
+            ],
+            "max_tokens": 8,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "seed": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ),  # fmt: skip
+    "completion.http": _http(
+        "POST",
+        "/v1/completions",
+        {"model": "m", "prompt": "Once", "max_tokens": 4, "stop": ["\n", "END"], "n": 1, "user": "u"},
+        headers="Expect: 100-continue\r\n",
+    ),  # fmt: skip
+}
+
+
 def write_seeds(out: Path) -> None:
     (out / "pi2file").mkdir(parents=True, exist_ok=True)
     write_tiny_model(out / "pi2file" / "llama_q4_0.pi2")
@@ -208,6 +245,9 @@ def write_seeds(out: Path) -> None:
         (out / target).mkdir(parents=True, exist_ok=True)
         for name, obj in seeds.items():
             (out / target / name).write_text(json.dumps(obj) + ("\n" if target == "chat" else ""))
+    (out / "http").mkdir(parents=True, exist_ok=True)
+    for name, data in HTTP_SEEDS.items():
+        (out / "http" / name).write_bytes(data)
 
 
 def write_crafted(out: Path) -> list[Path]:

@@ -42,7 +42,7 @@ typedef struct {
     size_t (*finish)(fuzz_rng *r, uint8_t *buf, size_t len, size_t cap);
 } fuzz_target;
 
-extern const fuzz_target fuzz_target_pi2file, fuzz_target_plan, fuzz_target_chat;
+extern const fuzz_target fuzz_target_pi2file, fuzz_target_plan, fuzz_target_chat, fuzz_target_http;
 
 /* The error of a refused input must be one non-empty line; aborts (a finding) otherwise. */
 void fuzz_check_error_line(const char *target);

@@ -25,7 +25,7 @@
 #define FUZZ_MAX_INPUT (4u << 20)
 #define MAX_SEEDS 256
 
-static const fuzz_target *targets[] = {&fuzz_target_pi2file, &fuzz_target_plan, &fuzz_target_chat};
+static const fuzz_target *targets[] = {&fuzz_target_pi2file, &fuzz_target_plan, &fuzz_target_chat, &fuzz_target_http};
 
 /* ---- shared helpers (declared in fuzz.h) ---- */
 

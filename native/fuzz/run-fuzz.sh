@@ -1,7 +1,7 @@
 #!/bin/sh
 # A bounded fuzz run of every pi2-fuzz target from the sanitizer build (docs/FUZZ.md): the seed corpus
 # is written by the project's own .pi2 writer (tests/crafted_models.py) next to the committed
-# regression inputs, the time is split 70/15/15 between pi2file, plan and chat, and any crash, hang or
+# regression inputs, the time is split 60/12/12/16 between pi2file, plan, chat and http, and any crash, hang or
 # leak fails the run with its input kept under BUILD/fuzz/findings.
 # Usage: native/fuzz/run-fuzz.sh [build-dir] [seconds] [seed] [python]
 #   (defaults: build/asan, 120, 1, .venv/bin/python; the build must exist: make fuzz builds it)
@@ -19,9 +19,9 @@ fuzz=$build/pi2-fuzz
 work=$build/fuzz
 rm -rf "$work/corpus" && mkdir -p "$work/corpus" "$work/findings"
 "$py" "$root/tests/crafted_models.py" seeds "$work/corpus"
-for t in plan chat; do cp "$root"/tests/fuzz/regressions/$t/* "$work/corpus/$t/" 2>/dev/null || true; done
+for t in plan chat http; do cp "$root"/tests/fuzz/regressions/$t/* "$work/corpus/$t/" 2>/dev/null || true; done
 status=0
-for spec in pi2file:70 plan:15 chat:15; do
+for spec in pi2file:60 plan:12 chat:12 http:16; do
     t=${spec%%:*}
     s=$(( seconds * ${spec##*:} / 100 ))
     [ "$s" -ge 1 ] || s=1

@@ -19,6 +19,7 @@
 #include "plan.h"
 #include "safe_write.h"
 #include "sampler.h"
+#include "serve.h"
 #include "session.h"
 #include "session_options.h"
 #include "size_cmd.h"
@@ -282,6 +283,7 @@ static int cmd_capabilities(void) {
 static int run_command(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "chat")) return pi2_chat_main(argc, argv); /* multi-turn, KV kept: chat.c */
+    if (!strcmp(cmd, "serve")) return pi2_serve_main(argc, argv); /* HTTP, OpenAI's API: server/serve.c */
     unsigned bit = 0;
     for (int c = 0; c < pi2_command_count(); c++)
         if (!strcmp(cmd, pi2_command_names[c])) bit = 1u << c;

@@ -93,6 +93,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     memset(r, 0, sizeof *r);
     r->stop = "length";
     s->has_pending = 0;
+    s->stop_turn = 0;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
     char tok_json[400], piece[256];
     pi2_sparse_snapshot(s->sparse, &st_prev);
@@ -123,6 +124,10 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         }
         int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
         if (np > 0) emit(piece, np);
+        if (s->stop_turn) {
+            r->stop = "stop";
+            break;
+        }
         if (n_gen < n_predict) {
             st_prev = st_cur;
             if (!n_dec) pi2_prof_take(&pa, s->ctx, s->sparse, s->pool);

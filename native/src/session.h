@@ -38,6 +38,7 @@ typedef struct {
     int has_pending;    /* chat: the last generated token is not in the KV cache yet */
     int32_t pending;
     pi2_decode_profile prof; /* decode's passes, for the summary's "decode_profile" (session_profile.h) */
+    int stop_turn;      /* set by emit to end the turn after this token (serve: a stop string, a client gone) */
 } pi2_session;
 
 /* Whether a session loads the model's tokenizer: no (eval: token ids only), yes (a model without one is
@@ -70,7 +71,8 @@ typedef struct {
 /* One turn: prefill s->ids[0..n_new) in batches, then sample up to n_predict tokens (stopping at an
  * end-of-generation token unless ignore_eos), each with a token event of turn turn_index
  * (event_schema.h) and its text handed to emit. The last token sampled is not run: it stays in s->pending for
- * the next turn's prefill. t0: when the turn began (its TTFT counts from there). 0, or -1 with an
+ * the next turn's prefill. emit may set s->stop_turn to end the turn after its token (r->stop "stop"; that
+ * token is not run, as at end-of-generation). t0: when the turn began (its TTFT counts from there). 0, or -1 with an
  * error from the forward pass. */
 int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
                      void (*emit)(const char *piece, int n), pi2_turn *r);

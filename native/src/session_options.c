@@ -12,12 +12,13 @@
 #define I PI2_CMD_INFO
 #define C PI2_CMD_CHAT
 #define S PI2_CMD_SIZE
+#define V PI2_CMD_SERVE
 
 /* Indexes into pi2_flags: the parser's switch names a flag by its row. */
 enum {
     O_MODEL, O_FACTS, O_PROMPT, O_TOKENS, O_LOGITS_OUT, O_ALL, O_N_PREDICT, O_TEMPERATURE, O_TOP_P, O_SEED,
     O_IGNORE_EOS, O_EVENTS, O_THREADS, O_AFFINITY, O_CTX, O_BATCH, O_NO_VERIFY_NEURONS, O_NO_PACK, O_PLAN,
-    O_JSON, O_VERIFY,
+    O_JSON, O_VERIFY, O_HOST, O_PORT, O_API_KEY, O_MAX_QUEUE, O_MAX_TOKENS, O_READ_TIMEOUT, O_REQUEST_TIMEOUT, O_CHAT_TEMPLATE,
     /* the sparse engine's (docs/SPARSE.md) */
     O_POLICY, O_MEMORY_BUDGET, O_PREDICTOR, O_CHECK_PREDICTOR, O_PRED_THRESHOLD, O_LLMFLASH_WINDOW,
     O_HOT_FRACTION, O_HOT_SHARE, O_CLUSTER, O_TWO_PHASE, O_NO_TWO_PHASE, O_PREFILL_STREAM, O_MISS_THRESHOLD, O_READ_CAP,
@@ -27,7 +28,7 @@ enum {
 const int pi2_flags_sparse = O_POLICY;
 
 const pi2_flag pi2_flags[] = {
-    [O_MODEL] = {"--model", "-m", 1, G | E | I | C | S, "the .pi2 model file"},
+    [O_MODEL] = {"--model", "-m", 1, G | E | I | C | S | V, "the .pi2 model file"},
     [O_FACTS] = {"--facts", NULL, 1, S, "size a model from its header facts (the JSON of `info --json`) instead of -m"},
     [O_PROMPT] = {"--prompt", "-p", 1, G, "prompt text (special tokens in it are parsed)"},
     [O_TOKENS] = {"--tokens", NULL, 1, G | E, "prompt as token ids: 1,2,3"},
@@ -39,41 +40,49 @@ const pi2_flag pi2_flags[] = {
     [O_SEED] = {"--seed", NULL, 1, G | C, "sampler seed, a non-negative integer   [0]"},
     [O_IGNORE_EOS] = {"--ignore-eos", NULL, 0, G | C, "do not stop at end-of-generation tokens"},
     [O_EVENTS] = {"--events", NULL, 1, G | C, "JSONL events (start, token, turn, summary) to this file"},
-    [O_THREADS] = {"--threads", "-t", 1, G | E | C | S, "compute threads   [all cores]"},
-    [O_AFFINITY] = {"--affinity", NULL, 1, G | E | C, "pin the compute threads to these CPUs: 0,1,.."},
-    [O_CTX] = {"--ctx", NULL, 1, G | E | C | S, "KV cache positions"},
-    [O_BATCH] = {"--batch", NULL, 1, G | E | C | S, "most tokens per forward pass"},
-    [O_NO_VERIFY_NEURONS] = {"--no-verify-neurons", NULL, 0, G | E | C, "dense: skip the neuron region's checksum"},
-    [O_NO_PACK] = {"--no-pack-ffn", NULL, 0, G | E | C | S, "dense: compute straight from the bundles"},
-    [O_PLAN] = {"--plan", NULL, 1, G | E | C | S, "the settings of a plan from `pi2 plan` (docs/PLAN.md); later flags override it"},
+    [O_THREADS] = {"--threads", "-t", 1, G | E | C | S | V, "compute threads   [all cores]"},
+    [O_AFFINITY] = {"--affinity", NULL, 1, G | E | C | V, "pin the compute threads to these CPUs: 0,1,.."},
+    [O_CTX] = {"--ctx", NULL, 1, G | E | C | S | V, "KV cache positions"},
+    [O_BATCH] = {"--batch", NULL, 1, G | E | C | S | V, "most tokens per forward pass"},
+    [O_NO_VERIFY_NEURONS] = {"--no-verify-neurons", NULL, 0, G | E | C | V, "dense: skip the neuron region's checksum"},
+    [O_NO_PACK] = {"--no-pack-ffn", NULL, 0, G | E | C | S | V, "dense: compute straight from the bundles"},
+    [O_PLAN] = {"--plan", NULL, 1, G | E | C | S | V, "the settings of a plan from `pi2 plan` (docs/PLAN.md); later flags override it"},
     [O_JSON] = {"--json", NULL, 0, I | S, "print JSON"},
     [O_VERIFY] = {"--verify", NULL, 0, I, "also check the neuron region's checksum"},
-    [O_POLICY] = {"--policy", NULL, 1, G | E | C | S, "dense|bundle|llmflash|cache|powerinfer2   [dense]"},
-    [O_MEMORY_BUDGET] = {"--memory-budget", NULL, 1, G | E | C | S, "whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)"},
-    [O_PREDICTOR] = {"--predictor", NULL, 1, G | E | C | S, "model|oracle: oracle = true activations (a correctness tool)   [model]"},
-    [O_CHECK_PREDICTOR] = {"--check-predictor", NULL, 0, G | E | C | S, "also compute true activations: recall/precision per layer"},
-    [O_PRED_THRESHOLD] = {"--pred-threshold", NULL, 1, G | E | C | S, "predictor threshold in (0,1) for every layer   [the model file's]"},
-    [O_LLMFLASH_WINDOW] = {"--llmflash-window", NULL, 1, G | E | C | S, "llmflash: keep neurons used by the last K tokens   [5]"},
-    [O_HOT_FRACTION] = {"--hot-fraction", NULL, 1, G | E | C | S, "hot set: first F of each block's bundles   [0.2]"},
-    [O_HOT_SHARE] = {"--hot-share", NULL, 1, G | E | C | S, "share of the neuron cache for hot clusters   [0.5]"},
-    [O_CLUSTER] = {"--cluster", NULL, 1, G | E | C | S, "bundles per hot cluster   [32]"},
-    [O_TWO_PHASE] = {"--two-phase", NULL, 0, G | E | C | S, "powerinfer2: cold INT4 bundles gate part first   [auto: from a storage probe at open]"},
-    [O_NO_TWO_PHASE] = {"--no-two-phase", NULL, 0, G | E | C | S, "powerinfer2: cold INT4 bundles read whole"},
-    [O_PREFILL_STREAM] = {"--prefill-stream", NULL, 1, G | E | C | S, "auto|on|off: powerinfer2 batches of 8+ tokens under a budget come through the GEMM chunk by chunk (cached bundles copied, the rest read singly or the chunk whole, whichever costs less; on = auto); off: through the cache's waves   [auto]"},
-    [O_MISS_THRESHOLD] = {"--miss-threshold", NULL, 1, G | E | C | S, "decode: read a cold miss only if its predicted probability > P   [off]"},
-    [O_READ_CAP] = {"--read-cap", NULL, 1, G | E | C | S, "decode: most cold misses read a token, the likeliest first: N, auto (what compute hides), off   [off]"},
-    [O_LRU_ONLY] = {"--lru-only", NULL, 0, G | E | C | S, "cache, powerinfer2: plain LRU for cold misses, not insertion by rank"},
-    [O_LOOKAHEAD] = {"--lookahead", NULL, 0, G | E | C | S, "powerinfer2: read what the coming layer's predictor wants during attention"},
-    [O_NO_WARM] = {"--no-warm", NULL, 0, G | E | C | S, "powerinfer2 under a budget: start with an empty neuron cache (default: filled at open with what it keeps in the steady state)"},
-    [O_NO_REPACK] = {"--no-repack", NULL, 0, G | E | C | S, "keep attention/output rows as stored (no interleaving by four)"},
-    [O_IO] = {"--io", NULL, 1, G | E | C | S, "auto|uring|pread|buffered: neuron reads   [auto]"},
-    [O_IO_THREADS] = {"--io-threads", NULL, 1, G | E | C | S, "pread-pool threads"},
-    [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S, "the I/O threads' CPUs: 0,1 (the pread pool's; the first also the submitter's)"},
-    [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own"},
+    [O_HOST] = {"--host", NULL, 1, V, "address to listen on (an IPv4 literal)   [127.0.0.1: this device only]"},
+    [O_PORT] = {"--port", NULL, 1, V, "TCP port, 0 = any free one (the first stderr line names it)   [8080]"},
+    [O_API_KEY] = {"--api-key", NULL, 1, V, "require 'Authorization: Bearer KEY' on /v1/ requests"},
+    [O_MAX_QUEUE] = {"--max-queue", NULL, 1, V, "requests that may wait while one computes; more get 503   [4]"},
+    [O_MAX_TOKENS] = {"--max-tokens", NULL, 1, V, "largest max_tokens a request may ask for (more: 400)   [4096]"},
+    [O_READ_TIMEOUT] = {"--read-timeout", NULL, 1, V, "seconds a client has to send its whole request (else 408), and to take each write   [10]"},
+    [O_REQUEST_TIMEOUT] = {"--request-timeout", NULL, 1, V, "seconds a request may compute; then it ends at its next token (finish_reason length)   [300]"},
+    [O_CHAT_TEMPLATE] = {"--chat-template", NULL, 1, V, "chatml|llama2|llama3: render chats so   [the kind of the model's own template]"},
+    [O_POLICY] = {"--policy", NULL, 1, G | E | C | S | V, "dense|bundle|llmflash|cache|powerinfer2   [dense]"},
+    [O_MEMORY_BUDGET] = {"--memory-budget", NULL, 1, G | E | C | S | V, "whole-process budget, e.g. 2G, 1536M (sparse policies keep peak RSS under it)"},
+    [O_PREDICTOR] = {"--predictor", NULL, 1, G | E | C | S | V, "model|oracle: oracle = true activations (a correctness tool)   [model]"},
+    [O_CHECK_PREDICTOR] = {"--check-predictor", NULL, 0, G | E | C | S | V, "also compute true activations: recall/precision per layer"},
+    [O_PRED_THRESHOLD] = {"--pred-threshold", NULL, 1, G | E | C | S | V, "predictor threshold in (0,1) for every layer   [the model file's]"},
+    [O_LLMFLASH_WINDOW] = {"--llmflash-window", NULL, 1, G | E | C | S | V, "llmflash: keep neurons used by the last K tokens   [5]"},
+    [O_HOT_FRACTION] = {"--hot-fraction", NULL, 1, G | E | C | S | V, "hot set: first F of each block's bundles   [0.2]"},
+    [O_HOT_SHARE] = {"--hot-share", NULL, 1, G | E | C | S | V, "share of the neuron cache for hot clusters   [0.5]"},
+    [O_CLUSTER] = {"--cluster", NULL, 1, G | E | C | S | V, "bundles per hot cluster   [32]"},
+    [O_TWO_PHASE] = {"--two-phase", NULL, 0, G | E | C | S | V, "powerinfer2: cold INT4 bundles gate part first   [auto: from a storage probe at open]"},
+    [O_NO_TWO_PHASE] = {"--no-two-phase", NULL, 0, G | E | C | S | V, "powerinfer2: cold INT4 bundles read whole"},
+    [O_PREFILL_STREAM] = {"--prefill-stream", NULL, 1, G | E | C | S | V, "auto|on|off: powerinfer2 batches of 8+ tokens under a budget come through the GEMM chunk by chunk (cached bundles copied, the rest read singly or the chunk whole, whichever costs less; on = auto); off: through the cache's waves   [auto]"},
+    [O_MISS_THRESHOLD] = {"--miss-threshold", NULL, 1, G | E | C | S | V, "decode: read a cold miss only if its predicted probability > P   [off]"},
+    [O_READ_CAP] = {"--read-cap", NULL, 1, G | E | C | S | V, "decode: most cold misses read a token, the likeliest first: N, auto (what compute hides), off   [off]"},
+    [O_LRU_ONLY] = {"--lru-only", NULL, 0, G | E | C | S | V, "cache, powerinfer2: plain LRU for cold misses, not insertion by rank"},
+    [O_LOOKAHEAD] = {"--lookahead", NULL, 0, G | E | C | S | V, "powerinfer2: read what the coming layer's predictor wants during attention"},
+    [O_NO_WARM] = {"--no-warm", NULL, 0, G | E | C | S | V, "powerinfer2 under a budget: start with an empty neuron cache (default: filled at open with what it keeps in the steady state)"},
+    [O_NO_REPACK] = {"--no-repack", NULL, 0, G | E | C | S | V, "keep attention/output rows as stored (no interleaving by four)"},
+    [O_IO] = {"--io", NULL, 1, G | E | C | S | V, "auto|uring|pread|buffered: neuron reads   [auto]"},
+    [O_IO_THREADS] = {"--io-threads", NULL, 1, G | E | C | S | V, "pread-pool threads"},
+    [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S | V, "the I/O threads' CPUs: 0,1 (the pread pool's; the first also the submitter's)"},
+    [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S | V, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own"},
     [O_END] = {NULL, NULL, 0, 0, NULL},
 };
 
-const char *const pi2_command_names[] = {"generate", "eval", "info", "chat", "size"};
+const char *const pi2_command_names[] = {"generate", "eval", "info", "chat", "size", "serve"};
 
 int pi2_command_count(void) { return (int)(sizeof pi2_command_names / sizeof pi2_command_names[0]); }
 
@@ -88,6 +97,12 @@ static void options_default(pi2_options *o) {
     o->n_predict = 64;
     o->top_p = 1.0f;
     o->verify_neurons = 1;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->max_queue = 4;
+    o->max_tokens = 4096;
+    o->read_timeout_s = 10;
+    o->request_timeout_s = 300;
     pi2_sparse_config_default(&o->sparse);
 }
 
@@ -157,6 +172,20 @@ static int apply(int id, const char *a, const char *v, pi2_options *o) {
     case O_PLAN: pi2_set_error("--plan is expanded before parsing"); return -1; /* main() expands it */
     case O_JSON: o->json = 1; return 0;
     case O_VERIFY: o->verify = 1; return 0;
+    case O_HOST: o->host = v; return 0;
+    case O_PORT: return pi2_parse_int_arg(a, v, 0, 65535, &o->port);
+    case O_API_KEY:
+        if (!*v) {
+            pi2_set_error("--api-key must not be empty");
+            return -1;
+        }
+        o->api_key = v;
+        return 0;
+    case O_MAX_QUEUE: return pi2_parse_int_arg(a, v, 0, 1024, &o->max_queue);
+    case O_MAX_TOKENS: return pi2_parse_int_arg(a, v, 1, 1 << 20, &o->max_tokens);
+    case O_READ_TIMEOUT: return pi2_parse_int_arg(a, v, 1, 3600, &o->read_timeout_s);
+    case O_REQUEST_TIMEOUT: return pi2_parse_int_arg(a, v, 1, 86400, &o->request_timeout_s);
+    case O_CHAT_TEMPLATE: o->chat_template = v; return 0;
     case O_POLICY: {
         for (int i = 0; i <= PI2_POLICY_POWERINFER2; i++)
             if (!strcmp(v, pi2_policy_name((pi2_policy)i))) {

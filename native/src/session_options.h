@@ -17,6 +17,7 @@ typedef enum {
     PI2_CMD_INFO = 1 << 2,
     PI2_CMD_CHAT = 1 << 3,
     PI2_CMD_SIZE = 1 << 4,
+    PI2_CMD_SERVE = 1 << 5,
 } pi2_command;
 
 typedef struct {
@@ -41,6 +42,9 @@ typedef struct {
     float temperature, top_p;
     uint64_t seed;
     pi2_sparse_config sparse;
+    /* serve (server/serve.h) */
+    const char *host, *api_key, *chat_template;
+    int port, max_queue, max_tokens, read_timeout_s, request_timeout_s;
 } pi2_options;
 
 /* Parse argv[2..argc) for `cmd` (one pi2_command bit) into o (defaults first). A flag the command does

@@ -2,8 +2,9 @@
 # The engine under AddressSanitizer + UndefinedBehaviorSanitizer (and LeakSanitizer at every exit):
 # builds native/ with PI2_SANITIZE=ON, runs the native unit tests, then the engine end to end: sparse
 # generates under a memory budget on a small synthetic model (every policy's read path, the pipeline
-# with lookahead), a neuron read failing mid-decode (PI2_IO_FAULT), and the crafted files that must be
-# refused with one line. Any sanitizer report fails the run. docs/FUZZ.md.
+# with lookahead), a neuron read failing mid-decode (PI2_IO_FAULT), the crafted files that must be
+# refused with one line, and `serve` against hostile clients (tests/test_serve.py). Any sanitizer
+# report fails the run. docs/FUZZ.md.
 # Usage: native/tests/run-sanitize.sh [build-dir] [python]   (default build/asan, .venv/bin/python)
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -93,4 +94,7 @@ expect_one_line "chat --events on a full disk" \
     "$engine" chat -m "$model" --events "$work/big-events.jsonl"
 [ ! -e "$work/logits.bin" ] && [ -z "$(find "$work" -maxdepth 1 -name '.logits.bin.*')" ] || {
     echo "run-sanitize.sh: a failed --logits-out left a file behind" >&2; exit 1; }
+echo "== serve: hostile clients, a disconnect mid-stream, a full queue, SIGTERM (exit 0, no leak)"
+PI2_BUILD_DIR=$build "$py" -m pytest -q -x -p no:cacheprovider "$root/tests/test_serve.py" \
+    -k "hostile or slow_loris or disconnect or queue or api_key"
 echo "run-sanitize.sh: passed in $(( $(date +%s) - start )) s"

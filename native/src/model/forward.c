@@ -165,6 +165,9 @@ int pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 int pi2_ctx_n_ctx(const pi2_ctx *c) { return c->n_ctx; }
 int pi2_ctx_n_batch(const pi2_ctx *c) { return c->n_batch; }
 void pi2_ctx_reset(pi2_ctx *c) { c->n_past = 0; }
+void pi2_ctx_truncate(pi2_ctx *c, int n_past) {
+    if (n_past >= 0 && n_past < c->n_past) c->n_past = n_past;
+}
 void pi2_ctx_prof(const pi2_ctx *c, pi2_fwd_prof *p) { *p = c->prof; }
 
 /* ---- parallel helpers ------------------------------------------------------------------------ */

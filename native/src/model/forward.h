@@ -52,5 +52,8 @@ void pi2_ctx_prof(const pi2_ctx *c, pi2_fwd_prof *p);
 
 /* Forget the cache (a new conversation). */
 void pi2_ctx_reset(pi2_ctx *c);
+/* Keep the cache's first n_past positions only (0 <= n_past <= what it holds): a request that resends
+ * a conversation's start reuses them, and the next pass writes over the rest. */
+void pi2_ctx_truncate(pi2_ctx *c, int n_past);
 
 #endif
