@@ -38,6 +38,7 @@ static void usage(FILE *out) {
             "  eval -m MODEL.pi2 --tokens 1,2,3 --logits-out FILE [--all] [...]   write float32 logits of the last\n"
             "           (or --all) positions, row-major\n"
             "  chat -m MODEL.pi2 [...]  multi-turn: JSON requests on stdin, KV cache kept (chat --help)\n"
+            "  serve -m MODEL.pi2 [--host H] [--port P] [...]   an OpenAI-compatible HTTP server (serve --help)\n"
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
             "  size (-m MODEL.pi2 | --facts FACTS.json) [--memory-budget B] [--json] [...]   the sparse engine's\n"
             "           sizing: budget, fixed region, neuron cache and its split, the smallest budget\n"
