@@ -138,3 +138,24 @@ def test_a_device_on_another_build_is_asked_through_its_own_engine(tiny_model, t
                                  "--results-dir", str(tmp_path / "r")])  # fmt: skip
     assert r.exit_code == 1 and re.search(r"runs \S+ on qemu-arm64 in: [0-9.]+ MiB", r.output), r.output
     assert not (tmp_path / "r" / "runs").is_dir() or not list((tmp_path / "r" / "runs").iterdir())
+
+
+def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(tiny_model, tmp_path,
+                                                                                llamacpp_bindir):  # fmt: skip
+    """llama.cpp (which `pi2-engine size` does not size) started under a cgroup far below its weights is
+    killed there: the run is failed with the budget as its reason, and its memory record says the budget
+    was enforced (a failed run once read "20 MiB (not enforced)" beside a llama-server log line)."""
+    from pi2cli.plan.budget import detect_cgroup
+
+    support = detect_cgroup()
+    if not support.usable:
+        pytest.skip(f"memory cgroups not writable here: {support.reason}")
+    r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model), "-e", "llama.cpp", "-w", "math", "--limit", "1",
+                                 "-n", "4", "-t", "1", "--memory-budget", "12M",
+                                 "--results-dir", str(tmp_path / "r"), "--json"])  # fmt: skip
+    assert r.exit_code == 1, r.output
+    (row,) = json.loads(r.stdout)["runs"]
+    run = json.loads(Path(row["result_file"]).read_text())
+    assert run["status"] == "failed" and run["memory"]["enforced"] is True, (run["memory"], run["error"])
+    why = run["error"]
+    assert re.match(r"(killed by the out-of-memory killer|stopped) at the 12 MiB budget", why), why

@@ -413,6 +413,22 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     return "failed", text
 
 
+def killed_at_budget(budget_bytes: int | None, budget_record: dict | None) -> str:
+    """A prefix for a failed run's reason when its enforced budget ended it (the cgroup's OOM killer, or
+    the limit reached), so the reason is the budget, not the engine's last log line; else ""."""
+    rec = budget_record or {}
+    if not budget_bytes or not rec.get("enforced"):
+        return ""
+    from pi2cli.units import format_size
+
+    size = format_size(budget_bytes)
+    if rec.get("oom_kills"):
+        return f"killed by the out-of-memory killer at the {size} budget: "
+    if rec.get("limit_hits"):
+        return f"stopped at the {size} budget, its limit reached {rec['limit_hits']} times: "
+    return ""
+
+
 def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes: int | None,
                     budget_record: dict | None, cfg: BenchConfig, reporter, label: str, engine: str,
                     workload: str) -> RunOutcome:  # fmt: skip
@@ -422,6 +438,8 @@ def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes
     from pi2cli.results import store
 
     status, error = classify_failure(exc)
+    if status == "failed":
+        error = killed_at_budget(budget_bytes, budget_record) + error
     S.mark_failed(run, status, error)
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
@@ -475,7 +493,7 @@ def run_one(
     temp = wait_until_cool(target, cfg.cool_below, cfg.cool_timeout_s, reporter)
     if temp is not None:
         run["target"]["temperature_c"] = temp
-    session = sampler = None
+    session = sampler = held = None
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
     # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
@@ -485,6 +503,7 @@ def run_one(
         budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
     try:
         with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
+            held = budget
             session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
                                        threads=cfg.threads, n_ctx=cfg.ctx,
                                        budget=budget if local_budget else None, seed=cfg.seed or 0,
@@ -520,6 +539,8 @@ def run_one(
     except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
         if session is not None:
             session.kill()
+        if local_budget and held is not None:  # a run that failed under its cgroup was still held to it
+            budget_record = held.record()
         return save_failed_run(exc, run, sampler, target, budget_bytes, budget_record, cfg, reporter, label,
                                driver.name, workload)  # fmt: skip
     _finish_samples(run, sampler)
