@@ -863,9 +863,19 @@ def add_llama_bench_turns(run: dict, records: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------------------------- table
 # The columns (header and formatting) are declared once in pi2cli.results.columns; this picks the bench's.
-TABLE_COLUMNS = C.select("engine", "workload", "budget_bytes", "status", "n_turns", "ttft_ms", "tbt_p50_ms",
-                         "tbt_p90_ms", "tbt_p99_ms", "decode_ts", "peak_rss_mib")  # fmt: skip
+# The table fits 120 columns: the status alone in its cell, each failure's reason on a line after it.
+TABLE_COLUMNS = C.select("engine", "workload", "budget_held", "threads", "status_label", "n_turns", "ttft_ms",
+                         "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "decode_ts", "peak_rss_mib")  # fmt: skip
+TABLE_TEXT_COLUMNS = 5  # engine .. status: left-aligned and never folded (the figures' headers wrap instead)
 
 
 def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     return [[col.cell(o.run) for col in TABLE_COLUMNS] for o in outcomes]
+
+
+def table_reasons(outcomes: list[RunOutcome]) -> list[str]:
+    """One line per run that is not ok: which run, its status and why (the table shows the status only)."""
+    from pi2cli.results.columns import status_cell
+
+    return [f"{o.engine} / {o.workload}: {status_cell(o.run['status'], o.run['error'], width=200)}"
+            for o in outcomes if o.run["status"] != S.STATUS_OK]  # fmt: skip

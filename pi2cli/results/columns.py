@@ -77,12 +77,20 @@ def _budget_enforced(run: dict) -> str:
     return text
 
 
+def _budget_held(run: dict) -> str:
+    """The budget, marked where nothing held the run to it (an adb device, an engine pi2 does not start):
+    such a run's memory is not comparable with an enforced one's, so its row says so."""
+    mem = run["memory"]
+    text = schema.budget_label(mem["budget_bytes"])
+    return text + " (not enforced)" if mem["budget_bytes"] is not None and not mem["enforced"] else text
+
+
 def status_cell(status: str, error: str | None, width: int = 80) -> str:
     """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
     label = schema.status_label(status)
     if status == schema.STATUS_OK or not error:
         return label
-    text = f"{label}: {error}"
+    text = schema.with_reason(label, error)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -102,6 +110,7 @@ _COLUMNS = [
     Column("workload", "workload", read=lambda r: r["workload"]["name"]),
     Column("budget_bytes", "budget", schema.budget_label, lambda r: r["memory"]["budget_bytes"]),
     Column("budget_enforced", "budget", read=_budget_enforced),
+    Column("budget_held", "budget", read=_budget_held),  # "(not enforced)" only where it was not
     Column("target", "device", read=schema.target_label),
     Column("threads", "threads", schema.threads_label, schema.run_threads),
     Column("commit", "commit", read=schema.commit_label),  # the engine's commit, else pi2's
