@@ -153,3 +153,47 @@ def test_the_minimum_cache_is_never_written_through_a_planted_link(tiny_model, t
     minimums_for_file(tiny_model, ["powerinfer2"], 512, 1, 32 << 20)
     assert victim.read_text() == "keep me\n"
     assert len(json.loads((tmp_path / "cache" / "min-budgets.json").read_text())) == 1
+
+
+def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(tiny_model, tmp_path,
+                                                                                llamacpp_bindir):  # fmt: skip
+    """llama.cpp (which `pi2-engine size` does not size) started under a cgroup far below its weights is
+    killed there: the run is failed with the budget as its reason, and its memory record says the budget
+    was enforced (a failed run once read "20 MiB (not enforced)" beside a llama-server log line)."""
+    from pi2cli.plan.budget import detect_cgroup
+
+    support = detect_cgroup()
+    if not support.usable:
+        pytest.skip(f"memory cgroups not writable here: {support.reason}")
+    r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model), "-e", "llama.cpp", "-w", "math", "--limit", "1",
+                                 "-n", "4", "-t", "1", "--memory-budget", "12M",
+                                 "--results-dir", str(tmp_path / "r"), "--json"])  # fmt: skip
+    assert r.exit_code == 1, r.output
+    (row,) = json.loads(r.stdout)["runs"]
+    run = json.loads(Path(row["result_file"]).read_text())
+    assert run["status"] == "failed" and run["memory"]["enforced"] is True, (run["memory"], run["error"])
+    why = run["error"]
+    assert re.match(r"(killed by the out-of-memory killer|stopped) at the 12 MiB budget", why), why
+
+
+def test_a_peak_above_the_budget_is_explained_in_the_report_and_results_show(tmp_path):
+    """The reason bench stores beside a peak above the budget (counters.peak_over_budget) is shown where
+    the peak is read: the report's run row and `results show`, not only in bench's progress output."""
+    from results_fakes import fake_run
+
+    from pi2cli.plan.budget import peak_over_budget
+    from pi2cli.results import report, store
+    from pi2cli.results import schema as S
+
+    run = fake_run("llama.cpp", budget_bytes=32 << 20)
+    S.set_counters(run, peak_rss_bytes=41 << 20, budget_peak_bytes=32 << 20)
+    why = peak_over_budget(41 << 20, run["memory"], 32 << 20)
+    S.set_counters(run, peak_over_budget=why)
+    run["summary"] = S.summarize(run)
+    (row,) = report.run_rows([run])
+    assert row[report.RUN_HEADERS.index("peak RSS MiB")] == f"41 ({why})"
+    store.save_run(run, tmp_path)
+    shown = CliRunner().invoke(cli, ["results", "show", run["run_id"], "--results-dir", str(tmp_path)])
+    assert shown.exit_code == 0 and "cgroup's own peak was 32 MiB" in " ".join(shown.output.split()), (
+        shown.output
+    )

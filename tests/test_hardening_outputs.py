@@ -124,8 +124,10 @@ def test_a_failed_run_shows_its_reason_in_the_bench_table(tmp_path, broken_model
     result = CliRunner().invoke(cli, ["bench", "-m", str(broken_model), "-w", "code", "--limit", "1", "-n", "2",
                                       "--results-dir", str(tmp_path / "r")])  # fmt: skip
     assert result.exit_code == 1, result.output
-    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]  # the table's one row
-    assert "failed: pi2-engine exited" in line, result.stdout
+    (row,) = [ln.split() for ln in result.stdout.splitlines() if ln.startswith(" pi2")]  # the table's one row
+    assert "failed" in row, result.stdout
+    (why,) = [ln for ln in result.stdout.splitlines() if ln.startswith("  pi2 / code: ")]  # after the table
+    assert "failed: pi2-engine exited" in why, result.stdout
 
 
 @needs_engine

@@ -5,7 +5,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from results_fakes import fake_run
 
-from pi2cli.bench.run import TABLE_COLUMNS, RunOutcome, table_rows
+from pi2cli.bench.run import TABLE_COLUMNS, RunOutcome, table_reasons, table_rows
 from pi2cli.cli import cli
 from pi2cli.results import columns, compare, report, store
 from pi2cli.results import schema as S
@@ -29,7 +29,7 @@ def test_every_column_is_declared_once():
     assert len(columns._COLUMNS) == len(
         columns.COLUMNS
     )  # a second declaration of a name would hide the first
-    assert [c.header for c in TABLE_COLUMNS][:4] == ["engine", "workload", "budget", "status"]
+    assert [c.header for c in TABLE_COLUMNS][:5] == ["engine", "workload", "budget", "threads", "status"]
     assert columns.headers(compare.TABLE_COLUMNS) == compare.HEADERS
     assert columns.headers(report.RUN_COLUMNS) == report.RUN_HEADERS
 
@@ -40,6 +40,7 @@ def test_bench_table_cells():
         "llama.cpp",
         "dialogue",
         "300 MiB",
+        "default",
         "ok",
         "3",
         "100.0",
@@ -53,11 +54,13 @@ def test_bench_table_cells():
 
 def test_failed_status_is_cut_in_the_bench_table_but_whole_in_the_report():
     run = _steady()
-    run["status"], run["error"] = "failed", "x" * 200
+    run["status"], run["error"] = "failed", "x" * 300
     (cells,) = table_rows([_outcome(run)])
-    assert len(cells[3]) == 80 and cells[3].startswith("failed: xxx") and cells[3].endswith("…")
+    assert cells[4] == "failed"  # the reason follows the table, on a line of its own, cut to 200
+    (why,) = table_reasons([_outcome(run)])
+    assert why.startswith("llama.cpp / dialogue: failed: xxx") and why.endswith("x…") and len(why) < 240
     (rep,) = report.run_rows([run])
-    assert rep[report.RUN_HEADERS.index("status")] == "failed: " + "x" * 200
+    assert rep[report.RUN_HEADERS.index("status")] == "failed: " + "x" * 300
 
 
 def test_report_and_compare_write_decode_and_ttft_alike():

@@ -273,3 +273,38 @@ def test_report_groups_render_in_headless_chromium(matrix, tmp_path):
         table = sections[_title_of(run)]
         row = next(r for r in table.split("<tr>") if run["run_id"] in r)
         assert f"<td>{S.status_text(run)}</td>" in row
+
+
+def test_the_bench_table_fits_120_columns_with_threads_and_unenforced_budgets(matrix):
+    """`pi2 bench`'s own table in a 120-column terminal: no cell folded (engine names whole), the threads
+    of each run, "(not enforced)" on a budget nothing held the run to, the status in its cell and each
+    failure's reason once on a line after it."""
+    from rich.console import Console
+
+    from pi2cli.bench.run import RunOutcome
+    from pi2cli.commands.bench import print_table
+
+    _, runs = matrix
+    held = fake_run("pi2", policy="powerinfer2", budget_bytes=32 << 20, threads=2)
+    free = fake_run("llama.cpp", budget_bytes=32 << 20, target=("127.0.0.1:5555", "adb"), threads=4)
+    free["memory"] = S.memory_info(32 << 20, enforced=False, how="not enforced on adb devices")
+    aborted = fake_run("pi2", policy="llmflash", status="aborted", error="aborted: SIGINT (Ctrl-C)")
+    for run in (held, free, aborted):
+        S.summarize(run)
+    runs = [*runs, held, free, aborted]
+    outcomes = [RunOutcome(r["engine"]["name"], r["workload"]["name"], None, r, "x.json") for r in runs]
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    print_table(console, outcomes)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    reasons = [ln for ln in lines if re.match(r"  \S+ / \S+: ", ln)]
+    labels = {S.engine_label(r) for r in runs}
+    table = [ln for ln in lines if ln.split()[:1] and ln.split()[0] in labels and ln.split()[1] != "/"]
+    rows = [ln.split() for ln in table]
+    assert len(rows) == len(runs)
+    for run, row in zip(runs, rows, strict=True):
+        assert row[0] == S.engine_label(run) and S.threads_label(S.run_threads(run)) in row
+        assert S.status_label(run["status"]) in row
+    assert "32 MiB (not enforced)" in table[-2] and "not enforced" not in table[-3]
+    assert len(reasons) == sum(r["status"] != "ok" for r in runs)
+    assert reasons[-1].endswith("aborted: SIGINT (Ctrl-C)") and "aborted: aborted" not in reasons[-1]

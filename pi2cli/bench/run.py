@@ -413,6 +413,22 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     return "failed", text
 
 
+def killed_at_budget(budget_bytes: int | None, budget_record: dict | None) -> str:
+    """A prefix for a failed run's reason when its enforced budget ended it (the cgroup's OOM killer, or
+    the limit reached), so the reason is the budget, not the engine's last log line; else ""."""
+    rec = budget_record or {}
+    if not budget_bytes or not rec.get("enforced"):
+        return ""
+    from pi2cli.units import format_size
+
+    size = format_size(budget_bytes)
+    if rec.get("oom_kills"):
+        return f"killed by the out-of-memory killer at the {size} budget: "
+    if rec.get("limit_hits"):
+        return f"stopped at the {size} budget, its limit reached {rec['limit_hits']} times: "
+    return ""
+
+
 def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes: int | None,
                     budget_record: dict | None, cfg: BenchConfig, reporter, label: str, engine: str,
                     workload: str) -> RunOutcome:  # fmt: skip
@@ -422,6 +438,8 @@ def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes
     from pi2cli.results import store
 
     status, error = classify_failure(exc)
+    if status == "failed":
+        error = killed_at_budget(budget_bytes, budget_record) + error
     S.mark_failed(run, status, error)
     _finish_samples(run, sampler)
     run["memory"] = memory_block(target, budget_bytes, budget_record)
@@ -475,7 +493,7 @@ def run_one(
     temp = wait_until_cool(target, cfg.cool_below, cfg.cool_timeout_s, reporter)
     if temp is not None:
         run["target"]["temperature_c"] = temp
-    session = sampler = None
+    session = sampler = held = None
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
     # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
@@ -485,6 +503,7 @@ def run_one(
         budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
     try:
         with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
+            held = budget
             session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
                                        threads=cfg.threads, n_ctx=cfg.ctx,
                                        budget=budget if local_budget else None, seed=cfg.seed or 0,
@@ -520,6 +539,8 @@ def run_one(
     except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
         if session is not None:
             session.kill()
+        if local_budget and held is not None:  # a run that failed under its cgroup was still held to it
+            budget_record = held.record()
         return save_failed_run(exc, run, sampler, target, budget_bytes, budget_record, cfg, reporter, label,
                                driver.name, workload)  # fmt: skip
     _finish_samples(run, sampler)
@@ -842,9 +863,19 @@ def add_llama_bench_turns(run: dict, records: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------------------------- table
 # The columns (header and formatting) are declared once in pi2cli.results.columns; this picks the bench's.
-TABLE_COLUMNS = C.select("engine", "workload", "budget_bytes", "status", "n_turns", "ttft_ms", "tbt_p50_ms",
-                         "tbt_p90_ms", "tbt_p99_ms", "decode_ts", "peak_rss_mib")  # fmt: skip
+# The table fits 120 columns: the status alone in its cell, each failure's reason on a line after it.
+TABLE_COLUMNS = C.select("engine", "workload", "budget_held", "threads", "status_label", "n_turns", "ttft_ms",
+                         "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "decode_ts", "peak_rss_mib")  # fmt: skip
+TABLE_TEXT_COLUMNS = 5  # engine .. status: left-aligned and never folded (the figures' headers wrap instead)
 
 
 def table_rows(outcomes: list[RunOutcome]) -> list[list[str]]:
     return [[col.cell(o.run) for col in TABLE_COLUMNS] for o in outcomes]
+
+
+def table_reasons(outcomes: list[RunOutcome]) -> list[str]:
+    """One line per run that is not ok: which run, its status and why (the table shows the status only)."""
+    from pi2cli.results.columns import status_cell
+
+    return [f"{o.engine} / {o.workload}: {status_cell(o.run['status'], o.run['error'], width=200)}"
+            for o in outcomes if o.run["status"] != S.STATUS_OK]  # fmt: skip

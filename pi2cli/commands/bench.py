@@ -78,17 +78,31 @@ class RichReporter:
 
 
 def print_table(console, outcomes) -> None:
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    from pi2cli.bench.run import TABLE_COLUMNS, table_rows
+    from pi2cli.bench.run import TABLE_COLUMNS, TABLE_TEXT_COLUMNS, table_reasons, table_rows
 
-    table = Table(title="pi2 bench", header_style="bold")
+    rows = table_rows(outcomes)
+    # 120 columns hold it: no vertical rules, and no cell folds (a header wraps instead: "TBT P50" over "ms")
+    table = Table(
+        title="pi2 bench",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        show_edge=False,
+    )
     for i, col in enumerate(TABLE_COLUMNS):
-        table.add_column(col.header, justify="left" if i < 4 else "right")
-    for row in table_rows(outcomes):
+        text = i < TABLE_TEXT_COLUMNS
+        widest = max((len(row[i]) for row in rows), default=0)
+        table.add_column(col.header, justify="left" if text else "right", no_wrap=text, min_width=widest)
+    for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # Text: an error's "[...]" is not rich markup
     console.print(table)
+    for line in table_reasons(outcomes):
+        console.print(Text(f"  {line}", style="yellow"))
     for o in outcomes:
         console.print(f"[dim]{o.engine} / {o.workload}: {o.path}[/dim]", highlight=False)
 

@@ -160,7 +160,8 @@ def show_command(run, as_json, results_dir, index_path):
         "workload": data["workload"]["name"],
         "target": ", ".join(f"{k}={v}" for k, v in data["target"].items()),
         "memory budget": f"{schema.budget_label(mem['budget_bytes'])}, "
-        + (f"enforced ({mem['how']})" if mem["enforced"] else "not enforced"),
+        + (f"enforced ({mem['how']})" if mem["enforced"] else "not enforced")
+        + (f"; {data['counters']['peak_over_budget']}" if data["counters"].get("peak_over_budget") else ""),
         "plan": "none" if data["plan"] is None else json.dumps(data["plan"])[:200],
         "measured": data["measurement"] or "not stated",
     }

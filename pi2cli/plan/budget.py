@@ -237,6 +237,19 @@ class MemoryCgroup:
                 out[key] = int(value)
         return out
 
+    def oom_kills(self) -> int | None:
+        """Processes the kernel's OOM killer ended inside the cgroup (v1 memory.oom_control, v2
+        memory.events: `oom_kill`, kernels >= 4.13), so a run killed at its budget can say so."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, value = line.split()
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return None
+
     def major_faults(self) -> int | None:
         """Page faults inside the cgroup that had to read from storage (memory.stat pgmajfault)."""
         stat = self.stat()
@@ -275,6 +288,7 @@ class MemoryCgroup:
             "cgroup": str(self.path),
             "peak_bytes": self.peak_bytes(),
             "limit_hits": self.limit_hits(),
+            "oom_kills": self.oom_kills(),
             "major_faults": self.major_faults(),
         }
 

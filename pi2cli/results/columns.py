@@ -77,12 +77,26 @@ def _budget_enforced(run: dict) -> str:
     return text
 
 
+def _budget_held(run: dict) -> str:
+    """The budget, marked where nothing held the run to it (an adb device, an engine pi2 does not start):
+    such a run's memory is not comparable with an enforced one's, so its row says so."""
+    mem = run["memory"]
+    text = schema.budget_label(mem["budget_bytes"])
+    return text + " (not enforced)" if mem["budget_bytes"] is not None and not mem["enforced"] else text
+
+
+def _peak_why(run: dict) -> str:
+    text = num(0, 2**20)(run["summary"].get("peak_rss_bytes"))
+    why = run["counters"].get("peak_over_budget")
+    return f"{text} ({why})" if why else text
+
+
 def status_cell(status: str, error: str | None, width: int = 80) -> str:
     """ "ok", or "failed: <reason>" so a failed run says why in the table itself, not only in `results show`."""
     label = schema.status_label(status)
     if status == schema.STATUS_OK or not error:
         return label
-    text = f"{label}: {error}"
+    text = schema.with_reason(label, error)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -102,6 +116,7 @@ _COLUMNS = [
     Column("workload", "workload", read=lambda r: r["workload"]["name"]),
     Column("budget_bytes", "budget", schema.budget_label, lambda r: r["memory"]["budget_bytes"]),
     Column("budget_enforced", "budget", read=_budget_enforced),
+    Column("budget_held", "budget", read=_budget_held),  # "(not enforced)" only where it was not
     Column("target", "device", read=schema.target_label),
     Column("threads", "threads", schema.threads_label, schema.run_threads),
     Column("commit", "commit", read=schema.commit_label),  # the engine's commit, else pi2's
@@ -138,6 +153,8 @@ _COLUMNS = [
         lambda r: tuple(_ms(k)(r) for k in ("tbt_p50_ns", "tbt_p90_ns", "tbt_p99_ns")),
     ),
     Column("peak_rss_mib", "peak RSS MiB", num(0, 2**20), _summary("peak_rss_bytes")),
+    # the report's: a peak above the run's budget says why beside it (schema.peak_over_budget's line)
+    Column("peak_rss_why", "peak RSS MiB", read=lambda r: _peak_why(r)),
     Column("cache_hit_rate", "cache hit", pct, _summary("cache_hit_rate")),
     Column("io_share", "I/O share", pct, _summary("io_share")),
     # compare only: ratios over the baseline and the quality scores, written by pi2cli.results.compare

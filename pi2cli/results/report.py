@@ -355,7 +355,7 @@ def make_plots(runs: Sequence[dict]) -> list[Plot]:
 # The Runs tables are one per group (model, workload, budget, device, threads: the table's title), so
 # every run is seen in its group with its status and reason, whatever the status.
 RUN_COLUMNS = columns.select("run_id", "engine", "budget_enforced", "status_error", "n_turns", "decode_pooled", "tbt_ms",
-                             "ttft_ms", "peak_rss_mib", "cache_hit_rate", "io_share", "commit")  # fmt: skip
+                             "ttft_ms", "peak_rss_why", "cache_hit_rate", "io_share", "commit")  # fmt: skip
 RUN_HEADERS = columns.headers(RUN_COLUMNS)
 
 

@@ -762,7 +762,13 @@ def status_label(status: str) -> str:
 def status_text(run: dict) -> str:
     """ "ok", or "<status>: <reason>": a run that did not give true numbers says why, wherever it is shown."""
     label = status_label(run["status"])
-    return label if run["status"] == STATUS_OK or not run.get("error") else f"{label}: {run['error']}"
+    return label if run["status"] == STATUS_OK or not run.get("error") else with_reason(label, run["error"])
+
+
+def with_reason(label: str, error: str) -> str:
+    """ "<label>: <reason>", once: a reason that already starts with its label ("aborted: SIGINT ...") is
+    not prefixed again."""
+    return error if error.startswith(f"{label}:") else f"{label}: {error}"
 
 
 def target_label(run: dict) -> str:
