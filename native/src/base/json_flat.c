@@ -31,23 +31,22 @@ static int expect(cursor *c, char ch) {
     return 0;
 }
 
-static int hex4(cursor *c, uint32_t *out) {
-    if (c->i + 4 > c->n) return -1;
+int pi2_json_hex4(const char *s, size_t n, uint32_t *out) {
+    if (n < 4) return -1;
     uint32_t v = 0;
     for (int k = 0; k < 4; k++) {
-        char h = c->s[c->i + k];
+        const char h = s[k];
         v <<= 4;
         if (h >= '0' && h <= '9') v |= (uint32_t)(h - '0');
         else if (h >= 'a' && h <= 'f') v |= (uint32_t)(h - 'a' + 10);
         else if (h >= 'A' && h <= 'F') v |= (uint32_t)(h - 'A' + 10);
         else return -1;
     }
-    c->i += 4;
     *out = v;
     return 0;
 }
 
-static size_t put_utf8(char *o, uint32_t cp) {
+size_t pi2_utf8_put(char *o, uint32_t cp) {
     if (cp < 0x80) { o[0] = (char)cp; return 1; }
     if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
     if (cp < 0x10000) {
@@ -57,6 +56,12 @@ static size_t put_utf8(char *o, uint32_t cp) {
     o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
     o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
+}
+
+static int hex4(cursor *c, uint32_t *out) {
+    if (pi2_json_hex4(c->s + c->i, c->n - c->i, out)) return -1;
+    c->i += 4;
+    return 0;
 }
 
 /* A JSON string at the cursor -> malloc'd UTF-8 (decoded text is never longer than its escapes). */
@@ -102,7 +107,7 @@ static int parse_string(cursor *c, char **out, size_t *out_len) {
                 goto fail;
             }
             if (cp == 0) { pi2_set_error("%s: \\u0000 is not allowed", c->what); goto fail; }
-            o += put_utf8(buf + o, cp);
+            o += pi2_utf8_put(buf + o, cp);
             break;
         }
         default: pi2_set_error("%s: unknown escape '\\%c' at byte %zu", c->what, e, c->i - 1); goto fail;

@@ -5,6 +5,7 @@
 #define PI2_JSON_FLAT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum { PI2_JSON_STRING, PI2_JSON_NUMBER, PI2_JSON_TRUE, PI2_JSON_FALSE } pi2_json_kind;
 
@@ -20,5 +21,10 @@ int pi2_json_flat_parse(const char *what, const char *text, size_t len, pi2_json
 /* The same, but members whose value is an object or an array are skipped (not passed to fn): for
  * reading the flat part of a richer document, such as `pi2-engine info --json`'s facts. */
 int pi2_json_flat_parse_skipping(const char *what, const char *text, size_t len, pi2_json_member_fn fn, void *user);
+
+/* The pieces of a string's escapes, for the server's tree reader too (server/json_doc.c): the code
+ * point of the 4 hex digits at s (-1 when fewer than 4 or not hex), and cp's UTF-8 into o (1-4 bytes). */
+int pi2_json_hex4(const char *s, size_t n, uint32_t *out);
+size_t pi2_utf8_put(char *o, uint32_t cp);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "buf.h"
 #include "common.h"
+#include "json_flat.h"
 
 typedef struct {
     const char *what, *s;
@@ -23,32 +24,10 @@ static int fail(cur *c, const char *msg) {
     return -1;
 }
 
-static int hex4(cur *c, uint32_t *out) {
-    if (c->i + 4 > c->n) return -1;
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        const char h = c->s[c->i + k];
-        v <<= 4;
-        if (h >= '0' && h <= '9') v |= (uint32_t)(h - '0');
-        else if (h >= 'a' && h <= 'f') v |= (uint32_t)(h - 'a' + 10);
-        else if (h >= 'A' && h <= 'F') v |= (uint32_t)(h - 'A' + 10);
-        else return -1;
-    }
+static int hex4(cur *c, uint32_t *out) { /* json_flat.h's, at the cursor */
+    if (pi2_json_hex4(c->s + c->i, c->n - c->i, out)) return -1;
     c->i += 4;
-    *out = v;
     return 0;
-}
-
-static size_t put_utf8(char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* A string at the cursor (after its '"') -> malloc'd UTF-8; decoded text is never longer than its
@@ -96,7 +75,7 @@ static int string(cur *c, char **out, size_t *out_len) {
                 return fail(c, "lone surrogate");
             }
             if (!cp) { free(b); return fail(c, "NUL (\\u0000) in a string"); }
-            o += put_utf8(b + o, cp);
+            o += pi2_utf8_put(b + o, cp);
             break;
         default: free(b); return fail(c, "bad escape");
         }
