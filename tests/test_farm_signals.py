@@ -16,6 +16,7 @@ import pytest
 from pi2cli.paths import host_build_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_bench_signals import _alive  # noqa: E402
 from test_farm_run import device, write_farm  # noqa: E402
 
 needs_engine = pytest.mark.skipif(
@@ -38,14 +39,6 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @needs_engine
