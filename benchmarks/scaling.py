@@ -153,7 +153,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         "storage_bytes_read": s.get("storage_bytes_read"), "hit_rate": s.get("hit_rate"),
         "peak_rss_bytes": s.get("peak_rss_bytes"), "io_method": s.get("io_method"),
         "threads": s.get("threads"), "load_s": ev["start"].get("load_s"),
-        "memory_budget_source": s.get("memory_budget_source"),
+        "memory_budget_source": s.get("memory_budget_source"), "decode_profile": s.get("decode_profile"),
     }  # fmt: skip
 
 
@@ -362,6 +362,21 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     membw: dict[int, list[dict]] = {}
     t_start = time.time()
+    out = a.json or REPO_ROOT / "results" / "benchmarks" / f"scaling-{host['cores']}core.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    # written after every run too: a cut-off run keeps its figures
+    def save(rows: list[dict] | None, how: dict) -> None:
+        out.write_text(json.dumps({
+            "benchmark": "benchmarks/scaling.py", "argv": sys.argv[1:], "machine": host, "pi2": commit,
+            "engine": str(engine), "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
+            "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
+            "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n,
+            "llama_budget_n": a.llama_budget_n, "reps": a.reps, "threads": threads, "storage": storage,
+            "membw": {str(k): v for k, v in membw.items()}, "table": rows, "complete": rows is not None,
+            "runs": runs,
+        }, indent=1))  # fmt: skip
+
     for rep in range(a.reps):
         for t in threads if rep % 2 == 0 else threads[::-1]:
             membw.setdefault(t, []).append(probe(probe_exe, ["membw", "--threads", str(t), "--passes", "3"]))
@@ -374,6 +389,7 @@ def main() -> None:
             for name, step in steps:
                 r = step()
                 runs.setdefault(f"{name} t={t}", []).append(r)
+                save(None, {})
                 print(f"  rep {rep + 1} t={t:<3d} {name:17s} " + (f"error: {r['error']}" if "error" in r else
                       f"prefill {fmt(r.get('prefill_tps'), '.1f')}, decode {fmt(r.get('decode_tps'))} tok/s"
                       + (f", io_wait {r['io_wait_s']:.2f} s, FFN {r['ffn_s']:.2f} s" if r.get("io_wait_s") is not None
@@ -385,16 +401,7 @@ def main() -> None:
     print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how)
     print(f"\n{a.reps} repetitions, {time.time() - t_start:.0f} s; load average {host['loadavg_start'][0]:.1f} at the "
           f"start, {host['loadavg_end'][0]:.1f} at the end")  # fmt: skip
-    out = a.json or REPO_ROOT / "results" / "benchmarks" / f"scaling-{host['cores']}core.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "benchmarks/scaling.py", "argv": sys.argv[1:], "machine": host, "pi2": commit,
-        "engine": str(engine), "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
-        "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
-        "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n, "llama_budget_n": a.llama_budget_n,
-        "reps": a.reps, "threads": threads, "storage": storage, "membw": {str(k): v for k, v in membw.items()},
-        "table": rows, "runs": runs,
-    }, indent=1))  # fmt: skip
+    save(rows, how)
     print(f"wrote {out}")
 
 
