@@ -70,6 +70,21 @@ def test_missing_cgroup_support_is_said_not_pretended(tmp_path, monkeypatch):
         budget.run_budgeted([sys.executable, "-c", "pass"], 100 * MiB, required=True)
 
 
+def test_v2_parent_that_keeps_memory_to_itself_is_not_usable(tmp_path, monkeypatch):
+    # a container's cgroup v2 with the memory controller but not enabled for children: a child made
+    # there has no memory.max (writing it is refused), so no budget can be set there
+    own = tmp_path / "box"
+    own.mkdir()
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("cpu pids\n")
+    monkeypatch.setenv("PI2_CGROUP_PARENT", "/box")
+    support = budget.detect_cgroup(root=tmp_path)
+    assert not support.usable and "subtree_control" in support.reason
+    (own / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert budget.detect_cgroup(root=tmp_path).parent == own
+
+
 def test_tiny_budget_is_refused():
     with pytest.raises(Pi2Error, match="too small"):
         budget.MemoryCgroup(1024, budget.CgroupSupport(1, None))

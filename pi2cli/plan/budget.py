@@ -139,6 +139,15 @@ def detect_cgroup(root: Path = CGROUP_ROOT) -> CgroupSupport:
             if "memory" not in controllers:
                 reasons.append(f"cgroup v2 {parent} has no memory controller delegated")
                 continue
+            try:  # a child gets memory.max only where the parent hands the controller down
+                subtree = (parent / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                subtree = []
+            if "memory" not in subtree:
+                reasons.append(
+                    f"cgroup v2 {parent} does not enable memory for its children (cgroup.subtree_control)"
+                )
+                continue
         if not os.access(parent, os.W_OK):
             reasons.append(f"no write access to {parent} (needs root or a delegated cgroup)")
             continue
