@@ -96,75 +96,54 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
     }
 }
 
-/* Decode's down pass over slice d (claimed by this thread), from where it stopped: units in wave order
- * while they are computed, at most `max` of them; returns how many it took. The live columns go through
- * the kernel four at a time, a group held in `d` until it is full, so the groups (and the sum's rounding)
- * are the same whether the pass ran while reads were in flight or after the last one landed, and
- * whichever thread ran which part of it. */
-static int down_1tok(pi2_sparse *s, struct pi2_down_at *d, int max) {
+/* ---- decode's down pass (PI2_DOWN_CHUNK in sparse_internal.h) ---------------------------------- */
+
+static int n_chunks(int len) { return (len + PI2_DOWN_CHUNK - 1) / PI2_DOWN_CHUNK; }
+
+/* Every unit of chunk c is computed: sum its live units' down columns into the chunk's partial, in unit
+ * order, four columns a kernel call. */
+static void chunk_down(pi2_sparse *s, int c) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    const int64_t d0 = d->d0, d1 = d->d1;
-    if (d0 >= d1) return 0;
-    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
-    int took = 0, i = d->at;
-    for (; took < max && i < s->wave.len; i++, took++) {
-        if (!__atomic_load_n(&s->wave.done[i], __ATOMIC_ACQUIRE)) break;
+    const size_t skip = 2 * s->part; /* the down column follows the gate and up rows */
+    float *acc = s->wave.partial + (size_t)c * s->E;
+    const int i1 = (c + 1) * PI2_DOWN_CHUNK < s->wave.len ? (c + 1) * PI2_DOWN_CHUNK : s->wave.len;
+    const uint8_t *cols[4];
+    float a[4];
+    int n = 0, live = 0;
+    for (int i = c * PI2_DOWN_CHUNK; i < i1; i++) {
         if (!s->scratch.live[i]) continue;
-        d->cols[d->n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
-        __builtin_prefetch(d->cols[d->n], 0, 3);
-        d->a[d->n++] = s->scratch.hv[(size_t)i * s->n_batch];
-        if (d->n == 4) pi2_axpy_rows(wt, d1 - d0, d->a, d->cols, d->n, s->scratch.out + d0), d->n = 0;
+        if (!live) memset(acc, 0, (size_t)s->E * sizeof(float)), live = 1;
+        cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
+        a[n++] = s->scratch.hv[(size_t)i * s->n_batch];
+        if (n == 4) pi2_axpy_rows(wt, s->E, a, cols, n, acc), n = 0;
     }
-    __atomic_store_n(&d->at, i, __ATOMIC_RELAXED); /* down_some peeks at it without a claim */
-    return took;
+    if (n) pi2_axpy_rows(wt, s->E, a, cols, n, acc);
+    s->wave.chunk[c].live = live;
 }
 
-/* One thread at a time sums into a slice. */
-static int slice_claim(struct pi2_down_at *d) {
-    int free_ = 0;
-    return !atomic_load_explicit(&d->busy, memory_order_relaxed) &&
-           atomic_compare_exchange_strong_explicit(&d->busy, &free_, 1, memory_order_acquire, memory_order_relaxed);
-}
-static void slice_release(struct pi2_down_at *d) { atomic_store_explicit(&d->busy, 0, memory_order_release); }
-
-/* A thread with no neuron ready to compute: sum finished units into the first free slice that has some
- * (from a place that depends on ith, so threads spread out). 1 when it did any work. */
-static int down_some(pi2_sparse *s, int ith) {
-    const int S = s->wave.n_slices;
-    for (int q = 0; q < S; q++) {
-        struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
-        const int at = __atomic_load_n(&d->at, __ATOMIC_RELAXED);
-        if (at >= s->wave.len || !__atomic_load_n(&s->wave.done[at], __ATOMIC_ACQUIRE) || !slice_claim(d)) continue;
-        const int took = down_1tok(s, d, 16);
-        slice_release(d);
-        if (took) return 1;
-    }
-    return 0;
+/* Unit i is computed (hv and live written): the thread that finishes a chunk's last unit sums the chunk.
+ * The counter's acquire-release chain makes every unit's outputs visible to that thread. */
+static void unit_done(pi2_sparse *s, int i) {
+    const int c = i / PI2_DOWN_CHUNK;
+    if (atomic_fetch_sub_explicit(&s->wave.chunk[c].left, 1, memory_order_acq_rel) == 1) chunk_down(s, c);
 }
 
-/* Every unit of the wave is computed: finish the slices, each by whichever thread claims it first; a
- * slice another thread holds is finished by it (or released and claimed here), so this returns once
- * every slice is complete, whatever other threads run. */
-static void down_finish(pi2_sparse *s, int ith) {
-    const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    const int S = s->wave.n_slices;
+/* Every chunk is summed (pending reached 0 after each chunk's last unit): out += the partials in chunk
+ * order, slice by slice, each slice taken by one thread. An element gets the same additions in the same
+ * order whichever slice holds it. Any subset of the threads finishes it: the wave's job returns only
+ * when every thread that joined it has. */
+static void reduce_some(pi2_sparse *s) {
+    const int nc = n_chunks(s->wave.len);
     for (;;) {
-        int left = 0;
-        for (int q = 0; q < S; q++) {
-            struct pi2_down_at *d = &s->wave.down_at[(ith + q) % S];
-            if (atomic_load_explicit(&d->complete, memory_order_acquire)) continue;
-            left++;
-            if (!slice_claim(d)) continue;
-            if (!atomic_load_explicit(&d->complete, memory_order_relaxed)) {
-                down_1tok(s, d, INT_MAX);
-                if (d->n) pi2_axpy_rows(wt, d->d1 - d->d0, d->a, d->cols, d->n, s->scratch.out + d->d0);
-                d->n = 0;
-                atomic_store_explicit(&d->complete, 1, memory_order_release);
-            }
-            slice_release(d);
+        const int64_t d0 = (int64_t)atomic_fetch_add(&s->wave.next_reduce, 1) * PI2_DOWN_REDUCE;
+        if (d0 >= s->E) return;
+        const int64_t w = s->E - d0 < PI2_DOWN_REDUCE ? s->E - d0 : PI2_DOWN_REDUCE;
+        float *o = s->scratch.out + d0;
+        for (int c = 0; c < nc; c++) {
+            if (!s->wave.chunk[c].live) continue;
+            const float *q = s->wave.partial + (size_t)c * s->E + d0;
+            for (int64_t j = 0; j < w; j++) o[j] += q[j];
         }
-        if (!left) return;
-        sched_yield(); /* a slice is being summed by a thread that may need this core */
     }
 }
 
@@ -267,7 +246,7 @@ static void wave_worker(void *p, int ith, int nth) {
                 compute_units_1tok(s, s->wave.ready + t0, cnt, rest);
                 for (int j = 0; j < cnt; j++) {
                     if (rest[j]) read_rest(s, s->wave.ready[t0 + j]);
-                    else finished++, __atomic_store_n(&s->wave.done[s->wave.ready[t0 + j]], 1, __ATOMIC_RELEASE);
+                    else unit_done(s, s->wave.ready[t0 + j]), finished++;
                 }
                 t += cnt;
             }
@@ -280,17 +259,16 @@ static void wave_worker(void *p, int ith, int nth) {
                     if (t + 1 < n_ready) prefetch_unit(s, s->wave.ready[t + 1]);
                     const int i = s->wave.ready[t];
                     if (compute_unit(s, i)) read_rest(s, i);
-                    else finished++, __atomic_store_n(&s->wave.done[i], 1, __ATOMIC_RELEASE);
+                    else if (s->wave.tokens == 1) unit_done(s, i), finished++;
+                    else finished++;
                     break;
                 }
-                /* nothing to compute: sum the finished units' down columns while the reads fly */
-                if (s->wave.tokens == 1 && down_some(s, ith)) continue;
                 if (finished) {
                     atomic_fetch_sub(&s->wave.pending, finished);
                     finished = 0;
                 }
                 if (atomic_load(&s->wave.pending) == 0) {
-                    if (s->wave.tokens == 1) down_finish(s, ith); /* decode: no barrier before the down pass */
+                    if (s->wave.tokens == 1) reduce_some(s); /* decode: no barrier before the final sum */
                     return;
                 }
                 if (s->resident) { /* no reads: another thread is computing the wave's last units */
@@ -401,7 +379,6 @@ static int build_wave_resident(pi2_sparse *s, int b, int n_active, int *pos) {
         s->wave.h[n] = pi2_ncache_find(s->cache, b, k);
         s->wave.phase[n] = 0;
         s->scratch.live[n] = 0;
-        s->wave.done[n] = 0;
         s->wave.ready[n] = n;
     }
     s->st.hits_hot += (uint64_t)hot;
@@ -455,7 +432,6 @@ static int build_wave(pi2_sparse *s, int b, int n_active, int *pos) {
         s->wave.h[n] = hdl;
         s->wave.phase[n] = 0;
         s->scratch.live[n] = 0; /* a neuron whose gate part alone shows it inactive never gets to set it */
-        s->wave.done[n] = 0;
         if (loaded) s->wave.ready[atomic_fetch_add(&s->wave.n_ready, 1)] = n;
         else add_waiter(s, hdl, n);
         n++;
@@ -532,12 +508,12 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         atomic_store(&s->wave.pending, s->wave.len);
         atomic_store(&s->wave.next_ticket, 0);
-        for (int q = 0; q < s->wave.n_slices; q++) {
-            struct pi2_down_at *d = &s->wave.down_at[q];
-            d->at = d->n = 0;
-            atomic_store(&d->busy, 0);
-            atomic_store(&d->complete, 0);
+        for (int c = 0, nc = n_chunks(s->wave.len); c < nc; c++) {
+            const int left = s->wave.len - c * PI2_DOWN_CHUNK;
+            atomic_store_explicit(&s->wave.chunk[c].left, left < PI2_DOWN_CHUNK ? left : PI2_DOWN_CHUNK, memory_order_relaxed);
+            s->wave.chunk[c].live = 0;
         }
+        atomic_store(&s->wave.next_reduce, 0);
         atomic_store(&s->wave.next_slice, 0);
         if (!s->pipeline) {
             /* Read everything first, then compute (bundle, llmflash, cache). */

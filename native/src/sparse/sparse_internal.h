@@ -32,28 +32,31 @@ enum { READ_FULL, READ_GATE, READ_REST, READ_CLUSTER };
  * budget gets smaller chunks (stream_bundles). */
 #define PI2_STREAM_STAGES 8
 
-/* A slice [d0, d1) of a wave's output in the down pass, and in decode its place in the pass: units
- * before `at` are summed into it, the last n live ones of them still held as a group (the columns go
- * through the kernel four at a time, and the groups must be the same whenever the pass runs, or the
- * sum's rounding would differ). Slices are not owned by threads: whichever thread has nothing else to do
- * claims one (busy) and sums what is ready, so the pass needs no particular thread and no barrier of
- * its own (sparse_ffn.c). One cache line or more each: claims from different cores do not collide. */
+/* A batch's down pass (prefill through the waves): slice [d0, d1) of the output, taken by one thread. */
 struct pi2_down_at {
-    int at, n;
-    const uint8_t *cols[4];
-    float a[4];
     int64_t d0, d1;
-    _Atomic int busy;     /* a thread is summing into this slice */
-    _Atomic int complete; /* decode: every unit of the wave is in, the last group too */
-} __attribute__((aligned(64)));
+};
 
-/* The down pass's slices: one per compute thread, but none narrower than this many floats. Every live
- * unit costs each slice a fixed amount (its done flag, its column's address, a share of a kernel call)
- * on top of the arithmetic, so slices that narrowed with the thread count made the pass's total work
- * grow with threads: at 16 threads on a 4096-wide output, 256-float slices paid that cost 16 times a
- * unit. 512 floats (16 Q4_0 blocks) keep it small; the pass is about a third of a wave's arithmetic,
- * so the 8 slices of a 4096-wide output are enough for the threads free to sum. */
+/* The batch down pass's slices: one per compute thread, but none narrower than this many floats (every
+ * live unit costs each slice a fixed amount on top of the arithmetic). */
 #define PI2_DOWN_SLICE_MIN 512
+
+/* Decode's down pass works on fixed chunks of the wave: units [c * PI2_DOWN_CHUNK, (c + 1) *
+ * PI2_DOWN_CHUNK) sum their down columns into chunk c's own partial output, in unit order, done by
+ * whichever thread finishes the chunk's last unit; once every unit is in, the partials are added into
+ * the output in chunk order, slice by slice. The chunks do not depend on the thread count, so the sum
+ * is the same bits at any thread count and whatever thread computed what. It replaced slices of the
+ * output that any idle thread claimed for 16 units at a time: at 8-16 threads every claim moved a
+ * slice's 2 KiB of output to another core, and only 8 threads could sum at once (16 cores, 8-layer 7B
+ * shape in memory: the FFN 7.1 ms a token at 8 threads, 6.3 at 16). 64 units: a chunk's down is a few
+ * microseconds of work, and the partials of a 7B-shaped wave (~3200 units) are 0.8 MiB. */
+#define PI2_DOWN_CHUNK 64
+#define PI2_DOWN_REDUCE 256 /* floats per slice of the final sum */
+
+struct pi2_down_chunk {
+    _Atomic int left; /* units of the chunk still to compute */
+    int live;         /* its partial holds a sum (some unit had a non-zero output) */
+} __attribute__((aligned(64)));
 
 struct pi2_sparse {
     const pi2_model *m;
@@ -136,10 +139,13 @@ struct pi2_sparse {
         char pad_ticket[64 - sizeof(int)];
         _Atomic int pending;
         char pad_pending[64 - sizeof(int)];
-        uint8_t *done;        /* per unit: computed (hv, live written); decode's early down pass reads it */
-        struct pi2_down_at *down_at; /* [n_slices]: the down pass's slices of the output (sparse_ffn.c) */
+        struct pi2_down_chunk *chunk; /* decode: [F / PI2_DOWN_CHUNK] (sparse_ffn.c) */
+        float *partial;               /* decode: chunk c's sum at [c * E] */
+        _Atomic int next_reduce;      /* decode: the next slice of the final sum to take */
+        char pad_reduce[64 - sizeof(int)];
+        struct pi2_down_at *down_at;  /* [n_slices]: a batch's down pass's slices of the output */
         int n_slices;
-        _Atomic int next_slice;      /* a batch's down pass: the next slice to take */
+        _Atomic int next_slice;       /* a batch's down pass: the next slice to take */
         int64_t *to_read;     /* slot handles to read for this wave, with their kind */
         uint8_t *to_read_kind;
         int n_to_read;

@@ -80,7 +80,12 @@ static int alloc_scratch(pi2_sparse *s) {
     s->wave.phase = zalloc(F, &ok);
     s->wave.wait_next = zalloc(F * sizeof(int32_t), &ok);
     s->wave.ready = zalloc(2 * F * sizeof(int32_t), &ok);
-    s->wave.done = zalloc(F, &ok);
+    {
+        const size_t chunks = (F + PI2_DOWN_CHUNK - 1) / PI2_DOWN_CHUNK, bytes = chunks * sizeof(struct pi2_down_chunk);
+        if ((s->wave.chunk = aligned_alloc(64, bytes))) memset(s->wave.chunk, 0, bytes);
+        else ok = 0;
+        if (!(s->wave.partial = aligned_alloc(64, chunks * (size_t)s->E * sizeof(float)))) ok = 0;
+    }
     {
         const int64_t most = (s->E + PI2_DOWN_SLICE_MIN - 1) / PI2_DOWN_SLICE_MIN;
         const int n = (int)(s->nth < most ? s->nth : most);
@@ -308,7 +313,7 @@ void pi2_sparse_close(pi2_sparse *s) {
     pi2_sparse_stream_close(s);
     pi2_predictors_free(&s->pred);
     void *ptrs[] = {s->scratch.look_in, s->scratch.look_mask, s->scratch.act, s->scratch.pact, s->scratch.mask, s->scratch.truth, s->scratch.active, s->scratch.hv, s->scratch.live, s->scratch.gates, s->cap.scores, s->wave.k, s->wave.h, s->wave.phase,
-                    s->wave.wait_next, s->wave.ready, s->wave.done, s->wave.down_at, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
+                    s->wave.wait_next, s->wave.ready, s->wave.chunk, s->wave.partial, s->wave.down_at, s->wave.to_read, s->wave.to_read_kind, s->block_off, s->check.layer_tp, s->check.layer_fp,
                     s->check.layer_fn, s->check.layer_seen, s->wave.wait_head, s->wave.acq, s->named.by_block};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     pthread_mutex_destroy(&s->lock);

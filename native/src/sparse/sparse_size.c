@@ -47,7 +47,9 @@ static uint64_t scratch_bytes(const pi2_sparse_config *cfg, const pi2_sparse_sha
     const size_t B = (size_t)sh->n_batch, F = (size_t)sh->F;
     const size_t truth = cfg->oracle || cfg->check_predictor ? B * F : 0;
     const size_t cap = cfg->read_cap && cfg->policy == PI2_POLICY_POWERINFER2 ? F * 4 : 0; /* read cap's scores */
-    return B * (z->act_row + z->pact_row) + B * F + truth + cap + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8 + 1) +
+    const size_t chunks = (F + PI2_DOWN_CHUNK - 1) / PI2_DOWN_CHUNK; /* decode's down pass: partials + counters */
+    const size_t down = chunks * ((size_t)sh->E * sizeof(float) + sizeof(struct pi2_down_chunk));
+    return B * (z->act_row + z->pact_row) + B * F + truth + cap + 2 * F * B * 4 + F * (4 + 8 + 1 + 1 + 4 + 8 + 8) + down +
            sh->pred_scratch + (z->may_stream ? pi2_sparse_stream_bytes(z->stream_n, sh->stride, sh->n_batch) : 0);
 }
 
