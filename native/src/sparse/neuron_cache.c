@@ -153,6 +153,17 @@ int64_t pi2_ncache_find(const pi2_ncache *c, int b, int k) {
     return c->cold_of[(int64_t)b * c->cfg.n_ff + k];
 }
 
+int pi2_ncache_find_many(const pi2_ncache *c, int b, const int32_t *ks, int n, int64_t *h) {
+    const int32_t *cold = c->cold_of + (int64_t)b * c->cfg.n_ff;
+    int hot = 0;
+    for (int i = 0; i < n; i++) {
+        const int is_hot = ks[i] < c->cfg.hot_neurons;
+        hot += is_hot;
+        h[i] = is_hot ? pi2_ncache_find(c, b, ks[i]) : cold[ks[i]];
+    }
+    return hot;
+}
+
 static void forget(pi2_ncache *c, region *r, int64_t s) {
     if (r->owner[s] < 0) return;
     if (r == &c->hot) c->hot_of[r->owner[s]] = -1;

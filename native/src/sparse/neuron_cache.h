@@ -50,6 +50,8 @@ int pi2_ncache_is_hot(const pi2_ncache *c, int k); /* bundle k of any block is i
 
 /* The slot holding neuron k of block b (its cluster's slot for hot neurons), or -1. */
 int64_t pi2_ncache_find(const pi2_ncache *c, int b, int k);
+/* find for ks[0..n) of block b at once (decode's resident wave: one call, not 2n); returns how many are hot */
+int pi2_ncache_find_many(const pi2_ncache *c, int b, const int32_t *ks, int n, int64_t *h);
 
 /* A slot for neuron k of block b (its cluster, when hot), taken from the region's least recently used
  * unpinned entry, whose previous content is forgotten. The slot is EMPTY, pinned once and most

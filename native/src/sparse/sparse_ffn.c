@@ -370,17 +370,15 @@ static float cap_logit(pi2_sparse *s, int b, int n_active, int cap) {
  * writes each) took ~150 us a block on the calling thread alone, the serial part that stopped decode's
  * FFN from scaling with threads, and long enough for the waiting workers to fall asleep. */
 static int build_wave_resident(pi2_sparse *s, int b, int n_active, int *pos) {
-    int n = 0, hot = 0;
+    const int n = n_active - *pos;
+    const int32_t *ks = s->scratch.active + *pos;
     s->wave.n_to_read = 0;
-    for (; *pos < n_active; (*pos)++, n++) {
-        const int k = s->scratch.active[*pos];
-        hot += pi2_ncache_is_hot(s->cache, k);
-        s->wave.k[n] = k;
-        s->wave.h[n] = pi2_ncache_find(s->cache, b, k);
-        s->wave.phase[n] = 0;
-        s->scratch.live[n] = 0;
-        s->wave.ready[n] = n;
-    }
+    const int hot = pi2_ncache_find_many(s->cache, b, ks, n, s->wave.h);
+    memcpy(s->wave.k, ks, (size_t)n * sizeof *ks);
+    memset(s->wave.phase, 0, (size_t)n);
+    memset(s->scratch.live, 0, (size_t)n);
+    for (int i = 0; i < n; i++) s->wave.ready[i] = i;
+    *pos = n_active;
     s->st.hits_hot += (uint64_t)hot;
     s->st.hits_cold += (uint64_t)(n - hot);
     atomic_store(&s->wave.n_ready, n);
@@ -469,16 +467,28 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         s->st.predict_ns += pi2_now_ns() - tp;
     }
     if (s->cfg.check_predictor) count_check(s, layer, tokens);
+    /* The active list and decode's counts run on the calling thread alone, between pool jobs: at 16
+     * threads any time here is time every other thread waits (and long gaps put them to sleep), so
+     * these loops are branch-free and carry no dependency from one neuron to the next. */
     int n_active = 0;
-    for (int64_t k = 0; k < F; k++) {
-        uint8_t any = 0;
-        for (int t = 0; t < tokens && !any; t++) any |= s->scratch.mask[(size_t)t * F + k];
-        if (any) s->scratch.active[n_active++] = (int32_t)k;
+    if (tokens == 1) {
+        for (int64_t k = 0; k < F; k++) s->scratch.active[n_active] = (int32_t)k, n_active += s->scratch.mask[k] != 0;
+    } else {
+        for (int64_t k = 0; k < F; k++) {
+            uint8_t any = 0;
+            for (int t = 0; t < tokens && !any; t++) any |= s->scratch.mask[(size_t)t * F + k];
+            if (any) s->scratch.active[n_active++] = (int32_t)k;
+        }
     }
     s->st.neurons_visited += (uint64_t)F * tokens;
     if (tokens == 1) { /* decode's named set, for the planner's hit-rate curve (pi2_sparse_named_json) */
         s->named.by_block[b] += (uint64_t)n_active;
-        for (int i = 0; i < n_active; i++) s->named.by_rank[(int64_t)s->scratch.active[i] * PI2_RANK_BINS / F]++;
+        for (int bin = 0, i = 0; bin < PI2_RANK_BINS; bin++) { /* active is ascending: count each bin's run */
+            const int start = i;
+            const int64_t end = (F * (bin + 1) + PI2_RANK_BINS - 1) / PI2_RANK_BINS; /* first k of the next bin */
+            while (i < n_active && s->scratch.active[i] < end) i++;
+            s->named.by_rank[bin] += (uint64_t)(i - start);
+        }
     }
     if (dense && (s->batch.block_base || s->batch.stage[0])) {
         s->st.neurons_computed += (uint64_t)F * tokens;
