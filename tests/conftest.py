@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+_USER_CACHE = os.environ.get("PI2_CACHE")  # as the session started, before any test changed it
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
@@ -25,7 +27,14 @@ def llamacpp_bindir() -> Path:
         return Path(override)
     from pi2cli.builds.baselines.llamacpp_build import ensure_built
 
-    return ensure_built("host")
+    # The session's first test that asks may run inside a module that points PI2_CACHE at a temporary
+    # directory (adb_server): the build is taken from the user's cache all the same, not rebuilt there.
+    with pytest.MonkeyPatch.context() as mp:
+        if _USER_CACHE is None:
+            mp.delenv("PI2_CACHE", raising=False)
+        else:
+            mp.setenv("PI2_CACHE", _USER_CACHE)
+        return ensure_built("host")
 
 
 @pytest.fixture(scope="session")

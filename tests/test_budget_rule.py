@@ -156,7 +156,7 @@ def test_the_minimum_cache_is_never_written_through_a_planted_link(tiny_model, t
 
 
 def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(tiny_model, tmp_path,
-                                                                                llamacpp_bindir):  # fmt: skip
+                                                                                llamacpp_bindir, monkeypatch):  # fmt: skip
     """llama.cpp (which `pi2-engine size` does not size) started under a cgroup far below its weights is
     killed there: the run is failed with the budget as its reason, and its memory record says the budget
     was enforced (a failed run once read "20 MiB (not enforced)" beside a llama-server log line)."""
@@ -165,6 +165,8 @@ def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(t
     support = detect_cgroup()
     if not support.usable:
         pytest.skip(f"memory cgroups not writable here: {support.reason}")
+    # the session's build, not one of its own in the cache dir this module's adb tests point elsewhere
+    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
     r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model), "-e", "llama.cpp", "-w", "math", "--limit", "1",
                                  "-n", "4", "-t", "1", "--memory-budget", "12M",
                                  "--results-dir", str(tmp_path / "r"), "--json"])  # fmt: skip
