@@ -239,3 +239,26 @@ def test_device_engine_that_cannot_load_is_one_error_line(tmp_path, make_device)
     (line,) = error_lines(err)
     assert line.startswith(f"pi2: error: pi2-engine serve on {phone.serial} exited (code 1): "), err
     assert "truncated" in line and not engines_under(phone.root)
+
+
+def test_device_serve_with_a_plan_pushes_it_and_runs_under_its_budget(tiny_model, make_device, tmp_path):
+    plan = tmp_path / "plan.json"
+    made = subprocess.run([sys.executable, "-c", "from pi2cli.cli import main; main()", "plan", "-m", str(tiny_model),
+                           "--memory-budget", "64M", "--out", str(plan)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    phone = make_device()
+    proc = pi2("serve", "--device", phone.serial, "-m", str(tiny_model), "--plan", str(plan), "--port", "0",
+               "--host-port", "0", "-t", "1", "--json")  # fmt: skip
+    info = ready_json(proc)
+    try:
+        cmd = psutil.Process(info["pid"]).cmdline()
+        # where it was pushed (the test daemon's /data/local/tmp is phone.root)
+        assert cmd[cmd.index("--plan") + 1] == str(phone.root / "pi2" / "plans" / "plan.json")
+        assert (phone.root / "pi2" / "plans" / "plan.json").read_bytes() == plan.read_bytes()
+        assert cmd[cmd.index("--memory-budget") + 1] == str(64 << 20)  # the plan's budget, last (it wins)
+        assert info["budget"] == {"limit_bytes": 64 << 20, "enforced": False, "how": info["budget"]["how"]}
+        assert client(info).completions.create(model="m", prompt="The", max_tokens=4).choices[0].text
+    finally:
+        code, err = stop(proc)
+    assert code == 0, err
+    assert not engines_under(phone.root)

@@ -355,6 +355,14 @@ def prepare(cfg: ServeConfig, echo: Echo):
         from pi2cli.plan.plan import load_plan
 
         plan_data = load_plan(cfg.plan)
+        if cfg.memory_budget is None and plan_data.get("memory_budget") is not None:
+            from dataclasses import replace
+
+            from pi2cli.units import parse_size
+
+            # as `pi2 bench --plan`: the plan's budget is the server's (a cgroup here; the engine's anyway)
+            budget = parse_size(plan_data["memory_budget"], what=f"plan {cfg.plan}: memory_budget")
+            cfg = replace(cfg, memory_budget=budget)
     try:
         target = get_target(cfg.device)
     except TargetError as exc:
