@@ -114,6 +114,10 @@ def test_local_serve_answers_an_openai_client_and_sigint_stops_it(tiny_model):
         engine = psutil.Process(info["pid"])
         assert engine.cmdline()[:2] == [str(host_build_dir() / "pi2-engine"), "serve"]
         assert chat_twice(info, api_key="s3cret")
+        # the printed curl line, as a user pastes it into a shell that has the key
+        pasted = subprocess.run(["sh", "-c", info["curl"]], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "PI2_API_KEY": "s3cret"})  # fmt: skip
+        assert json.loads(pasted.stdout)["choices"][0]["message"]["content"], pasted.stdout + pasted.stderr
         with pytest.raises(openai.AuthenticationError):  # the key reached the engine
             client(info, api_key="wrong").chat.completions.create(model="m", messages=CHAT, max_tokens=2)
     finally:

@@ -75,7 +75,7 @@ class Serving:
     budget: dict = field(default_factory=dict)
 
     def curl(self) -> str:
-        auth = " -H 'Authorization: Bearer $PI2_API_KEY'" if self.api_key else ""
+        auth = ' -H "Authorization: Bearer $PI2_API_KEY"' if self.api_key else ""  # the shell fills it in
         body = '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}'
         return f"curl -s {self.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
