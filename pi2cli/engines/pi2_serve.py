@@ -136,13 +136,14 @@ def local_model(text: str) -> Path:
 def wait_healthy(port: int, deadline: float, down: Callable[[], str | None]) -> None:
     """GET /health until it answers 200 (needs no API key), the engine is down, or the deadline passes."""
     url = f"http://{LOOPBACK}:{port}/health"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via $http_proxy
     last = ""
     while True:
         why = down()
         if why:
             raise Pi2Error(why)
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with opener.open(url, timeout=5) as resp:
                 if resp.status == 200:
                     return
                 last = f"HTTP {resp.status}"
