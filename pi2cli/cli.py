@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "workloads": "The dialogue, code, math and role-play workloads: list and show statistics.",
     "profile": "Measure a device's CPU, memory and storage throughput with pi2-probe.",
     "plan": "Choose cache sizes, hot set, threads and load strategy for a model, device and budget.",
+    "serve": "Serve a model over OpenAI's API here or on a phone (adb forward) until Ctrl-C.",
     "bench": "Run engines x workloads on a device and record TTFT, TBT and memory.",
     "quality": "Score a sparse configuration against the dense model on real text: KL, top-1, perplexity.",
     "compare": "Compare runs side by side with speedups and confidence intervals.",

@@ -9,7 +9,7 @@ from pi2cli.cli import COMMANDS, cli
 
 EXPECTED = [
     "build", "devices", "push", "models", "convert", "generate", "workloads",
-    "profile", "plan", "bench", "quality", "compare", "report", "results", "farm", "repro",
+    "profile", "plan", "serve", "bench", "quality", "compare", "report", "results", "farm", "repro",
 ]  # fmt: skip
 
 

@@ -255,16 +255,21 @@ class AdbTarget(ShellTarget):
             raise TargetError(f"cannot start {argv[0]} on {self.name}: {exc}") from exc
 
     # -- port forwards ----------------------------------------------------------------------------
-    def forward(self, remote_port: int) -> int:
-        """`adb forward tcp:0 tcp:REMOTE_PORT`: the adb server picks a free port here and says which;
-        returns it. Every connection to 127.0.0.1:THAT_PORT reaches 127.0.0.1:REMOTE_PORT on the device."""
+    def forward(self, remote_port: int, local_port: int = 0) -> int:
+        """`adb forward tcp:LOCAL_PORT tcp:REMOTE_PORT`; LOCAL_PORT 0: the adb server picks a free port
+        here and says which. Returns the port here: every connection to 127.0.0.1:THAT_PORT reaches
+        127.0.0.1:REMOTE_PORT on the device. (adbutils' own forward() never reads the second OKAY, so a
+        port already taken here would pass as forwarded.)"""
         try:
             conn = adb_client().make_connection(timeout=30)
             try:
-                conn.send_command(f"host-serial:{self.name}:forward:tcp:0;tcp:{int(remote_port)}")
+                conn.send_command(
+                    f"host-serial:{self.name}:forward:tcp:{int(local_port)};tcp:{int(remote_port)}"
+                )
                 conn.check_okay()  # the server took the request
                 conn.check_okay()  # the forward is installed (else FAIL + why)
-                port = conn.read_string_block().strip()
+                # the server names the port only when it picked it
+                port = conn.read_string_block().strip() if not local_port else str(int(local_port))
             finally:
                 conn.close()
         except adb_errors() as exc:
