@@ -6,6 +6,7 @@ listens is one error line; Ctrl-C keeps what was measured. Each load lasts a few
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from test_serve import serve
 from pi2cli.paths import REPO_ROOT
 from pi2cli.results import store
 
-pytestmark = pytest.mark.skipif(not engine_bin().is_file(), reason="pi2-engine not built")
+needs_engine = pytest.mark.skipif(not engine_bin().is_file(), reason="pi2-engine not built")
 
 
 def pi2(*args: str, timeout: float = 120, **kw):
@@ -37,6 +38,7 @@ def load(srv, results, *flags: str, duration: str = "3"):
     return done, json.loads(done.stdout)["runs"][0] if done.stdout.startswith("{") else None
 
 
+@needs_engine
 def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_model, tmp_path):
     with serve(tiny_model, "--chat-template", "chatml") as srv:
         t0 = time.monotonic()
@@ -77,6 +79,7 @@ def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_mo
     assert listed.returncode == 0 and run["run_id"] in listed.stdout
 
 
+@needs_engine
 def test_a_full_queue_gives_counted_rejections_not_failures(tiny_model, tmp_path):
     # 20 ms a token, one computing and one waiting: of 4 clients two are always turned away with 503
     with serve(tiny_model, "--chat-template", "chatml", "--max-queue", "1",
@@ -121,6 +124,7 @@ def test_bad_load_options_are_one_line(tmp_path, flags, message):
     assert done.returncode != 0 and len(lines) == 1 and message in lines[0], done.stderr
 
 
+@needs_engine
 def test_ctrl_c_stops_the_load_and_keeps_what_was_measured(tiny_model, tmp_path):
     with serve(tiny_model, "--chat-template", "chatml", env={"PI2_TEST_DELAY_US": "5000"}) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -208,3 +212,43 @@ def test_another_server_and_a_stalled_answer_times_out_with_its_reason(tmp_path)
     assert late and all("--request-timeout 1 s" in t["error"] for t in late)
     assert lo["engine"] is None and lo["client"]["ttft_ms"] is not None  # no pi2_timings: one clock
     assert lo["tokens"] == 2 + len(late) and lo["server_usage"]["completion_tokens"] == 2
+
+
+def _load_run(tmp_path) -> dict:
+    """A stored load run to break (the one real server in this file is not needed for the schema)."""
+    from pi2cli.bench.load import LoadConfig, Record, Tally, fill_run
+    from pi2cli.bench.load_client import Attempt
+    from pi2cli.results import schema as S
+
+    run = S.new_run(engine=S.engine_info("pi2"), model=S.model_info("m"),
+                    workload=S.workload_info("load-c1-multi-turn"), target=S.target_info("h:1", "http"))  # fmt: skip
+    tally = Tally()
+    tally.add(Record(0, "c", 0, Attempt("ok", None, 200, None, 0.0, 0.3, [0.1, 0.2], text="ab",
+                                        finish_reason="stop", usage={"completion_tokens": 2}), 0))  # fmt: skip
+    tally.add(Record(0, "c", 1, Attempt("rejected", "HTTP 503: busy", 503, 1.0), 0))
+    fill_run(run, LoadConfig(url="http://h:1", concurrency=1, duration_s=1.0), tally, 1.0, [], None, 0.0)
+    return run
+
+
+def test_the_load_block_is_validated(tmp_path):
+    from pi2cli.results import schema as S
+
+    run = _load_run(tmp_path)
+    S.validate(run)
+    assert run["load"]["requests"] == {
+        "completed": 1,
+        "failed": 0,
+        "rejected": 1,
+        "timed_out": 0,
+        "cancelled": 0,
+    }
+    for breaking, where in [(lambda lo: lo["requests"].update(rejected=-1), "run.load.requests.rejected"),
+                            (lambda lo: lo["requests"].pop("failed"), "run.load.requests.failed"),
+                            (lambda lo: lo["reasons"].append({"outcome": "x"}), "run.load.reasons[1]"),
+                            (lambda lo: lo["client"]["tbt_ms"].update(p90="fast"), "run.load.client.tbt_ms.p90"),
+                            (lambda lo: lo.update(tokens_per_s=float("inf")), "run.load.tokens_per_s"),
+                            (lambda lo: lo.update(extra=1), "run.load")]:  # fmt: skip
+        bad = json.loads(json.dumps(run))
+        breaking(bad["load"])
+        with pytest.raises(S.ResultSchemaError, match=f"^{re.escape(where)}"):
+            S.validate(bad)
