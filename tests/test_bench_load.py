@@ -77,6 +77,8 @@ def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_mo
     assert run["model"]["synthetic"]  # the server's own -m file, read from its command line
     listed = pi2("results", "list", "--results-dir", str(tmp_path), "--json")
     assert listed.returncode == 0 and run["run_id"] in listed.stdout
+    shown = pi2("results", "show", run["run_id"], "--results-dir", str(tmp_path))
+    assert f"requests: {r['completed']} completed, {r['rejected']} rejected, 0 failed" in shown.stdout
 
 
 @needs_engine
@@ -129,11 +131,14 @@ def test_ctrl_c_stops_the_load_and_keeps_what_was_measured(tiny_model, tmp_path)
     with serve(tiny_model, "--chat-template", "chatml", env={"PI2_TEST_DELAY_US": "5000"}) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "bench", "--mode", "load", "--url", srv.url, "-c",
-                                 "2", "--duration", "600", "--max-tokens", "200", "--limit", "2", "--results-dir",
+                                 "2", "--duration", "600", "--max-tokens", "40", "--limit", "2", "--results-dir",
                                  str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 stdin=subprocess.DEVNULL, text=True)  # fmt: skip
         try:
-            time.sleep(3.0)  # 200 tokens at 5 ms: about a second each, so some finished and two are in flight
+            deadline = time.monotonic() + 30
+            while not srv.get("/health")[1]["busy"] and time.monotonic() < deadline:  # the load has begun
+                time.sleep(0.05)
+            time.sleep(1.5)  # 40 tokens at 5 ms: several answers finished, and one always in flight
             os.kill(proc.pid, signal.SIGINT)
             _, err = proc.communicate(timeout=30)
         finally:

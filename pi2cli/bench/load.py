@@ -100,13 +100,16 @@ def probe(ep: Endpoint, cfg: LoadConfig) -> Server:
 
 
 def listening_pid(port: int) -> int | None:
-    """The process listening on this machine's TCP `port` (psutil), None when none of ours is."""
+    """The process listening on this machine's TCP `port` (psutil), None when none of ours is, or when
+    it is adb forwarding the port to a device."""
     import psutil
 
     with contextlib.suppress(psutil.Error, OSError):
         for c in psutil.net_connections(kind="tcp"):
             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-                return c.pid
+                # an adb forward (`pi2 serve` to a phone) listens here for a server that runs there:
+                # adb's own memory is not the server's
+                return None if psutil.Process(c.pid).name() == "adb" else c.pid
     return None
 
 
@@ -468,3 +471,29 @@ def load_block(run: dict, cfg: LoadConfig, records: list[Record], rejections: di
         "server_usage": {"prompt_tokens": usage_sum("prompt_tokens"),
                          "completion_tokens": usage_sum("completion_tokens")},
     }  # fmt: skip
+
+
+def load_lines(run: dict) -> list[str]:
+    """A load run in a few lines (bench's summary, `results show`): counts, throughput, both clocks'
+    percentiles, the server's peak and every reason."""
+    load = run["load"]
+    r = load["requests"]
+
+    def pct(block, name):
+        values = (block or {}).get(name)
+        return "-" if not values else " / ".join(f"{values[k]:.1f}" for k in ("p50", "p90", "p99"))
+
+    lines = [f"requests: {r['completed']} completed, {r['rejected']} rejected, {r['failed']} failed, "
+             f"{r['timed_out']} timed out" + (f", {r['cancelled']} cancelled" if r["cancelled"] else ""),
+             f"throughput: {load['tokens_per_s']:.1f} tok/s ({load['tokens']} tokens), "
+             f"{load['requests_per_s']:.2f} requests/s over {load['window_s']:.1f} s",
+             f"TTFT ms p50 / p90 / p99: client {pct(load['client'], 'ttft_ms')}, engine "
+             f"{pct(load['engine'], 'ttft_ms')}",
+             f"TBT ms p50 / p90 / p99: client {pct(load['client'], 'tbt_ms')}, engine "
+             f"{pct(load['engine'], 'tbt_ms')}"]  # fmt: skip
+    peak = (run.get("summary") or S.summarize(run))["peak_rss_bytes"]
+    if peak is not None:
+        lines.append(f"server peak RSS {peak / 2**20:.1f} MiB ({run['counters'].get('peak_rss_source')}), "
+                     f"{len(run['memory_samples'])} memory samples")  # fmt: skip
+    lines += [f"{x['count']} x {x['outcome']}: {x['reason']}" for x in load["reasons"]]
+    return lines

@@ -44,32 +44,14 @@ class Progress:
 
 
 def summary_lines(outcome) -> list[str]:
+    from pi2cli.bench.load import load_lines
     from pi2cli.results import schema as S
 
     run, load = outcome.run, outcome.run["load"]
-    r = load["requests"]
-
-    def pct(block, name):
-        values = (block or {}).get(name)
-        return "-" if not values else " / ".join(f"{values[k]:.1f}" for k in ("p50", "p90", "p99"))
-
     lines = [f"pi2 bench --mode load: {S.engine_label(run)} at {run['settings']['url']}, model "
              f"{S.model_label(run)}, {load['concurrency']} clients, {load['duration_s']:g} s "
-             f"(window {load['window_s']:.1f} s): {S.status_text(run)}",
-             f"  requests: {r['completed']} completed, {r['rejected']} rejected, {r['failed']} failed, "
-             f"{r['timed_out']} timed out" + (f", {r['cancelled']} cancelled" if r["cancelled"] else ""),
-             f"  throughput: {load['tokens_per_s']:.1f} tok/s ({load['tokens']} tokens), "
-             f"{load['requests_per_s']:.2f} requests/s",
-             f"  TTFT ms p50 / p90 / p99: client {pct(load['client'], 'ttft_ms')}, engine "
-             f"{pct(load['engine'], 'ttft_ms')}",
-             f"  TBT ms p50 / p90 / p99: client {pct(load['client'], 'tbt_ms')}, engine "
-             f"{pct(load['engine'], 'tbt_ms')}"]  # fmt: skip
-    peak = run["summary"]["peak_rss_bytes"]
-    if peak is not None:
-        lines.append(f"  server peak RSS {peak / 2**20:.1f} MiB ({run['counters'].get('peak_rss_source')}), "
-                     f"{len(run['memory_samples'])} memory samples")  # fmt: skip
-    for reason in load["reasons"]:
-        lines.append(f"  {reason['count']} x {reason['outcome']}: {reason['reason']}")
+             f"(window {load['window_s']:.1f} s): {S.status_text(run)}"]  # fmt: skip
+    lines += [f"  {line}" for line in load_lines(run)]
     lines.append(f"  {outcome.path}")
     return lines
 
