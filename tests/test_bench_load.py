@@ -97,7 +97,6 @@ def test_a_full_queue_gives_counted_rejections_not_failures(tiny_model, tmp_path
     assert lo["retry_after"]["given"] == lo["requests"]["rejected"]  # pi2-engine serve says Retry-After: 1
     # honoured: a client waits 1 s after a 503, so no client was turned away more than ~once a second
     assert lo["requests"]["rejected"] <= 4 * (lo["window_s"] + 1)
-    assert any(t["extra"]["retries"] > 0 for t in run["turns"])  # a rejected turn was sent again and answered
 
 
 def test_a_url_where_nothing_listens_is_one_error_line(tmp_path):
@@ -116,6 +115,8 @@ def test_a_url_where_nothing_listens_is_one_error_line(tmp_path):
     "flags, message",
     [(["--mode", "load", "-c", "2", "--duration", "1"], "--mode load needs --url"),
      (["--mode", "load", "--url", "http://127.0.0.1:9", "-c", "0", "--duration", "1"], "at least 1"),
+     (["--mode", "load", "--url", "http://127.0.0.1:9", "-c", "1", "--duration", "inf"], "--duration must be"),
+     (["--mode", "load", "--url", "ftp://127.0.0.1:9", "-c", "1", "--duration", "1"], "give the server's address"),
      (["--mode", "load", "--url", "http://127.0.0.1:9", "-c", "2", "--duration", "1", "--device", "x"],
       "--device does not go with --mode load"),
      (["-m", "x.pi2", "--url", "http://127.0.0.1:9"], "--url goes with --mode load")],

@@ -39,6 +39,7 @@ from pi2cli.workloads import Conversation, load_workload, workload_path
 NO_RETRY_AFTER_WAIT_S = 0.5  # a rejection that names no Retry-After is retried this much later
 FAILURE_PAUSE_S = 0.1  # after a failed request, so a server refusing everything is not hammered
 SAMPLE_EVERY_S = 0.5
+MAX_SECONDS = 7 * 86400  # --duration and --request-timeout: a week is more than any load test needs
 OUTCOMES = ("completed", "failed", "rejected", "timed_out", "cancelled")
 OWNERS = {"pi2": "pi2", "llamacpp": "llama.cpp", "mlc": "mlc-llm"}  # /v1/models owned_by -> engine name
 MEASUREMENT = ("pi2 bench --mode load: N client threads, streamed /v1/chat/completions over HTTP; TTFT = "
@@ -68,12 +69,16 @@ class LoadConfig:
 def check_config(cfg: LoadConfig) -> Endpoint:
     if cfg.concurrency < 1:
         raise Pi2Error(f"-c/--concurrency must be at least 1, got {cfg.concurrency}")
-    if not cfg.duration_s > 0:
-        raise Pi2Error(f"--duration must be above 0 seconds, got {cfg.duration_s:g}")
+    if not 0 < cfg.duration_s <= MAX_SECONDS:  # nan and inf too: the window is stored as a finite number
+        raise Pi2Error(
+            f"--duration must be above 0 and at most {MAX_SECONDS} seconds, got {cfg.duration_s:g}"
+        )
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise Pi2Error(f"--max-tokens must be at least 1, got {cfg.max_tokens}")
-    if not cfg.request_timeout_s > 0:
-        raise Pi2Error(f"--request-timeout must be above 0 seconds, got {cfg.request_timeout_s:g}")
+    if not 0 < cfg.request_timeout_s <= MAX_SECONDS:
+        raise Pi2Error(
+            f"--request-timeout must be above 0 and at most {MAX_SECONDS} seconds, got {cfg.request_timeout_s:g}"
+        )
     return Endpoint.parse(cfg.url)
 
 
