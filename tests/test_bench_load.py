@@ -258,3 +258,40 @@ def test_the_load_block_is_validated(tmp_path):
         breaking(bad["load"])
         with pytest.raises(S.ResultSchemaError, match=f"^{re.escape(where)}"):
             S.validate(bad)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_llama_server_is_loaded_the_same_way(llamacpp_bindir, tiny_model, tmp_path):
+    """Another engine's server, unchanged: llama-server on the tiny model's GGUF twin."""
+    port = _free_port()
+    proc = subprocess.Popen([str(llamacpp_bindir / "llama-server"), "-m", str(tiny_model.with_suffix(".gguf")),
+                             "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-np", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # llama-server answers 503 while it loads the model
+            with socket.socket() as s:
+                s.settimeout(1)
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    if s.recv(64).startswith(b"HTTP/1.1 200"):
+                        break
+            time.sleep(0.2)
+        done = pi2("bench", "--mode", "load", "--url", f"http://127.0.0.1:{port}", "-c", "2", "--duration", "2",
+                   "--max-tokens", "8", "--limit", "2", "--results-dir", str(tmp_path), "--json")  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert done.returncode == 0, done.stderr
+    run = store.load_run(json.loads(done.stdout)["runs"][0]["result_file"])
+    lo = run["load"]
+    assert run["engine"]["name"] == "llama.cpp" and run["model"]["synthetic"]  # owned_by, and its -m file
+    assert lo["requests"]["completed"] > 0 and lo["requests"]["failed"] == lo["requests"]["timed_out"] == 0
+    assert lo["engine"] is None and lo["client"]["tbt_ms"]["p50"] > 0  # no pi2_timings: the client's clock
+    assert lo["server_usage"]["completion_tokens"] == lo["tokens"] == sum(t["n_gen"] for t in run["turns"])
