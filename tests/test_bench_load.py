@@ -217,6 +217,7 @@ def test_another_server_and_a_stalled_answer_times_out_with_its_reason(tmp_path)
     late = [t for t in run["turns"] if t["status"] == "timeout"]
     assert late and all("--request-timeout 1 s" in t["error"] for t in late)
     assert lo["engine"] is None and lo["client"]["ttft_ms"] is not None  # no pi2_timings: one clock
+    assert lo["server_metrics"] is None  # this server has no /metrics: not an error
     assert lo["tokens"] == 2 + len(late) and lo["server_usage"]["completion_tokens"] == 2
 
 
@@ -271,7 +272,7 @@ def test_llama_server_is_loaded_the_same_way(llamacpp_bindir, tiny_model, tmp_pa
     """Another engine's server, unchanged: llama-server on the tiny model's GGUF twin."""
     port = _free_port()
     proc = subprocess.Popen([str(llamacpp_bindir / "llama-server"), "-m", str(tiny_model.with_suffix(".gguf")),
-                             "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-np", "2"],
+                             "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-np", "2", "--metrics"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -295,3 +296,6 @@ def test_llama_server_is_loaded_the_same_way(llamacpp_bindir, tiny_model, tmp_pa
     assert lo["requests"]["completed"] > 0 and lo["requests"]["failed"] == lo["requests"]["timed_out"] == 0
     assert lo["engine"] is None and lo["client"]["tbt_ms"]["p50"] > 0  # no pi2_timings: the client's clock
     assert lo["server_usage"]["completion_tokens"] == lo["tokens"] == sum(t["n_gen"] for t in run["turns"])
+    # the server's own counters (--metrics), read before and after the load, agree with the client's
+    assert lo["server_metrics"]["llamacpp:tokens_predicted_total"] == lo["tokens"]
+    assert lo["server_metrics"]["llamacpp:prompt_tokens_total"] <= lo["server_usage"]["prompt_tokens"]

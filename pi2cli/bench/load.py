@@ -30,7 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.bench.load_client import Attempt, Endpoint, InFlight, get_json, stream_chat
+from pi2cli.bench.load_client import (
+    Attempt,
+    Endpoint,
+    InFlight,
+    counter_deltas,
+    get_json,
+    get_metrics,
+    stream_chat,
+)
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.signals import signal_name
@@ -284,6 +292,7 @@ def run_load(cfg: LoadConfig, progress=None):
     server = probe(ep, cfg)
     run = new_load_run(cfg, ep, server, len(conversations))
     tally, inflight = Tally(), InFlight()
+    metrics_before = get_metrics(ep, cfg.api_key)  # the server's own counts, where it keeps any
     t0 = time.monotonic()
     end_at = t0 + cfg.duration_s
     memory = ServerMemory(server.pid, t0)
@@ -307,6 +316,8 @@ def run_load(cfg: LoadConfig, progress=None):
     window_s = time.monotonic() - t0
     peak = memory.stop()
     fill_run(run, cfg, tally, window_s, memory.samples, peak, t0)
+    if stopped is None:  # after Ctrl-C no more requests: the counts of what finished are kept as they are
+        run["load"]["server_metrics"] = counter_deltas(metrics_before, get_metrics(ep, cfg.api_key))
     if stopped is not None:
         name = signal_name(stopped)
         S.mark_failed(run, "aborted", f"aborted: {name}{' (Ctrl-C)' if name == 'SIGINT' else ''} after "
@@ -475,6 +486,7 @@ def load_block(run: dict, cfg: LoadConfig, records: list[Record], rejections: di
                    "tbt_ms": percentiles_ms(s for e in engine for s in e["samples_ns"])} if engine else None,
         "server_usage": {"prompt_tokens": usage_sum("prompt_tokens"),
                          "completion_tokens": usage_sum("completion_tokens")},
+        "server_metrics": None,  # set by run_load: what the server's /metrics counters rose by
     }  # fmt: skip
 
 
@@ -500,5 +512,8 @@ def load_lines(run: dict) -> list[str]:
     if peak is not None:
         lines.append(f"server peak RSS {peak / 2**20:.1f} MiB ({run['counters'].get('peak_rss_source')}), "
                      f"{len(run['memory_samples'])} memory samples")  # fmt: skip
+    tokens = {k: v for k, v in (load.get("server_metrics") or {}).items() if "token" in k and v}
+    if tokens:
+        lines.append("server /metrics: " + ", ".join(f"{k} +{v:g}" for k, v in tokens.items()))
     lines += [f"{x['count']} x {x['outcome']}: {x['reason']}" for x in load["reasons"]]
     return lines

@@ -277,3 +277,63 @@ def _take_chunk(a: Attempt, chunk, now: float) -> bool:
     # OpenAI sends usage in a chunk of its own (empty choices) after the finish_reason; pi2 and
     # llama-server put it in the last chunk. Either way [DONE] (or the end of the stream) follows.
     return False
+
+
+def get_metrics(ep: Endpoint, api_key: str | None, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """The server's counters from GET /metrics (Prometheus text: pi2-engine serve, llama-server with
+    --metrics), as {sample with its labels: value}; None when it has no such page or it cannot be read
+    (many servers have none: that is no error)."""
+    conn = ep.connect(timeout_s)
+    try:
+        conn.request("GET", ep.prefix + "/metrics", headers=headers(api_key))
+        resp = conn.getresponse()
+        data = resp.read(1 << 22)
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return None
+    return parse_counters(data.decode("utf-8", errors="replace")) or None  # not Prometheus text: none
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Every sample of the families `# TYPE NAME counter` declares (NAME, or NAME_total as OpenMetrics
+    names a counter's sample), keyed by the sample as written before its value (labels included)."""
+    counters: set[str] = set()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"] and parts[3] == "counter":
+            counters.add(parts[2])
+            continue
+        if not parts or line.startswith("#"):
+            continue
+        if "}" in line:  # name{label="v",...} value [timestamp]
+            head, _, rest = line.rpartition("}")
+            key = head + "}"
+        else:  # name value [timestamp]
+            key, _, rest = line.partition(" ")
+        name = key.split("{", 1)[0]
+        if name not in counters and name.removesuffix("_total") not in counters:
+            continue
+        try:
+            value = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if value == value and abs(value) != float("inf"):  # a NaN or an infinity is no count
+            out[key] = value
+    return out
+
+
+def counter_deltas(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    """What each counter rose by over the load (a series first seen after it started counts from 0)."""
+    if before is None or after is None:
+        return None
+    deltas = {}
+    for key, value in after.items():
+        d = value - before.get(key, 0.0)
+        deltas[key] = int(d) if float(d).is_integer() else round(d, 6)
+    return deltas

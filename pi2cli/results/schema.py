@@ -537,7 +537,8 @@ _QUALITY_RANGE = {"kl_nats": (0.0, 1e3), "top1_agreement": (0.0, 1.0), "ppl_dens
 _LOAD_FIELDS = {"concurrency": (_INT, False), "duration_s": (_NUM, False), "window_s": (_NUM, False),
                 "requests": (_DICT, False), "reasons": (_LIST, False), "retry_after": (_DICT, False),
                 "tokens": (_INT, False), "tokens_per_s": (_NUM, False), "requests_per_s": (_NUM, False),
-                "client": (_DICT, False), "engine": (_DICT, True), "server_usage": (_DICT, False)}  # fmt: skip
+                "client": (_DICT, False), "engine": (_DICT, True), "server_usage": (_DICT, False),
+                "server_metrics": (_DICT, True)}  # fmt: skip
 _LOAD_REQUESTS = {k: (_INT, False) for k in ("completed", "failed", "rejected", "timed_out", "cancelled")}
 _LOAD_REASON = {"outcome": (_STR, False), "reason": (_STR, False), "count": (_INT, False)}
 _LOAD_RETRY = {"given": (_INT, False), "missing": (_INT, False), "asked_s": (_NUM, False)}
@@ -744,6 +745,11 @@ def _check_load(load: dict) -> None:
     _check_fields(load["server_usage"], _LOAD_USAGE, "run.load.server_usage")
     for i, reason in enumerate(load["reasons"]):
         _check_fields(reason, _LOAD_REASON, f"run.load.reasons[{i}]")
+    for name, delta in (load["server_metrics"] or {}).items():
+        if not _kind_ok(delta, _NUM):
+            raise ResultSchemaError(
+                f"run.load.server_metrics[{name!r:.60}]: must be a finite number, not {delta!r:.40}"
+            )
     for clock in ("client", "engine"):
         if load[clock] is None:
             continue
