@@ -63,6 +63,12 @@ def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_mo
     assert all(0 < t["n_gen"] <= 8 for t in turns)
     assert lo["server_usage"]["prompt_tokens"] == sum(t["n_prompt"] for t in turns)
     assert lo["tokens_per_s"] == pytest.approx(lo["tokens"] / lo["window_s"], rel=1e-3)
+    metrics = lo["server_metrics"]
+    if metrics is not None:  # a pi2-engine with GET /metrics: its own counters agree with the clients'
+        assert metrics["pi2_generated_tokens_total"] == lo["tokens"]
+        assert metrics["pi2_prompt_tokens_total"] == lo["server_usage"]["prompt_tokens"]
+        assert metrics['pi2_requests_total{endpoint="/v1/chat/completions",code="2xx"}'] == r["completed"]
+        assert metrics.get('pi2_requests_rejected_total{reason="queue_full"}', 0) == r["rejected"]
     assert lo["window_s"] >= 3.0 and lo["concurrency"] == 4
     for clock in ("client", "engine"):  # pi2-engine's chunks carry pi2_timings: both clocks measured
         for name in ("ttft_ms", "tbt_ms"):
