@@ -108,10 +108,11 @@ def print_table(console, outcomes) -> None:
 
 
 @click.command(name="bench")
-@click.option("--model", "-m", required=True,
+@click.option("--model", "-m", default=None,
               help="DIR/model.pi2 (its GGUF twin DIR/model.gguf runs llama.cpp and gives the chat template), "
                    "a .gguf (converted to the .pi2 beside it when pi2 needs it), or a registry name "
-                   "(`pi2 models list`) found in the local store.")  # fmt: skip
+                   "(`pi2 models list`) found in the local store. Required, except with --mode load, where it "
+                   "is the model id sent to the server (default: the first one /v1/models lists).")  # fmt: skip
 @click.option("--synth", "make_synth", is_flag=True,
               help="With a registry name not in the store: synthesize it there first (SYNTHETIC weights; "
                    "sizes stated and disk checked before writing).")  # fmt: skip
@@ -119,11 +120,22 @@ def print_table(console, outcomes) -> None:
               help="Engine to run; repeat for several: pi2 (policy powerinfer2 when the model has predictors, "
                    "else dense), llmflash (pi2-engine --policy llmflash: the LLM-in-a-Flash baseline), "
                    "llama.cpp, mlc-llm (needs --mlc-runner).  [default: pi2; llama-bench mode: llama.cpp]")  # fmt: skip
-@click.option("--mode", type=click.Choice(["chat", "llama-bench", "pp-tg"]), default="chat", show_default=True,
+@click.option("--mode", type=click.Choice(["chat", "llama-bench", "pp-tg", "load"]), default="chat", show_default=True,
               help="chat: the workloads as multi-turn conversations (every engine). llama-bench: llama.cpp's "
                    "own pp/tg benchmark (-p --n-prompt, -n --n-gen, -r --repeat; -lm mmap --repack 0), its "
                    "JSON records kept in the result. pp-tg: a sweep of -p x -n x -t lists for pi2, llmflash "
-                   "and llama.cpp alike, with warm-up runs (docs/BENCH.md).")  # fmt: skip
+                   "and llama.cpp alike, with warm-up runs. load: -c clients hold conversations with the "
+                   "OpenAI-compatible server at --url for --duration seconds (docs/BENCH.md).")  # fmt: skip
+@click.option("--url", default=None, help="--mode load: the server, e.g. http://127.0.0.1:8080.")
+@click.option("--concurrency", "-c", type=int, default=None, help="--mode load: concurrent clients.")
+@click.option("--duration", type=float, default=None,
+              help="--mode load: seconds during which requests start (those in flight then finish).")  # fmt: skip
+@click.option("--max-tokens", type=int, default=None,
+              help="--mode load: max_tokens of every request (default: each turn's max_new_tokens).")  # fmt: skip
+@click.option("--api-key", default=None,
+              help="--mode load: sent as `Authorization: Bearer KEY` (not stored).")  # fmt: skip
+@click.option("--request-timeout", type=float, default=None,
+              help="--mode load: seconds one request may take before it counts as timed out [300].")  # fmt: skip
 @click.option("--n-prompt", "-p", default=None, metavar="N[,N...]", callback=lambda _c, _p, v: int_list(v, "--n-prompt", 0),
               help="Prompt tokens: llama-bench mode's pp test (0: none) [512]; pp-tg: a list, e.g. 128,512.")  # fmt: skip
 @click.option("--warmup", type=click.IntRange(0), default=None,
@@ -186,7 +198,8 @@ def print_table(console, outcomes) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
-def command(model, make_synth, engines, mode, n_prompt, warmup, dry_run, samples_csv, llmflash_window, mlc_runner,
+def command(model, make_synth, engines, mode, url, concurrency, duration, max_tokens, api_key, request_timeout,
+            n_prompt, warmup, dry_run, samples_csv, llmflash_window, mlc_runner,
             mlc_model, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below,
             plan, quality, tags, results_dir, as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
@@ -207,6 +220,7 @@ def command(model, make_synth, engines, mode, n_prompt, warmup, dry_run, samples
       pi2 bench -m synth/model.pi2 -e pi2 --plan plan.json --limit 1
       pi2 bench -m synth/model.pi2 --mode pp-tg -e pi2 -e llmflash -e llama.cpp -p 128,512 -n 32 -t 1,4 --dry-run
       PI2_MLC_RUNNER=http://127.0.0.1:8000 pi2 bench -m models/smollm2/model.pi2 -e mlc-llm --limit 1
+      pi2 bench --mode load --url http://127.0.0.1:8080 -c 8 --duration 60 --max-tokens 64
     """
     from rich.console import Console
 
@@ -214,6 +228,24 @@ def command(model, make_synth, engines, mode, n_prompt, warmup, dry_run, samples
     from pi2cli.models.store import model_arg
     from pi2cli.units import parse_size
 
+    load_opts = {"--url": url, "--concurrency": concurrency, "--duration": duration, "--max-tokens": max_tokens,
+                 "--api-key": api_key, "--request-timeout": request_timeout}  # fmt: skip
+    if mode == "load":
+        from pi2cli.commands.bench_load import load_command
+
+        unused = {"--synth": make_synth, "--device": device, "--memory-budget": budgets, "--plan": plan,
+                  "--quality": quality, "--warmup": warmup, "--dry-run": dry_run, "--samples-csv": samples_csv,
+                  "--repeat": repeat, "--threads": threads, "--n-prompt": n_prompt, "--n-gen": n_gen, "--ctx": ctx,
+                  "--stop-at-eos": stop_at_eos, "--cool-below": cool_below}  # fmt: skip
+        return load_command(url=url, concurrency=concurrency, duration=duration, model=model, engines=engines,
+                            max_tokens=max_tokens, api_key=api_key, request_timeout=request_timeout,
+                            workloads=workloads, limit=limit, seed=seed, tags=tags, results_dir=results_dir,
+                            as_json=as_json, unused=[k for k, v in unused.items() if v not in (None, False, ())])  # fmt: skip
+    given = [k for k, v in load_opts.items() if v is not None]
+    if given:
+        raise Pi2Error(f"{given[0]} goes with --mode load")
+    if model is None:
+        raise click.UsageError("Missing option '--model' / '-m'.")
     model = model_arg(model, synth=make_synth)
     engines = list(engines) or (["llama.cpp"] if mode == "llama-bench" else ["pi2"])
     if mode == "pp-tg":

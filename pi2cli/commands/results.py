@@ -174,6 +174,12 @@ def show_command(run, as_json, results_dir, index_path):
                 f"{key:>16}  {value:.4g}" if isinstance(value, float) else f"{key:>16}  {value}",
                 highlight=False,
             )
+    if "load" in data:  # pi2 bench --mode load: what no turn holds (rejections, throughput, both clocks)
+        from pi2cli.bench.load import load_lines
+
+        out.print()
+        for line in load_lines(data):
+            out.print(f"{'load':>16}  {escape(line)}", highlight=False)
     if data["turns"]:
         table = Table(title="turns")
         # a turn's own rate: another statistic than the run's decode tok/s, so named apart

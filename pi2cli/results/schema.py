@@ -46,7 +46,10 @@ PEAK_RSS_ENGINE = "engine VmHWM at exit"  # the engine read its own /proc/self/s
 PEAK_RSS_WRAPPER = "rusage maxrss via wrapper"  # wait4's ru_maxrss through pi2-rusage (pi2cli.hw.rusage)
 PEAK_RSS_BEFORE_STOP = "VmHWM before stop"  # a server's VmHWM read here right before it was stopped
 PEAK_RSS_DEVICE = "device VmHWM via shell"  # the same, read on an adb device through its shell
-PEAK_RSS_SOURCES = (PEAK_RSS_ENGINE, PEAK_RSS_WRAPPER, PEAK_RSS_BEFORE_STOP, PEAK_RSS_DEVICE)
+# a server pi2 did not start and does not stop (bench --mode load): its VmHWM read here after the load,
+# the peak of the server's whole life so far (the load's included)
+PEAK_RSS_SERVER = "server VmHWM after load"
+PEAK_RSS_SOURCES = (PEAK_RSS_ENGINE, PEAK_RSS_WRAPPER, PEAK_RSS_BEFORE_STOP, PEAK_RSS_DEVICE, PEAK_RSS_SERVER)
 
 # The pi2-engine policies of the ablation ladder, in ladder order (each adds one technique).
 ABLATION_POLICIES = ("dense", "bundle", "cache", "powerinfer2")
@@ -516,6 +519,7 @@ _OPTIONAL_RUN_FIELDS = {
     "llama_bench": (_LIST, False),  # llama-bench's own -o json records, unchanged (--mode llama-bench)
     "farm": (_DICT, False),  # a `pi2 farm run` cell: night, gate, conditions, energy (docs/FARM.md)
     "quality": (_DICT, False),  # divergence from the dense model (pi2 bench --quality, pi2cli.quality)
+    "load": (_DICT, False),  # a server under concurrent clients (pi2 bench --mode load, pi2cli.bench.load)
 }
 # run.quality: point values, their 95% intervals ([low, high] or null) and how they were measured
 _QUALITY_FIELDS = {"tokens_scored": (_INT, False), "kl_nats": (_NUM, False), "kl_nats_ci": (_LIST, True),
@@ -529,6 +533,18 @@ _QUALITY_FIELDS = {"tokens_scored": (_INT, False), "kl_nats": (_NUM, False), "kl
 _QUALITY_RANGE = {"kl_nats": (0.0, 1e3), "top1_agreement": (0.0, 1.0), "ppl_dense": (1.0, 1e9),
                   "ppl_sparse": (1.0, 1e9), "ppl_ratio": (1e-9, 1e9), "tokens_scored": (1, (1 << 53)),
                   "ctx": (1, (1 << 53)), "chunks": (1, (1 << 53)), "batch": (1, (1 << 53))}  # fmt: skip
+# run.load: the outcome counts, throughput over the window and percentiles of `pi2 bench --mode load`
+_LOAD_FIELDS = {"concurrency": (_INT, False), "duration_s": (_NUM, False), "window_s": (_NUM, False),
+                "requests": (_DICT, False), "reasons": (_LIST, False), "retry_after": (_DICT, False),
+                "tokens": (_INT, False), "tokens_per_s": (_NUM, False), "requests_per_s": (_NUM, False),
+                "client": (_DICT, False), "engine": (_DICT, True), "server_usage": (_DICT, False),
+                "server_metrics": (_DICT, True)}  # fmt: skip
+_LOAD_REQUESTS = {k: (_INT, False) for k in ("completed", "failed", "rejected", "timed_out", "cancelled")}
+_LOAD_REASON = {"outcome": (_STR, False), "reason": (_STR, False), "count": (_INT, False)}
+_LOAD_RETRY = {"given": (_INT, False), "missing": (_INT, False), "asked_s": (_NUM, False)}
+_LOAD_TIMES = {"ttft_ms": (_DICT, True), "tbt_ms": (_DICT, True)}
+_LOAD_PCT = {"p50": (_NUM, False), "p90": (_NUM, False), "p99": (_NUM, False)}
+_LOAD_USAGE = {"prompt_tokens": (_INT, True), "completion_tokens": (_INT, True)}
 _ENGINE_FIELDS = {"name": (_STR, False), "version": (_STR, True), "commit": (_STR, True),
                   "build_flags": (_STR, True), "build_type": (_STR, True), "policy": (_STR, True),
                   "binary_sha256": (_STR, True)}  # fmt: skip
@@ -714,10 +730,40 @@ def validate(run: Any) -> None:
             raise ResultSchemaError(f"run.llama_bench[{i}]: must be an object")
     if "quality" in run:
         _check_quality(run["quality"])
+    if "load" in run:
+        _check_load(run["load"])
     for i, sample in enumerate(run["memory_samples"]):
         _check_fields(sample, _MEMORY_SAMPLE_FIELDS, f"run.memory_samples[{i}]")
     if run["status"] == STATUS_OK and not measured_turns(run):
         raise ResultSchemaError("run.turns: an ok run needs at least one finished, measured turn")
+
+
+def _check_load(load: dict) -> None:
+    _check_fields(load, _LOAD_FIELDS, "run.load")
+    _check_fields(load["requests"], _LOAD_REQUESTS, "run.load.requests")
+    _check_fields(load["retry_after"], _LOAD_RETRY, "run.load.retry_after")
+    _check_fields(load["server_usage"], _LOAD_USAGE, "run.load.server_usage")
+    for i, reason in enumerate(load["reasons"]):
+        _check_fields(reason, _LOAD_REASON, f"run.load.reasons[{i}]")
+    for name, delta in (load["server_metrics"] or {}).items():
+        if not _kind_ok(delta, _NUM):
+            raise ResultSchemaError(
+                f"run.load.server_metrics[{name!r:.60}]: must be a finite number, not {delta!r:.40}"
+            )
+    for clock in ("client", "engine"):
+        if load[clock] is None:
+            continue
+        _check_fields(load[clock], _LOAD_TIMES, f"run.load.{clock}")
+        for name, pct in load[clock].items():
+            if pct is not None:
+                _check_fields(pct, _LOAD_PCT, f"run.load.{clock}.{name}")
+    numbers = [("concurrency", load["concurrency"]), ("tokens", load["tokens"])]
+    numbers += [(f"requests.{k}", v) for k, v in load["requests"].items()]
+    numbers += [(k, load[k]) for k in ("duration_s", "window_s", "tokens_per_s", "requests_per_s")]
+    for name, value in numbers:
+        if value < 0:
+            raise ResultSchemaError(f"run.load.{name}: must not be negative, not {value!r}")
+        _check_upper(value, _INT if isinstance(value, int) else _NUM, f"run.load.{name}", MAX_COUNT)
 
 
 def _check_quality(q: dict) -> None:
