@@ -214,8 +214,8 @@ def compare_runs(
     seed: int = DEFAULT_SEED,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> Comparison:
-    """Group the runs (schema.group_key: model, workload, budget held or not, device, threads) and compare each
-    finished run with its group's baseline run (see the module doc).
+    """Group the runs (schema.group_key: model, workload, budget held or not, device, threads) and compare
+    each finished run with its group's baseline run (see the module doc).
 
     The baseline of a group is its first ok run (in the order given) of the baseline engine; a group
     without that engine is compared with its first ok run, and a note says so. Runs that are not ok
@@ -275,9 +275,9 @@ WIDE_COLUMNS = columns.select("model", "workload", "budget_held", "target", "thr
 WIDE_HEADERS = columns.headers(WIDE_COLUMNS)
 
 # CSV: the columns' machine names, then each ratio and quality score with its interval ends
-CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "budget_enforced", "target", "threads", "engine", "status", "error",
-                             "synthetic", "commit", "run_id", "baseline", "n_turns", "decode_ts", "avg_ts",
-                             "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms")  # fmt: skip
+CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "budget_enforced", "target", "threads", "engine",
+                             "status", "error", "synthetic", "commit", "run_id", "baseline", "n_turns", "decode_ts",
+                             "avg_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms")  # fmt: skip
 CSV_HEADERS = [c.name for c in CSV_COLUMNS] + [
     f"{name}{end}" for name in ("decode", "tbt_p50", "ttft") for end in ("_speedup", "_ci_low", "_ci_high")
 ] + ["kl_nats", "kl_ci_low", "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio",
@@ -350,8 +350,8 @@ def reasons(rows: list[Row]) -> list[str]:
 def footnote(comparison: Comparison) -> str:
     pct = round(comparison.confidence * 100)
     return (f"Groups: model, workload, memory budget (enforced or not), device and threads (runs from "
-            f"different devices, thread counts or budget enforcement are never compared). Speedups over the baseline ({comparison.baseline} where "
-            f"present) with {pct}% bootstrap intervals: {comparison.resamples} resamples of the per-token TBT "
+            f"different devices, thread counts or budget enforcement are never compared). Speedups over the "
+            f"baseline ({comparison.baseline} where present) with {pct}% bootstrap intervals: {comparison.resamples} resamples of the per-token TBT "
             f"(per-turn TTFT), numpy default_rng(seed={comparison.seed}). {schema.DECODE_LABEL}: "
             f"{schema.DECODE_MEANING}, ± the stddev of the per-turn rates. Runs that are not ok are shown "
             f"with their status and no figures. Quality vs dense (pi2 bench --quality): KL(dense || run) "
