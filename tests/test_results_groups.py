@@ -308,3 +308,73 @@ def test_the_bench_table_fits_120_columns_with_threads_and_unenforced_budgets(ma
     assert "32 MiB (not enforced)" in table[-2] and "not enforced" not in table[-3]
     assert len(reasons) == sum(r["status"] != "ok" for r in runs)
     assert reasons[-1].endswith("aborted: SIGINT (Ctrl-C)") and "aborted: aborted" not in reasons[-1]
+
+
+def _held_and_free(tmp_path) -> tuple[dict, dict]:
+    """One engine at one 32 MiB budget twice: held to it by a cgroup, and only told it (an adb device)."""
+    held = fake_run(
+        "pi2", policy="powerinfer2", budget_bytes=32 << 20, tbt_ms=30, created_at="2026-11-20T10:00:00Z"
+    )
+    free = fake_run(
+        "pi2", policy="powerinfer2", budget_bytes=32 << 20, tbt_ms=20, created_at="2026-11-20T11:00:00Z"
+    )
+    free["memory"] = S.memory_info(32 << 20, enforced=False, how="not enforced: FAKE no cgroup control")
+    for run in (held, free):
+        store.save_run(run, tmp_path)
+    return held, free
+
+
+HELD_TITLE = "fake-model · dialogue · 32 MiB · test-host (local) · default threads"
+FREE_TITLE = "fake-model · dialogue · 32 MiB (not enforced) · test-host (local) · default threads"
+
+
+def _blocks(text: str, titles: list[str], prefix: str = "") -> dict[str, str]:
+    """The lines under each title (a line of its own, once) up to the next title."""
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    starts = {t: [i for i, ln in enumerate(lines) if ln == prefix + t] for t in titles}
+    assert all(len(at) == 1 for at in starts.values()), starts
+    ends = sorted(at[0] for at in starts.values()) + [len(lines)]
+    return {t: "\n".join(lines[at[0] : ends[ends.index(at[0]) + 1]]) for t, at in starts.items()}
+
+
+def test_an_enforced_and_a_not_enforced_budget_of_one_size_never_mix(tmp_path):
+    """The budget's bytes were the whole budget part of the group: a run held to 32 MiB and one only told
+    32 MiB fell into one group, the newest silently won in compare and report, and no title said which."""
+    held, free = _held_and_free(tmp_path)
+    runner = CliRunner()
+    assert S.group_label(S.group_key(held)) == HELD_TITLE and S.group_label(S.group_key(free)) == FREE_TITLE
+    listed = runner.invoke(cli, ["results", "list", "--results-dir", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    assert "2 run(s) in 2 group(s)" in listed.stdout
+    blocks = _blocks(listed.stdout, [HELD_TITLE, FREE_TITLE])
+    for run, title in ((held, HELD_TITLE), (free, FREE_TITLE)):
+        assert S.short_run_id(run["run_id"]) in blocks[title]
+    wide = runner.invoke(cli, ["results", "list", "--wide", "--results-dir", str(tmp_path)])
+    line = next(ln for ln in wide.stdout.splitlines() if free["run_id"][:15] in ln)
+    assert "(not enforced)" in line
+    out = runner.invoke(cli, ["compare", "--format", "json", "--results-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    rows = {r["run_id"]: r for r in json.loads(out.stdout)["rows"]}
+    assert set(rows) == {held["run_id"], free["run_id"]}  # nothing hidden
+    assert (
+        rows[held["run_id"]]["budget_enforced"] is True and rows[free["run_id"]]["budget_enforced"] is False
+    )
+    assert all(r["is_baseline"] for r in rows.values())  # never compared with each other
+    table = runner.invoke(cli, ["compare", "--results-dir", str(tmp_path)])
+    assert table.exit_code == 0, table.output
+    assert HELD_TITLE in table.stdout and FREE_TITLE in table.stdout
+    csv_text = runner.invoke(cli, ["compare", "--format", "csv", "--results-dir", str(tmp_path)]).stdout
+    header, *lines = csv_text.splitlines()
+    column = header.split(",").index("budget_enforced")
+    assert sorted(line.split(",")[column] for line in lines) == ["0", "1"]
+    rep = tmp_path / "rep"
+    result = runner.invoke(cli, ["report", "--out", str(rep), "--results-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (rep / "report.md").read_text()
+    runs_part = md[md.index("## Runs") : md.index("## Comparison")]
+    blocks = _blocks(runs_part, [HELD_TITLE, FREE_TITLE], prefix="### ")
+    for run, title in ((held, HELD_TITLE), (free, FREE_TITLE)):
+        assert run["run_id"] in blocks[title]
+    assert md.count(f"### {FREE_TITLE}") == 2  # Runs and Comparison
+    html = (rep / "index.html").read_text()
+    assert held["run_id"] in html and free["run_id"] in html

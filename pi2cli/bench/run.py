@@ -8,8 +8,8 @@ runs, a sampler thread reads the engine process's memory (VmRSS, PSS where smaps
 the target for the memory curve; the peak comes from the kernel, never from those polls
 (counters.peak_rss_source says from where). Before each run the bench waits for the device to cool
 below --cool-below where it reports a temperature. Every run is saved with
-pi2cli.results.store.save_run, also when it fails (status aborted / device_vanished / failed, with the
-turns finished so far).
+pi2cli.results.store.save_run, also when it fails (status aborted / device_vanished / failed / timeout,
+with the turns finished so far); --run-timeout limits each run (pi2cli.bench.limit).
 
 The functions here are plain; pi2cli/commands/bench.py is the click front. `Reporter` is how the
 bench talks to a user (rich progress in the command, silence in tests).
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pi2cli.bench.limit import RunLimit, RunTimedOut, check_run_timeout
 from pi2cli.engines.base import TurnFailed
 from pi2cli.errors import Pi2Error
 from pi2cli.results import columns as C
@@ -258,6 +259,9 @@ class BenchConfig:
     plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
     annotate: Callable[[dict], None] | None = None  # called on every run right before it is saved (pi2 farm)
     quality: bool = False  # sparse pi2 runs: also score them against the dense model (pi2cli.quality)
+    run_timeout_s: float | None = (
+        None  # each run's limit, engine start to stop (pi2cli.bench.limit); None: none
+    )
 
 
 @dataclass
@@ -401,6 +405,8 @@ def memory_block(target, budget_bytes: int | None, budget_record: dict | None) -
 
 def classify_failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line error) for a run that stopped."""
+    if isinstance(exc, RunTimedOut):  # before KeyboardInterrupt, which it is (it unwinds as Ctrl-C does)
+        return "timeout", exc.reason
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM / SIGHUP (pi2cli.signals)
         name = signal_name(exc)
         return (
@@ -432,9 +438,9 @@ def killed_at_budget(budget_bytes: int | None, budget_record: dict | None) -> st
 def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes: int | None,
                     budget_record: dict | None, cfg: BenchConfig, reporter, label: str, engine: str,
                     workload: str) -> RunOutcome:  # fmt: skip
-    """A run that stopped on exc: marked failed (or aborted, or device_vanished) and saved with what it
-    measured. Ctrl-C and a vanished device end the whole bench (BenchInterrupted, DeviceVanished, both
-    carrying the saved outcome); any other failure returns it so the next run goes ahead."""
+    """A run that stopped on exc: marked failed (or aborted, device_vanished, timeout) and saved with what
+    it measured. Ctrl-C and a vanished device end the whole bench (BenchInterrupted, DeviceVanished, both
+    carrying the saved outcome); any other failure, a timeout too, returns it so the next run goes ahead."""
     from pi2cli.results import store
 
     status, error = classify_failure(exc)
@@ -448,7 +454,7 @@ def save_failed_run(exc: BaseException, run: dict, sampler, target, budget_bytes
     path = store.save_run(run, cfg.results_dir)
     reporter.run_done(label, status)
     outcome = RunOutcome(engine, workload, budget_bytes, run, path)
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) and status != "timeout":
         raise BenchInterrupted(outcome, signal_name(exc)) from None
     if status == "device_vanished":
         raise DeviceVanished(outcome, error) from None
@@ -504,34 +510,41 @@ def run_one(
     try:
         with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
             held = budget
-            session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
-                                       threads=cfg.threads, n_ctx=cfg.ctx,
-                                       budget=budget if local_budget else None, seed=cfg.seed or 0,
-                                       budget_bytes=budget_bytes)  # fmt: skip
-            sampler = MemorySampler(target, session.pid).start()
-            for rep in range(cfg.repeat):
-                for conv in conversations:
-                    answers: list[str] = []
-                    for k, budget_tokens in enumerate(conv.max_new_tokens):
-                        n_predict = cfg.n_gen or budget_tokens
-                        messages = conv.messages_for_turn(k, answers)
-                        prompt = model.template.render(messages)
-                        reporter.turn_started(label, conv.id, k + 1, len(conv.turns))
-                        try:
-                            t = session.turn(prompt, n_predict, ignore_eos=cfg.ignore_eos, messages=messages)
-                        except TurnFailed as exc:
-                            # The engine is up but refused this turn: record it, go to the next conversation.
-                            S.add_turn(run, n_prompt=0, n_gen=0, ttft_ns=None, prompt_id=f"{conv.id}#{k}",
-                                       rep=rep, status="failed", error=str(exc))  # fmt: skip
-                            reporter.message(f"{label}: {conv.id} turn {k + 1} failed: {exc}")
-                            break
-                        answers.append(t.text)
-                        turn = S.add_turn(run, **turn_fields(t), prompt_id=f"{conv.id}#{k}", rep=rep)
-                        reporter.turn_done(label, turn["decode_ts"],
-                                           None if t.ttft_s is None else t.ttft_s * 1e3)  # fmt: skip
-            sampler.stop()
-            counters = session.close()
-            session = None
+            # the limit runs from the engine's start to its stop (not the cooling wait, nor --quality)
+            with RunLimit(cfg.run_timeout_s) as limit:
+                session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
+                                           threads=cfg.threads, n_ctx=cfg.ctx,
+                                           budget=budget if local_budget else None, seed=cfg.seed or 0,
+                                           budget_bytes=budget_bytes)  # fmt: skip
+                sampler = MemorySampler(target, session.pid).start()
+                for rep in range(cfg.repeat):
+                    for conv in conversations:
+                        answers: list[str] = []
+                        for k, budget_tokens in enumerate(conv.max_new_tokens):
+                            limit.where = (f"in {conv.id} turn {k + 1}/{len(conv.turns)}, "
+                                           f"{len(S.measured_turns(run))} turn(s) finished")  # fmt: skip
+                            n_predict = cfg.n_gen or budget_tokens
+                            messages = conv.messages_for_turn(k, answers)
+                            prompt = model.template.render(messages)
+                            reporter.turn_started(label, conv.id, k + 1, len(conv.turns))
+                            try:
+                                t = session.turn(
+                                    prompt, n_predict, ignore_eos=cfg.ignore_eos, messages=messages
+                                )
+                            except TurnFailed as exc:
+                                # The engine is up but refused this turn: record it, go to the next conversation.
+                                S.add_turn(run, n_prompt=0, n_gen=0, ttft_ns=None, prompt_id=f"{conv.id}#{k}",
+                                           rep=rep, status="failed", error=str(exc))  # fmt: skip
+                                reporter.message(f"{label}: {conv.id} turn {k + 1} failed: {exc}")
+                                break
+                            answers.append(t.text)
+                            turn = S.add_turn(run, **turn_fields(t), prompt_id=f"{conv.id}#{k}", rep=rep)
+                            reporter.turn_done(label, turn["decode_ts"],
+                                               None if t.ttft_s is None else t.ttft_s * 1e3)  # fmt: skip
+                limit.where = f"stopping the engine, {len(S.measured_turns(run))} turn(s) finished"
+                sampler.stop()
+                counters = session.close()
+                session = None
             budget_record = budget.record() if local_budget else budget_record
         S.set_counters(run, **{k: v for k, v in counters.items() if v is not None})
         if budget_record and budget_record.get("peak_bytes") is not None:
@@ -672,6 +685,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
         raise Pi2Error(f"--n-gen must be at least 1, got {cfg.n_gen}")
     if cfg.mode not in MODES:
         raise Pi2Error(f"--mode {cfg.mode!r}: use one of {', '.join(MODES)}")
+    check_run_timeout(cfg.run_timeout_s)
     from pi2cli.results import store
 
     store.check_writable(
@@ -806,10 +820,12 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     try:
         with Budget(budget_bytes, evict=[gguf] if budget_bytes else []) as budget:
             measured = Measured(cmd)  # pi2-rusage joins the cgroup, and llama-bench with it
-            proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-            sampler = MemorySampler(target, proc.pid, wrapper=True).start()
-            out, err = proc.communicate()
+            with RunLimit(cfg.run_timeout_s) as limit:
+                proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                limit.where = f"in llama-bench pp{cfg.n_prompt}/tg{n_gen} x{reps}"
+                sampler = MemorySampler(target, proc.pid, wrapper=True).start()
+                out, err = proc.communicate()
             sampler.stop()
             budget_record = budget.record() if budget_bytes else None
         usage = measured.usage()

@@ -64,7 +64,8 @@ class SweepConfig:
     llamacpp_bin_dir: str | None = None
     samples_csv: str | None = None
     dry_run: bool = False
-    timeout_s: float = 3600.0
+    timeout_s: float = 3600.0  # one engine process (failed past it); run_timeout_s: the whole cell (timeout)
+    run_timeout_s: float | None = None
 
 
 @dataclass
@@ -165,7 +166,9 @@ def write_samples_csv(path: str, outcomes: list) -> None:
 
 def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     """Resolve everything first (a typo fails before anything runs), then every cell in turn; a cell
-    that fails is saved as failed and the sweep goes on (Ctrl-C saves it as aborted and stops)."""
+    that fails is saved as failed (past --run-timeout: timeout) and the sweep goes on (Ctrl-C saves it
+    as aborted and stops)."""
+    from pi2cli.bench.limit import RunLimit, check_run_timeout
     from pi2cli.bench.run import (
         Reporter,
         RunOutcome,
@@ -183,6 +186,7 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
 
     reporter = reporter or Reporter()
     check_config(cfg)
+    check_run_timeout(cfg.run_timeout_s)
     names = list(dict.fromkeys(cfg.engines))
     needs_pi2 = any(n != "llama.cpp" for n in names)
     # a dry run converts nothing: a .gguf's .pi2 is only made when the sweep runs
@@ -264,12 +268,14 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         reporter.run_started(label, 2 if cell.engine == "llama.cpp" else cfg.warmup + cfg.repeat)
         sampler = FollowingSampler(target)
         try:
-            if cell.engine == "llama.cpp":
-                run["llama_bench"] = llama_cell(
-                    run, target, driver, model.gguf, place, cell, cfg, reporter, label, sampler
-                )
-            else:
-                pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, sampler)
+            with RunLimit(cfg.run_timeout_s) as limit:  # a cell is one run: --run-timeout limits it whole
+                limit.where = f"in the {cell.workload} cell"
+                if cell.engine == "llama.cpp":
+                    run["llama_bench"] = llama_cell(
+                        run, target, driver, model.gguf, place, cell, cfg, reporter, label, sampler
+                    )
+                else:
+                    pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, sampler)
         except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
             for t_s, rss, pss in sampler.samples:
                 S.add_memory_sample(run, t_s, rss, pss)

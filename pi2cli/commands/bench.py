@@ -193,6 +193,13 @@ def print_table(console, outcomes) -> None:
     help="Also score each sparse pi2 run against the dense model on the workload's real text "
     "(pi2 quality; measured on this machine).",
 )
+@click.option("--run-timeout", "run_timeout", type=click.FloatRange(0, min_open=True), default=None,
+              metavar="SECONDS",
+              help="Stop a run that takes longer than this, engine start to stop (every mode; a pp-tg cell is a "
+                   "run): the engine is killed (on the device too), the run is saved as `timeout` with what it "
+                   "measured, and the next run goes ahead.  [default: none: a run's length depends on model, "
+                   "device and workload (hours for a 47B model on a phone), so no limit fits all; an engine "
+                   "that hangs is still stopped by its one-hour limit on a turn, as failed]")  # fmt: skip
 @click.option("--tag", "tags", multiple=True, help="Label stored with every run (e.g. nightly).")
 @results_dir_option
 @click.option(
@@ -201,14 +208,15 @@ def print_table(console, outcomes) -> None:
 def command(model, make_synth, engines, mode, url, concurrency, duration, max_tokens, api_key, request_timeout,
             n_prompt, warmup, dry_run, samples_csv, llmflash_window, mlc_runner,
             mlc_model, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below,
-            plan, quality, tags, results_dir, as_json) -> None:  # fmt: skip
+            plan, quality, run_timeout, tags, results_dir, as_json) -> None:  # fmt: skip
     """Run engines x workloads on a device and record TTFT, TBT and memory.
 
     Every (engine, workload, budget) is one run, saved as one result JSON (see `pi2 results list`).
     Each conversation turn is prompted with the whole conversation so far, rendered with the model's
     chat template and including the engine's own earlier answers; the engine keeps its KV cache across
     turns. The engine process's memory is sampled while it runs. Ctrl-C stops the engine (on the
-    device too) and saves the current run as aborted.
+    device too) and saves the current run as aborted; a run past --run-timeout is stopped the same way,
+    saved as timeout, and the bench goes on. Exit code 1 when any run is not ok.
 
     \b
     Examples:
@@ -252,7 +260,7 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
         if plan or quality:
             raise Pi2Error(f"{'--plan' if plan else '--quality'} goes with --mode chat, not pp-tg")
         return sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budgets, device, results_dir,
-                             tags, llmflash_window, samples_csv, dry_run, as_json)  # fmt: skip
+                             tags, llmflash_window, samples_csv, dry_run, as_json, run_timeout)  # fmt: skip
     sweep_only = [o for o, v in (("--warmup", warmup), ("--dry-run", dry_run), ("--samples-csv", samples_csv))
                   if v not in (None, False)]  # fmt: skip
     if sweep_only:
@@ -265,7 +273,7 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
-        mlc_model=mlc_model, plan=plan, quality=quality,
+        mlc_model=mlc_model, plan=plan, quality=quality, run_timeout_s=run_timeout,
     )  # fmt: skip
     from pi2cli.results import store
 
@@ -286,7 +294,7 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
 
 
 def sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budgets, device, results_dir, tags,
-                  llmflash_window, samples_csv, dry_run, as_json) -> None:  # fmt: skip
+                  llmflash_window, samples_csv, dry_run, as_json, run_timeout=None) -> None:  # fmt: skip
     """--mode pp-tg: pi2cli.bench.sweep does the work; the same table and --json as the other modes."""
     from rich.console import Console
 
@@ -305,7 +313,8 @@ def sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budg
                       repeat=DEFAULT_REPEAT if repeat is None else repeat,
                       warmup=DEFAULT_WARMUP if warmup is None else warmup,
                       budgets=[parse_size(b) for b in budgets] or [None], device=device, results_dir=results_dir,
-                      tags=list(tags), llmflash_window=llmflash_window, samples_csv=samples_csv, dry_run=dry_run)  # fmt: skip
+                      tags=list(tags), llmflash_window=llmflash_window, samples_csv=samples_csv, dry_run=dry_run,
+                      run_timeout_s=run_timeout)  # fmt: skip
     if dry_run:
         run_sweep(cfg, echo=click.echo)
         return

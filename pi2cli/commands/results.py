@@ -49,21 +49,23 @@ def _to_ms(ns) -> float | None:
 LIST_COLUMNS = columns.select(
     "run_id", "engine", "status_label", "decode_ts", "tbt_p50_ms", "ttft_p50_ms", "commit"
 )
-WIDE_LIST_COLUMNS = columns.select("run_id", "created_at", "engine", "model", "workload", "budget_bytes", "target",
+WIDE_LIST_COLUMNS = columns.select("run_id", "created_at", "engine", "model", "workload", "budget_held", "target",
                                    "threads", "status", "n_turns", "decode_ts", "avg_ts", "tbt_p50_ms",
                                    "ttft_p50_ms", "commit")  # fmt: skip
 
 
-def row_group(row: dict) -> tuple:
+def row_group(row: dict) -> schema.GroupKey:
     """schema.group_key of an index row."""
     model = row["model"] + (" [synthetic]" if row["synthetic"] else "")
-    return (model, row["workload"], row["budget_bytes"], row["device"], row["threads"])
+    return schema.GroupKey.of(model=model, workload=row["workload"], budget_bytes=row["budget_bytes"],
+                              enforced=row["budget_enforced"], target=row["device"], threads=row["threads"])  # fmt: skip
 
 
 def _row_values(row: dict, run_name: str) -> dict:
     # index rows hold derived values (ns times, flags): read here, written by the columns
+    group = row_group(row)
     return {"run_id": run_name, "created_at": row["created_at"], "engine": row["engine_label"],
-            "model": row_group(row)[0], "workload": row["workload"], "budget_bytes": row["budget_bytes"],
+            "model": group.model, "workload": row["workload"], "budget_held": group.budget,
             "target": row["device"], "threads": row["threads"], "status": (row["status"], row["error"]),
             "status_label": (row["status"], row["error"]), "n_turns": row["n_turns"], "decode_ts": row["decode_ts"],
             "avg_ts": row["avg_ts"], "tbt_p50_ms": _to_ms(row["tbt_p50_ns"]), "ttft_p50_ms": _to_ms(row["ttft_p50_ns"]),
@@ -96,7 +98,7 @@ def list_command(model, engine, workload, device, threads, since, status, limit,
     from rich.text import Text
 
     out = console(wide)
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[schema.GroupKey, list[dict]] = {}
     for row in rows:  # newest first within each group, as the index gives them
         groups.setdefault(row_group(row), []).append(row)
     ordered = sorted(groups, key=schema.group_sort_key)

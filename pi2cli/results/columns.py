@@ -78,11 +78,9 @@ def _budget_enforced(run: dict) -> str:
 
 
 def _budget_held(run: dict) -> str:
-    """The budget, marked where nothing held the run to it (an adb device, an engine pi2 does not start):
-    such a run's memory is not comparable with an enforced one's, so its row says so."""
-    mem = run["memory"]
-    text = schema.budget_label(mem["budget_bytes"])
-    return text + " (not enforced)" if mem["budget_bytes"] is not None and not mem["enforced"] else text
+    """The budget, marked where nothing held the run to it (an adb device, an engine pi2 does not start),
+    as the group titles mark it (schema.budget_held_label)."""
+    return schema.budget_held_label(run["memory"]["budget_bytes"], run["memory"]["enforced"])
 
 
 def _peak_why(run: dict) -> str:

@@ -1,7 +1,8 @@
 """Side-by-side comparison of runs: speedups over a baseline engine with bootstrap confidence intervals.
 
-Runs are grouped by (model, workload, memory budget, device, threads): a phone run and a local run of one
-engine, or runs at different thread counts, are never in one group. In each group every finished run is
+Runs are grouped by schema.GroupKey (model, workload, memory budget and whether it was enforced, device,
+threads): a phone run and a local run of one engine, runs at different thread counts, or a run held to its
+budget and one that was not, are never in one group. In each group every finished run is
 compared with the baseline run, and each ratio is a speedup (above 1: faster than the baseline):
 
     decode   mean TBT(baseline) / mean TBT(engine)    (= pooled decode tok/s ratio)
@@ -106,6 +107,7 @@ class Row:
     model: str
     workload: str
     budget_bytes: int | None
+    budget_enforced: bool  # held to the budget (False: none, or not enforced): part of the group
     target: str  # the device (schema.target_label): part of the group, so local and phone runs never mix
     threads: int | None  # settings.threads (None: the engine's default): part of the group too
     engine: str
@@ -133,8 +135,9 @@ class Row:
     quality: dict | None = None  # the run's divergence from the dense model (pi2 bench --quality)
 
     @property
-    def key(self) -> tuple:
-        return (self.model, self.workload, self.budget_bytes, self.target, self.threads)
+    def key(self) -> schema.GroupKey:
+        return schema.GroupKey.of(model=self.model, workload=self.workload, budget_bytes=self.budget_bytes,
+                                  enforced=self.budget_enforced, target=self.target, threads=self.threads)  # fmt: skip
 
 
 @dataclass
@@ -146,9 +149,9 @@ class Comparison:
     confidence: float
     notes: list[str] = field(default_factory=list)
 
-    def groups(self) -> list[tuple[tuple, list[Row]]]:
+    def groups(self) -> list[tuple[schema.GroupKey, list[Row]]]:
         """The rows by group (schema.group_key), in order: what the grouped tables draw."""
-        out: dict[tuple, list[Row]] = {}
+        out: dict[schema.GroupKey, list[Row]] = {}
         for row in self.rows:
             out.setdefault(row.key, []).append(row)
         return list(out.items())
@@ -159,7 +162,7 @@ class Comparison:
             "resamples": self.resamples,
             "seed": self.seed,
             "confidence": self.confidence,
-            "group_by": ["model", "workload", "budget_bytes", "target", "threads"],
+            "group_by": ["model", "workload", "budget_bytes", "budget_enforced", "target", "threads"],
             "metrics": {
                 "decode_ts": f"{schema.DECODE_LABEL}: {schema.DECODE_MEANING}",
                 "decode_speedup": "mean TBT(baseline) / mean TBT(engine): the decode tok/s ratio",
@@ -180,8 +183,7 @@ def _pick_baseline(runs: list[dict], baseline: str) -> dict | None:
     return next((r for r in runs if baseline in (schema.engine_label(r), r["engine"]["name"])), None)
 
 
-def _row(run: dict, key: tuple, base_run: dict | None) -> Row:
-    model, workload, budget, target, threads = key
+def _row(run: dict, key: schema.GroupKey, base_run: dict | None) -> Row:
     ok = run["status"] == schema.STATUS_OK
     s = run["summary"]
 
@@ -189,7 +191,8 @@ def _row(run: dict, key: tuple, base_run: dict | None) -> Row:
         return value if ok else None
 
     return Row(
-        model=model, workload=workload, budget_bytes=budget, target=target, threads=threads,
+        model=key.model, workload=key.workload, budget_bytes=key.budget_bytes, budget_enforced=key.enforced,
+        target=key.target, threads=key.threads,
         engine=schema.engine_label(run), run_id=run["run_id"], created_at=run["created_at"],
         synthetic=bool(run["model"]["synthetic"]), status=run["status"], error=run["error"],
         commit=schema.commit_label(run), is_baseline=run is base_run,
@@ -211,8 +214,8 @@ def compare_runs(
     seed: int = DEFAULT_SEED,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> Comparison:
-    """Group the runs (schema.group_key: model, workload, budget, device, threads) and compare each
-    finished run with its group's baseline run (see the module doc).
+    """Group the runs (schema.group_key: model, workload, budget held or not, device, threads) and compare
+    each finished run with its group's baseline run (see the module doc).
 
     The baseline of a group is its first ok run (in the order given) of the baseline engine; a group
     without that engine is compared with its first ok run, and a note says so. Runs that are not ok
@@ -223,7 +226,7 @@ def compare_runs(
         if not run.get("summary"):
             schema.summarize(run)
     notes: list[str] = []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[schema.GroupKey, list[dict]] = {}
     for run in runs:
         groups.setdefault(schema.group_key(run), []).append(run)
 
@@ -266,15 +269,15 @@ def compare_runs(
 TABLE_COLUMNS = columns.select("engine", "status_label", "decode_pooled", "decode_speedup", "tbt_p50_ms", "ttft_ms",
                                "commit")  # fmt: skip
 HEADERS = columns.headers(TABLE_COLUMNS)
-WIDE_COLUMNS = columns.select("model", "workload", "budget_bytes", "target", "threads", "engine", "status",
+WIDE_COLUMNS = columns.select("model", "workload", "budget_held", "target", "threads", "engine", "status",
                               "decode_pooled", "decode_speedup", "tbt_p50_ms", "tbt_p50_speedup", "tbt_p90_p99_ms",
                               "ttft_ms", "ttft_speedup", "quality", "commit", "run_id")  # fmt: skip
 WIDE_HEADERS = columns.headers(WIDE_COLUMNS)
 
 # CSV: the columns' machine names, then each ratio and quality score with its interval ends
-CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "target", "threads", "engine", "status", "error",
-                             "synthetic", "commit", "run_id", "baseline", "n_turns", "decode_ts", "avg_ts",
-                             "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms")  # fmt: skip
+CSV_COLUMNS = columns.select("model", "workload", "budget_bytes", "budget_enforced", "target", "threads", "engine",
+                             "status", "error", "synthetic", "commit", "run_id", "baseline", "n_turns", "decode_ts",
+                             "avg_ts", "stddev_ts", "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "ttft_ms")  # fmt: skip
 CSV_HEADERS = [c.name for c in CSV_COLUMNS] + [
     f"{name}{end}" for name in ("decode", "tbt_p50", "ttft") for end in ("_speedup", "_ci_low", "_ci_high")
 ] + ["kl_nats", "kl_ci_low", "kl_ci_high", "top1_agreement", "top1_ci_low", "top1_ci_high", "ppl_ratio",
@@ -303,7 +306,8 @@ def _speedup(row: Row, ratio: Ratio | None) -> str:
 
 def _values(row: Row) -> dict:
     """A row's value for each column name (the columns write them)."""
-    return {"model": row.model, "workload": row.workload, "budget_bytes": row.budget_bytes, "target": row.target,
+    return {"model": row.model, "workload": row.workload, "target": row.target,
+            "budget_held": schema.budget_held_label(row.budget_bytes, row.budget_enforced),
             "threads": row.threads, "engine": row.engine, "status": (row.status, row.error),
             "status_label": (row.status, row.error), "decode_pooled": (row.decode_ts, row.stddev_ts, row.n_turns),
             "decode_speedup": _speedup(row, row.decode_speedup), "tbt_p50_ms": row.tbt_p50_ms,
@@ -345,9 +349,9 @@ def reasons(rows: list[Row]) -> list[str]:
 
 def footnote(comparison: Comparison) -> str:
     pct = round(comparison.confidence * 100)
-    return (f"Groups: model, workload, memory budget, device and threads (runs from different devices or "
-            f"thread counts are never compared). Speedups over the baseline ({comparison.baseline} where "
-            f"present) with {pct}% bootstrap intervals: {comparison.resamples} resamples of the per-token TBT "
+    return (f"Groups: model, workload, memory budget (enforced or not), device and threads (runs from "
+            f"different devices, thread counts or budget enforcement are never compared). Speedups over the "
+            f"baseline ({comparison.baseline} where present) with {pct}% bootstrap intervals: {comparison.resamples} resamples of the per-token TBT "
             f"(per-turn TTFT), numpy default_rng(seed={comparison.seed}). {schema.DECODE_LABEL}: "
             f"{schema.DECODE_MEANING}, ± the stddev of the per-turn rates. Runs that are not ok are shown "
             f"with their status and no figures. Quality vs dense (pi2 bench --quality): KL(dense || run) "

@@ -64,27 +64,29 @@ def _pyplot():
     return plt
 
 
-def _key_order(key: tuple) -> tuple:
+def _key_order(key: schema.GroupKey) -> tuple:
     return schema.group_sort_key(key)
 
 
 def _case_labels(runs: Sequence[dict]) -> tuple[dict[str, str], list[str]]:
-    """A label per run for its group (model, workload, budget, device, threads) showing only the parts
-    that vary (the workload always), and the labels in group order."""
+    """A label per run for its group (schema.GroupKey) showing only the parts that vary (the workload
+    always), and the labels in group order."""
     keys = {r["run_id"]: schema.group_key(r) for r in runs}
-    varying = [len({k[i] for k in keys.values()}) > 1 for i in range(5)]
+
+    def varies(*fields: str) -> bool:
+        return len({tuple(getattr(k, f) for f in fields) for k in keys.values()}) > 1
+
     labels, order = {}, {}
     for run_id, key in keys.items():
-        model, workload, budget, target, threads = key
-        parts = [workload]
-        if varying[0]:
-            parts.insert(0, model)
-        if varying[2]:
-            parts.append(schema.budget_label(budget))
-        if varying[3]:
-            parts.append(target)
-        if varying[4]:
-            parts.append(f"{schema.threads_label(threads)} threads")
+        parts = [key.workload]
+        if varies("model"):
+            parts.insert(0, key.model)
+        if varies("budget_bytes", "enforced"):
+            parts.append(key.budget)
+        if varies("target"):
+            parts.append(key.target)
+        if varies("threads"):
+            parts.append(f"{schema.threads_label(key.threads)} threads")
         labels[run_id] = "\n".join(parts)
         order.setdefault(labels[run_id], _key_order(key))
     return labels, sorted(order, key=order.get)
@@ -238,14 +240,16 @@ def plot_memory(runs: Sequence[dict]) -> Plot | None:
 
 
 def plot_budget(runs: Sequence[dict]) -> Plot | None:
-    """Decode tok/s against the memory budget, for (engine, model, workload) run at 2+ budgets."""
+    """Decode tok/s against the memory budget, for (engine, model, workload, device, threads) run at 2+
+    budgets; budgets that were not enforced are a line of their own (their memory is not comparable)."""
     series: dict[tuple, list[tuple[float, float]]] = {}
     for run in runs:
         budget = run["memory"]["budget_bytes"]
         if budget is None or schema.decode_rate(run) is None:
             continue
+        held = "" if run["memory"]["enforced"] else " (not enforced)"
         key = (schema.engine_label(run), schema.model_label(run), run["workload"]["name"], schema.target_label(run),
-               schema.threads_label(schema.run_threads(run)))  # fmt: skip
+               schema.threads_label(schema.run_threads(run)), held)  # fmt: skip
         series.setdefault(key, []).append((budget / 2**30, schema.decode_rate(run)))
     series = {k: sorted(v) for k, v in series.items() if len({b for b, _ in v}) > 1}
     if not series:
@@ -253,14 +257,14 @@ def plot_budget(runs: Sequence[dict]) -> Plot | None:
     plt = _pyplot()
     colors = _engine_colors(runs)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (engine, model, workload, target, threads), points in sorted(series.items()):
+    for (engine, model, workload, target, threads, held), points in sorted(series.items()):
         xs, ys = zip(*points, strict=True)
         ax.plot(
             xs,
             ys,
             "o-",
             color=colors[engine],
-            label=f"{engine}: {model} / {workload} / {target} / {threads} thr",
+            label=f"{engine}: {model} / {workload} / {target} / {threads} thr{held}",
         )
     ax.set_xlabel("memory budget, GiB")
     ax.set_ylabel(schema.DECODE_LABEL)
@@ -275,7 +279,7 @@ def plot_budget(runs: Sequence[dict]) -> Plot | None:
 
 def plot_ablation(runs: Sequence[dict]) -> Plot | None:
     """The pi2 policies dense -> bundle -> cache -> powerinfer2 side by side, where 2+ exist for a case."""
-    ladder: dict[tuple, dict[str, dict]] = {}
+    ladder: dict[schema.GroupKey, dict[str, dict]] = {}
     for run in runs:
         policy = run["engine"]["policy"]
         if run["engine"]["name"] != "pi2" or policy not in schema.ABLATION_POLICIES:
@@ -366,7 +370,7 @@ def run_rows(runs: Sequence[dict]) -> list[list[str]]:
 
 def run_groups(runs: Sequence[dict]) -> list[tuple[str, list[list[str]]]]:
     """(group title, its runs' rows) per group in group order; in a group ok runs first, then by engine."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[schema.GroupKey, list[dict]] = {}
     for run in runs:
         groups.setdefault(schema.group_key(run), []).append(run)
     ordered = sorted(groups, key=schema.group_sort_key)
@@ -404,7 +408,13 @@ def _markdown(
     if synthetic:
         lines += ["**Synthetic models are marked [synthetic]: their weights are generated, so their speed says "
                   "nothing about output quality.**", ""]  # fmt: skip
-    lines += ["## Runs", "", "One table per group: model · workload · memory budget · device · threads.", ""]
+    lines += [
+        "## Runs",
+        "",
+        "One table per group: model · workload · memory budget (marked where not enforced) · device · "
+        "threads.",
+        "",
+    ]
     for group, rows in run_groups(runs):
         lines += [f"### {group}", "", tabulate(rows, headers=RUN_HEADERS, tablefmt="github"), ""]
     if comparison.rows:

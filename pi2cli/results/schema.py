@@ -21,7 +21,7 @@ import re
 import secrets
 import subprocess
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -839,11 +839,44 @@ def commit_label(run: dict) -> str:
     return str(pi2["commit"])[:8] + ("+dirty" if pi2.get("dirty") else "")
 
 
-def group_key(run: dict) -> tuple[str, str, int | None, str, int | None]:
-    """What a comparison holds fixed: (model label, workload, memory budget, device, threads). A local run
-    and a phone run of one engine, or runs at 2 and 4 threads, are never in one group."""
-    return (model_label(run), run["workload"]["name"], run["memory"]["budget_bytes"], target_label(run),
-            run_threads(run))  # fmt: skip
+class GroupKey(NamedTuple):
+    """What a comparison holds fixed: model label, workload, memory budget and whether anything held the
+    run to it, device, threads. A local run and a phone run of one engine, runs at 2 and 4 threads, or a
+    run held to 32 MiB and one only told 32 MiB (an adb device, an engine pi2 does not start) are never in
+    one group. Build it with group_key (a run) or GroupKey.of (a row that holds the same facts)."""
+
+    model: str
+    workload: str
+    budget_bytes: int | None
+    enforced: bool  # False with no budget: there is nothing to hold a run to
+    target: str
+    threads: int | None
+
+    @classmethod
+    def of(cls, *, model: str, workload: str, budget_bytes: int | None, enforced: bool, target: str,
+           threads: int | None) -> "GroupKey":  # fmt: skip
+        return cls(
+            model, workload, budget_bytes, bool(enforced) and budget_bytes is not None, target, threads
+        )
+
+    @property
+    def budget(self) -> str:
+        """The budget as a group's title says it: "(not enforced)" where nothing held the run to it."""
+        return budget_held_label(self.budget_bytes, self.enforced)
+
+
+def group_key(run: dict) -> GroupKey:
+    """The group of a run (GroupKey)."""
+    return GroupKey.of(model=model_label(run), workload=run["workload"]["name"],
+                       budget_bytes=run["memory"]["budget_bytes"], enforced=run["memory"]["enforced"],
+                       target=target_label(run), threads=run_threads(run))  # fmt: skip
+
+
+def budget_held_label(budget_bytes: int | None, enforced: bool) -> str:
+    """The budget, marked " (not enforced)" where nothing held the run to it: such a run's memory is not
+    comparable with an enforced one's, so every table and group title says so."""
+    text = budget_label(budget_bytes)
+    return text + " (not enforced)" if budget_bytes is not None and not enforced else text
 
 
 def run_threads(run: dict) -> int | None:
@@ -852,13 +885,15 @@ def run_threads(run: dict) -> int | None:
     return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
 
 
-def group_sort_key(key: tuple) -> tuple:
-    """Groups in order: model, workload, budget (none first), device, threads (default first)."""
-    model, workload, budget, target, threads = key
-    return (model, workload, -1 if budget is None else budget, target, -1 if threads is None else threads)
+def group_sort_key(key: GroupKey) -> tuple:
+    """Groups in order: model, workload, budget (none first; enforced before not enforced), device,
+    threads (default first)."""
+    return (key.model, key.workload, -1 if key.budget_bytes is None else key.budget_bytes, not key.enforced,
+            key.target, -1 if key.threads is None else key.threads)  # fmt: skip
 
 
-def group_label(key: tuple) -> str:
+def group_label(key: GroupKey) -> str:
     """ "model · workload · budget · device · N threads": the title of a group in every view."""
-    model, workload, budget, target, threads = key
-    return " · ".join([model, workload, budget_label(budget), target, f"{threads_label(threads)} threads"])
+    return " · ".join(
+        [key.model, key.workload, key.budget, key.target, f"{threads_label(key.threads)} threads"]
+    )

@@ -272,9 +272,10 @@ def load_runs(
 
 def latest_per_group(runs: Sequence[dict]) -> list[dict]:
     """What `pi2 compare` and `pi2 report` use when no runs are named: per engine and group
-    (schema.group_key: model, workload, budget, device, threads) the newest ok run, and the newest run of
-    each other status (failed, aborted, timeout, invalid, ...) that is newer than it, so a failure since
-    the last good run is shown beside it, never hidden, and an engine that never ran well still appears."""
+    (schema.group_key: model, workload, budget and its enforcement, device, threads) the newest ok run,
+    and the newest run of each other status (failed, aborted, timeout, invalid, ...) that is newer than
+    it, so a failure since the last good run is shown beside it, never hidden, and an engine that never
+    ran well still appears."""
     newest: dict[tuple, dict] = {}
     for run in runs:
         key = (schema.engine_label(run), schema.group_key(run), run["status"])
