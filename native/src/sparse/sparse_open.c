@@ -90,13 +90,9 @@ static int alloc_scratch(pi2_sparse *s) {
         const int64_t most = (s->E + PI2_DOWN_SLICE_MIN - 1) / PI2_DOWN_SLICE_MIN;
         const int n = (int)(s->nth < most ? s->nth : most);
         s->wave.n_slices = n;
-        const size_t bytes = (size_t)n * sizeof(struct pi2_down_at);
-        if ((s->wave.down_at = aligned_alloc(64, bytes))) {
-            memset(s->wave.down_at, 0, bytes);
+        /* plain bounds, read-only during the pass: no alignment (aligned_alloc wants a multiple of it) */
+        if ((s->wave.down_at = zalloc((size_t)n * sizeof(struct pi2_down_at), &ok)))
             for (int i = 0; i < n; i++) pi2_split_aligned(s->E, PI2_QK, i, n, &s->wave.down_at[i].d0, &s->wave.down_at[i].d1);
-        } else {
-            ok = 0;
-        }
     }
     s->wave.to_read = zalloc(F * sizeof(int64_t), &ok);
     s->wave.to_read_kind = zalloc(F, &ok);
