@@ -53,7 +53,7 @@ def delta(a: dict, b: dict, name: str, **labels) -> float:
 
 def test_metrics_agree_with_the_clients_counts(tiny_model):
     with serve(
-        tiny_model, "--chat-template", "chatml", "--policy", "powerinfer2", "--memory-budget", "40M"
+        tiny_model, "--chat-template", "chatml", "--policy", "powerinfer2", "--memory-budget", "64M"
     ) as srv:
         c = srv.client()
         before = scrape(srv)
