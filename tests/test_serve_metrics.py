@@ -197,3 +197,28 @@ def test_metrics_need_the_api_key(tiny_model):
         m = scrape(srv, key="sekrit")
         assert val(m, "pi2_requests_total", endpoint="/metrics", code="4xx") == 1
         assert val(scrape(srv, key="sekrit"), "pi2_requests_total", endpoint="/metrics", code="2xx") == 1
+
+
+@pytest.fixture(scope="module")
+def smollm2_pi2(tmp_path_factory, smollm2_gguf):
+    from pi2cli.models.convert import convert_gguf
+
+    out = tmp_path_factory.mktemp("smollm2-metrics") / "smollm2.pi2"
+    convert_gguf(smollm2_gguf, out)
+    return out
+
+
+def test_time_between_tokens_counts_the_end_of_generation_token(smollm2_pi2):
+    """SmolLM2 ends these answers with its end-of-turn token, which has no text (the session never hands
+    it to emit): the counters still see every token sampled, tokens - 1 gaps a request."""
+    with serve(smollm2_pi2, "--chat-template", "chatml", "--ctx", "512") as srv:
+        c = srv.client()
+        tokens = []
+        for q in ("Name a colour.", "Reply with the word yes."):
+            msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": q}]
+            r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=40, temperature=0)
+            assert r.choices[0].finish_reason == "stop"  # no stop strings: the end-of-generation token
+            tokens.append(r.usage.completion_tokens)
+        m = scrape(srv)
+    assert val(m, "pi2_generated_tokens_total") == sum(tokens)
+    assert val(m, "pi2_time_between_tokens_seconds_count") == sum(tokens) - len(tokens)
