@@ -94,7 +94,8 @@ expect_one_line "chat --events on a full disk" \
     "$engine" chat -m "$model" --events "$work/big-events.jsonl"
 [ ! -e "$work/logits.bin" ] && [ -z "$(find "$work" -maxdepth 1 -name '.logits.bin.*')" ] || {
     echo "run-sanitize.sh: a failed --logits-out left a file behind" >&2; exit 1; }
-echo "== serve: hostile clients, a disconnect mid-stream, a full queue, SIGTERM (exit 0, no leak)"
+echo "== serve: hostile clients, a disconnect mid-stream, a full queue, /metrics, SIGTERM (exit 0, no leak)"
 PI2_BUILD_DIR=$build "$py" -m pytest -q -x -p no:cacheprovider "$root/tests/test_serve.py" \
     -k "hostile or slow_loris or disconnect or queue or api_key"
+PI2_BUILD_DIR=$build "$py" -m pytest -q -x -p no:cacheprovider "$root/tests/test_serve_metrics.py"
 echo "run-sanitize.sh: passed in $(( $(date +%s) - start )) s"

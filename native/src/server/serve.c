@@ -19,9 +19,11 @@
 
 #include "buf.h"
 #include "common.h"
+#include "events.h"
 #include "forward.h"
 #include "http.h"
 #include "kernels.h"
+#include "metrics.h"
 #include "openai.h"
 #include "session.h"
 #include "sse.h"
@@ -42,12 +44,20 @@ typedef struct {
     int32_t *cached; /* the prompt ids the KV cache's first n_cached positions hold */
     int n_cached;
     long long next_id;
+    pi2_metrics metrics; /* GET /metrics (metrics.h): its own lock */
 } server;
 
 static server S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static volatile sig_atomic_t stopping;
 
 static void on_signal(int sig) { stopping = sig; }
+
+/* The route of the request this connection's thread serves (PI2_EP_OTHER until its path is read), so
+ * whichever function writes the answer counts it under its route and status. */
+static _Thread_local pi2_endpoint route = PI2_EP_OTHER;
+
+/* Count an answer before writing it: a client that has read it and asks /metrics at once sees it. */
+static void answering(int status) { pi2_metrics_request(&S.metrics, route, status); }
 
 /* ---- socket I/O with deadlines ----------------------------------------------------------------- */
 
@@ -72,6 +82,7 @@ static int send_all(int fd, const char *p, size_t n, int timeout_ms) {
 static int send_buf(int fd, const pi2_buf *b) { return b->oom ? -1 : send_all(fd, b->p, b->len, S.o.read_timeout_s * 1000); }
 
 static void send_error(int fd, int status, const char *message, const char *extra_headers) {
+    answering(status);
     pi2_buf out = {0};
     pi2_oai_error_response(&out, status, message, extra_headers);
     send_buf(fd, &out);
@@ -157,6 +168,7 @@ typedef struct {
     size_t sent;        /* bytes of text already streamed */
     int n_tok, n_prompt;
     uint64_t t0, t_first, t_last;
+    uint64_t t_sampled; /* the last token sampled, emitted or not (its time between tokens) */
 } gen;
 
 static gen *G;
@@ -234,6 +246,17 @@ static void emit(const char *piece, int n) {
     if (g->stopped || g->gone || g->timed_out || stopping || g->text.oom) S.s.stop_turn = 1;
 }
 
+/* The session's on_sample: every token sampled (an end-of-generation one and one without text included),
+ * for the token counter, the time-between-tokens histogram, and the sparse engine's counters as of now
+ * (the compute thread is between passes: they hold still). */
+static void on_sample(uint64_t now) {
+    gen *g = G;
+    pi2_sparse_stats st;
+    if (S.s.sparse) pi2_sparse_get_stats(S.s.sparse, &st);
+    pi2_metrics_token(&S.metrics, g->t_sampled ? (now - g->t_sampled) / 1e9 : -1, S.s.sparse ? &st : NULL);
+    g->t_sampled = now;
+}
+
 /* Prompt ids common with what the cache holds: that many positions are kept (at least one token is
  * always run, for its logits). */
 static int reuse_prefix(const int32_t *ids, int n) {
@@ -282,6 +305,7 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     if (g.stream) {
         pi2_buf head = {0};
         pi2_sse_head(&head);
+        answering(200);
         if (send_buf(fd, &head)) g.gone = 1;
         pi2_buf_free(&head);
         stream_text(&g, 0, 1);
@@ -310,6 +334,7 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
         return;
     }
     if (max_tokens > 0) S.n_cached = n; /* the prompt's ids are in the cache's first n positions */
+    pi2_metrics_turn(&S.metrics, n, k, r.n_gen ? r.ttft_s : -1, g.timed_out);
     const char *finish = g.stopped || !strcmp(r.stop, "eog") ? "stop" : "length";
     const uint64_t t_end = pi2_now_ns();
     char usage[160], timings[600];
@@ -333,9 +358,13 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     } else {
         pi2_oai_object(&json, &g.reply, PI2_OAI_WHOLE, g.text.p, g.text.len, finish, usage, timings);
         pi2_oai_json_response(&out, 200, json.p ? json.p : "{}", json.len);
+        answering(200);
         send_buf(fd, &out);
     }
-    if (g.gone) fprintf(stderr, "pi2-engine serve: %s: the client left after %d tokens: cancelled\n", g.reply.id, r.n_gen);
+    if (g.gone) {
+        pi2_metrics_cancelled(&S.metrics, 0);
+        fprintf(stderr, "pi2-engine serve: %s: the client left after %d tokens: cancelled\n", g.reply.id, r.n_gen);
+    }
     pi2_buf_free(&out);
     pi2_buf_free(&json);
     pi2_buf_free(&g.text);
@@ -349,6 +378,7 @@ static void generate(int fd, const pi2_oai_request *rq) {
         pthread_mutex_unlock(&S.mu);
         char msg[120];
         snprintf(msg, sizeof msg, "the server is busy: 1 request computing and %d waiting (serve --max-queue)", S.o.max_queue);
+        pi2_metrics_rejected(&S.metrics, PI2_REJECT_QUEUE_FULL);
         send_error(fd, 503, msg, "Retry-After: 1\r\n");
         return;
     }
@@ -359,15 +389,21 @@ static void generate(int fd, const pi2_oai_request *rq) {
         ts.tv_nsec += 200000000;
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&S.cv, &S.mu, &ts);
-        if (S.busy && (client_gone(fd) || stopping)) { /* it gave up waiting: leave the queue */
+        const int gone = S.busy && client_gone(fd);
+        if (gone || (S.busy && stopping)) { /* it gave up waiting: leave the queue */
             S.waiting--;
             pthread_mutex_unlock(&S.mu);
+            if (gone) {
+                pi2_metrics_cancelled(&S.metrics, 1);
+                pi2_metrics_request(&S.metrics, route, 0); /* no answer: the client left first */
+            }
             return;
         }
     }
     S.waiting--;
     S.busy = 1;
     pthread_mutex_unlock(&S.mu);
+    pi2_metrics_queued(&S.metrics, (pi2_now_ns() - t_queued) / 1e9);
     run(fd, rq, t_queued);
     pthread_mutex_lock(&S.mu);
     S.busy = 0;
@@ -385,15 +421,28 @@ static int same_secret(const char *a, const char *b) {
     return !d;
 }
 
+/* A scrape: the registry, and what is known only now (the queue, memory, the process's reads). */
+static void write_metrics(pi2_buf *body) {
+    pi2_metrics_now now = {.max_queue = S.o.max_queue, .peak_rss = pi2_peak_rss_bytes(), .rss = pi2_rss_bytes(),
+                           .process_read_bytes = pi2_io_read_bytes()};
+    pthread_mutex_lock(&S.mu);
+    now.in_flight = S.conns, now.computing = S.busy, now.waiting = S.waiting;
+    pthread_mutex_unlock(&S.mu);
+    pi2_metrics_write(&S.metrics, &now, body);
+}
+
 static void handle(int fd) {
     pi2_buf in = {0};
     pi2_http_request req;
+    route = PI2_EP_OTHER; /* a request refused before it is whole counts as "other" */
     if (read_request(fd, &in, &req) != 0) goto done;
-    const char *path = req.path, *m = req.method;
-    const int chat = !strcmp(path, "/v1/chat/completions"), completion = !strcmp(path, "/v1/completions");
-    const int models = !strcmp(path, "/v1/models"), health = !strcmp(path, "/health");
-    if (!chat && !completion && !models && !health) {
-        send_error(fd, 404, "unknown route (GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions)", NULL);
+    const pi2_endpoint ep = route = pi2_endpoint_of(req.path);
+    const char *m = req.method;
+    const int chat = ep == PI2_EP_CHAT, completion = ep == PI2_EP_COMPLETIONS;
+    const int models = ep == PI2_EP_MODELS, health = ep == PI2_EP_HEALTH, metrics = ep == PI2_EP_METRICS;
+    if (ep == PI2_EP_OTHER) {
+        send_error(fd, 404, "unknown route (GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions, "
+                   "POST /v1/completions)", NULL);
         goto done;
     }
     if (strcmp(m, (chat || completion) ? "POST" : "GET")) {
@@ -401,6 +450,8 @@ static void handle(int fd) {
                    (chat || completion) ? "Allow: POST\r\n" : "Allow: GET\r\n");
         goto done;
     }
+    /* /health is a liveness probe and says nothing about the traffic; /metrics does (request and token
+     * counts), so it needs the key as /v1/ does, as llama-server's does: a scraper sends it as a bearer token */
     if (S.o.api_key && !health) {
         char want[300];
         snprintf(want, sizeof want, "Bearer %s", S.o.api_key);
@@ -414,6 +465,18 @@ static void handle(int fd) {
         pthread_mutex_lock(&S.mu);
         pi2_buf_printf(&body, "{\"status\": \"ok\", \"busy\": %d, \"waiting\": %d, \"max_queue\": %d}", S.busy, S.waiting, S.o.max_queue);
         pthread_mutex_unlock(&S.mu);
+    } else if (metrics) {
+        pi2_buf text = {0};
+        write_metrics(&text);
+        if (text.oom) send_error(fd, 500, "out of memory", NULL);
+        else {
+            pi2_buf_printf(&out, "HTTP/1.1 200 OK\r\nContent-Type: " PI2_PROM_CONTENT_TYPE "\r\nContent-Length: %zu\r\n"
+                           "Connection: close\r\n\r\n", text.len);
+            pi2_buf_add(&out, text.p, text.len);
+            answering(200);
+            send_buf(fd, &out);
+        }
+        pi2_buf_free(&text);
     } else if (models) {
         pi2_buf_puts(&body, "{\"object\": \"list\", \"data\": [{\"id\": ");
         pi2_buf_json_str(&body, S.model_name, strlen(S.model_name));
@@ -428,6 +491,7 @@ static void handle(int fd) {
     }
     if (body.len) {
         pi2_oai_json_response(&out, 200, body.p, body.len);
+        answering(200);
         send_buf(fd, &out);
     }
     pi2_buf_free(&out);
@@ -492,9 +556,10 @@ static int listen_on(const char *host, int port, int *bound_port) {
 static void serve_usage(FILE *out) {
     fprintf(out,
             "usage: pi2-engine serve -m MODEL.pi2 [--host 127.0.0.1] [--port 8080] [--api-key KEY] [OPTIONS]\n"
-            "  An OpenAI-compatible HTTP server: GET /health, GET /v1/models, POST /v1/chat/completions and\n"
-            "  POST /v1/completions (\"stream\": true for server-sent events). One request computes at a time;\n"
-            "  --max-queue more wait, the next gets 503. The first stderr line is 'listening on http://HOST:PORT'.\n"
+            "  An OpenAI-compatible HTTP server: GET /health, GET /metrics (Prometheus text), GET /v1/models,\n"
+            "  POST /v1/chat/completions and POST /v1/completions (\"stream\": true for server-sent events).\n"
+            "  One request computes at a time; --max-queue more wait, the next gets 503. The first stderr line\n"
+            "  is 'listening on http://HOST:PORT'.\n"
             "  SIGINT or SIGTERM stops it. docs/ENGINE.md (serve) has the limits and the pi2_timings fields.\n");
     fprintf(out, "options:\n");
     pi2_options_usage(out, PI2_CMD_SERVE, 0, pi2_flags_sparse);
@@ -518,6 +583,7 @@ int pi2_serve_main(int argc, char **argv) {
         return 2;
     }
     pi2_options *o = &S.o;
+    pi2_metrics_init(&S.metrics);
     if (!o->model) {
         fprintf(stderr, "pi2-engine: error: serve needs -m MODEL.pi2\n");
         return 2;
@@ -546,6 +612,12 @@ int pi2_serve_main(int argc, char **argv) {
     S.tmpl = forced ? forced : pi2_chat_template_from_metadata(S.s.m.file.metadata, S.s.m.file.metadata_len);
     S.lim = (pi2_http_limits){MAX_HEAD, MAX_BODY};
     S.max_conns = o->max_queue + 1 + EXTRA_CONNS;
+    S.s.on_sample = on_sample;
+    if (S.s.sparse) { /* what loading cost (the cache's warm fill) is in the counters before any request */
+        pi2_sparse_stats st;
+        pi2_sparse_get_stats(S.s.sparse, &st);
+        pi2_metrics_sparse(&S.metrics, &st);
+    }
     fprintf(stderr, "pi2-engine serve: listening on http://%s:%d (model %s, chat template %s, context %d, %d threads)\n",
             o->host, port, S.model_name, pi2_chat_template_name(S.tmpl), n_ctx, S.s.n_threads);
     fflush(stderr);
@@ -566,6 +638,7 @@ int pi2_serve_main(int argc, char **argv) {
         pthread_mutex_unlock(&S.mu);
         pthread_t th;
         if (full || pthread_create(&th, &attr, conn_main, (void *)(intptr_t)fd) != 0) {
+            pi2_metrics_rejected(&S.metrics, PI2_REJECT_CONNECTIONS);
             if (!full) {
                 pthread_mutex_lock(&S.mu);
                 S.conns--;
