@@ -37,6 +37,22 @@ def llamacpp_bindir() -> Path:
         return ensure_built("host")
 
 
+@pytest.fixture
+def chat_pids(monkeypatch) -> list[int]:
+    """The pids of the local `pi2-engine chat` processes the test starts, to check none is left running."""
+    import pi2cli.engines.pi2_chat as chat
+
+    started: list[int] = []
+    real = chat.LocalChatProcess.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        started.append(self.pid)
+
+    monkeypatch.setattr(chat.LocalChatProcess, "__init__", spy)
+    return started
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer synthetic model (16 MB): DIR/model.pi2 + its GGUF twin, which llama.cpp runs."""

@@ -145,17 +145,8 @@ def alive(pid: int) -> bool:
 
 
 @needs_engine
-def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(env, model_dir, monkeypatch):
-    import pi2cli.engines.pi2_chat as chat
-
-    started = []
-    real = chat.LocalChatProcess.__init__
-
-    def spy(self, *a, **k):
-        real(self, *a, **k)
-        started.append(self.pid)
-
-    monkeypatch.setattr(chat.LocalChatProcess, "__init__", spy)
+def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(env, model_dir, chat_pids):
+    started = chat_pids
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2", "llama.cpp"], workloads=["code"],
                       limit=3, n_gen=4, results_dir=str(env))  # fmt: skip
     with pytest.raises(BenchInterrupted) as info:

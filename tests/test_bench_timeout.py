@@ -100,18 +100,9 @@ class SlowFirstRun(Reporter):
 
 
 @needs_engine
-def test_the_next_run_goes_ahead_and_the_alarm_is_put_back(tiny_model, tmp_path, monkeypatch):
-    import pi2cli.engines.pi2_chat as chat
-
+def test_the_next_run_goes_ahead_and_the_alarm_is_put_back(tiny_model, tmp_path, monkeypatch, chat_pids):
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    started = []
-    real = chat.LocalChatProcess.__init__
-
-    def spy(self, *a, **k):
-        real(self, *a, **k)
-        started.append(self.pid)
-
-    monkeypatch.setattr(chat.LocalChatProcess, "__init__", spy)
+    started = chat_pids
     before = signal.getsignal(signal.SIGALRM)
     cfg = BenchConfig(model=str(tiny_model), engines=["pi2"], workloads=["code", "math"], limit=1, n_gen=4,
                       results_dir=str(tmp_path / "results"), run_timeout_s=1.5)  # fmt: skip
