@@ -71,8 +71,9 @@ fuzz: $(VENV)/.installed
 	sh native/fuzz/run-fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_SEED) $(PY)
 	$(PY) tests/fuzz_host.py --seconds $$(( $(FUZZ_SECONDS) / 4 )) --seed $(FUZZ_SEED) --findings $(ASAN_BUILD)/fuzz/findings/host
 
+# --durations: the slowest tests in every log, so a test that starts building or waiting shows itself
 test-python: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
