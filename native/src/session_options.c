@@ -78,7 +78,7 @@ const pi2_flag pi2_flags[] = {
     [O_IO] = {"--io", NULL, 1, G | E | C | S | V, "auto|uring|pread|buffered: neuron reads   [auto]"},
     [O_IO_THREADS] = {"--io-threads", NULL, 1, G | E | C | S | V, "pread-pool threads"},
     [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S | V, "the I/O threads' CPUs: 0,1 (the pread pool's; the first also the submitter's)"},
-    [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S | V, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own"},
+    [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S | V, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own (which runs only on --io-affinity's core or one the compute threads leave free)"},
     [O_END] = {NULL, NULL, 0, 0, NULL},
 };
 

@@ -1,12 +1,14 @@
 #include "common.h"
 
 #include <ctype.h>
+#include <sched.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char last_error[512];
 
@@ -149,6 +151,13 @@ static uint64_t status_kib(const char *key) {
 }
 
 uint64_t pi2_peak_rss_bytes(void) { return status_kib("VmHWM:"); }
+
+int pi2_usable_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
 uint64_t pi2_rss_bytes(void) { return status_kib("VmRSS:"); }
 
 /* First number after `key` in a text file (`key` "" reads the first line), or UINT64_MAX. */

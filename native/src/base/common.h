@@ -34,6 +34,8 @@ uint64_t pi2_cpu_ns(void);
 
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t pi2_peak_rss_bytes(void);
+/* CPUs this process may run on (its affinity mask), at least 1 */
+int pi2_usable_cpus(void);
 /* Resident set size now (VmRSS), 0 if unknown. */
 uint64_t pi2_rss_bytes(void);
 /* Memory this process can still take without pushing others out: MemAvailable (/proc/meminfo), capped
