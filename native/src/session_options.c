@@ -295,3 +295,10 @@ void pi2_options_usage(FILE *out, unsigned cmd, int from, int to) {
         fprintf(out, "    %-26s %s\n", spell, f->help);
     }
 }
+
+void pi2_options_usage_command(FILE *out, unsigned cmd) {
+    fprintf(out, "options:\n");
+    pi2_options_usage(out, cmd, 0, pi2_flags_sparse);
+    fprintf(out, "  sparse engine (PowerInfer-2; docs/SPARSE.md):\n");
+    pi2_options_usage(out, cmd, pi2_flags_sparse, -1);
+}

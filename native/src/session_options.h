@@ -52,5 +52,7 @@ typedef struct {
 int pi2_options_parse(unsigned cmd, int argc, char **argv, pi2_options *o);
 /* Usage lines of the flags `cmd` takes from index `from` to `to` of the table (-1: the end). */
 void pi2_options_usage(FILE *out, unsigned cmd, int from, int to);
+/* A command's own --help sections: "options:" with its plain flags, then the sparse engine's. */
+void pi2_options_usage_command(FILE *out, unsigned cmd);
 
 #endif

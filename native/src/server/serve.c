@@ -561,10 +561,7 @@ static void serve_usage(FILE *out) {
             "  One request computes at a time; --max-queue more wait, the next gets 503. The first stderr line\n"
             "  is 'listening on http://HOST:PORT'.\n"
             "  SIGINT or SIGTERM stops it. docs/ENGINE.md (serve) has the limits and the pi2_timings fields.\n");
-    fprintf(out, "options:\n");
-    pi2_options_usage(out, PI2_CMD_SERVE, 0, pi2_flags_sparse);
-    fprintf(out, "  sparse engine (PowerInfer-2; docs/SPARSE.md):\n");
-    pi2_options_usage(out, PI2_CMD_SERVE, pi2_flags_sparse, -1);
+    pi2_options_usage_command(out, PI2_CMD_SERVE);
 }
 
 static const char *base_name(const char *path) {
