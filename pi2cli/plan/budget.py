@@ -225,14 +225,7 @@ class MemoryCgroup:
         """How often the limit was reached (v1 failcnt; v2 the `max` count in memory.events)."""
         if self.version == 1:
             return self._read_int("memory.failcnt", "")
-        try:
-            for line in (self.path / "memory.events").read_text().splitlines():
-                key, value = line.split()
-                if key == "max":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return None
+        return self._keyed("memory.events", "max")
 
     def stat(self) -> dict[str, int]:
         try:
@@ -249,11 +242,14 @@ class MemoryCgroup:
     def oom_kills(self) -> int | None:
         """Processes the kernel's OOM killer ended inside the cgroup (v1 memory.oom_control, v2
         memory.events: `oom_kill`, kernels >= 4.13), so a run killed at its budget can say so."""
-        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        return self._keyed("memory.oom_control" if self.version == 1 else "memory.events", "oom_kill")
+
+    def _keyed(self, name: str, key: str) -> int | None:
+        """`key`'s value in one of the cgroup's flat keyed files ("key value" lines); None if unreadable."""
         try:
             for line in (self.path / name).read_text().splitlines():
-                key, value = line.split()
-                if key == "oom_kill":
+                k, value = line.split()
+                if k == key:
                     return int(value)
         except (OSError, ValueError):
             pass
