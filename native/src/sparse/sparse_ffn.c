@@ -258,9 +258,12 @@ static void wave_worker(void *p, int ith, int nth) {
                 if (t < n_ready) {
                     if (t + 1 < n_ready) prefetch_unit(s, s->wave.ready[t + 1]);
                     const int i = s->wave.ready[t];
-                    if (compute_unit(s, i)) read_rest(s, i);
-                    else if (s->wave.tokens == 1) unit_done(s, i), finished++;
-                    else finished++;
+                    if (compute_unit(s, i)) {
+                        read_rest(s, i);
+                    } else {
+                        if (s->wave.tokens == 1) unit_done(s, i); /* a batch sums after the wave */
+                        finished++;
+                    }
                     break;
                 }
                 if (finished) {
@@ -518,7 +521,7 @@ static int sparse_ffn(pi2_sparse *s, int layer, int expert, const float *in, int
         }
         atomic_store(&s->wave.pending, s->wave.len);
         atomic_store(&s->wave.next_ticket, 0);
-        for (int c = 0, nc = n_chunks(s->wave.len); c < nc; c++) {
+        for (int c = 0, nc = tokens == 1 ? n_chunks(s->wave.len) : 0; c < nc; c++) { /* decode's down pass */
             const int left = s->wave.len - c * PI2_DOWN_CHUNK;
             atomic_store_explicit(&s->wave.chunk[c].left, left < PI2_DOWN_CHUNK ? left : PI2_DOWN_CHUNK, memory_order_relaxed);
             s->wave.chunk[c].live = 0;
