@@ -171,6 +171,8 @@ def validate_dims(spec) -> list[str]:
 
 
 _MISTRAL_7B = dict(n_layer=32, hidden=4096, ffn=14336, n_head=32, n_kv_head=8, context=32768)
+# ProSparse and ReluLLaMA keep Llama-2-7B's shape and vocabulary.
+_LLAMA2_7B = dict(n_layer=32, hidden=4096, ffn=11008, n_head=32, n_kv_head=32, vocab=32000, context=4096)
 
 MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(
@@ -211,13 +213,7 @@ MODELS: tuple[ModelSpec, ...] = (
         name="prosparse-llama-2-7b",
         title="ProSparse-Llama-2-7B, ReLU sparsified Llama-2-7B",
         arch="llama",
-        n_layer=32,
-        hidden=4096,
-        ffn=11008,
-        n_head=32,
-        n_kv_head=32,
-        vocab=32000,
-        context=4096,
+        **_LLAMA2_7B,
         norm_eps=1e-5,
         activation="relu",
         hf_repo="SparseLLM/prosparse-llama-2-7b",
@@ -233,13 +229,7 @@ MODELS: tuple[ModelSpec, ...] = (
         name="relu-llama-7b",
         title="ReluLLaMA-7B, ReLU-fied Llama-2-7B",
         arch="llama",
-        n_layer=32,
-        hidden=4096,
-        ffn=11008,
-        n_head=32,
-        n_kv_head=32,
-        vocab=32000,
-        context=4096,
+        **_LLAMA2_7B,
         activation="relu",
         hf_repo="SparseLLM/ReluLLaMA-7B",
         source="safetensors / pytorch bins",
