@@ -35,8 +35,8 @@ from pathlib import Path
 
 from sparse_decode import model_pair, probe  # the same checks and pi2-probe runs as the decode benchmark
 
-from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import run_generate
+from pi2cli.engines.llamacpp.server import default_bin_dir
+from pi2cli.engines.pi2.driver import run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.plan.plan import model_facts

@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import engine_binary, run_generate
+from pi2cli.engines.llamacpp.server import default_bin_dir
+from pi2cli.engines.pi2.driver import engine_binary, run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines import get_driver
-from pi2cli.engines.llmflash import LlmFlashDriver
-from pi2cli.engines.pi2 import Pi2Driver
-from pi2cli.engines.pi2_args import engine_argv, sparse_flags
-from pi2cli.engines.pi2_chat import engine_flags
-from pi2cli.engines.pi2_events import summary_counters, turn_io_sums
+from pi2cli.engines.llmflash.driver import LlmFlashDriver
+from pi2cli.engines.pi2.args import engine_argv, sparse_flags
+from pi2cli.engines.pi2.chat import engine_flags
+from pi2cli.engines.pi2.driver import Pi2Driver
+from pi2cli.engines.pi2.events import summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup

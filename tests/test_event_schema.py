@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import engine_bin, run_engine
 
-from pi2cli.engines.pi2_events import parse_events, parse_lines, schema_markdown, summary_counters
+from pi2cli.engines.pi2.events import parse_events, parse_lines, schema_markdown, summary_counters
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "ENGINE.md"
 TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),

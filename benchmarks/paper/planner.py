@@ -152,7 +152,7 @@ def measure(ctx: Ctx, model: Path, budget: int | None, seed: int | None = None) 
     steady_warmup, and "first" holds the sweeps' own window (the ctx.n_tokens after ctx.warmup)."""
     import sparse_decode
 
-    from pi2cli.engines.pi2 import run_generate
+    from pi2cli.engines.pi2.driver import run_generate
 
     path = model / "model.pi2"
     skip = steady_warmup(ctx)

@@ -781,7 +781,7 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     import os
     import subprocess
 
-    from pi2cli.engines.llamacpp import (
+    from pi2cli.engines.llamacpp.server import (
         LLAMA_BENCH_HOW,
         check_llama_bench_exit,
         llama_bench_command,

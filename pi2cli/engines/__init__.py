@@ -12,10 +12,10 @@ from pi2cli.errors import Pi2Error
 
 # engine name -> module:class of its driver (pi2cli.engines.base.Driver)
 DRIVERS: dict[str, str] = {
-    "pi2": "pi2cli.engines.pi2:Pi2Driver",
-    "llama.cpp": "pi2cli.engines.llamacpp_chat:LlamaCppDriver",
-    "llmflash": "pi2cli.engines.llmflash:LlmFlashDriver",
-    "mlc-llm": "pi2cli.engines.mlc_chat:MlcDriver",
+    "pi2": "pi2cli.engines.pi2.driver:Pi2Driver",
+    "llama.cpp": "pi2cli.engines.llamacpp.driver:LlamaCppDriver",
+    "llmflash": "pi2cli.engines.llmflash.driver:LlmFlashDriver",
+    "mlc-llm": "pi2cli.engines.mlc.driver:MlcDriver",
 }
 
 

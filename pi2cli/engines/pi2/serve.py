@@ -88,7 +88,7 @@ def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: 
                flags: frozenset[str]) -> list[str]:  # fmt: skip
     """`pi2-engine serve` on loopback; the sparse tail in pi2_args' order (policy, plan, threads, budget
     last), so a plan overrides the policy's defaults and the budget given here overrides the plan's."""
-    from pi2cli.engines.pi2_args import sparse_flags
+    from pi2cli.engines.pi2.args import sparse_flags
 
     argv = [binary, "serve", "-m", model, "--host", LOOPBACK, "--port", str(int(cfg.port))]
     if cfg.ctx:
@@ -112,7 +112,7 @@ def serve_flags(binary: Path, prefix: list[str], hint: str) -> frozenset[str]:
 
 
 def choose_policy(cfg: ServeConfig, model: Path, plan_data: dict, flags: frozenset[str]) -> str:
-    from pi2cli.engines.pi2_chat import model_has_predictor
+    from pi2cli.engines.pi2.chat import model_has_predictor
 
     if cfg.policy or plan_data.get("policy"):
         if "--policy" not in flags:
@@ -278,7 +278,7 @@ class DeviceServer:
         return f"pi2-engine serve on {self.device} exited ({exit_text(proc.returncode)}): {self.log.last_error()}"
 
     def start(self, timeout_s: float) -> tuple[int, int]:
-        from pi2cli.engines.llamacpp_device import watched_command
+        from pi2cli.engines.llamacpp.device import watched_command
         from pi2cli.targets.adb import AdbProcess, adb_errors
 
         deadline = time.monotonic() + timeout_s
@@ -347,7 +347,7 @@ class DeviceServer:
 # -------------------------------------------------------------------------------------------- serve
 def prepare(cfg: ServeConfig, echo: Echo):
     """Resolve the model and target, push to a device what is missing, and build the server (not started)."""
-    from pi2cli.engines.pi2 import engine_binary
+    from pi2cli.engines.pi2.driver import engine_binary
     from pi2cli.targets import get_target
 
     model = local_model(cfg.model)

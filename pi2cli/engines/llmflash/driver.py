@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2 import Pi2Driver
-from pi2cli.engines.pi2_chat import model_has_predictor, target_engine_flags
+from pi2cli.engines.pi2.chat import model_has_predictor, target_engine_flags
+from pi2cli.engines.pi2.driver import Pi2Driver
 from pi2cli.errors import Pi2Error
 
 DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)

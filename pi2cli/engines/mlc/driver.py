@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 from pi2cli.engines.base import Driver
-from pi2cli.engines.llamacpp import TurnMetrics
-from pi2cli.engines.mlc import (
+from pi2cli.engines.llamacpp.server import TurnMetrics
+from pi2cli.engines.mlc.runner import (
     RUNNER_ENV,
     parse_runner_output,
     resolve_runner,

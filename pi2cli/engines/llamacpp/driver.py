@@ -16,7 +16,7 @@ import platform
 from pathlib import Path
 
 from pi2cli.engines.base import Driver, TurnFailed
-from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.llamacpp.server import LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -112,7 +112,7 @@ class LlamaCppDriver(Driver):
     @property
     def how(self) -> str:
         from pi2cli.builds.baselines.llamacpp_build import LLAMACPP_COMMIT
-        from pi2cli.engines.llamacpp import HOW
+        from pi2cli.engines.llamacpp.server import HOW
 
         return HOW.format(commit=LLAMACPP_COMMIT, load_mode="mmap", repack=False) + (
             "; multi-turn: the whole conversation each turn, one slot, cache_prompt (KV prefix reuse)"
@@ -168,7 +168,7 @@ class LlamaCppDriver(Driver):
         if target.on_this_machine:
             server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
         else:
-            from pi2cli.engines.llamacpp_device import DeviceLlamaServer
+            from pi2cli.engines.llamacpp.device import DeviceLlamaServer
 
             binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
             server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 
-from pi2cli.engines.llamacpp import LlamaServer, server_args
+from pi2cli.engines.llamacpp.server import LlamaServer, server_args
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_DEVICE
 from pi2cli.targets.base import TargetError

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli.engines.base import Driver
-from pi2cli.engines.pi2_args import engine_argv
-from pi2cli.engines.pi2_chat import (
+from pi2cli.engines.pi2.args import engine_argv
+from pi2cli.engines.pi2.chat import (
     HOW,
     Pi2ChatSession,
     model_has_predictor,
     open_chat_session,
     target_engine_flags,
 )
-from pi2cli.engines.pi2_events import parse_events
+from pi2cli.engines.pi2.events import parse_events
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 
