@@ -120,5 +120,5 @@ def test_engine_md_event_table_is_the_schema(schema):
     assert found, "docs/ENGINE.md lost its generated event table markers"
     assert found.group(1) == schema_markdown(schema), (
         "docs/ENGINE.md's event table differs from `pi2-engine capabilities --json`: regenerate it with "
-        "`python -m pi2cli.engines.pi2_events`"
+        "`python -m pi2cli.engines.pi2.events`"
     )

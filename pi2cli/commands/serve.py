@@ -1,4 +1,4 @@
-"""`pi2 serve`: the click front of pi2cli.engines.pi2_serve (all logic lives there)."""
+"""`pi2 serve`: the click front of pi2cli.engines.pi2.serve (all logic lives there)."""
 
 from __future__ import annotations
 

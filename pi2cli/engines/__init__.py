@@ -1,8 +1,8 @@
-"""Engine drivers: one driver per system (pi2.Driver subclasses, interface in base.py), for both
-`pi2 generate` and `pi2 bench`, and what runs pi2-engine for other layers (measure.py: the predictor
-statistics the engine counts).
+"""Engine drivers: one subpackage per system, its Driver (interface in base.py) in its driver.py, for
+both `pi2 generate` and `pi2 bench`; pi2/ also holds what runs pi2-engine for other layers (args.py,
+events.py, serve.py, measure.py: the predictor statistics the engine counts).
 
-A new engine is one driver class plus one line in DRIVERS.
+A new engine is one subpackage with a driver.py plus one line in DRIVERS.
 """
 
 import importlib

@@ -58,7 +58,7 @@ class ChatSession(Protocol):
 
     def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None, messages=None):
         """Generate an answer to `prompt` (the full conversation so far); returns a TurnMetrics
-        (pi2cli.engines.llamacpp). on_text(str) receives generated text as it comes, when it can.
+        (pi2cli.engines.llamacpp.server). on_text(str) receives generated text as it comes, when it can.
         messages: the same conversation as chat messages, for engines that apply their own template."""
         ...
 

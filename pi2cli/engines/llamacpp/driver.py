@@ -1,11 +1,11 @@
 """llama.cpp's driver: llama-server with one slot and the prompt cache on, on this machine or on an
-adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
+adb device (pi2cli/engines/llamacpp/device.py: pushed, started over adb shell, reached
 through adb forward).
 
 Each turn sends the whole conversation so far (rendered by the host with the model's chat template,
 the same text pi2 gets); the server reuses the longest common prefix already in its KV cache
 (cache_prompt), so a turn prefills only what is new; `pi2 generate` is one turn on a fresh server. See
-pi2cli/engines/llamacpp.py for how it measures.
+pi2cli/engines/llamacpp/server.py for how it measures.
 """
 
 from __future__ import annotations

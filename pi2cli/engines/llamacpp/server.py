@@ -23,7 +23,7 @@ How it measures (also stored in every result's `how`):
     conversation so far rendered with the model's chat template (by the bench, the same text every
     engine gets). The server reuses the longest common prefix of what it already has in the KV cache
     (cache_prompt), so a turn only prefills what is new; `timings.cache_n` says how many prompt
-    tokens came from the cache. `pi2 generate` is one such turn (llamacpp_chat.py, engines/generate.py).
+    tokens came from the cache. `pi2 generate` is one such turn (driver.py, engines/generate.py).
 """
 
 import contextlib

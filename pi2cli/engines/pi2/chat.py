@@ -179,7 +179,7 @@ def adb_chat_process(target, argv: list[str], cwd: str | None = None):
 # --------------------------------------------------------------------------------------------- events
 class EventsTail:
     """New complete lines of the engine's events file, wherever it is (read here or via the target),
-    parsed by the one events parser (pi2_events.py)."""
+    parsed by the one events parser (events.py)."""
 
     def __init__(self, target, path: str):
         self.target, self.path, self.offset = target, path, 0
@@ -346,7 +346,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
     (a temporary directory here, the working directory on a device). n_ctx None: the engine's default;
     temperature 0 (greedy) is the engine's default and left off the command line. `sparse`: the
-    keywords of pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
+    keywords of args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
     flags = dict(n_ctx=n_ctx, seed=seed, temperature=temperature or None, **sparse)
     if target.on_this_machine:
         import shutil

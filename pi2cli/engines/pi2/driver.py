@@ -1,5 +1,5 @@
-"""The pi2 engine's driver: `pi2-engine chat` sessions on any target (pi2_chat.py) for `pi2 bench`, and
-one turn of one for `pi2 generate` (engines/generate.py); every argv from pi2_args.py."""
+"""The pi2 engine's driver: `pi2-engine chat` sessions on any target (chat.py) for `pi2 bench`, and
+one turn of one for `pi2 generate` (engines/generate.py); every argv from args.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def engine_binary() -> Path:
 
 @dataclass
 class GenerateRun:
-    """One `pi2-engine generate` run: its events grouped (pi2_events.parse_events; {} when it failed), the
+    """One `pi2-engine generate` run: its events grouped (events.parse_events; {} when it failed), the
     engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
 
     events: dict
@@ -42,8 +42,8 @@ def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: f
                  **argv) -> GenerateRun:  # fmt: skip
     """`pi2-engine generate` on `model` to completion, for the measurements that need the engine's raw
     events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
-    to the engine as --memory-budget (last, pi2_args), `evict`ed from the page cache first. argv: the
-    keywords of pi2_args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
+    to the engine as --memory-budget (last, args.py), `evict`ed from the page cache first. argv: the
+    keywords of args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
     from pi2cli.plan.budget import run_budgeted
 
     with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
@@ -149,7 +149,7 @@ class Pi2Driver(Driver):
             self.policy = str(self.plan_data.get("policy", self.policy))
 
     def engine_options(self, budget_bytes: int | None) -> dict:
-        """This driver's sparse settings as keywords of pi2_args.sparse_flags; the flags the build
+        """This driver's sparse settings as keywords of args.sparse_flags; the flags the build
         lacks (a build before the sparse engine has none) are left out there."""
         return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
                 "accepts": self._sparse_flags}  # fmt: skip

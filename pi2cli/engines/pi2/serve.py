@@ -5,7 +5,7 @@ Here: the host build listens on 127.0.0.1, inside a memory cgroup of the budget 
 one (pi2cli.plan.budget, as `pi2 bench` runs engines); its first stderr line names the port, and GET
 /health answering 200 means it serves.
 On an adb device: what is missing is pushed first (pi2cli.hw.push: content hashes, so a second serve
-copies nothing), the engine starts through one adb shell under a watchdog (llamacpp_device.
+copies nothing), the engine starts through one adb shell under a watchdog (llamacpp/device.py:
 watched_command: when the host's adb connection goes away -- pi2 killed, the cable pulled -- the shell's
 stdin ends and the watchdog kills the engine, so nothing keeps running on the phone), binds the device's
 loopback, and `adb forward tcp:HOST_PORT tcp:PORT` makes it reachable here.
@@ -86,7 +86,7 @@ class Serving:
 # ------------------------------------------------------------------------------------ the command line
 def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: str | None,
                flags: frozenset[str]) -> list[str]:  # fmt: skip
-    """`pi2-engine serve` on loopback; the sparse tail in pi2_args' order (policy, plan, threads, budget
+    """`pi2-engine serve` on loopback; the sparse tail in args.py's order (policy, plan, threads, budget
     last), so a plan overrides the policy's defaults and the budget given here overrides the plan's."""
     from pi2cli.engines.pi2.args import sparse_flags
 
