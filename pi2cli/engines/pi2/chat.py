@@ -26,7 +26,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pi2cli.builds.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
 from pi2cli.engines.llamacpp.server import TurnMetrics
 from pi2cli.engines.pi2.args import engine_argv
@@ -376,29 +375,3 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
-
-
-# ---------------------------------------------------------------------------------------- bench driver
-def engine_flags(
-    binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
-) -> frozenset[str]:
-    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.builds.capabilities)."""
-    return command_flags(binary, command, prefix)
-
-
-def target_engine_flags(target, binary: Path) -> frozenset[str]:
-    """engine_flags of the build for `target`, run the way the target runs it when it runs here."""
-    prefix = tuple(target.command_prefix()) if target.on_this_machine else ()
-    return engine_flags(binary, "chat", prefix)
-
-
-def model_has_predictor(model: Path) -> bool | None:
-    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
-    when the header cannot be read, so the engine itself reports what is wrong with the file (the run
-    is then on record as failed with the engine's own error)."""
-    from pi2cli.models.pi2file import Pi2File
-
-    try:
-        return Pi2File(model, verify=False).header.has_predictor
-    except (Pi2Error, OSError, ValueError):
-        return None

@@ -9,13 +9,7 @@ from pathlib import Path
 
 from pi2cli.engines.base import Driver
 from pi2cli.engines.pi2.args import engine_argv
-from pi2cli.engines.pi2.chat import (
-    HOW,
-    Pi2ChatSession,
-    model_has_predictor,
-    open_chat_session,
-    target_engine_flags,
-)
+from pi2cli.engines.pi2.chat import HOW, Pi2ChatSession, open_chat_session
 from pi2cli.engines.pi2.events import parse_events
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
@@ -26,6 +20,18 @@ def engine_binary() -> Path:
     if not path.is_file():
         raise Pi2Error(f"{path} is not built (run `make engine`)", exit_code=2)
     return path
+
+
+def model_has_predictor(model: Path) -> bool | None:
+    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
+    when the header cannot be read, so the engine itself reports what is wrong with the file (the run
+    is then on record as failed with the engine's own error)."""
+    from pi2cli.models.pi2file import Pi2File
+
+    try:
+        return Pi2File(model, verify=False).header.has_predictor
+    except (Pi2Error, OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Pi2Driver(Driver):
     The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
     otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
     its neuron cache from it), while the host still enforces the budget with a cgroup as for every
-    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
+    engine."""
 
     name = "pi2"
     policy = "dense"
@@ -74,7 +80,6 @@ class Pi2Driver(Driver):
         self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
         self.plan_data: dict = {}
         self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
-        self._sparse_flags: frozenset[str] = frozenset()  # the sparse flags of the build (configure())
 
     def set_option(self, name: str, value) -> None:
         from pi2cli.plan.plan import load_plan
@@ -138,21 +143,15 @@ class Pi2Driver(Driver):
                 "sparse": {k: v for k, v in counters.items() if k not in common}}  # fmt: skip
 
     def configure(self, target, model_local: Path) -> None:
-        """Choose the policy for this model and this engine build (before engine_info records it)."""
-        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
-        sparse = "--policy" in self._sparse_flags
-        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
+        """Choose the policy for this model (before engine_info records it): the plan's, else
+        powerinfer2 on a model with predictors, dense on one without."""
+        self.policy = "powerinfer2" if model_has_predictor(model_local) else "dense"
         if self.plan_local is not None:
-            if "--plan" not in self._sparse_flags:
-                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
-                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
             self.policy = str(self.plan_data.get("policy", self.policy))
 
     def engine_options(self, budget_bytes: int | None) -> dict:
-        """This driver's sparse settings as keywords of args.sparse_flags; the flags the build
-        lacks (a build before the sparse engine has none) are left out there."""
-        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
-                "accepts": self._sparse_flags}  # fmt: skip
+        """This driver's sparse settings as keywords of args.sparse_flags."""
+        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes}
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
                   budget=None, seed: int = 0, budget_bytes: int | None = None,

@@ -84,8 +84,7 @@ class Serving:
 
 
 # ------------------------------------------------------------------------------------ the command line
-def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: str | None,
-               flags: frozenset[str]) -> list[str]:  # fmt: skip
+def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: str | None) -> list[str]:
     """`pi2-engine serve` on loopback; the sparse tail in args.py's order (policy, plan, threads, budget
     last), so a plan overrides the policy's defaults and the budget given here overrides the plan's."""
     from pi2cli.engines.pi2.args import sparse_flags
@@ -97,28 +96,16 @@ def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: 
         argv += ["--chat-template", cfg.chat_template]
     if cfg.api_key:
         argv += ["--api-key", cfg.api_key]
-    return argv + sparse_flags(policy=policy, plan=plan, threads=cfg.threads, memory_budget=cfg.memory_budget,
-                               accepts=flags)  # fmt: skip
+    return argv + sparse_flags(policy=policy, plan=plan, threads=cfg.threads, memory_budget=cfg.memory_budget)
 
 
-def serve_flags(binary: Path, prefix: list[str], hint: str) -> frozenset[str]:
-    """The flags `pi2-engine serve` of this build takes; a build from before `serve` is refused."""
-    from pi2cli.builds.capabilities import capabilities, command_flags
-
-    caps = capabilities(binary, tuple(prefix))
-    if "option_strings" not in caps and "serve" not in caps["flags"]:
-        raise Pi2Error(f"{binary} has no `serve` command: rebuild it ({hint})", exit_code=2)
-    return command_flags(binary, "serve", tuple(prefix))
-
-
-def choose_policy(cfg: ServeConfig, model: Path, plan_data: dict, flags: frozenset[str]) -> str:
-    from pi2cli.engines.pi2.chat import model_has_predictor
+def choose_policy(cfg: ServeConfig, model: Path, plan_data: dict) -> str:
+    """--policy, else the plan's, else as the bench picks: powerinfer2 on a model with predictors."""
+    from pi2cli.engines.pi2.driver import model_has_predictor
 
     if cfg.policy or plan_data.get("policy"):
-        if "--policy" not in flags:
-            raise Pi2Error("--policy and --plan need a pi2-engine with the sparse engine: rebuild it")
         return str(cfg.policy or plan_data["policy"])
-    return "powerinfer2" if "--policy" in flags and model_has_predictor(model) else "dense"
+    return "powerinfer2" if model_has_predictor(model) else "dense"
 
 
 def local_model(text: str) -> Path:
@@ -379,17 +366,16 @@ def prepare(cfg: ServeConfig, echo: Echo):
                 f"no pi2-engine build for {target.name} (run `{target.build_hint()}`)", exit_code=2
             )
     prefix = target.command_prefix() if target.on_this_machine else []
-    flags = serve_flags(binary, prefix, target.build_hint())
-    policy = choose_policy(cfg, model, plan_data, flags)
+    policy = choose_policy(cfg, model, plan_data)
     if target.on_this_machine:
         plan = str(Path(cfg.plan).resolve()) if cfg.plan else None
-        argv = serve_argv(str(binary), str(model), cfg, policy=policy, plan=plan, flags=flags)
+        argv = serve_argv(str(binary), str(model), cfg, policy=policy, plan=plan)
         server = LocalServer(prefix + argv, cfg.memory_budget, echo, target.name)
         return server, str(model), policy
     if "shell_v2" not in getattr(target, "features", set()):
         raise Pi2Error(f"device {target.name} has no adb shell v2: cannot run pi2-engine serve on it")
     remote_model, remote_plan, remote_binary = push_for_serve(target, binary, model, cfg.plan, echo)
-    argv = serve_argv(remote_binary, remote_model, cfg, policy=policy, plan=remote_plan, flags=flags)
+    argv = serve_argv(remote_binary, remote_model, cfg, policy=policy, plan=remote_plan)
     return DeviceServer(target, argv, cfg.memory_budget, cfg.host_port, echo), remote_model, policy
 
 
