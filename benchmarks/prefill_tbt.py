@@ -57,7 +57,7 @@ def run_pi2(
     model: Path, budget: int | None, p: int, n: int, threads: int, seed: int, vocab: int, more: tuple = ()
 ) -> dict:
     ids = ",".join(str(1 + (i * 7919) % (min(vocab, 32000) - 1)) for i in range(p))  # ids any tokenizer has
-    run = run_generate(model, budget=budget, evict=[model], n_predict=n, temperature=0.8, seed=seed,
+    run = run_generate(model, budget_bytes=budget, evict=[model], n_predict=n, temperature=0.8, seed=seed,
                        ignore_eos=True, threads=threads, policy="powerinfer2", more=["--tokens", ids, *more])  # fmt: skip
     if run.error is not None:
         return {"error": run.error}

@@ -23,8 +23,4 @@ def get_driver(name: str) -> Driver:
     if name not in DRIVERS:
         raise Pi2Error(f"unknown engine '{name}' (known: {', '.join(DRIVERS)})")
     module_name, class_name = DRIVERS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise Pi2Error(f"engine '{name}' is not built yet ({module_name} missing)", exit_code=2) from err
-    return getattr(module, class_name)()
+    return getattr(importlib.import_module(module_name), class_name)()

@@ -77,7 +77,7 @@ class DeviceLlamaServer(LlamaServer):
         self.model = model
         self.args = server_args(model, 0, ctx_size=ctx_size, load_mode=load_mode, repack=repack,
                                 threads=threads, extra_args=extra_args)  # fmt: skip
-        self.budget = None
+        self.cgroup = None
         self.start_timeout_s = start_timeout_s
         self.proc = None  # pi2cli.targets.adb.AdbProcess
         self.port: int | None = None  # the forwarded port on this machine

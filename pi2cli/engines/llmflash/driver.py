@@ -48,5 +48,5 @@ class LlmFlashDriver(Pi2Driver):
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
         self.policy = "llmflash"
 
-    def engine_options(self, budget_bytes: int | None) -> dict:
-        return {**super().engine_options(budget_bytes), "llmflash_window": self.window}
+    def engine_options(self, budget_bytes: int | None, binary_dir: str | None = None) -> dict:
+        return {**super().engine_options(budget_bytes, binary_dir), "llmflash_window": self.window}

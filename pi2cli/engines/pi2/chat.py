@@ -49,10 +49,10 @@ class EngineExited(Pi2Error):
 
 # ------------------------------------------------------------------------------------------- processes
 class LocalChatProcess:
-    """pi2-engine on this machine with a stdin pipe, optionally started inside a memory budget."""
+    """pi2-engine on this machine with a stdin pipe, optionally started inside a memory cgroup."""
 
-    def __init__(self, argv: list[str], budget=None, cwd: str | None = None):
-        popen = budget.popen if budget is not None else subprocess.Popen
+    def __init__(self, argv: list[str], cgroup=None, cwd: str | None = None):
+        popen = cgroup.popen if cgroup is not None else subprocess.Popen
         try:
             self.popen = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=cwd, start_new_session=True)  # fmt: skip
@@ -340,7 +340,7 @@ class Pi2ChatSession:
                 cleanup()
 
 
-def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 4096, budget=None, seed: int = 0,
+def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 4096, cgroup=None, seed: int = 0,
                       temperature: float = 0.0, events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
     (a temporary directory here, the working directory on a device). n_ctx None: the engine's default;
@@ -357,7 +357,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
         try:
             argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, **flags)
-            process = LocalChatProcess(argv, budget=budget)
+            process = LocalChatProcess(argv, cgroup=cgroup)
         except BaseException:  # the engine did not start (or Ctrl-C / SIGTERM came): no session owns the dir
             if cleanup:
                 cleanup()

@@ -44,18 +44,20 @@ class GenerateRun:
     budget: dict = field(default_factory=dict)
 
 
-def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: float | None = 3600,
+def run_generate(model: Path, *, budget_bytes: int | None = None, evict=(), timeout: float | None = 3600,
                  **argv) -> GenerateRun:  # fmt: skip
     """`pi2-engine generate` on `model` to completion, for the measurements that need the engine's raw
-    events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
+    events (the predictor check, benchmarks/): inside a memory cgroup of `budget_bytes` that also goes
     to the engine as --memory-budget (last, args.py), `evict`ed from the page cache first. argv: the
     keywords of args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
     from pi2cli.plan.budget import run_budgeted
 
     with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
         events = Path(tmp) / "events.jsonl"
-        cmd = engine_argv(engine_binary(), "generate", model, events=events, memory_budget=budget, **argv)
-        done = run_budgeted(cmd, budget, evict=evict, timeout=timeout)
+        cmd = engine_argv(
+            engine_binary(), "generate", model, events=events, memory_budget=budget_bytes, **argv
+        )
+        done = run_budgeted(cmd, budget_bytes, evict=evict, timeout=timeout)
         if done.returncode != 0:
             return GenerateRun({}, (done.stderr.strip().splitlines() or ["no output"])[-1], done.budget)
         return GenerateRun(parse_events(events.read_text().splitlines()), None, done.budget)
@@ -79,7 +81,6 @@ class Pi2Driver(Driver):
         super().__init__()
         self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
         self.plan_data: dict = {}
-        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
 
     def set_option(self, name: str, value) -> None:
         from pi2cli.plan.plan import load_plan
@@ -92,16 +93,8 @@ class Pi2Driver(Driver):
         from pi2cli.builds.capabilities import plan_keys
 
         self.plan_local, self.plan_data = Path(path), dict(data)
-        self.plan_remote = str(Path(path).resolve())
         self.extra_settings["plan"] = {"file": Path(path).name,
                                        **{k: data[k] for k in plan_keys() if k in data}}  # fmt: skip
-
-    def extra_files(self) -> dict[str, list[Path]]:
-        return {"plans": [self.plan_local]} if self.plan_local else {}
-
-    def files_pushed(self, workdir: str) -> None:
-        if self.plan_local:
-            self.plan_remote = f"{workdir}/plans/{self.plan_local.name}"
 
     def local_binary(self, target) -> Path:
         from pi2cli.hw.push import engine_files
@@ -111,27 +104,29 @@ class Pi2Driver(Driver):
             raise Pi2Error(f"no pi2-engine build for {target.name} (run `make engine`)", exit_code=2)
         return found[0]
 
-    def binaries(self, target) -> list[Path]:
-        return [self.local_binary(target)]
+    def files(self, target) -> dict[str, list[Path]]:
+        if target.on_this_machine:
+            return {}
+        files = {"engine": [self.local_binary(target)]}
+        if self.plan_local is not None:
+            files["plans"] = [self.plan_local]
+        return files
 
-    def prepare_generate(self, target, model: Path) -> str:
+    def prepare_generate(self, target, request) -> tuple[str, int]:
         """`pi2 generate -m X.pi2`: the driver's own policy (pi2: dense, the engine's default, as
         `pi2-engine generate` runs it; llmflash: llmflash); only the bench picks powerinfer2 for a
-        model with predictors (configure())."""
+        model with predictors (configure()). The context has room for the prompt and every token asked
+        for, as `pi2-engine generate` sizes its own (n_prompt + n_predict): a text token is at least one
+        byte (a few more for BOS and the leading space SentencePiece adds), so this never falls short,
+        and a long generation is not cut at the chat's default context."""
+        model = Path(request.model)
         if not model.is_file():
             raise Pi2Error(f"{model}: no such model file")
         if model.suffix != ".pi2":
             raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
-        model_arg = super().prepare_generate(target, model)
+        model_arg, _ = super().prepare_generate(target, request)
         self.policy = type(self).policy
-        return model_arg
-
-    def generate_ctx(self, request) -> int:
-        """Room for the prompt and every token asked for, as `pi2-engine generate` sizes its context
-        (n_prompt + n_predict): a text token is at least one byte (a few more for BOS and the leading
-        space SentencePiece adds), so this never falls short, and a long generation is not cut at the
-        chat's default context."""
-        return len(request.prompt.encode()) + 4 + int(request.n_predict)
+        return model_arg, len(request.prompt.encode()) + 4 + int(request.n_predict)
 
     def generate_extra(self, session, turn) -> dict:
         """The engine's start and summary events: threads, kernels, bytes read and the sparse figures."""
@@ -149,16 +144,21 @@ class Pi2Driver(Driver):
         if self.plan_local is not None:
             self.policy = str(self.plan_data.get("policy", self.policy))
 
-    def engine_options(self, budget_bytes: int | None) -> dict:
-        """This driver's sparse settings as keywords of args.sparse_flags."""
-        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes}
+    def engine_options(self, budget_bytes: int | None, binary_dir: str | None = None) -> dict:
+        """This driver's sparse settings as keywords of args.sparse_flags. The plan is read where it is
+        here, and on a device where files() put it (WORKDIR/plans beside WORKDIR/bin, pi2cli.hw.push)."""
+        plan = None
+        if self.plan_local is not None:
+            here = str(self.plan_local.resolve())
+            plan = f"{binary_dir.rsplit('/', 1)[0]}/plans/{self.plan_local.name}" if binary_dir else here
+        return {"policy": self.policy, "plan": plan, "memory_budget": budget_bytes}
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  cgroup=None, budget_bytes: int | None = None, seed: int = 0,
                   temperature: float = 0.0) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
-                                 temperature=temperature, **self.engine_options(budget_bytes))  # fmt: skip
+        return open_chat_session(target, binary, model, n_ctx=n_ctx, cgroup=cgroup, seed=seed, threads=threads,
+                                 temperature=temperature, **self.engine_options(budget_bytes, binary_dir))  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__

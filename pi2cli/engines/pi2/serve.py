@@ -184,7 +184,7 @@ class LocalServer:
         self.argv, self.budget_bytes, self.device = argv, budget_bytes, device
         self.log = EngineLog(echo)
         self.proc: subprocess.Popen | None = None
-        self.budget = None
+        self.cgroup = None
 
     def down(self) -> str | None:
         code = self.proc.poll()
@@ -198,9 +198,9 @@ class LocalServer:
         from pi2cli.plan.budget import Budget
 
         deadline = time.monotonic() + timeout_s
-        self.budget = Budget(self.budget_bytes).__enter__()
+        self.cgroup = Budget(self.budget_bytes).__enter__()
         try:
-            self.proc = self.budget.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            self.proc = self.cgroup.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
         except OSError as exc:
             raise Pi2Error(f"cannot start {self.argv[0]}: {exc.strerror}") from None
@@ -221,7 +221,7 @@ class LocalServer:
             self.log.feed(line.decode(errors="replace"))
 
     def budget_record(self) -> dict:
-        rec = self.budget.record() if self.budget and self.budget_bytes else {}
+        rec = self.cgroup.record() if self.cgroup and self.budget_bytes else {}
         return {k: rec[k] for k in ("limit_bytes", "enforced", "how") if k in rec}
 
     def wait(self) -> None:
@@ -240,9 +240,9 @@ class LocalServer:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(STOP_WAIT_S)
-        if self.budget is not None:  # the cgroup goes once the engine is gone
-            budget, self.budget = self.budget, None
-            budget.__exit__(None, None, None)
+        if self.cgroup is not None:  # the cgroup goes once the engine is gone
+            cgroup, self.cgroup = self.cgroup, None
+            cgroup.__exit__(None, None, None)
 
 
 # ------------------------------------------------------------------------------------------- a phone
