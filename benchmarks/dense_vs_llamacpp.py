@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.engines.pi2 import run_generate
+from pi2cli.engines.pi2.driver import run_generate
 from pi2cli.models.convert import convert_gguf
 from pi2cli.models.testmodels import smollm2_gguf
 from pi2cli.paths import cache_dir

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from sparse_decode import model_pair, probe  # the same checks and pi2-probe runs as the decode benchmark
 
-from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import run_generate
+from pi2cli.engines.llamacpp.server import default_bin_dir
+from pi2cli.engines.pi2.driver import run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.plan.plan import model_facts
@@ -57,7 +57,7 @@ def run_pi2(
     model: Path, budget: int | None, p: int, n: int, threads: int, seed: int, vocab: int, more: tuple = ()
 ) -> dict:
     ids = ",".join(str(1 + (i * 7919) % (min(vocab, 32000) - 1)) for i in range(p))  # ids any tokenizer has
-    run = run_generate(model, budget=budget, evict=[model], n_predict=n, temperature=0.8, seed=seed,
+    run = run_generate(model, budget_bytes=budget, evict=[model], n_predict=n, temperature=0.8, seed=seed,
                        ignore_eos=True, threads=threads, policy="powerinfer2", more=["--tokens", ids, *more])  # fmt: skip
     if run.error is not None:
         return {"error": run.error}

@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import engine_binary, parse_events
+from pi2cli.engines.llamacpp.server import default_bin_dir
+from pi2cli.engines.pi2.driver import engine_binary, parse_events
 from pi2cli.models.convert import convert_gguf
 from pi2cli.models.testmodels import smollm2_gguf
 from pi2cli.plan.budget import run_budgeted

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from sparse_decode import model_facts, model_pair  # the same model checks and statistics
 
-from pi2cli.engines.pi2 import parse_events
+from pi2cli.engines.pi2.driver import parse_events
 from pi2cli.paths import REPO_ROOT, host_build_dir
 from pi2cli.plan.budget import detect_cgroup, run_budgeted
 from pi2cli.results.schema import pi2_commit
@@ -84,7 +84,7 @@ def llama_bench_path() -> Path:
     if os.environ.get("LLAMA_BENCH"):
         exe = Path(os.environ["LLAMA_BENCH"])
     else:
-        from pi2cli.engines.llamacpp import default_bin_dir
+        from pi2cli.engines.llamacpp.server import default_bin_dir
 
         exe = default_bin_dir("host") / "llama-bench"
     if not exe.is_file():

@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from pi2cli.engines.llamacpp import default_bin_dir
-from pi2cli.engines.pi2 import engine_binary, run_generate
+from pi2cli.engines.llamacpp.server import default_bin_dir
+from pi2cli.engines.pi2.driver import engine_binary, run_generate
 from pi2cli.models.pi2file import Pi2File
 from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
@@ -108,7 +108,7 @@ def run_pi2(
     extra += more
     t0 = time.monotonic()
     # the budget comes last (engine_argv): it overrides a plan's own (the same value when made for it)
-    run = run_generate(model, budget=budget, evict=[model], prompt=PROMPT, n_predict=n, temperature=TEMPERATURE,
+    run = run_generate(model, budget_bytes=budget, evict=[model], prompt=PROMPT, n_predict=n, temperature=TEMPERATURE,
                        seed=seed, ignore_eos=True, threads=threads, policy=policy, more=extra)  # fmt: skip
     if run.error is not None:
         return {"engine": "pi2", "policy": variant, "error": [run.error]}

@@ -40,7 +40,7 @@ def llamacpp_bindir() -> Path:
 @pytest.fixture
 def chat_pids(monkeypatch) -> list[int]:
     """The pids of the local `pi2-engine chat` processes the test starts, to check none is left running."""
-    import pi2cli.engines.pi2_chat as chat
+    import pi2cli.engines.pi2.chat as chat
 
     started: list[int] = []
     real = chat.LocalChatProcess.__init__

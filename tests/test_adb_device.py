@@ -83,7 +83,7 @@ def test_chat_stream_write_after_the_device_vanished_is_a_target_error(make_devi
     """The stream's reader closes the connection when the device goes; a request written after that
     must be the same 'lost the device' TargetError as one written into a dead socket (the bench turns
     it into a device_vanished record), not adbutils' own 'Connection is closed'."""
-    from pi2cli.engines.pi2_chat import adb_chat_process
+    from pi2cli.engines.pi2.chat import adb_chat_process
 
     dev = make_device()
     process = adb_chat_process(get_target(dev.serial), ["sleep", "30"], cwd="/data/local/tmp")

@@ -21,7 +21,7 @@ from pi2cli.bench.run import (
     run_bench,
 )
 from pi2cli.cli import cli
-from pi2cli.engines.pi2_chat import common_prefix_extends
+from pi2cli.engines.pi2.chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.push import model_remote_name, sha256_file
 from pi2cli.paths import host_build_dir

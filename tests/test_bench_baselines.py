@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from pi2cli.bench.run import BenchConfig, run_bench
+from pi2cli.builds.capabilities import capabilities
 from pi2cli.cli import cli
 from pi2cli.engines import get_driver
-from pi2cli.engines.llmflash import LlmFlashDriver
-from pi2cli.engines.pi2 import Pi2Driver
-from pi2cli.engines.pi2_args import engine_argv, sparse_flags
-from pi2cli.engines.pi2_chat import engine_flags
-from pi2cli.engines.pi2_events import summary_counters, turn_io_sums
+from pi2cli.engines.llmflash.driver import LlmFlashDriver
+from pi2cli.engines.pi2.args import engine_argv, sparse_flags
+from pi2cli.engines.pi2.driver import Pi2Driver
+from pi2cli.engines.pi2.events import summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
@@ -267,53 +267,25 @@ def test_mlc_runner_errors_are_one_line(tmp_path, smollm2_gguf, fake_mlc, monkey
 
 
 # ------------------------------------------------------------------------------- pi2 policy and budget
-def fake_binary(tmp_path: Path, flags: list[str]) -> Path:
-    """A file with the option strings a pi2-engine build carries (what engine_flags reads)."""
-    path = tmp_path / ("pi2-engine-" + "-".join(f.strip("-") for f in flags or ["plain"]))
-    path.write_bytes(b"\x7fELF...usage: pi2-engine COMMAND\0" + b"".join(f.encode() + b"\0" for f in flags))
-    return path
+def test_a_build_that_does_not_answer_capabilities_is_refused_in_one_line(tmp_path):
+    # host and engine ship at one commit: every build answers `capabilities --json`, so one that does
+    # not (not an engine, or not runnable here) is an error, never read some other way
+    for name, body in (("refuses", "#!/bin/sh\necho \"pi2-engine: error: unknown command '$1'\" >&2; exit 1\n"),
+                       ("other-arch", None)):  # fmt: skip
+        path = tmp_path / name
+        if body is None:
+            path.write_bytes(b"\x7fELF...usage: pi2-engine COMMAND\0--policy\0--plan\0")
+        else:
+            path.write_text(body)
+        path.chmod(0o755)
+        with pytest.raises(Pi2Error, match="does not answer `capabilities --json`: rebuild it") as err:
+            capabilities(path)
+        assert "\n" not in str(err.value) and err.value.exit_code == 2
 
 
-def fake_engine(tmp_path: Path, name: str, knows: set[str]) -> Path:
-    """An executable that answers `capabilities --json` as pi2-engine does, with `knows` as chat's flags
-    (knows=None: a build from before the command, which refuses it)."""
-    path = tmp_path / name
-    if knows is None:
-        path.write_text("#!/bin/sh\necho \"pi2-engine: error: unknown command '$1'\" >&2; exit 1\n")
-    else:
-        flags = [
-            {"name": f, "takes_value": True, "sparse": True, "help": ""} for f in ["--model", *sorted(knows)]
-        ]
-        caps = {"schema": 1, "commands": ["chat"], "flags": {"chat": flags, "generate": flags[:1]},
-                "plan_keys": ["policy"], "policies": ["dense"]}  # fmt: skip
-        path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(caps)}\nEOF\n")
-    path.chmod(0o755)
-    return path
-
-
-def test_engine_flags_asks_the_engine_and_reads_builds_it_cannot_run(tmp_path):
-    old = fake_engine(tmp_path, "old", set())
-    new = fake_engine(tmp_path, "new", {"--policy", "--memory-budget", "--llmflash-window"})
-    assert engine_flags(old) == {"--model"} and engine_flags(new, "generate") == {"--model"}
-    assert engine_flags(new) == {"--model", "--policy", "--memory-budget", "--llmflash-window"}
-    assert engine_flags(fake_engine(tmp_path, "partial", {"--policy"})) == {"--model", "--policy"}
-    # a build for another machine (a file that cannot be executed), or one from before `capabilities`
-    # (it refuses the command): its option strings
-    assert engine_flags(fake_binary(tmp_path, ["--policy"])) == {"--policy"}
-    before = fake_engine(tmp_path, "before", None)
-    before.write_bytes(before.read_bytes() + b"\0--plan\0")
-    assert engine_flags(before) == {"--plan"}
-
-
-def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2, monkeypatch):
+def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2):
     local = get_target("local")
-    sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
-    plain = fake_binary(tmp_path, [])
-    assert engine_flags(sparse) == {"--policy", "--memory-budget", "--llmflash-window"}
-    assert engine_flags(plain) == frozenset()
-
     driver = Pi2Driver()
-    monkeypatch.setattr(driver, "local_binary", lambda target: sparse)
     driver.configure(local, synth_dir / "model.pi2")
     assert driver.policy == "powerinfer2"
     assert sparse_flags(**driver.engine_options(1 << 30)) == [
@@ -325,20 +297,12 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     assert sparse_flags(**driver.engine_options(None)) == ["--policy", "powerinfer2"]
     driver.configure(local, dense_pi2)
     assert driver.policy == "dense" and sparse_flags(**driver.engine_options(None)) == ["--policy", "dense"]
-    # a build before the sparse engine: dense, no new flags (it would reject them)
-    monkeypatch.setattr(driver, "local_binary", lambda target: plain)
-    driver.configure(local, synth_dir / "model.pi2")
-    assert driver.policy == "dense" and sparse_flags(**driver.engine_options(1 << 30)) == []
 
 
-def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2, monkeypatch):
+def test_llmflash_driver_window_and_requirements(synth_dir, dense_pi2):
     local = get_target("local")
     driver = get_driver("llmflash")
     assert isinstance(driver, LlmFlashDriver) and driver.window == 5 and driver.name == "llmflash"
-    sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
-    monkeypatch.setattr(driver, "local_binary", lambda target: fake_binary(tmp_path, []))
-    assert "needs a pi2-engine with --policy llmflash" in driver.supports(local)
-    monkeypatch.setattr(driver, "local_binary", lambda target: sparse)
     assert driver.supports(local) is None
     driver.window = 3
     driver.configure(local, synth_dir / "model.pi2")
@@ -454,12 +418,13 @@ def test_sparse_engine_check_is_what_the_skip_says():
     # the skip condition reads the engine's own help; keep it honest when the engine is there
     if ENGINE.is_file():
         text = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
-        assert ("--policy" in text.stdout + text.stderr) == ("--policy" in engine_flags(ENGINE, "generate"))
+        flags = {f["name"] for f in capabilities(ENGINE)["flags"]["generate"]}
+        assert ("--policy" in text.stdout + text.stderr) == ("--policy" in flags)
 
 
 def test_engine_argv_orders_plan_threads_and_budget_so_the_right_one_wins():
     # --plan splices the plan's settings where it stands and later flags win: the caller's --threads
-    # after the plan, the run's budget last, flags the build lacks left out
+    # after the plan, the run's budget last
     argv = engine_argv("bin/pi2-engine", "chat", "m.pi2", events="e.jsonl", n_ctx=512, seed=3, threads=2,
                        policy="cache", plan="p.json", memory_budget=1 << 30, more=["--no-two-phase"])  # fmt: skip
     assert argv == ["bin/pi2-engine", "chat", "-m", "m.pi2", "--seed", "3", "--ctx", "512", "--events", "e.jsonl",
@@ -470,7 +435,3 @@ def test_engine_argv_orders_plan_threads_and_budget_so_the_right_one_wins():
     )
     assert gen == ["e", "generate", "-m", "m", "-p", "Hi", "-n", "4", "--temperature", "0.0", "--seed", "0",
                    "--ignore-eos", "--events", "ev"]  # fmt: skip
-    old_build = sparse_flags(
-        policy="powerinfer2", llmflash_window=5, plan="p", memory_budget=1 << 30, accepts=()
-    )
-    assert old_build == []

@@ -77,7 +77,7 @@ def test_a_signal_stops_the_engine_stores_the_run_and_leaves_no_temp_dir(tiny_mo
 def test_an_engine_that_fails_to_start_leaves_no_temp_dir(tmp_path, monkeypatch):
     import tempfile
 
-    from pi2cli.engines.pi2_chat import open_chat_session
+    from pi2cli.engines.pi2.chat import open_chat_session
     from pi2cli.targets import get_target
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

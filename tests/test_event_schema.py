@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import engine_bin, run_engine
 
-from pi2cli.engines.pi2_events import parse_events, parse_lines, schema_markdown, summary_counters
+from pi2cli.engines.pi2.events import parse_events, parse_lines, schema_markdown, summary_counters
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "ENGINE.md"
 TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -120,5 +120,5 @@ def test_engine_md_event_table_is_the_schema(schema):
     assert found, "docs/ENGINE.md lost its generated event table markers"
     assert found.group(1) == schema_markdown(schema), (
         "docs/ENGINE.md's event table differs from `pi2-engine capabilities --json`: regenerate it with "
-        "`python -m pi2cli.engines.pi2_events`"
+        "`python -m pi2cli.engines.pi2.events`"
     )

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines.llamacpp_chat import LlamaCppDriver, build_target_for
+from pi2cli.engines.llamacpp.driver import LlamaCppDriver, build_target_for
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.push import model_remote_name, sha256_file
 from pi2cli.results import store

@@ -7,8 +7,8 @@ import pytest
 from pi2cli.engines import get_driver
 from pi2cli.engines.base import GenerateRequest
 from pi2cli.engines.generate import generate
-from pi2cli.engines.llamacpp import parse_llama_bench_json, run_llama_bench, turn_metrics
-from pi2cli.engines.llamacpp_chat import LlamaCppDriver
+from pi2cli.engines.llamacpp.driver import LlamaCppDriver
+from pi2cli.engines.llamacpp.server import parse_llama_bench_json, run_llama_bench, turn_metrics
 from pi2cli.errors import Pi2Error
 from pi2cli.targets import get_target
 

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pi2cli.bench.run import turn_fields
-from pi2cli.engines.llamacpp import LlamaServer
-from pi2cli.engines.llamacpp_device import DeviceLlamaServer
+from pi2cli.engines.llamacpp.device import DeviceLlamaServer
+from pi2cli.engines.llamacpp.server import LlamaServer
 from pi2cli.results import schema as S
 
 TBT_MS = 2.0  # the engine's time per token, as the stand-in's timings say

@@ -13,13 +13,13 @@ from pi2cli.cli import cli
 from pi2cli.engines import get_driver
 from pi2cli.engines.base import GenerateRequest
 from pi2cli.engines.generate import generate
-from pi2cli.engines.mlc import (
+from pi2cli.engines.mlc.driver import MlcDriver
+from pi2cli.engines.mlc.runner import (
     parse_chat_stream,
     parse_runner_output,
     resolve_runner,
     stats_from_usage,
 )
-from pi2cli.engines.mlc_chat import MlcDriver
 from pi2cli.errors import Pi2Error
 
 # usage as mlc_llm serve / MLCEngine report it (RequestMetrics::AsJSON under "extra")

@@ -566,8 +566,8 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
 
 
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
-    from pi2cli.engines.pi2 import Pi2Driver
-    from pi2cli.engines.pi2_args import sparse_flags
+    from pi2cli.engines.pi2.args import sparse_flags
+    from pi2cli.engines.pi2.driver import Pi2Driver
     from pi2cli.targets import get_target
 
     plan_path = tmp_path / "p.json"

@@ -139,7 +139,7 @@ def pi2_tokens(ctx: Ctx, model: Path, budget: int | None, policy: str = "powerin
     timed after steady_warmup's untimed decode tokens."""
     import tempfile
 
-    from pi2cli.engines.pi2 import engine_binary, parse_events
+    from pi2cli.engines.pi2.driver import engine_binary, parse_events
     from pi2cli.plan.budget import run_budgeted
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +171,7 @@ def llama(ctx: Ctx, model: Path, budget: int | None, n_prompt: int = 0, n_gen: i
     (--repack 1: weights interleaved for its kernels; 1.7x its --repack 0 decode on the 7B shape);
     under a budget it runs from the mapping (--repack 0: repacking copies every weight into anonymous
     memory, which a budget smaller than the model cannot hold)."""
-    from pi2cli.engines.llamacpp import default_bin_dir
+    from pi2cli.engines.llamacpp.server import default_bin_dir
     from pi2cli.plan.budget import run_budgeted
 
     n = ctx.llama_tokens if n_gen is None else n_gen

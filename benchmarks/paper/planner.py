@@ -152,12 +152,12 @@ def measure(ctx: Ctx, model: Path, budget: int | None, seed: int | None = None) 
     steady_warmup, and "first" holds the sweeps' own window (the ctx.n_tokens after ctx.warmup)."""
     import sparse_decode
 
-    from pi2cli.engines.pi2 import run_generate
+    from pi2cli.engines.pi2.driver import run_generate
 
     path = model / "model.pi2"
     skip = steady_warmup(ctx)
     n = skip + ctx.n_tokens + 1
-    run = run_generate(path, budget=budget, evict=[path], prompt=sparse_decode.PROMPT, n_predict=n,
+    run = run_generate(path, budget_bytes=budget, evict=[path], prompt=sparse_decode.PROMPT, n_predict=n,
                        temperature=sparse_decode.TEMPERATURE, seed=ctx.seeds[0] if seed is None else seed, ignore_eos=True,
                        threads=ctx.threads, policy="powerinfer2")  # fmt: skip
     if run.error is not None:

@@ -1,7 +1,7 @@
 /* The events' contract (--events FILE, JSONL; events.h writes the lines): one table of every event
  * kind's fields (name, JSON type, which commands emit it, when, one line of meaning) and one builder
  * per kind that writes a record by walking that table, for generate and chat alike. `pi2-engine
- * capabilities --json` prints the same table, the host's parser reads it (pi2cli/engines/pi2_events.py)
+ * capabilities --json` prints the same table, the host's parser reads it (pi2cli/engines/pi2/events.py)
  * and docs/ENGINE.md's event section is checked against it, so a field is added in one place: a row
  * here (and the record member it reads). */
 #ifndef PI2_EVENT_SCHEMA_H

@@ -1,6 +1,6 @@
 /* The engine's JSONL event stream (--events FILE): one object per line, times in seconds on the
  * monotonic clock. This file writes lines; what they hold (the kinds start, token, turn, named, summary
- * and their fields) is event_schema.h's table. The host parses them (pi2cli/engines/pi2_events.py). */
+ * and their fields) is event_schema.h's table. The host parses them (pi2cli/engines/pi2/events.py). */
 #ifndef PI2_EVENTS_H
 #define PI2_EVENTS_H
 

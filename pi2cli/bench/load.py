@@ -184,7 +184,7 @@ class ServerMemory:
             self._thread.join(5)
         if self.pid is None:
             return None
-        from pi2cli.engines.llamacpp import vm_hwm_bytes
+        from pi2cli.engines.llamacpp.server import vm_hwm_bytes
 
         return vm_hwm_bytes(self.pid) or None
 

@@ -375,14 +375,10 @@ def prepare_engine(driver, target, model: ModelFiles, reporter: Reporter) -> Pre
     from pi2cli.hw.push import collect_items, push_files
 
     workdir = target.workdir
-    binaries = driver.binaries(target)
-    extra = driver.extra_files()
-    items = collect_items(target, workdir, engine=binaries, models=[local_model], **extra)
-    names = [p.name for p in [*binaries, local_model, *(f for files in extra.values() for f in files)]]
-    reporter.message(f"pushing {', '.join(names)} to {target.name}")
+    items = collect_items(target, workdir, models=[local_model], **driver.files(target))
+    reporter.message(f"pushing {', '.join(i.local.name for i in items)} to {target.name}")
     report = push_files(target, items, workdir)
     copied = sum(1 for f in report.files if f.action == "copied")
-    driver.files_pushed(workdir.rstrip("/"))
     reporter.message(f"{target.name}: {copied} copied, {len(report.files) - copied} already there")
     model_remote = next(i.remote for i in items if i.kind == "model")  # named by model and content hash
     return Prepared(driver, local_model, model_remote, f"{workdir.rstrip('/')}/bin")
@@ -491,7 +487,7 @@ def run_one(
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
                                  limit=cfg.limit, **driver.extra_settings),
-        measurement=driver.measurement(target),
+        measurement=driver.how,
         tags=cfg.tags,
     )  # fmt: skip
     total_turns = cfg.repeat * sum(len(c.turns) for c in conversations)
@@ -503,7 +499,7 @@ def run_one(
     budget_record = None
     # A budget binds only on this machine (cgroup); on a device it is recorded as not enforced.
     # An engine pi2 does not start (an MLC server) cannot be put in a cgroup: recorded as not enforced.
-    outside = driver.budget_outside()
+    outside = driver.budget_outside
     local_budget = budget_bytes if target.on_this_machine and not outside else None
     if budget_bytes and outside:
         budget_record = {"enforced": False, "how": f"not enforced: {outside}"}
@@ -514,7 +510,7 @@ def run_one(
             with RunLimit(cfg.run_timeout_s) as limit:
                 session = driver.open_chat(target, prepared.model_remote, binary_dir=prepared.binary_dir,
                                            threads=cfg.threads, n_ctx=cfg.ctx,
-                                           budget=budget if local_budget else None, seed=cfg.seed or 0,
+                                           cgroup=budget if local_budget else None, seed=cfg.seed or 0,
                                            budget_bytes=budget_bytes)  # fmt: skip
                 sampler = MemorySampler(target, session.pid).start()
                 for rep in range(cfg.repeat):
@@ -781,7 +777,7 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
     import os
     import subprocess
 
-    from pi2cli.engines.llamacpp import (
+    from pi2cli.engines.llamacpp.server import (
         LLAMA_BENCH_HOW,
         check_llama_bench_exit,
         llama_bench_command,

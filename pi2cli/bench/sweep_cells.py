@@ -78,7 +78,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
                       sampler: FollowingSampler) -> GenerateSample:  # fmt: skip
     """One `pi2-engine generate` on the target (inside the budget's cgroup here; on a device the
     engine still gets --memory-budget) and its events."""
-    from pi2cli.engines.pi2_args import engine_argv
+    from pi2cli.engines.pi2.args import engine_argv
     from pi2cli.plan.budget import Budget
 
     driver = prepared.driver
@@ -164,7 +164,7 @@ def pi2_cell(run: dict, target, prepared, cell: Cell, cfg: SweepConfig, n_vocab:
         peak = max(peak, int(g.summary.get("peak_rss_bytes") or 0))
         summary = g.summary
         reporter.turn_done(label, turn["decode_ts"], g.ttft_ns / 1e6)
-    from pi2cli.engines.pi2_chat import summary_counters
+    from pi2cli.engines.pi2.chat import summary_counters
 
     counters = {k: v for k, v in summary_counters(summary).items() if k not in ("peak_rss_bytes",)}
     S.set_counters(run, **counters)
@@ -263,7 +263,11 @@ def run_llama_bench_on_device(target, place: LlamaBenchPlace, cmd: list[str], ti
 def llama_cell(run: dict, target, driver, gguf: Path, place: LlamaBenchPlace, cell: Cell, cfg: SweepConfig,
                reporter, label: str, sampler) -> list[dict]:  # fmt: skip
     """llama-bench's pp test and its tg test at depth P for one cell; returns its JSON records."""
-    from pi2cli.engines.llamacpp import check_llama_bench_exit, llama_bench_command, parse_llama_bench_json
+    from pi2cli.engines.llamacpp.server import (
+        check_llama_bench_exit,
+        llama_bench_command,
+        parse_llama_bench_json,
+    )
 
     records: list[dict] = []
     peak = 0

@@ -1,10 +1,9 @@
 """What a pi2-engine build takes, from the engine itself: `pi2-engine capabilities --json` (flags per
-command, plan keys, policies, kernel levels; docs/ENGINE.md). The host asks once per build instead of
+command, plan keys, policies, kernel levels, events; docs/ENGINE.md). The host asks once per build instead of
 keeping its own lists, so a flag or plan key added to the engine's option table is known here at once.
 
-A build that cannot run on this machine (a phone's, without qemu-user) cannot be asked; its flags are
-then read from its option strings, which is all a build carries without running. A build from before
-`capabilities` (it answers "unknown command") is read the same way.
+The host and the engine ship at one commit, so the host build answers for every build of it (a phone's
+too, which cannot run here): there is no other version of the engine to ask about.
 """
 
 from __future__ import annotations
@@ -19,43 +18,25 @@ from pi2cli.paths import host_build_dir
 _cache: dict[tuple, dict] = {}
 
 
-def capabilities(binary: Path, prefix: tuple[str, ...] | list[str] = ()) -> dict:
-    """`binary capabilities --json` (run under `prefix`, e.g. qemu-aarch64 for an arm64 build); for a
-    build that cannot answer, {"flags": {}, "option_strings": [...], "source": "option strings"}.
-    Remembered per binary version."""
+def capabilities(binary: Path) -> dict:
+    """`binary capabilities --json`, remembered per binary version; Pi2Error (one line) when the build
+    does not answer with it."""
     binary = Path(binary)
     st = binary.stat()
-    key = (str(binary), st.st_size, st.st_mtime_ns, tuple(prefix))
+    key = (str(binary), st.st_size, st.st_mtime_ns)
     if key not in _cache:
         try:
-            done = subprocess.run([*prefix, str(binary), "capabilities", "--json"], stdin=subprocess.DEVNULL,
+            done = subprocess.run([str(binary), "capabilities", "--json"], stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=60)  # fmt: skip
             caps = json.loads(done.stdout) if done.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
             caps = None
         if not isinstance(caps, dict) or not isinstance(caps.get("flags"), dict):
-            caps = {"flags": {}, "option_strings": _option_strings(binary), "source": "option strings"}
-        else:
-            caps["source"] = "capabilities --json"
+            raise Pi2Error(
+                f"{binary} does not answer `capabilities --json`: rebuild it (make engine)", exit_code=2
+            )
         _cache[key] = caps
     return _cache[key]
-
-
-def _option_strings(binary: Path) -> list[str]:
-    """The "--flag" C strings in a build's bytes (NUL-terminated literals of its option table)."""
-    import re
-
-    return sorted({m.decode() for m in re.findall(rb"(?<=\0)--[a-z][a-z0-9-]*(?=\0)", binary.read_bytes())})
-
-
-def command_flags(
-    binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
-) -> frozenset[str]:
-    """The flags `pi2-engine COMMAND` takes (their long names)."""
-    caps = capabilities(binary, prefix)
-    if "option_strings" in caps:
-        return frozenset(caps["option_strings"])
-    return frozenset(f["name"] for f in caps["flags"].get(command, []) if isinstance(f, dict) and "name" in f)
 
 
 def plan_keys(binary: Path | None = None) -> tuple[str, ...]:

@@ -86,7 +86,7 @@ def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, toke
         if measure:
             if data["format"] != "pi2" or not data["header"]["has_predictor"]:
                 raise Pi2Error(f"{path}: --measure needs a .pi2 file with activation predictors")
-            from pi2cli.engines.measure import measure_with_engine
+            from pi2cli.engines.pi2.measure import measure_with_engine
             from pi2cli.quality.activations import measure_activations
 
             if not data["header"]["gate_predictor"]:  # a CATS gate predictor is exact: nothing to check
@@ -97,7 +97,7 @@ def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, toke
             return
         click.echo(info.format_file_info(data))
         if measure:
-            from pi2cli.engines.measure import format_measurement
+            from pi2cli.engines.pi2.measure import format_measurement
             from pi2cli.quality.activations import format_activations
 
             if "engine_measured" in data:

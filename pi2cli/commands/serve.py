@@ -1,4 +1,4 @@
-"""`pi2 serve`: the click front of pi2cli.engines.pi2_serve (all logic lives there)."""
+"""`pi2 serve`: the click front of pi2cli.engines.pi2.serve (all logic lives there)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def command(model, device, memory_budget, port, host_port, api_key, policy, plan
       curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
            -d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}'
     """
-    from pi2cli.engines.pi2_serve import ServeConfig, serve
+    from pi2cli.engines.pi2.serve import ServeConfig, serve
     from pi2cli.errors import Pi2Error
     from pi2cli.units import format_size, parse_size
 

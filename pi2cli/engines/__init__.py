@@ -1,8 +1,8 @@
-"""Engine drivers: one driver per system (pi2.Driver subclasses, interface in base.py), for both
-`pi2 generate` and `pi2 bench`, and what runs pi2-engine for other layers (measure.py: the predictor
-statistics the engine counts).
+"""Engine drivers: one subpackage per system, its Driver (interface in base.py) in its driver.py, for
+both `pi2 generate` and `pi2 bench`; pi2/ also holds what runs pi2-engine for other layers (args.py,
+events.py, serve.py, measure.py: the predictor statistics the engine counts).
 
-A new engine is one driver class plus one line in DRIVERS.
+A new engine is one subpackage with a driver.py plus one line in DRIVERS.
 """
 
 import importlib
@@ -12,10 +12,10 @@ from pi2cli.errors import Pi2Error
 
 # engine name -> module:class of its driver (pi2cli.engines.base.Driver)
 DRIVERS: dict[str, str] = {
-    "pi2": "pi2cli.engines.pi2:Pi2Driver",
-    "llama.cpp": "pi2cli.engines.llamacpp_chat:LlamaCppDriver",
-    "llmflash": "pi2cli.engines.llmflash:LlmFlashDriver",
-    "mlc-llm": "pi2cli.engines.mlc_chat:MlcDriver",
+    "pi2": "pi2cli.engines.pi2.driver:Pi2Driver",
+    "llama.cpp": "pi2cli.engines.llamacpp.driver:LlamaCppDriver",
+    "llmflash": "pi2cli.engines.llmflash.driver:LlmFlashDriver",
+    "mlc-llm": "pi2cli.engines.mlc.driver:MlcDriver",
 }
 
 
@@ -23,8 +23,4 @@ def get_driver(name: str) -> Driver:
     if name not in DRIVERS:
         raise Pi2Error(f"unknown engine '{name}' (known: {', '.join(DRIVERS)})")
     module_name, class_name = DRIVERS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise Pi2Error(f"engine '{name}' is not built yet ({module_name} missing)", exit_code=2) from err
-    return getattr(module, class_name)()
+    return getattr(importlib.import_module(module_name), class_name)()

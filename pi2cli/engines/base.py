@@ -58,7 +58,7 @@ class ChatSession(Protocol):
 
     def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None, messages=None):
         """Generate an answer to `prompt` (the full conversation so far); returns a TurnMetrics
-        (pi2cli.engines.llamacpp). on_text(str) receives generated text as it comes, when it can.
+        (pi2cli.engines.llamacpp.server). on_text(str) receives generated text as it comes, when it can.
         messages: the same conversation as chat messages, for engines that apply their own template."""
         ...
 
@@ -72,19 +72,25 @@ class ChatSession(Protocol):
 
 
 class Driver:
-    """One engine as pi2 drives it, for `pi2 generate` and `pi2 bench` alike: which model twin it runs,
-    the options it declares, what it puts on a target and a session to run conversations in (`pi2
-    generate` is one turn of that session). A driver
-    subclasses this and overrides what differs; the defaults are what most engines need, so the bench
-    calls every member on every driver and never asks which engine it has."""
+    """One engine as pi2 drives it, for `pi2 bench` and `pi2 generate` alike (a generation is one turn of
+    the bench's session). What the bench reads of an engine is plain data below; what depends on the
+    target or the model is one of six methods, and `pi2 generate` adds two. The defaults are what most
+    engines need, so the bench calls every member on every driver and never asks which engine it has.
+
+    The order a driver is used in: set_option (each of `options` given) -> supports(target) ->
+    configure(target, model) (or prepare_generate) -> files(target), pushed to a device -> engine_info
+    (target) -> open_chat(...) -> the session's turns."""
 
     name: str = ""
     policy: str | None = None  # the pi2-engine policy it runs with, recorded in the result
     model_suffix: str = ".pi2"  # ".pi2" or ".gguf": which twin of the model this engine runs
-    how: str = ""  # how TTFT/TBT are measured, stored in every result
+    how: str = ""  # how TTFT/TBT are measured on the configured target, stored in every result
     # The bench options that belong to this engine (names of pi2cli.bench.run.BenchConfig fields, e.g.
     # llmflash_window); the bench passes each one that was given to set_option().
     options: tuple[str, ...] = ()
+    # Why a memory budget cannot bind this engine (a server pi2 does not start), else None; the bench then
+    # records the budget as not enforced.
+    budget_outside: str | None = None
 
     def __init__(self) -> None:
         self.extra_settings: dict = {}  # engine options stored in the result's settings block
@@ -93,59 +99,45 @@ class Driver:
         """One of `options` from the bench's command line."""
         raise NotImplementedError(f"{self.name} declares option {name} but does not take it")
 
-    def prepare_generate(self, target, model: Path) -> str:
-        """`pi2 generate`: check what `-m` names and configure for it as the bench does; returns the
-        model argument for open_chat (pi2cli.engines.generate runs the one turn)."""
-        from pi2cli.errors import Pi2Error
-
-        if not model.is_file():
-            raise Pi2Error(f"model file not found: {model}")
-        self.configure(target, model)
-        return str(model)
-
-    def generate_ctx(self, request: GenerateRequest) -> int | None:
-        """The context `pi2 generate` opens the session with; None: the engine's default."""
-        return None
-
-    def generate_extra(self, session, turn) -> dict:
-        """What `pi2 generate --json` adds under `extra` for this engine, once the session is closed."""
-        return {}
-
     def supports(self, target) -> str | None:
         """None when this engine can run on `target`, else the one-line reason it cannot."""
         return None
 
-    def binaries(self, target) -> list[Path]:
-        """Local files of the engine to put on the target (none for a local target)."""
-        return []
+    def configure(self, target, model_local: Path) -> None:
+        """The model and target are known: pick what depends on them (pi2 its policy, `how` on a device)
+        before files, engine_info and open_chat."""
 
-    def extra_files(self) -> dict[str, list[Path]]:
-        """More files the engine reads, by push kind (e.g. {"plans": [plan.json]})."""
+    def files(self, target) -> dict[str, list[Path]]:
+        """Local files to put on the target by push kind (pi2cli.hw.push.collect_items: "engine" for
+        binaries, "plans"); none for a target on this machine, which uses them in place."""
         return {}
 
-    def files_pushed(self, workdir: str) -> None:
-        """Told where the files landed on a device (WORKDIR/KIND/NAME), after the push."""
-
-    def configure(self, target, model_local: Path) -> None:
-        """Called once the model is known, before engine_info (pi2 picks its policy here)."""
-
-    def measurement(self, target) -> str:
-        """`how` as it applies on `target` (stored in each result)."""
-        return self.how
-
-    def budget_outside(self) -> str | None:
-        """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
-        return None
-
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  cgroup=None, budget_bytes: int | None = None, seed: int = 0,
                   temperature: float = 0.0) -> ChatSession:  # fmt: skip
-        """Start the engine on `target` with `model` (a path there). n_ctx None: the engine's default
-        context. budget: a pi2cli.plan.budget.Budget (local targets only) the process must start inside;
-        budget_bytes: the same budget in bytes on any target, for engines that manage their own memory
-        (pi2-engine --memory-budget). temperature: 0 is greedy (the bench's); `pi2 generate` may sample."""
+        """Start the engine on `target` with `model` (a path there). binary_dir: where files() landed on
+        a device (WORKDIR/bin, the push layout of pi2cli.hw.push), None here. n_ctx None: the engine's
+        default context. cgroup: the pi2cli.plan.budget.Budget (this machine only) the process must start
+        inside; budget_bytes: the run's budget in bytes on any target, for engines that size their own
+        memory to it (pi2-engine --memory-budget). temperature: 0 is greedy (the bench's)."""
         raise NotImplementedError
 
     def engine_info(self, target) -> dict:
         """version / commit / build flags / binary sha256 for the result's engine block."""
         raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------- `pi2 generate`
+    def prepare_generate(self, target, request: GenerateRequest) -> tuple[str, int | None]:
+        """Check what `-m` names and configure for it as the bench does; returns the model argument and
+        the context for open_chat (None: the engine's default). pi2cli.engines.generate runs the turn."""
+        from pi2cli.errors import Pi2Error
+
+        model = Path(request.model)
+        if not model.is_file():
+            raise Pi2Error(f"model file not found: {model}")
+        self.configure(target, model)
+        return str(model), None
+
+    def generate_extra(self, session, turn) -> dict:
+        """What `pi2 generate --json` adds under `extra` for this engine, once the session is closed."""
+        return {}

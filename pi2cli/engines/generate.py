@@ -8,8 +8,6 @@ generation does; the bench's turns run to their full length instead.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pi2cli.engines.base import Driver, GenerateRequest, GenerateResult, TurnFailed
 from pi2cli.errors import Pi2Error
 
@@ -23,12 +21,11 @@ def generate(driver: Driver, request: GenerateRequest, target=None) -> GenerateR
     why_not = driver.supports(target)
     if why_not:
         raise Pi2Error(why_not)
-    model = driver.prepare_generate(target, Path(request.model))
+    model, n_ctx = driver.prepare_generate(target, request)
     # no budget: the record says so (enforced false), as the bench's results do for unbudgeted runs
-    with Budget(None) as budget:
-        session = driver.open_chat(target, model, binary_dir=None, threads=request.threads,
-                                   n_ctx=driver.generate_ctx(request),
-                                   budget=budget, seed=request.seed, temperature=request.temperature)  # fmt: skip
+    with Budget(None) as cgroup:
+        session = driver.open_chat(target, model, binary_dir=None, threads=request.threads, n_ctx=n_ctx,
+                                   cgroup=cgroup, seed=request.seed, temperature=request.temperature)  # fmt: skip
         try:
             turn = session.turn(request.prompt, request.n_predict, ignore_eos=False)
         except TurnFailed as exc:
@@ -48,14 +45,14 @@ def generate(driver: Driver, request: GenerateRequest, target=None) -> GenerateR
         decode_tps=turn.decode_tps,
         peak_rss_bytes=counters.get("peak_rss_bytes") or 0,
         token_times_s=turn.token_times_s,
-        how=driver.measurement(target),
+        how=driver.how,
         extra={
             **driver.extra_settings,
             "timings": turn.timings,
             "stop_type": turn.stop_type,
             "load_s": counters.get("load_s"),
             "peak_rss_source": counters.get("peak_rss_source"),
-            "budget": budget.record(),
+            "budget": cgroup.record(),
             **driver.generate_extra(session, turn),
         },
     )

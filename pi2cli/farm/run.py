@@ -93,7 +93,7 @@ def choose_night(farm: Farm, night: str | None, resume: bool, runs: list[dict]) 
 def build_all(farm: Farm, say: Callable[[str], None]) -> None:
     """Each engine build a device needs, once per build target, before the workers start."""
     from pi2cli.builds.engine_build import ensure_engine_built
-    from pi2cli.engines.llamacpp_chat import build_target_for
+    from pi2cli.engines.llamacpp.driver import build_target_for
     from pi2cli.targets import get_target
     from pi2cli.targets.base import TargetError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.engines.pi2 import engine_binary
+from pi2cli.engines.pi2.driver import engine_binary
 from pi2cli.errors import Pi2Error
 from pi2cli.quality import metrics, text
 

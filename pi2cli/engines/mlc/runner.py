@@ -1,7 +1,7 @@
 """The MLC-LLM baseline driver, against a runner the user provides (see docs/MLC.md).
 
 MLC-LLM compiles each model into a device-specific library with TVM; pi2 cannot build that for you.
-So the driver (mlc_chat.py) talks to a runner you set up, named by $PI2_MLC_RUNNER (or --mlc-runner):
+So the driver (driver.py) talks to a runner you set up, named by $PI2_MLC_RUNNER (or --mlc-runner):
 
   * a URL, e.g. http://127.0.0.1:8000: a running `mlc_llm serve MODEL --model-lib LIB` (on this
     machine, or a phone's port forwarded with `adb forward tcp:8000 tcp:8000`). The driver streams

@@ -23,7 +23,7 @@ How it measures (also stored in every result's `how`):
     conversation so far rendered with the model's chat template (by the bench, the same text every
     engine gets). The server reuses the longest common prefix of what it already has in the KV cache
     (cache_prompt), so a turn only prefills what is new; `timings.cache_n` says how many prompt
-    tokens came from the cache. `pi2 generate` is one such turn (llamacpp_chat.py, engines/generate.py).
+    tokens came from the cache. `pi2 generate` is one such turn (driver.py, engines/generate.py).
 """
 
 import contextlib
@@ -145,7 +145,7 @@ class LlamaServer:
         ctx_size: int = 4096,
         load_mode: str = "mmap",
         repack: bool = False,
-        budget: Budget | None = None,
+        cgroup: Budget | None = None,
         extra_args: list[str] | None = None,
         start_timeout_s: float = 180.0,
     ):
@@ -158,7 +158,7 @@ class LlamaServer:
         self.port = _free_port()
         self.args = server_args(str(self.model), self.port, ctx_size=ctx_size, load_mode=load_mode,
                                 repack=repack, threads=threads, extra_args=extra_args)  # fmt: skip
-        self.budget = budget
+        self.cgroup = cgroup
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None
         self.load_s = 0.0
@@ -176,7 +176,7 @@ class LlamaServer:
     def start(self) -> None:
         self._log = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (lives until stop() closes it)
         cmd = [str(self.binary), *self.args]
-        popen = self.budget.popen if self.budget is not None else subprocess.Popen
+        popen = self.cgroup.popen if self.cgroup is not None else subprocess.Popen
         started = time.monotonic()
         self.proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         try:

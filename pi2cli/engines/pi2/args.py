@@ -14,9 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-# The flags of the sparse engine a build may lack (a build from before it runs dense and has none).
-SPARSE_FLAGS = ("--policy", "--memory-budget", "--llmflash-window", "--plan")
-
 
 def sparse_flags(
     *,
@@ -26,23 +23,19 @@ def sparse_flags(
     threads: int | None = None,
     memory_budget: int | None = None,
     more: Iterable[str] = (),
-    accepts: Iterable[str] | None = None,
 ) -> list[str]:
-    """The tail of the command line: policy, plan, threads, further flags, budget. `accepts`: the
-    sparse flags this build takes (None: all); the others are left out, as a build that predates them
-    would refuse them (the caller says so where it matters: a plan, llmflash)."""
-    ok = set(SPARSE_FLAGS if accepts is None else accepts)
+    """The tail of the command line: policy, plan, threads, further flags, budget."""
     args: list[str] = []
-    if policy and "--policy" in ok:
+    if policy:
         args += ["--policy", policy]
-    if llmflash_window is not None and "--llmflash-window" in ok:
+    if llmflash_window is not None:
         args += ["--llmflash-window", str(int(llmflash_window))]
-    if plan is not None and "--plan" in ok:
+    if plan is not None:
         args += ["--plan", str(plan)]
     if threads:
         args += ["--threads", str(int(threads))]
     args += list(more)
-    if memory_budget and "--memory-budget" in ok:
+    if memory_budget:
         args += ["--memory-budget", str(int(memory_budget))]
     return args
 
@@ -62,7 +55,7 @@ def engine_argv(
     **sparse,
 ) -> list[str]:
     """`pi2-engine COMMAND` (generate or chat) for MODEL with its events file; `sparse`: the keywords
-    of sparse_flags (policy, llmflash_window, plan, threads, memory_budget, more, accepts)."""
+    of sparse_flags (policy, llmflash_window, plan, threads, memory_budget, more)."""
     argv = [str(binary), command, "-m", str(model)]
     if prompt is not None:
         argv += ["-p", prompt]

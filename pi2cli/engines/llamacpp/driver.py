@@ -1,11 +1,11 @@
 """llama.cpp's driver: llama-server with one slot and the prompt cache on, on this machine or on an
-adb device (pi2cli/engines/llamacpp_device.py: pushed, started over adb shell, reached
+adb device (pi2cli/engines/llamacpp/device.py: pushed, started over adb shell, reached
 through adb forward).
 
 Each turn sends the whole conversation so far (rendered by the host with the model's chat template,
 the same text pi2 gets); the server reuses the longest common prefix already in its KV cache
 (cache_prompt), so a turn prefills only what is new; `pi2 generate` is one turn on a fresh server. See
-pi2cli/engines/llamacpp.py for how it measures.
+pi2cli/engines/llamacpp/server.py for how it measures.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import platform
 from pathlib import Path
 
 from pi2cli.engines.base import Driver, TurnFailed
-from pi2cli.engines.llamacpp import LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.llamacpp.server import LlamaServer, TurnMetrics, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 
@@ -29,6 +29,16 @@ DEVICE_HOW = (
 
 
 DEFAULT_CTX = 4096  # llama-server's context when the caller names none (`pi2 generate`)
+
+
+def local_how() -> str:
+    """How llama.cpp is measured on this machine (pi2cli/engines/llamacpp/server.py says more)."""
+    from pi2cli.builds.baselines.llamacpp_build import LLAMACPP_COMMIT
+    from pi2cli.engines.llamacpp.server import HOW
+
+    return HOW.format(commit=LLAMACPP_COMMIT, load_mode="mmap", repack=False) + (
+        "; multi-turn: the whole conversation each turn, one slot, cache_prompt (KV prefix reuse)"
+    )
 
 
 class LlamaCppSession:
@@ -102,6 +112,7 @@ class LlamaCppDriver(Driver):
 
     def __init__(self, bin_dir: Path | None = None):
         super().__init__()
+        self.how = local_how()
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self._device_bin_dirs: dict[str, Path] = {}
 
@@ -109,18 +120,9 @@ class LlamaCppDriver(Driver):
         assert name == "llamacpp_bin_dir"
         self._bin_dir = Path(value)
 
-    @property
-    def how(self) -> str:
-        from pi2cli.builds.baselines.llamacpp_build import LLAMACPP_COMMIT
-        from pi2cli.engines.llamacpp import HOW
-
-        return HOW.format(commit=LLAMACPP_COMMIT, load_mode="mmap", repack=False) + (
-            "; multi-turn: the whole conversation each turn, one slot, cache_prompt (KV prefix reuse)"
-        )
-
-    def measurement(self, target) -> str:
-        """`how` as it applies on `target` (the bench stores this in each result)."""
-        return self.how + ("" if target.on_this_machine else DEVICE_HOW)
+    def configure(self, target, model_local: Path) -> None:
+        """`how` as it applies on `target` (the bench stores it in each result)."""
+        self.how = local_how() + ("" if target.on_this_machine else DEVICE_HOW)
 
     def supports(self, target) -> str | None:
         if target.native_here:
@@ -152,23 +154,23 @@ class LlamaCppDriver(Driver):
             self._device_bin_dirs[which] = ensure_built(which)
         return self._device_bin_dirs[which]
 
-    def binaries(self, target) -> list[Path]:
+    def files(self, target) -> dict[str, list[Path]]:
         if target.on_this_machine:
-            return []
+            return {}
         binary = self.bin_dir_for(target) / "llama-server"
         if not binary.is_file():
             raise Pi2Error(f"llama-server not found in {binary.parent} (run `pi2 build --engine llama.cpp`)")
-        return [binary]
+        return {"engine": [binary]}
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  cgroup=None, budget_bytes: int | None = None, seed: int = 0,
                   temperature: float = 0.0) -> LlamaCppSession:  # fmt: skip
-        # budget_bytes: llama.cpp has no budget of its own; the cgroup (`budget`) is what binds it
+        # budget_bytes: llama.cpp has no budget of its own; the cgroup is what binds it
         n_ctx = n_ctx or DEFAULT_CTX
         if target.on_this_machine:
-            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, budget=budget)
+            server = LlamaServer(self.bin_dir, Path(model), threads=threads, ctx_size=n_ctx, cgroup=cgroup)
         else:
-            from pi2cli.engines.llamacpp_device import DeviceLlamaServer
+            from pi2cli.engines.llamacpp.device import DeviceLlamaServer
 
             binary = f"{binary_dir or target.workdir.rstrip('/') + '/bin'}/llama-server"
             server = DeviceLlamaServer(target, binary, model, threads=threads, ctx_size=n_ctx)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2 import run_generate
+from pi2cli.engines.pi2.driver import run_generate
 from pi2cli.errors import Pi2Error
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"

@@ -26,11 +26,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pi2cli.builds.capabilities import command_flags
 from pi2cli.engines.base import TurnFailed
-from pi2cli.engines.llamacpp import TurnMetrics
-from pi2cli.engines.pi2_args import engine_argv
-from pi2cli.engines.pi2_events import parse_line, parse_lines, summary_counters, turn_io_sums
+from pi2cli.engines.llamacpp.server import TurnMetrics
+from pi2cli.engines.pi2.args import engine_argv
+from pi2cli.engines.pi2.events import parse_line, parse_lines, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_ENGINE
 from pi2cli.targets.base import TargetError, wrap_command
@@ -50,10 +49,10 @@ class EngineExited(Pi2Error):
 
 # ------------------------------------------------------------------------------------------- processes
 class LocalChatProcess:
-    """pi2-engine on this machine with a stdin pipe, optionally started inside a memory budget."""
+    """pi2-engine on this machine with a stdin pipe, optionally started inside a memory cgroup."""
 
-    def __init__(self, argv: list[str], budget=None, cwd: str | None = None):
-        popen = budget.popen if budget is not None else subprocess.Popen
+    def __init__(self, argv: list[str], cgroup=None, cwd: str | None = None):
+        popen = cgroup.popen if cgroup is not None else subprocess.Popen
         try:
             self.popen = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=cwd, start_new_session=True)  # fmt: skip
@@ -179,7 +178,7 @@ def adb_chat_process(target, argv: list[str], cwd: str | None = None):
 # --------------------------------------------------------------------------------------------- events
 class EventsTail:
     """New complete lines of the engine's events file, wherever it is (read here or via the target),
-    parsed by the one events parser (pi2_events.py)."""
+    parsed by the one events parser (events.py)."""
 
     def __init__(self, target, path: str):
         self.target, self.path, self.offset = target, path, 0
@@ -341,12 +340,12 @@ class Pi2ChatSession:
                 cleanup()
 
 
-def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 4096, budget=None, seed: int = 0,
+def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 4096, cgroup=None, seed: int = 0,
                       temperature: float = 0.0, events_dir: str | None = None, **sparse) -> Pi2ChatSession:  # fmt: skip
     """Start `pi2-engine chat` on `target` (local, qemu or adb); the events file goes to events_dir
     (a temporary directory here, the working directory on a device). n_ctx None: the engine's default;
     temperature 0 (greedy) is the engine's default and left off the command line. `sparse`: the
-    keywords of pi2_args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
+    keywords of args.sparse_flags (threads, policy, plan, memory_budget, ...)."""
     flags = dict(n_ctx=n_ctx, seed=seed, temperature=temperature or None, **sparse)
     if target.on_this_machine:
         import shutil
@@ -358,7 +357,7 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
         cleanup = (lambda: shutil.rmtree(events_dir, ignore_errors=True)) if own_dir else None
         try:
             argv = target.command_prefix() + engine_argv(binary, "chat", model, events=events, **flags)
-            process = LocalChatProcess(argv, budget=budget)
+            process = LocalChatProcess(argv, cgroup=cgroup)
         except BaseException:  # the engine did not start (or Ctrl-C / SIGTERM came): no session owns the dir
             if cleanup:
                 cleanup()
@@ -376,29 +375,3 @@ def open_chat_session(target, binary: str, model: str, *, n_ctx: int | None = 40
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
     return Pi2ChatSession(process, EventsTail(target, events), cleanup=cleanup)
-
-
-# ---------------------------------------------------------------------------------------- bench driver
-def engine_flags(
-    binary: Path, command: str = "chat", prefix: tuple[str, ...] | list[str] = ()
-) -> frozenset[str]:
-    """The flags `pi2-engine COMMAND` takes, as the build says (pi2cli.builds.capabilities)."""
-    return command_flags(binary, command, prefix)
-
-
-def target_engine_flags(target, binary: Path) -> frozenset[str]:
-    """engine_flags of the build for `target`, run the way the target runs it when it runs here."""
-    prefix = tuple(target.command_prefix()) if target.on_this_machine else ()
-    return engine_flags(binary, "chat", prefix)
-
-
-def model_has_predictor(model: Path) -> bool | None:
-    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
-    when the header cannot be read, so the engine itself reports what is wrong with the file (the run
-    is then on record as failed with the engine's own error)."""
-    from pi2cli.models.pi2file import Pi2File
-
-    try:
-        return Pi2File(model, verify=False).header.has_predictor
-    except (Pi2Error, OSError, ValueError):
-        return None

@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 from pi2cli.engines.base import Driver
-from pi2cli.engines.llamacpp import TurnMetrics
-from pi2cli.engines.mlc import (
+from pi2cli.engines.llamacpp.server import TurnMetrics
+from pi2cli.engines.mlc.runner import (
     RUNNER_ENV,
     parse_runner_output,
     resolve_runner,
@@ -64,9 +64,9 @@ class MlcSession:
 
     pid = None
 
-    def __init__(self, runner: str, model: str | None, *, seed: int = 0, budget=None, local: bool = True,
+    def __init__(self, runner: str, model: str | None, *, seed: int = 0, cgroup=None, local: bool = True,
                  timeout_s: float = 3600.0, temperature: float = 0.0):  # fmt: skip
-        self.runner, self.model, self.seed, self.budget = runner, model, seed, budget
+        self.runner, self.model, self.seed, self.cgroup = runner, model, seed, cgroup
         self.temperature = temperature
         self.timeout_s = timeout_s
         cmd = shlex.split(runner) if not is_url(runner) else []
@@ -88,7 +88,7 @@ class MlcSession:
             self.sources.add("stream")
         else:
             run = run_command_runner(self.runner, body, self.timeout_s,
-                                     popen=self.budget.popen if self.budget is not None else None)  # fmt: skip
+                                     popen=self.cgroup.popen if self.cgroup is not None else None)  # fmt: skip
             text, stats = parse_runner_output(run.stdout)
             times, ttft = [], stats.ttft_s
             if self.count_rss:
@@ -153,15 +153,6 @@ class MlcDriver(Driver):
     def resolved_runner(self) -> str:
         return resolve_runner(self.runner)
 
-    @property
-    def how(self) -> str:
-        runner = self.resolved_runner()
-        if is_url(runner):
-            return (f"MLC-LLM through `mlc_llm serve` at {runner}: streamed /v1/chat/completions, TTFT and "
-                    f"chunk times stamped on the host; token counts and MLC's own rates from usage.extra")  # fmt: skip
-        return (f"MLC-LLM through the command runner {runner!r}, once per turn: prefill/decode tok/s (and TTFT "
-                f"when reported) are MLC's own figures from its output; no per-token times")  # fmt: skip
-
     def supports(self, target) -> str | None:
         if not (self.runner or os.environ.get(RUNNER_ENV, "")).strip():
             return (f"engine 'mlc-llm' needs a runner and none is configured: pass --mlc-runner (or set "
@@ -181,31 +172,33 @@ class MlcDriver(Driver):
                     "instead (adb forward for a server URL, or an `adb shell ...` command; docs/MLC.md)")  # fmt: skip
         return None
 
-    def budget_outside(self) -> str | None:
-        """Why a memory budget cannot bind this engine (a server pi2 does not start), else None."""
-        if is_url(self.resolved_runner()):
-            return "the MLC server runs outside pi2 (start it under its own limit, or use a command runner)"
-        return None
-
-    def binaries(self, target) -> list[Path]:
-        return []
-
     def configure(self, target, model_local: Path) -> None:
-        self.extra_settings = {"mlc_runner": self.resolved_runner(),
+        runner = self.resolved_runner()
+        self.extra_settings = {"mlc_runner": runner,
                                "mlc_model": self.model or os.environ.get(MODEL_ENV) or None}  # fmt: skip
+        if is_url(runner):
+            self.how = (f"MLC-LLM through `mlc_llm serve` at {runner}: streamed /v1/chat/completions, TTFT and "
+                        f"chunk times stamped on the host; token counts and MLC's own rates from usage.extra")  # fmt: skip
+            self.budget_outside = (
+                "the MLC server runs outside pi2 (start it under its own limit, or use a command runner)"
+            )
+        else:
+            self.how = (f"MLC-LLM through the command runner {runner!r}, once per turn: prefill/decode tok/s (and "
+                        f"TTFT when reported) are MLC's own figures from its output; no per-token times")  # fmt: skip
+            self.budget_outside = None
 
-    def prepare_generate(self, target, model: Path) -> str:
+    def prepare_generate(self, target, request) -> tuple[str, None]:
         """`pi2 generate -m ID`: the id the runner is given (the runner loads its own compiled model)."""
-        self.model = self.model or str(model)
-        self.configure(target, model)
-        return str(model)
+        self.model = self.model or str(request.model)
+        self.configure(target, Path(request.model))
+        return str(request.model), None
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  cgroup=None, budget_bytes: int | None = None, seed: int = 0,
                   temperature: float = 0.0) -> MlcSession:  # fmt: skip
         runner = self.resolved_runner()
         model_id = self.model or os.environ.get(MODEL_ENV) or (None if is_url(runner) else model)
-        return MlcSession(runner, model_id, seed=seed, budget=budget, local=target.native_here,
+        return MlcSession(runner, model_id, seed=seed, cgroup=cgroup, local=target.native_here,
                           temperature=temperature)  # fmt: skip
 
     def generate_extra(self, session, turn) -> dict:

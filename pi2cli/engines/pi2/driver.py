@@ -1,5 +1,5 @@
-"""The pi2 engine's driver: `pi2-engine chat` sessions on any target (pi2_chat.py) for `pi2 bench`, and
-one turn of one for `pi2 generate` (engines/generate.py); every argv from pi2_args.py."""
+"""The pi2 engine's driver: `pi2-engine chat` sessions on any target (chat.py) for `pi2 bench`, and
+one turn of one for `pi2 generate` (engines/generate.py); every argv from args.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pi2cli.engines.base import Driver
-from pi2cli.engines.pi2_args import engine_argv
-from pi2cli.engines.pi2_chat import (
-    HOW,
-    Pi2ChatSession,
-    model_has_predictor,
-    open_chat_session,
-    target_engine_flags,
-)
-from pi2cli.engines.pi2_events import parse_events
+from pi2cli.engines.pi2.args import engine_argv
+from pi2cli.engines.pi2.chat import HOW, Pi2ChatSession, open_chat_session
+from pi2cli.engines.pi2.events import parse_events
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
 
@@ -28,9 +22,21 @@ def engine_binary() -> Path:
     return path
 
 
+def model_has_predictor(model: Path) -> bool | None:
+    """The .pi2 header's predictor flag (what `pi2-engine info --json` prints as has_predictor); None
+    when the header cannot be read, so the engine itself reports what is wrong with the file (the run
+    is then on record as failed with the engine's own error)."""
+    from pi2cli.models.pi2file import Pi2File
+
+    try:
+        return Pi2File(model, verify=False).header.has_predictor
+    except (Pi2Error, OSError, ValueError):
+        return None
+
+
 @dataclass
 class GenerateRun:
-    """One `pi2-engine generate` run: its events grouped (pi2_events.parse_events; {} when it failed), the
+    """One `pi2-engine generate` run: its events grouped (events.parse_events; {} when it failed), the
     engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
 
     events: dict
@@ -38,18 +44,20 @@ class GenerateRun:
     budget: dict = field(default_factory=dict)
 
 
-def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: float | None = 3600,
+def run_generate(model: Path, *, budget_bytes: int | None = None, evict=(), timeout: float | None = 3600,
                  **argv) -> GenerateRun:  # fmt: skip
     """`pi2-engine generate` on `model` to completion, for the measurements that need the engine's raw
-    events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
-    to the engine as --memory-budget (last, pi2_args), `evict`ed from the page cache first. argv: the
-    keywords of pi2_args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
+    events (the predictor check, benchmarks/): inside a memory cgroup of `budget_bytes` that also goes
+    to the engine as --memory-budget (last, args.py), `evict`ed from the page cache first. argv: the
+    keywords of args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
     from pi2cli.plan.budget import run_budgeted
 
     with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
         events = Path(tmp) / "events.jsonl"
-        cmd = engine_argv(engine_binary(), "generate", model, events=events, memory_budget=budget, **argv)
-        done = run_budgeted(cmd, budget, evict=evict, timeout=timeout)
+        cmd = engine_argv(
+            engine_binary(), "generate", model, events=events, memory_budget=budget_bytes, **argv
+        )
+        done = run_budgeted(cmd, budget_bytes, evict=evict, timeout=timeout)
         if done.returncode != 0:
             return GenerateRun({}, (done.stderr.strip().splitlines() or ["no output"])[-1], done.budget)
         return GenerateRun(parse_events(events.read_text().splitlines()), None, done.budget)
@@ -61,7 +69,7 @@ class Pi2Driver(Driver):
     The policy follows the model: `powerinfer2` when it carries activation predictors, `dense`
     otherwise (configure()). With a memory budget the engine gets `--memory-budget BYTES` too (it sizes
     its neuron cache from it), while the host still enforces the budget with a cgroup as for every
-    engine. A build without the sparse flags (before the sparse engine) runs dense and says so."""
+    engine."""
 
     name = "pi2"
     policy = "dense"
@@ -73,8 +81,6 @@ class Pi2Driver(Driver):
         super().__init__()
         self.plan_local: Path | None = None  # `pi2 bench --plan`: a plan file from `pi2 plan`
         self.plan_data: dict = {}
-        self.plan_remote: str | None = None  # where the engine reads it (pushed there on a device)
-        self._sparse_flags: frozenset[str] = frozenset()  # the sparse flags of the build (configure())
 
     def set_option(self, name: str, value) -> None:
         from pi2cli.plan.plan import load_plan
@@ -87,16 +93,8 @@ class Pi2Driver(Driver):
         from pi2cli.builds.capabilities import plan_keys
 
         self.plan_local, self.plan_data = Path(path), dict(data)
-        self.plan_remote = str(Path(path).resolve())
         self.extra_settings["plan"] = {"file": Path(path).name,
                                        **{k: data[k] for k in plan_keys() if k in data}}  # fmt: skip
-
-    def extra_files(self) -> dict[str, list[Path]]:
-        return {"plans": [self.plan_local]} if self.plan_local else {}
-
-    def files_pushed(self, workdir: str) -> None:
-        if self.plan_local:
-            self.plan_remote = f"{workdir}/plans/{self.plan_local.name}"
 
     def local_binary(self, target) -> Path:
         from pi2cli.hw.push import engine_files
@@ -106,27 +104,29 @@ class Pi2Driver(Driver):
             raise Pi2Error(f"no pi2-engine build for {target.name} (run `make engine`)", exit_code=2)
         return found[0]
 
-    def binaries(self, target) -> list[Path]:
-        return [self.local_binary(target)]
+    def files(self, target) -> dict[str, list[Path]]:
+        if target.on_this_machine:
+            return {}
+        files = {"engine": [self.local_binary(target)]}
+        if self.plan_local is not None:
+            files["plans"] = [self.plan_local]
+        return files
 
-    def prepare_generate(self, target, model: Path) -> str:
+    def prepare_generate(self, target, request) -> tuple[str, int]:
         """`pi2 generate -m X.pi2`: the driver's own policy (pi2: dense, the engine's default, as
         `pi2-engine generate` runs it; llmflash: llmflash); only the bench picks powerinfer2 for a
-        model with predictors (configure())."""
+        model with predictors (configure()). The context has room for the prompt and every token asked
+        for, as `pi2-engine generate` sizes its own (n_prompt + n_predict): a text token is at least one
+        byte (a few more for BOS and the leading space SentencePiece adds), so this never falls short,
+        and a long generation is not cut at the chat's default context."""
+        model = Path(request.model)
         if not model.is_file():
             raise Pi2Error(f"{model}: no such model file")
         if model.suffix != ".pi2":
             raise Pi2Error(f"{model}: pi2-engine runs .pi2 files (convert with `pi2 convert`)")
-        model_arg = super().prepare_generate(target, model)
+        model_arg, _ = super().prepare_generate(target, request)
         self.policy = type(self).policy
-        return model_arg
-
-    def generate_ctx(self, request) -> int:
-        """Room for the prompt and every token asked for, as `pi2-engine generate` sizes its context
-        (n_prompt + n_predict): a text token is at least one byte (a few more for BOS and the leading
-        space SentencePiece adds), so this never falls short, and a long generation is not cut at the
-        chat's default context."""
-        return len(request.prompt.encode()) + 4 + int(request.n_predict)
+        return model_arg, len(request.prompt.encode()) + 4 + int(request.n_predict)
 
     def generate_extra(self, session, turn) -> dict:
         """The engine's start and summary events: threads, kernels, bytes read and the sparse figures."""
@@ -138,28 +138,27 @@ class Pi2Driver(Driver):
                 "sparse": {k: v for k, v in counters.items() if k not in common}}  # fmt: skip
 
     def configure(self, target, model_local: Path) -> None:
-        """Choose the policy for this model and this engine build (before engine_info records it)."""
-        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
-        sparse = "--policy" in self._sparse_flags
-        self.policy = "powerinfer2" if sparse and model_has_predictor(model_local) else "dense"
+        """Choose the policy for this model (before engine_info records it): the plan's, else
+        powerinfer2 on a model with predictors, dense on one without."""
+        self.policy = "powerinfer2" if model_has_predictor(model_local) else "dense"
         if self.plan_local is not None:
-            if "--plan" not in self._sparse_flags:
-                raise Pi2Error(f"--plan needs a pi2-engine that reads plans; {self.local_binary(target)} does not: "
-                               f"rebuild it (make engine, or pi2 build for the device)")  # fmt: skip
             self.policy = str(self.plan_data.get("policy", self.policy))
 
-    def engine_options(self, budget_bytes: int | None) -> dict:
-        """This driver's sparse settings as keywords of pi2_args.sparse_flags; the flags the build
-        lacks (a build before the sparse engine has none) are left out there."""
-        return {"policy": self.policy, "plan": self.plan_remote, "memory_budget": budget_bytes,
-                "accepts": self._sparse_flags}  # fmt: skip
+    def engine_options(self, budget_bytes: int | None, binary_dir: str | None = None) -> dict:
+        """This driver's sparse settings as keywords of args.sparse_flags. The plan is read where it is
+        here, and on a device where files() put it (WORKDIR/plans beside WORKDIR/bin, pi2cli.hw.push)."""
+        plan = None
+        if self.plan_local is not None:
+            here = str(self.plan_local.resolve())
+            plan = f"{binary_dir.rsplit('/', 1)[0]}/plans/{self.plan_local.name}" if binary_dir else here
+        return {"policy": self.policy, "plan": plan, "memory_budget": budget_bytes}
 
     def open_chat(self, target, model: str, *, binary_dir: str | None, threads: int | None, n_ctx: int | None,
-                  budget=None, seed: int = 0, budget_bytes: int | None = None,
+                  cgroup=None, budget_bytes: int | None = None, seed: int = 0,
                   temperature: float = 0.0) -> Pi2ChatSession:  # fmt: skip
         binary = f"{binary_dir}/pi2-engine" if binary_dir else str(self.local_binary(target))
-        return open_chat_session(target, binary, model, n_ctx=n_ctx, budget=budget, seed=seed, threads=threads,
-                                 temperature=temperature, **self.engine_options(budget_bytes))  # fmt: skip
+        return open_chat_session(target, binary, model, n_ctx=n_ctx, cgroup=cgroup, seed=seed, threads=threads,
+                                 temperature=temperature, **self.engine_options(budget_bytes, binary_dir))  # fmt: skip
 
     def engine_info(self, target) -> dict:
         from pi2cli import __version__

@@ -5,7 +5,7 @@ Here: the host build listens on 127.0.0.1, inside a memory cgroup of the budget 
 one (pi2cli.plan.budget, as `pi2 bench` runs engines); its first stderr line names the port, and GET
 /health answering 200 means it serves.
 On an adb device: what is missing is pushed first (pi2cli.hw.push: content hashes, so a second serve
-copies nothing), the engine starts through one adb shell under a watchdog (llamacpp_device.
+copies nothing), the engine starts through one adb shell under a watchdog (llamacpp/device.py:
 watched_command: when the host's adb connection goes away -- pi2 killed, the cable pulled -- the shell's
 stdin ends and the watchdog kills the engine, so nothing keeps running on the phone), binds the device's
 loopback, and `adb forward tcp:HOST_PORT tcp:PORT` makes it reachable here.
@@ -84,11 +84,10 @@ class Serving:
 
 
 # ------------------------------------------------------------------------------------ the command line
-def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: str | None,
-               flags: frozenset[str]) -> list[str]:  # fmt: skip
-    """`pi2-engine serve` on loopback; the sparse tail in pi2_args' order (policy, plan, threads, budget
+def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: str | None) -> list[str]:
+    """`pi2-engine serve` on loopback; the sparse tail in args.py's order (policy, plan, threads, budget
     last), so a plan overrides the policy's defaults and the budget given here overrides the plan's."""
-    from pi2cli.engines.pi2_args import sparse_flags
+    from pi2cli.engines.pi2.args import sparse_flags
 
     argv = [binary, "serve", "-m", model, "--host", LOOPBACK, "--port", str(int(cfg.port))]
     if cfg.ctx:
@@ -97,28 +96,16 @@ def serve_argv(binary: str, model: str, cfg: ServeConfig, *, policy: str, plan: 
         argv += ["--chat-template", cfg.chat_template]
     if cfg.api_key:
         argv += ["--api-key", cfg.api_key]
-    return argv + sparse_flags(policy=policy, plan=plan, threads=cfg.threads, memory_budget=cfg.memory_budget,
-                               accepts=flags)  # fmt: skip
+    return argv + sparse_flags(policy=policy, plan=plan, threads=cfg.threads, memory_budget=cfg.memory_budget)
 
 
-def serve_flags(binary: Path, prefix: list[str], hint: str) -> frozenset[str]:
-    """The flags `pi2-engine serve` of this build takes; a build from before `serve` is refused."""
-    from pi2cli.builds.capabilities import capabilities, command_flags
-
-    caps = capabilities(binary, tuple(prefix))
-    if "option_strings" not in caps and "serve" not in caps["flags"]:
-        raise Pi2Error(f"{binary} has no `serve` command: rebuild it ({hint})", exit_code=2)
-    return command_flags(binary, "serve", tuple(prefix))
-
-
-def choose_policy(cfg: ServeConfig, model: Path, plan_data: dict, flags: frozenset[str]) -> str:
-    from pi2cli.engines.pi2_chat import model_has_predictor
+def choose_policy(cfg: ServeConfig, model: Path, plan_data: dict) -> str:
+    """--policy, else the plan's, else as the bench picks: powerinfer2 on a model with predictors."""
+    from pi2cli.engines.pi2.driver import model_has_predictor
 
     if cfg.policy or plan_data.get("policy"):
-        if "--policy" not in flags:
-            raise Pi2Error("--policy and --plan need a pi2-engine with the sparse engine: rebuild it")
         return str(cfg.policy or plan_data["policy"])
-    return "powerinfer2" if "--policy" in flags and model_has_predictor(model) else "dense"
+    return "powerinfer2" if model_has_predictor(model) else "dense"
 
 
 def local_model(text: str) -> Path:
@@ -197,7 +184,7 @@ class LocalServer:
         self.argv, self.budget_bytes, self.device = argv, budget_bytes, device
         self.log = EngineLog(echo)
         self.proc: subprocess.Popen | None = None
-        self.budget = None
+        self.cgroup = None
 
     def down(self) -> str | None:
         code = self.proc.poll()
@@ -211,9 +198,9 @@ class LocalServer:
         from pi2cli.plan.budget import Budget
 
         deadline = time.monotonic() + timeout_s
-        self.budget = Budget(self.budget_bytes).__enter__()
+        self.cgroup = Budget(self.budget_bytes).__enter__()
         try:
-            self.proc = self.budget.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            self.proc = self.cgroup.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
         except OSError as exc:
             raise Pi2Error(f"cannot start {self.argv[0]}: {exc.strerror}") from None
@@ -234,7 +221,7 @@ class LocalServer:
             self.log.feed(line.decode(errors="replace"))
 
     def budget_record(self) -> dict:
-        rec = self.budget.record() if self.budget and self.budget_bytes else {}
+        rec = self.cgroup.record() if self.cgroup and self.budget_bytes else {}
         return {k: rec[k] for k in ("limit_bytes", "enforced", "how") if k in rec}
 
     def wait(self) -> None:
@@ -253,9 +240,9 @@ class LocalServer:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(STOP_WAIT_S)
-        if self.budget is not None:  # the cgroup goes once the engine is gone
-            budget, self.budget = self.budget, None
-            budget.__exit__(None, None, None)
+        if self.cgroup is not None:  # the cgroup goes once the engine is gone
+            cgroup, self.cgroup = self.cgroup, None
+            cgroup.__exit__(None, None, None)
 
 
 # ------------------------------------------------------------------------------------------- a phone
@@ -278,7 +265,7 @@ class DeviceServer:
         return f"pi2-engine serve on {self.device} exited ({exit_text(proc.returncode)}): {self.log.last_error()}"
 
     def start(self, timeout_s: float) -> tuple[int, int]:
-        from pi2cli.engines.llamacpp_device import watched_command
+        from pi2cli.engines.llamacpp.device import watched_command
         from pi2cli.targets.adb import AdbProcess, adb_errors
 
         deadline = time.monotonic() + timeout_s
@@ -347,7 +334,7 @@ class DeviceServer:
 # -------------------------------------------------------------------------------------------- serve
 def prepare(cfg: ServeConfig, echo: Echo):
     """Resolve the model and target, push to a device what is missing, and build the server (not started)."""
-    from pi2cli.engines.pi2 import engine_binary
+    from pi2cli.engines.pi2.driver import engine_binary
     from pi2cli.targets import get_target
 
     model = local_model(cfg.model)
@@ -379,17 +366,16 @@ def prepare(cfg: ServeConfig, echo: Echo):
                 f"no pi2-engine build for {target.name} (run `{target.build_hint()}`)", exit_code=2
             )
     prefix = target.command_prefix() if target.on_this_machine else []
-    flags = serve_flags(binary, prefix, target.build_hint())
-    policy = choose_policy(cfg, model, plan_data, flags)
+    policy = choose_policy(cfg, model, plan_data)
     if target.on_this_machine:
         plan = str(Path(cfg.plan).resolve()) if cfg.plan else None
-        argv = serve_argv(str(binary), str(model), cfg, policy=policy, plan=plan, flags=flags)
+        argv = serve_argv(str(binary), str(model), cfg, policy=policy, plan=plan)
         server = LocalServer(prefix + argv, cfg.memory_budget, echo, target.name)
         return server, str(model), policy
     if "shell_v2" not in getattr(target, "features", set()):
         raise Pi2Error(f"device {target.name} has no adb shell v2: cannot run pi2-engine serve on it")
     remote_model, remote_plan, remote_binary = push_for_serve(target, binary, model, cfg.plan, echo)
-    argv = serve_argv(remote_binary, remote_model, cfg, policy=policy, plan=remote_plan, flags=flags)
+    argv = serve_argv(remote_binary, remote_model, cfg, policy=policy, plan=remote_plan)
     return DeviceServer(target, argv, cfg.memory_budget, cfg.host_port, echo), remote_model, policy
 
 

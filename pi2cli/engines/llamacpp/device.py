@@ -3,12 +3,12 @@
 How (also in every result's `measurement`):
   * The binary and the GGUF are pushed by `pi2 bench` (pi2cli.hw.push: content hashes, skipped when
     already there). The server starts through one `adb shell` (protocol v2) with the same arguments as
-    locally (pi2cli.engines.llamacpp.server_args: -lm mmap --no-repack, one slot, --ctx, --threads)
+    locally (pi2cli.engines.llamacpp.server.server_args: -lm mmap --no-repack, one slot, --ctx, --threads)
     except `--port 0`: it binds a free port on the device's loopback and prints it
     ("listening on http://127.0.0.1:PORT"), so two runs never collide over a port.
   * `adb forward tcp:0 tcp:PORT` gives a free port here; every HTTP request goes through it. Token
     times are the server's own, taken on the device as each token is sampled (timings_per_token:
-    pi2cli.engines.llamacpp.engine_time_s), never arrivals here: the forward delivers tokens in bursts
+    pi2cli.engines.llamacpp.server.engine_time_s), never arrivals here: the forward delivers tokens in bursts
     (a run stamped here recorded TBT P50 0.01 ms, 1002 tok/s, where the engine takes 1.9 ms a token).
     A server that streams no per-token timings gets its rates only (host_clock_ok = False).
   * Peak memory: VmHWM from /proc/PID/status on the device (PSS from smaps_rollup is sampled by the
@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 
-from pi2cli.engines.llamacpp import LlamaServer, server_args
+from pi2cli.engines.llamacpp.server import LlamaServer, server_args
 from pi2cli.errors import Pi2Error
 from pi2cli.results.schema import PEAK_RSS_DEVICE
 from pi2cli.targets.base import TargetError
@@ -77,7 +77,7 @@ class DeviceLlamaServer(LlamaServer):
         self.model = model
         self.args = server_args(model, 0, ctx_size=ctx_size, load_mode=load_mode, repack=repack,
                                 threads=threads, extra_args=extra_args)  # fmt: skip
-        self.budget = None
+        self.cgroup = None
         self.start_timeout_s = start_timeout_s
         self.proc = None  # pi2cli.targets.adb.AdbProcess
         self.port: int | None = None  # the forwarded port on this machine

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pi2cli.engines.pi2 import Pi2Driver
-from pi2cli.engines.pi2_chat import model_has_predictor, target_engine_flags
+from pi2cli.engines.pi2.driver import Pi2Driver, model_has_predictor
 from pi2cli.errors import Pi2Error
 
 DEFAULT_WINDOW = 5  # the window LLM in a Flash runs with (k = 5 tokens)
@@ -43,23 +42,11 @@ class LlmFlashDriver(Pi2Driver):
         self._window = value
         self.extra_settings = {"llmflash_window": value}
 
-    def supports(self, target) -> str | None:
-        try:
-            flags = target_engine_flags(target, self.local_binary(target))
-        except Pi2Error as exc:
-            return str(exc)
-        if "--policy" not in flags or "--llmflash-window" not in flags:
-            return (f"engine 'llmflash' needs a pi2-engine with --policy llmflash and --llmflash-window "
-                    f"in its chat mode (the sparse engine); {self.local_binary(target)} lacks them: rebuild it "
-                    f"(make engine)")  # fmt: skip
-        return None
-
     def configure(self, target, model_local: Path) -> None:
-        self._sparse_flags = target_engine_flags(target, self.local_binary(target))
         if model_has_predictor(model_local) is False:  # unreadable (None): the engine will say why
             raise Pi2Error(f"engine 'llmflash' needs a model with activation predictors and {model_local} has "
                            f"none (`pi2 models synth` and the converters of sparse models write them)")  # fmt: skip
         self.policy = "llmflash"
 
-    def engine_options(self, budget_bytes: int | None) -> dict:
-        return {**super().engine_options(budget_bytes), "llmflash_window": self.window}
+    def engine_options(self, budget_bytes: int | None, binary_dir: str | None = None) -> dict:
+        return {**super().engine_options(budget_bytes, binary_dir), "llmflash_window": self.window}

@@ -106,7 +106,7 @@ def turn_io_sums(tokens: list[dict]) -> dict:
 
 # ---------------------------------------------------------------------------------------------- docs
 def schema_markdown(events: dict[str, list[dict]]) -> str:
-    """docs/ENGINE.md's table of the events, from the schema (`python -m pi2cli.engines.pi2_events`)."""
+    """docs/ENGINE.md's table of the events, from the schema (`python -m pi2cli.engines.pi2.events`)."""
     lines = ["| event | field | type | written by | when | meaning |", "|---|---|---|---|---|---|"]
     for kind, fields in events.items():
         for f in fields:

@@ -1,0 +1,1 @@
+"""LLM in a Flash as a baseline: driver.py (pi2-engine with --policy llmflash)."""
