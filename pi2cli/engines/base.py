@@ -141,7 +141,7 @@ class Driver:
                   budget=None, seed: int = 0, budget_bytes: int | None = None,
                   temperature: float = 0.0) -> ChatSession:  # fmt: skip
         """Start the engine on `target` with `model` (a path there). n_ctx None: the engine's default
-        context. budget: a pi2cli.plan.budget.Budget (local targets only) the process must start inside;
+        context. budget: a pi2cli.hw.cgroup.Budget (local targets only) the process must start inside;
         budget_bytes: the same budget in bytes on any target, for engines that manage their own memory
         (pi2-engine --memory-budget). temperature: 0 is greedy (the bench's); `pi2 generate` may sample."""
         raise NotImplementedError

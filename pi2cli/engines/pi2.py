@@ -31,7 +31,7 @@ def engine_binary() -> Path:
 @dataclass
 class GenerateRun:
     """One `pi2-engine generate` run: its events grouped (pi2_events.parse_events; {} when it failed), the
-    engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
+    engine's own error line when it failed, and the budget record (pi2cli.hw.cgroup)."""
 
     events: dict
     error: str | None = None
@@ -44,7 +44,7 @@ def run_generate(model: Path, *, budget: int | None = None, evict=(), timeout: f
     events (the predictor check, benchmarks/): inside a memory cgroup of `budget` bytes that also goes
     to the engine as --memory-budget (last, pi2_args), `evict`ed from the page cache first. argv: the
     keywords of pi2_args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
-    from pi2cli.plan.budget import run_budgeted
+    from pi2cli.hw.cgroup import run_budgeted
 
     with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
         events = Path(tmp) / "events.jsonl"
