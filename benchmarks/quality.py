@@ -32,9 +32,9 @@ from pathlib import Path
 
 from pi2cli.engines.llamacpp.server import default_bin_dir
 from pi2cli.engines.pi2.driver import engine_binary, parse_events
+from pi2cli.hw.cgroup import run_budgeted
 from pi2cli.models.convert import convert_gguf
 from pi2cli.models.testmodels import smollm2_gguf
-from pi2cli.plan.budget import run_budgeted
 from pi2cli.quality import text
 from pi2cli.quality.cats import convert_cats
 from pi2cli.quality.plot import plot_sparsity_curve

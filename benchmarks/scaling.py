@@ -54,8 +54,8 @@ from pathlib import Path
 from sparse_decode import model_facts, model_pair  # the same model checks and statistics
 
 from pi2cli.engines.pi2.driver import parse_events
+from pi2cli.hw.cgroup import detect_cgroup, run_budgeted
 from pi2cli.paths import REPO_ROOT, host_build_dir
-from pi2cli.plan.budget import detect_cgroup, run_budgeted
 from pi2cli.results.schema import pi2_commit
 from pi2cli.units import parse_size
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from pi2cli.engines.llamacpp.server import default_bin_dir
 from pi2cli.engines.pi2.driver import engine_binary, run_generate
+from pi2cli.hw.cgroup import run_budgeted
 from pi2cli.models.pi2file import Pi2File
-from pi2cli.plan.budget import run_budgeted
 from pi2cli.units import parse_size
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"

@@ -6,10 +6,14 @@ whole tool down.
 """
 
 import importlib
+import sys
 
 import click
 
 from pi2cli import __version__
+from pi2cli.errors import Pi2Error
+
+NOT_BUILT_EXIT = 2
 
 # name -> one-line help shown by `pi2 --help`. Order is the order a user meets them in.
 COMMANDS: dict[str, str] = {
@@ -33,7 +37,26 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class CommandError(click.ClickException):
+    """A Pi2Error as click's error, raised at this layer only: `pi2: error: MESSAGE`, its exit code."""
+
+    def __init__(self, err: Pi2Error):
+        super().__init__(str(err))
+        self.exit_code = err.exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"pi2: error: {self.format_message()}", err=True, file=file or sys.stderr)
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        # every command runs under here (click parses a subcommand's options inside its group's invoke),
+        # so this is the one place the library's error becomes click's
+        try:
+            return super().invoke(ctx)
+        except Pi2Error as err:
+            raise CommandError(err) from err
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
@@ -60,6 +83,23 @@ def cli() -> None:
 
     Run `pi2 COMMAND --help` for what each command does and its options.
     """
+
+
+def not_built(name: str, issue: str) -> click.Command:
+    """A command that exists in the interface but is not implemented yet: says so and exits 2."""
+
+    @click.command(
+        name=name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+        help=f"(not built yet: {issue})",
+    )
+    @click.pass_context
+    def command(ctx: click.Context) -> None:
+        click.echo(f"pi2 {name}: not built yet ({issue})", err=True)
+        ctx.exit(NOT_BUILT_EXIT)
+
+    return command
 
 
 def usage_line(err: click.UsageError) -> str:
@@ -100,6 +140,9 @@ def main() -> None:
         raise SystemExit(err.exit_code) from None
     except click.ClickException as err:
         err.show()
+        raise SystemExit(err.exit_code) from None
+    except Pi2Error as err:  # raised outside a command (none today): the same line
+        click.echo(f"pi2: error: {err}", err=True)
         raise SystemExit(err.exit_code) from None
     except OSError as err:
         if debug:

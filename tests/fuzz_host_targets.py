@@ -48,7 +48,7 @@ def _check(call) -> object:
     try:
         return call()
     except Pi2Error as err:
-        message = err.format_message()
+        message = str(err)
         assert "\n" not in message.strip(), message
         return err
 

@@ -23,9 +23,9 @@ from pi2cli.bench.run import (
 from pi2cli.cli import cli
 from pi2cli.engines.pi2.chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.cgroup import detect_cgroup
 from pi2cli.hw.push import model_remote_name, sha256_file
 from pi2cli.paths import host_build_dir
-from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.units import parse_size
 

@@ -22,8 +22,8 @@ from pi2cli.engines.pi2.args import engine_argv, sparse_flags
 from pi2cli.engines.pi2.driver import Pi2Driver
 from pi2cli.engines.pi2.events import summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.cgroup import detect_cgroup
 from pi2cli.paths import host_build_dir
-from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.targets import get_target
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from pi2cli.cli import cli
+from pi2cli.hw.cgroup import peak_over_budget
 from pi2cli.paths import host_build_dir
-from pi2cli.plan.budget import peak_over_budget
 from pi2cli.plan.min_budget import minimums_for_facts, minimums_for_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -160,7 +160,7 @@ def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(t
     """llama.cpp (which `pi2-engine size` does not size) started under a cgroup far below its weights is
     killed there: the run is failed with the budget as its reason, and its memory record says the budget
     was enforced (a failed run once read "20 MiB (not enforced)" beside a llama-server log line)."""
-    from pi2cli.plan.budget import detect_cgroup
+    from pi2cli.hw.cgroup import detect_cgroup
 
     support = detect_cgroup()
     if not support.usable:
@@ -183,7 +183,7 @@ def test_a_peak_above_the_budget_is_explained_in_the_report_and_results_show(tmp
     the peak is read: the report's run row and `results show`, not only in bench's progress output."""
     from results_fakes import fake_run
 
-    from pi2cli.plan.budget import peak_over_budget
+    from pi2cli.hw.cgroup import peak_over_budget
     from pi2cli.results import report, store
     from pi2cli.results import schema as S
 

@@ -132,7 +132,7 @@ def test_plan_memory_budget_goes_through_the_same_parser(tmp_path):
     _one_error_line(done, "--memory-budget: expected a size", "'1e40'")
 
 
-# ---- a failing flash: the neuron store's fault-injection hook (PI2_IO_FAULT, native/src/sparse/neuron_io.c) ----
+# ---- a failing flash: the neuron store's fault-injection hook (PI2_IO_FAULT, native/src/io/neuron_io.c) ----
 
 
 @pytest.fixture(scope="module")

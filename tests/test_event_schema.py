@@ -1,4 +1,4 @@
-"""The events' contract has one owner: native/src/event_schema.c's table, printed by `pi2-engine
+"""The events' contract has one owner: native/src/engine/event_schema.c's table, printed by `pi2-engine
 capabilities --json`. The real engine, run as generate and as chat on a tiny synthetic model, dense and
 sparse, must write exactly the fields that table lists for that command and those conditions (none
 missing, none unlisted, each of its JSON type); the host's parser and docs/ENGINE.md follow the table.

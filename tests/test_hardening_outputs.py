@@ -88,7 +88,7 @@ def test_a_save_that_fails_at_the_end_keeps_the_run_and_says_where(tmp_path, mon
     run = fake_run()
     with pytest.raises(store.RunNotSaved) as err:
         store.save_run(run, tmp_path / "results")
-    message = err.value.format_message()
+    message = str(err.value)
     kept = unsaved / f"{run['run_id']}.json"
     assert "No space left on device" in message and f"kept it at {kept}" in message and "\n" not in message
     assert json.loads(kept.read_text())["run_id"] == run["run_id"]

@@ -30,7 +30,7 @@ def test_sizes_parse(text, expected):
 def test_bad_sizes_are_one_line(text):
     with pytest.raises(Pi2Error) as err:
         parse_size(text)
-    assert "\n" not in err.value.format_message() and "--memory-budget" in err.value.format_message()
+    assert "\n" not in str(err.value) and "--memory-budget" in str(err.value)
 
 
 def test_sizes_print_in_the_unit_that_reads():
@@ -90,7 +90,7 @@ def test_the_schema_refuses_absurd_values_before_a_run_is_stored(tmp_path, path,
     run[path[0]][path[1]] = value
     with pytest.raises(S.ResultSchemaError) as err:
         store.save_run(run, tmp_path)
-    assert ".".join(path) in err.value.format_message()
+    assert ".".join(path) in str(err.value)
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))
 
 

@@ -16,8 +16,8 @@ import pytest
 from pi2cli.bench.run import MemorySampler
 from pi2cli.engines.mlc.runner import run_command_runner
 from pi2cli.errors import Pi2Error
+from pi2cli.hw.cgroup import Budget, detect_cgroup
 from pi2cli.hw.rusage import Measured, engine_pid, parse_report, wrapper_binary
-from pi2cli.plan.budget import Budget, detect_cgroup
 from pi2cli.targets import get_target
 
 MiB = 2**20

@@ -140,7 +140,7 @@ def pi2_tokens(ctx: Ctx, model: Path, budget: int | None, policy: str = "powerin
     import tempfile
 
     from pi2cli.engines.pi2.driver import engine_binary, parse_events
-    from pi2cli.plan.budget import run_budgeted
+    from pi2cli.hw.cgroup import run_budgeted
 
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
@@ -172,7 +172,7 @@ def llama(ctx: Ctx, model: Path, budget: int | None, n_prompt: int = 0, n_gen: i
     under a budget it runs from the mapping (--repack 0: repacking copies every weight into anonymous
     memory, which a budget smaller than the model cannot hold)."""
     from pi2cli.engines.llamacpp.server import default_bin_dir
-    from pi2cli.plan.budget import run_budgeted
+    from pi2cli.hw.cgroup import run_budgeted
 
     n = ctx.llama_tokens if n_gen is None else n_gen
     gguf = model / "model.gguf"

@@ -22,6 +22,7 @@
 #include "forward.h"
 #include "fuzz.h"
 #include "model.h"
+#include "session.h"
 #include "sparse.h"
 #include "sparse_predict.h"
 #include "threadpool.h"

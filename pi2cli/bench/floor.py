@@ -151,7 +151,7 @@ def tbt_floor(target, model: Path, policy: str | None, threads: int | None, engi
         n = threads or int(target.facts().get("cores") or 1)
         bw = best_bandwidth(target, nbytes, n)
     except (Pi2Error, OSError, ValueError, KeyError) as exc:
-        text = exc.format_message() if isinstance(exc, Pi2Error) else str(exc)
+        text = str(exc)
         return {"unavailable": " ".join(text.split())[:200]}
     return {
         "floor_ns": int(nbytes / bw * 1e9),

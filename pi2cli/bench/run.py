@@ -469,7 +469,7 @@ def run_one(
     reporter: Reporter,
 ) -> RunOutcome:
     """One engine x workload x budget: every conversation (x repeat) through one engine process."""
-    from pi2cli.plan.budget import Budget
+    from pi2cli.hw.cgroup import Budget
     from pi2cli.results import store
 
     driver = prepared.driver
@@ -562,7 +562,7 @@ def run_one(
     invalid = apply_floor(run, prepared.floor)  # token times faster than the weights can be read: invalid
     if invalid:
         reporter.message(f"{label}: invalid: {invalid}")
-    from pi2cli.plan.budget import peak_over_budget
+    from pi2cli.hw.cgroup import peak_over_budget
 
     over = peak_over_budget(run["counters"].get("peak_rss_bytes"), run["memory"],
                             run["counters"].get("budget_peak_bytes"))  # fmt: skip
@@ -783,8 +783,8 @@ def llama_bench_run(cfg: BenchConfig, target, facts: dict, driver, model: ModelF
         llama_bench_command,
         parse_llama_bench_json,
     )
+    from pi2cli.hw.cgroup import Budget
     from pi2cli.hw.rusage import Measured
-    from pi2cli.plan.budget import Budget
     from pi2cli.results import store
 
     n_gen = DEFAULT_LLAMA_BENCH_N_GEN if cfg.n_gen is None else cfg.n_gen

@@ -79,7 +79,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
     """One `pi2-engine generate` on the target (inside the budget's cgroup here; on a device the
     engine still gets --memory-budget) and its events."""
     from pi2cli.engines.pi2.args import engine_argv
-    from pi2cli.plan.budget import Budget
+    from pi2cli.hw.cgroup import Budget
 
     driver = prepared.driver
     binary = f"{prepared.binary_dir}/pi2-engine" if prepared.binary_dir else str(driver.local_binary(target))
@@ -208,8 +208,8 @@ def prepare_llama_bench(driver, target, gguf: Path, reporter) -> LlamaBenchPlace
 
 def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, sampler, timeout_s: float):
     """llama-bench under pi2-rusage inside the budget's cgroup (model evicted first): (stdout, stderr, usage)."""
+    from pi2cli.hw.cgroup import Budget
     from pi2cli.hw.rusage import Measured
-    from pi2cli.plan.budget import Budget
 
     with Measured(cmd) as measured, Budget(cell.budget, evict=[gguf] if cell.budget else []) as budget:
         proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -313,7 +313,7 @@ class FollowingSampler:
     def __init__(self, target):
         self.target = target
         self.samples: list[tuple[float, int, int | None]] = []
-        self.budget_record: dict | None = None  # the last process's cgroup record (pi2cli.plan.budget)
+        self.budget_record: dict | None = None  # the last process's cgroup record (pi2cli.hw.cgroup)
         self._t0 = time.monotonic()
 
     def follow(self, pid: int | None, wrapper: bool = False):

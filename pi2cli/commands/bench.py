@@ -7,8 +7,8 @@ import sys
 
 import click
 
+from pi2cli.commands.results_options import results_dir_option
 from pi2cli.errors import Pi2Error
-from pi2cli.results.options import results_dir_option
 
 
 def int_list(value: str | None, option: str, low: int) -> list[int] | None:

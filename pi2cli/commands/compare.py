@@ -2,9 +2,15 @@
 
 import click
 
+from pi2cli.commands.results_options import (
+    filter_options,
+    index_option,
+    parse_since,
+    results_dir_option,
+    wide_option,
+)
 from pi2cli.errors import Pi2Error
 from pi2cli.results import compare, schema, store
-from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option, wide_option
 
 
 def select_runs(runs_args, results_dir, index_path, *, model=None, engine=None, workload=None, device=None,

@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from pi2cli.commands.compare import select_runs
+from pi2cli.commands.results_options import filter_options, index_option, results_dir_option
 from pi2cli.errors import Pi2Error
 from pi2cli.results import compare
-from pi2cli.results.options import filter_options, index_option, results_dir_option
 
 
 @click.command(name="report")

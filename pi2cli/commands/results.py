@@ -4,9 +4,15 @@ import json
 
 import click
 
+from pi2cli.commands.results_options import (
+    filter_options,
+    index_option,
+    parse_since,
+    results_dir_option,
+    wide_option,
+)
 from pi2cli.errors import Pi2Error
 from pi2cli.results import columns, schema, store
-from pi2cli.results.options import filter_options, index_option, parse_since, results_dir_option, wide_option
 
 
 @click.group(name="results")

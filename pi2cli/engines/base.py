@@ -117,7 +117,7 @@ class Driver:
                   temperature: float = 0.0) -> ChatSession:  # fmt: skip
         """Start the engine on `target` with `model` (a path there). binary_dir: where files() landed on
         a device (WORKDIR/bin, the push layout of pi2cli.hw.push), None here. n_ctx None: the engine's
-        default context. cgroup: the pi2cli.plan.budget.Budget (this machine only) the process must start
+        default context. cgroup: the pi2cli.hw.cgroup.Budget (this machine only) the process must start
         inside; budget_bytes: the run's budget in bytes on any target, for engines that size their own
         memory to it (pi2-engine --memory-budget). temperature: 0 is greedy (the bench's)."""
         raise NotImplementedError

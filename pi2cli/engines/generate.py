@@ -14,7 +14,7 @@ from pi2cli.errors import Pi2Error
 
 def generate(driver: Driver, request: GenerateRequest, target=None) -> GenerateResult:
     """Run `request` through `driver` on `target` (this machine by default) and return what it made."""
-    from pi2cli.plan.budget import Budget
+    from pi2cli.hw.cgroup import Budget
     from pi2cli.targets import get_target
 
     target = target or get_target("local")

@@ -69,11 +69,11 @@ def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
     try:  # the engine's smallest budget, as bench will ask it for each cell
         problems.extend(farm_refusals(farm))
     except Pi2Error as exc:
-        problems.append(exc.format_message())
+        problems.append(str(exc))
     try:
         store.check_writable(farm.results_dir)
     except Pi2Error as exc:
-        problems.append(exc.format_message())
+        problems.append(str(exc))
     for device in farm.devices:
         n = len(cells_for(farm, device))
         server_problem = probe_adb_server(device.adb_server) if device.adb_server else None
@@ -86,7 +86,7 @@ def check_farm(path: str | Path) -> tuple[Farm, list[str], list[str]]:
                 facts = target.facts()
                 sensors = read_sensors(target)
         except (TargetError, Pi2Error, OSError) as exc:
-            text = exc.format_message() if isinstance(exc, Pi2Error) else str(exc)
+            text = str(exc)
             # the server answered the probe: "no device" here means an empty or other device list
             where = f" via adb server {device.adb_server} (which answers)" if device.adb_server else ""
             problems.append(f"device {device.name}{where}: not reachable ({text})")

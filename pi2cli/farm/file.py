@@ -23,7 +23,7 @@ WORKLOADS = ("multi-turn", "code", "math", "role-play")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SERVER_RE = re.compile(r"^[\w.\-]+:(\d{1,5})$")
 MAX_FARM_BYTES = 1 << 20
-# The engine's own bounds (native/src/session_options.c: --n-predict in [0, 2^20], --threads in [1, 1024];
+# The engine's own bounds (native/src/engine/session_options.c: --n-predict in [0, 2^20], --threads in [1, 1024];
 # `pi2-engine capabilities --json` lists flags, not their ranges), so a farm file the engine would refuse
 # at 2 am is refused by `farm check` now.
 MAX_N_GEN = 1 << 20

@@ -136,7 +136,7 @@ def work(farm: Farm, device_name: str, night: str, skip: set[str]) -> int:
                          error=f"aborted: {signals.signal_name(stop)}")  # fmt: skip
                 raise
             except (Pi2Error, TargetError) as exc:
-                message = exc.format_message() if isinstance(exc, Pi2Error) else str(exc)
+                message = str(exc)
                 lost = not device_answers(device_name)
                 result = {"status": "device_vanished" if lost else "error", "error": message}
             if not lost:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("stopped", device_name, signal=signals.signal_name(stop))
         return signals.exit_code(stop)
     except Pi2Error as exc:
-        emit("lost", device_name, error=exc.format_message(), undone=[])
+        emit("lost", device_name, error=str(exc), undone=[])
         return 1
 
 

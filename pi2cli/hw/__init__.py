@@ -1,1 +1,2 @@
-"""The hardware pi2 runs on: devices, pushing files to them, and measuring a process's memory."""
+"""The hardware pi2 runs on: devices, pushing files to them, measuring a process's memory, and holding
+one to a memory budget (a cgroup)."""

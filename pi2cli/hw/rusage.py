@@ -4,7 +4,7 @@ A peak read by polling /proc/PID/status misses whatever happened between two rea
 than the polling interval is not measured at all. The kernel keeps the true figure (ru_maxrss), but
 wait4() straight from Python reports Python's own resident set as its floor: at exec the kernel
 carries the old address space's high-water mark into the new program's ru_maxrss. So the command runs
-under pi2-rusage (native/src/main_rusage.c), a small static program that forks and execs it, wait4()s
+under pi2-rusage (native/src/programs/main_rusage.c), a small static program that forks and execs it, wait4()s
 it and writes its ru_maxrss, exit status and CPU times as one JSON line. The command inherits only
 pi2-rusage's few hundred KiB.
 

@@ -128,7 +128,7 @@ def check_architecture(src: Path) -> str:
     try:
         arch = read_gguf_metadata(src, {"general.architecture"}).get("general.architecture")
     except Pi2Error as err:
-        raise Pi2Error(f"{src}: not a readable GGUF file ({err.format_message()})") from None
+        raise Pi2Error(f"{src}: not a readable GGUF file ({err})") from None
     if arch not in GGUF_ARCHES:
         raise Pi2Error(f"GGUF architecture {arch!r} is not supported (only 'llama', incl. Mistral/Mixtral, "
                        "and PowerInfer's 'bamboo')")  # fmt: skip

@@ -45,9 +45,10 @@ import gguf
 import numpy as np
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models import gguf_twin, synth_quant
+from pi2cli.models import gguf_twin, synth_quant, synth_resume
 from pi2cli.models.numpy_llama import attention, ffn_activation, rms_norm
 from pi2cli.models.registry import ModelSpec, get_model, validate_dims
+from pi2cli.models.synth_stats import LayerStats
 
 HOT_FRACTION = 0.2
 LOGNORMAL_SIGMA = 2.1  # with the 0.8 cap, the top 20% of neurons hold ~80% of the activations
@@ -74,19 +75,6 @@ class SynthConfig:
     seq_len: int = 64
     dense_down: bool | None = None  # default: only for dense FFNs (MoE FFNs are read as bundles)
     tokenizer_gguf: Path | None = None  # default: SmolLM2's GGUF (its real byte-level BPE vocab)
-
-
-@dataclass
-class LayerStats:
-    layer: int
-    target_sparsity: float
-    sparsity: float
-    hot_coverage: float
-    recall: float
-    precision: float
-    predicted_fraction: float
-    threshold: float
-    per_expert: list[dict] = field(default_factory=list)
 
 
 def synth_spec(cfg: SynthConfig, vocab: int) -> ModelSpec:
@@ -665,8 +653,6 @@ def synthesize(
     Resumes from DIR/.synth-state.json (plain data, checked against this run) when an earlier run of the same options was interrupted
     (pi2cli.models.synth_resume). `workers`: FFN blocks (experts) built at once, each with one BLAS
     thread [default: the CPU count, for MoE; dense layers use all BLAS threads on their one block]."""
-    from pi2cli.models import synth_resume
-
     spec, tok_fields, sparsity, rank = resolve(cfg)
     h, f, quant, vocab = spec.hidden, spec.ffn, cfg.quant, spec.vocab
     n_calib, n_eval = cfg.calib_seqs * cfg.seq_len, cfg.eval_seqs * cfg.seq_len

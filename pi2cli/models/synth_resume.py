@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pi2cli.models.pi2file import SEC_NEURONS, SEC_RESIDENT, TYPES, Pi2Writer, TensorEntry
-from pi2cli.models.synth import LayerStats
+from pi2cli.models.synth_stats import LayerStats
 
 STATE_NAME = ".synth-state.json"
 X_NAME = ".synth-state.x.npy"  # the residual stream of the calibration/held-out rows

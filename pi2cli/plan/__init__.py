@@ -1,1 +1,1 @@
-"""The planner and what it stands on: the hardware profile, the plan, and memory budgets made real."""
+"""The planner and what it stands on: the hardware profile, the plan, the smallest budget, the prediction."""

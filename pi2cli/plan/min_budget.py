@@ -1,6 +1,6 @@
 """The one budget rule: the smallest memory budget is the engine's own `pi2-engine size`, for every path.
 
-`pi2-engine size` (native/src/size_cmd.c over sparse_size.c, the functions the engine sizes itself with
+`pi2-engine size` (native/src/engine/size_cmd.c over sparse_size.c, the functions the engine sizes itself with
 when it opens) answers, for a policy, a context, a thread count and the budget itself, whether the
 budget holds the fixed region and `min_budget_bytes`: measured on a .pi2 file (`-m FILE`: the model
 opened as chat opens it) or estimated for a registry shape (`--facts`). The budget is part of the

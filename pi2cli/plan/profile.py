@@ -1,6 +1,6 @@
 """`pi2 profile`: measure a target's hardware with pi2-probe and write the profile `pi2 plan` reads.
 
-What is measured (pi2-probe, native/src/main_probe.c, run ON the target):
+What is measured (pi2-probe, native/src/programs/main_probe.c, run ON the target):
   - memory read bandwidth with 1 thread and with every core (`pi2-probe membw`);
   - random-read storage throughput over a large file (the model file is the natural one) at the block
     sizes in STORAGE_BLOCKS with queue depth 32, the sizes in DEEP_BLOCKS at the engine's queue depth

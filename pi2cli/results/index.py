@@ -229,7 +229,7 @@ class Index:
                         f"{path}: run {row['run_id']} is already {self.runs_dir / first} (a copy?)"
                     )
             except Pi2Error as err:
-                warnings.append(str(err.format_message()))
+                warnings.append(str(err))
                 if name in known and owner.get(known[name][2]) == name:
                     stale.append(known[name][2])
                     del owner[known[name][2]]
@@ -479,6 +479,6 @@ def read_run_file(path: Path) -> dict:
     try:
         schema.validate(run)
     except schema.ResultSchemaError as err:
-        raise schema.ResultSchemaError(f"{path}: {err.format_message()}") from None
+        raise schema.ResultSchemaError(f"{path}: {err}") from None
     schema.summarize(run)  # a stored summary is never trusted over the samples it came from
     return run

@@ -9,10 +9,9 @@ import json
 import os
 import secrets
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import click
 
 from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
@@ -94,7 +93,7 @@ def open_listing(
 
 def warn_bad_file(message: str) -> None:
     """How list/compare/report tell about a run file they had to skip: one line each, on stderr."""
-    click.echo(f"pi2: warning: skipped {message}", err=True)
+    print(f"pi2: warning: skipped {message}", file=sys.stderr)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -120,7 +119,7 @@ def save_run(
         schema.validate(run)
         text = json.dumps(run, indent=1, allow_nan=False) + "\n"
     except (TypeError, ValueError, KeyError, schema.ResultSchemaError) as err:
-        message = err.format_message() if isinstance(err, Pi2Error) else f"not storable as JSON ({err})"
+        message = str(err) if isinstance(err, Pi2Error) else f"not storable as JSON ({err})"
         raise schema.ResultSchemaError(f"run {run.get('run_id')}: {message}{_keep_unsaved(run)}") from None
     path = runs_dir(results_dir) / f"{run['run_id']}.json"
     if path.exists() and not overwrite:
@@ -135,8 +134,8 @@ def save_run(
             idx.upsert(run, path)
     except (Pi2Error, sqlite3.Error, OSError) as err:
         # The JSON file is the truth and is safely written; the next listing indexes it.
-        message = err.format_message() if isinstance(err, Pi2Error) else str(err)
-        click.echo(f"pi2: warning: saved {path} but could not index it ({message})", err=True)
+        message = str(err)
+        print(f"pi2: warning: saved {path} but could not index it ({message})", file=sys.stderr)
     return path
 
 
@@ -221,7 +220,7 @@ def list_runs(
     with open_listing(results_dir, index) as idx:
         if on_bad_file:
             if idx.notice:
-                click.echo(f"pi2: warning: {idx.notice}", err=True)
+                print(f"pi2: warning: {idx.notice}", file=sys.stderr)
             for warning in idx.warnings:
                 on_bad_file(warning)
         return idx.query(model=model, engine=engine, workload=workload, since=since, status=status, limit=limit,
@@ -266,7 +265,7 @@ def load_runs(
             runs.append(read_run_file(base / row["path"]))
         except Pi2Error as err:
             if on_bad_file:
-                on_bad_file(err.format_message())
+                on_bad_file(str(err))
     return runs
 
 

@@ -33,6 +33,17 @@ typedef struct { pi2_f16 d, m; uint8_t qs[PI2_QK / 2]; } pi2_block_q4_1;       /
 typedef struct { pi2_f16 d; int8_t qs[PI2_QK]; } pi2_block_q8_0;               /* 34 bytes */
 typedef struct { pi2_f16 d, s; int8_t qs[PI2_QK]; } pi2_block_q8_1;            /* 36 bytes; s = d*sum(qs) */
 
+/* A weight matrix: `rows` rows of `cols` elements of `type`, row r at data + r * stride. Dense
+ * tensors have stride = row_bytes; gate/up rows inside bundles have stride = bundle_stride. Here, not
+ * in model.h, because the matrix products over the pool (parmat.h) take it. */
+typedef struct {
+    const uint8_t *data;
+    pi2_type type;
+    int64_t rows, cols;
+    size_t row_bytes, stride;
+    int x4;                /* rows interleaved by four (pi2_x4_pack) in a malloc'ed copy: pi2_model_repack */
+} pi2_mat;
+
 const char *pi2_type_name(pi2_type t);
 int pi2_type_valid_weight(int t);          /* 1 for F32, F16, Q4_0, Q4_1, Q8_0 */
 size_t pi2_row_size(pi2_type t, int64_t n);  /* bytes of one row of n elements (n % 32 == 0 for quants) */

@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "kernels.h"
 #include "threadpool.h"
 
 /* Run fn on every thread of pool, or once on this thread when pool is NULL. */

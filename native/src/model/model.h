@@ -8,16 +8,6 @@
 #include "kernels.h"
 #include "pi2file.h"
 
-/* A weight matrix: `rows` rows of `cols` elements of `type`, row r at data + r * stride. Dense
- * tensors have stride = row_bytes; gate/up rows inside bundles have stride = bundle_stride. */
-typedef struct {
-    const uint8_t *data;
-    pi2_type type;
-    int64_t rows, cols;
-    size_t row_bytes, stride;
-    int x4;                /* rows interleaved by four (pi2_x4_pack) in a malloc'ed copy: pi2_model_repack */
-} pi2_mat;
-
 typedef struct {
     pi2_mat gate, up;      /* rows in bundle order (views into the neuron region) */
     pi2_mat down_cols;     /* bundle down parts: row k = column order[k] of down, for axpy */

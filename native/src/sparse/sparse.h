@@ -68,12 +68,6 @@ typedef struct {
     uint64_t predict_ns, wave_ns, down_ns, waves;
 } pi2_sparse_stats;
 
-/* pi2_model_load as the policy reads the model: sparse policies never touch the neuron region (no
- * checksum pass over it, no packed copy); dense packs gate/up rows unless no_pack or a budget is set.
- * The attention and output weights are repacked (pi2_model_repack) unless cfg->no_repack, or the
- * policy is dense under a budget (which pages every weight from the file, as llama.cpp with mmap). */
-int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg);
-
 typedef struct pi2_sparse pi2_sparse;
 
 /* Size the cache from the budget (the process's RSS now plus ctx_bytes, what the forward pass's

@@ -1,5 +1,6 @@
-/* The sparse engine's opening and closing (sparse.h): configuration, the policy's model load, scratch,
- * the budget and the cache (sized by sparse_size.c), the preload, the storage probe. */
+/* The sparse engine's opening and closing (sparse.h): configuration, scratch, the budget and the cache
+ * (sized by sparse_size.c), the preload, the storage probe. The policy's model load is the session's
+ * (session.c, pi2_model_load_for). */
 #include "sparse.h"
 
 #include <math.h>
@@ -31,23 +32,6 @@ void pi2_sparse_config_default(pi2_sparse_config *cfg) {
 static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "powerinfer2"};
 
 const char *pi2_policy_name(pi2_policy p) { return p <= PI2_POLICY_POWERINFER2 ? policy_names[p] : "?"; }
-
-
-int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg) {
-    const int sparse = cfg->policy != PI2_POLICY_DENSE;
-    if (pi2_model_load(m, path, verify_neurons && !sparse) != 0) return -1;
-    /* Packing copies gate/up into anonymous memory: fast in memory, but under a budget the dense
-     * policy must page from the file like llama.cpp with mmap, and sparse policies read bundles. */
-    if (!sparse && !no_pack && !cfg->memory_budget && pi2_model_pack_ffn(m) != 0) {
-        pi2_model_free(m);
-        return -1;
-    }
-    if ((sparse || !cfg->memory_budget) && !cfg->no_repack && pi2_model_repack(m) != 0) {
-        pi2_model_free(m);
-        return -1;
-    }
-    return 0;
-}
 
 /* ---- opening: budget, cache, store ----------------------------------------------------------- */
 

@@ -3,7 +3,7 @@
 How it measures (also stored in every result's `how`):
   * The server (llama.cpp's own `llama-server`, built by pi2cli.builds.baselines.llamacpp_build) loads the GGUF
     once with `--load-mode mmap --no-repack`: weights stay file-backed, so a memory budget (cgroup, see
-    pi2cli.plan.budget) really makes it page from storage. CPU repacking would copy the weights into
+    pi2cli.hw.cgroup) really makes it page from storage. CPU repacking would copy the weights into
     anonymous memory and defeat that; pass repack=True to measure llama.cpp at its fastest instead.
   * One request = POST /completion with stream=true, return_tokens=true, cache_prompt=true and
     timings_per_token=true. Token times are the server's own clock where it runs (device_token_times):
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
-from pi2cli.plan.budget import Budget
+from pi2cli.hw.cgroup import Budget
 from pi2cli.results.schema import PEAK_RSS_BEFORE_STOP
 
 HOW = (
@@ -407,8 +407,8 @@ def run_llama_bench(
     the model is evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
     peak_rss_bytes is the kernel's ru_maxrss for llama-bench (it runs under pi2-rusage).
     """
+    from pi2cli.hw.cgroup import run_budgeted
     from pi2cli.hw.rusage import Measured
-    from pi2cli.plan.budget import run_budgeted
 
     model = Path(model)
     cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,

@@ -200,7 +200,7 @@ class RunnerRun:
 
 def run_command_runner(runner: str, body: dict, timeout_s: float, popen=None) -> RunnerRun:
     """Run a command runner once: the request as one JSON object on stdin, its stdout back.
-    popen: how to start it (pi2cli.plan.budget.Budget.popen to run it inside a memory budget). It runs
+    popen: how to start it (pi2cli.hw.cgroup.Budget.popen to run it inside a memory budget). It runs
     under pi2-rusage, so its peak RSS is the kernel's figure however short the run."""
     from pi2cli.hw.rusage import Measured
 

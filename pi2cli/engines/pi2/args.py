@@ -2,7 +2,7 @@
 (`pi2 generate`, `pi2 bench`) and benchmarks/sparse_decode.py.
 
 The order carries meaning, because `--plan FILE` splices the plan's settings into the command line
-where it stands (native/src/plan.c) and a later flag wins over an earlier one:
+where it stands (native/src/engine/plan.c) and a later flag wins over an earlier one:
     COMMAND -m MODEL [run flags] --events FILE  --policy P [--llmflash-window K]  [--plan FILE]
     [--threads N] [more...]  [--memory-budget BYTES]
 so a plan overrides the policy's defaults, the caller's --threads overrides the plan's, and the budget

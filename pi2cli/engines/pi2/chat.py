@@ -1,7 +1,7 @@
 """pi2-engine's multi-turn mode (`pi2-engine chat`) from the host: sessions on any target, and the bench
 driver for the pi2 engine.
 
-The protocol (native/src/chat.h): the engine loads the model once and reads one JSON request per stdin
+The protocol (native/src/engine/chat.h): the engine loads the model once and reads one JSON request per stdin
 line, {"prompt": TEXT, "n_predict": N, "ignore_eos": B, "reset": B}. TEXT is appended to the KV cache
 (only its tokens are prefilled); the answer streams to stdout and ends with "\\x1e" + the turn's JSON
 record + "\\n". Per-token times are in the --events file (JSONL, monotonic clock on the target).

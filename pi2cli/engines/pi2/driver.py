@@ -37,7 +37,7 @@ def model_has_predictor(model: Path) -> bool | None:
 @dataclass
 class GenerateRun:
     """One `pi2-engine generate` run: its events grouped (events.parse_events; {} when it failed), the
-    engine's own error line when it failed, and the budget record (pi2cli.plan.budget)."""
+    engine's own error line when it failed, and the budget record (pi2cli.hw.cgroup)."""
 
     events: dict
     error: str | None = None
@@ -50,7 +50,7 @@ def run_generate(model: Path, *, budget_bytes: int | None = None, evict=(), time
     events (the predictor check, benchmarks/): inside a memory cgroup of `budget_bytes` that also goes
     to the engine as --memory-budget (last, args.py), `evict`ed from the page cache first. argv: the
     keywords of args.engine_argv (prompt, n_predict, temperature, seed, policy, more, ...)."""
-    from pi2cli.plan.budget import run_budgeted
+    from pi2cli.hw.cgroup import run_budgeted
 
     with tempfile.TemporaryDirectory(prefix="pi2-gen-") as tmp:
         events = Path(tmp) / "events.jsonl"

@@ -1,7 +1,7 @@
 """pi2-engine's events (--events FILE, JSONL), read the one way for `generate` and `chat`.
 
 The engine owns the contract: every event kind's fields (name, JSON type, the commands that write it,
-when, what it means) are one table in native/src/event_schema.c, which `pi2-engine capabilities --json`
+when, what it means) are one table in native/src/engine/event_schema.c, which `pi2-engine capabilities --json`
 prints under "events". The host reads that list (`event_fields`) instead of keeping its own, and
 docs/ENGINE.md's event section is `schema_markdown` of it (tests/test_event_schema.py checks both).
 """

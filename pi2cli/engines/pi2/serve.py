@@ -2,7 +2,7 @@
 machine or on a phone, until Ctrl-C.
 
 Here: the host build listens on 127.0.0.1, inside a memory cgroup of the budget where this machine has
-one (pi2cli.plan.budget, as `pi2 bench` runs engines); its first stderr line names the port, and GET
+one (pi2cli.hw.cgroup, as `pi2 bench` runs engines); its first stderr line names the port, and GET
 /health answering 200 means it serves.
 On an adb device: what is missing is pushed first (pi2cli.hw.push: content hashes, so a second serve
 copies nothing), the engine starts through one adb shell under a watchdog (llamacpp/device.py:
@@ -195,7 +195,7 @@ class LocalServer:
 
     def start(self, timeout_s: float) -> tuple[int, int]:
         """Start it and wait until it serves; (pid, port)."""
-        from pi2cli.plan.budget import Budget
+        from pi2cli.hw.cgroup import Budget
 
         deadline = time.monotonic() + timeout_s
         self.cgroup = Budget(self.budget_bytes).__enter__()

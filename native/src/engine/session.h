@@ -46,6 +46,13 @@ typedef struct {
  * an error), or when it has one (size: the process a run would have). */
 typedef enum { PI2_TOKENIZER_NONE, PI2_TOKENIZER_NEEDED, PI2_TOKENIZER_IF_ANY } pi2_tokenizer_use;
 
+/* pi2_model_load as the policy reads the model (a choice the session makes from its options, so it lives
+ * here, above model/ and sparse/): sparse policies never touch the neuron region (no checksum pass over
+ * it, no packed copy); dense packs gate/up rows unless no_pack or a budget is set. The attention and
+ * output weights are repacked (pi2_model_repack) unless cfg->no_repack, or the policy is dense under a
+ * budget (which pages every weight from the file, as llama.cpp with mmap). */
+int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg);
+
 /* The model and (as `use` says) its tokenizer. s is zeroed first; close it whatever this returns. 0 or
  * -1 + error. */
 int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use);

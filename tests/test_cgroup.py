@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from pi2cli.errors import Pi2Error
-from pi2cli.plan import budget
+from pi2cli.hw import cgroup
 
 MiB = 2**20
 
@@ -47,27 +47,27 @@ def test_eviction_empties_the_page_cache(big_file):
     with open(big_file, "rb") as f:
         while f.read(8 * MiB):
             pass
-    assert budget.resident_bytes(big_file) > 200 * MiB
-    record = budget.evict_from_page_cache(big_file)
+    assert cgroup.resident_bytes(big_file) > 200 * MiB
+    record = cgroup.evict_from_page_cache(big_file)
     assert record["resident_before"] > 200 * MiB
     assert record["resident_after"] < 4 * MiB
 
 
 def test_no_budget_is_recorded_as_not_enforced(tmp_path):
-    run = budget.run_budgeted([sys.executable, "-c", "print(42)"], None)
+    run = cgroup.run_budgeted([sys.executable, "-c", "print(42)"], None)
     assert run.returncode == 0 and run.stdout.strip() == "42"
     assert run.budget["enforced"] is False
     assert "not enforced" in run.budget["how"]
 
 
 def test_missing_cgroup_support_is_said_not_pretended(tmp_path, monkeypatch):
-    support = budget.detect_cgroup(root=tmp_path)
+    support = cgroup.detect_cgroup(root=tmp_path)
     assert not support.usable and "no memory cgroup" in support.reason
-    monkeypatch.setattr(budget, "detect_cgroup", lambda: support)
-    run = budget.run_budgeted([sys.executable, "-c", "pass"], 100 * MiB)
+    monkeypatch.setattr(cgroup, "detect_cgroup", lambda: support)
+    run = cgroup.run_budgeted([sys.executable, "-c", "pass"], 100 * MiB)
     assert run.budget["enforced"] is False and "no memory cgroup" in run.budget["how"]
     with pytest.raises(Pi2Error, match="cannot enforce"):
-        budget.run_budgeted([sys.executable, "-c", "pass"], 100 * MiB, required=True)
+        cgroup.run_budgeted([sys.executable, "-c", "pass"], 100 * MiB, required=True)
 
 
 def test_v2_parent_that_keeps_memory_to_itself_is_not_usable(tmp_path, monkeypatch):
@@ -79,30 +79,30 @@ def test_v2_parent_that_keeps_memory_to_itself_is_not_usable(tmp_path, monkeypat
     (own / "cgroup.controllers").write_text("cpu memory pids\n")
     (own / "cgroup.subtree_control").write_text("cpu pids\n")
     monkeypatch.setenv("PI2_CGROUP_PARENT", "/box")
-    support = budget.detect_cgroup(root=tmp_path)
+    support = cgroup.detect_cgroup(root=tmp_path)
     assert not support.usable and "subtree_control" in support.reason
     (own / "cgroup.subtree_control").write_text("cpu memory pids\n")
-    assert budget.detect_cgroup(root=tmp_path).parent == own
+    assert cgroup.detect_cgroup(root=tmp_path).parent == own
 
 
 def test_tiny_budget_is_refused():
     with pytest.raises(Pi2Error, match="too small"):
-        budget.MemoryCgroup(1024, budget.CgroupSupport(1, None))
+        cgroup.MemoryCgroup(1024, cgroup.CgroupSupport(1, None))
 
 
 def test_cgroup_caps_an_mmapped_file_and_reads_go_to_storage(big_file, tmp_path):
-    support = budget.detect_cgroup()
+    support = cgroup.detect_cgroup()
     if not support.usable:
         pytest.skip(f"memory cgroups not writable here: {support.reason}")
     reader = tmp_path / "reader.py"
     reader.write_text(READER)
     cmd = [sys.executable, str(reader), str(big_file)]
 
-    free = budget.run_budgeted(cmd, None, evict=[big_file])
+    free = cgroup.run_budgeted(cmd, None, evict=[big_file])
     assert free.returncode == 0, free.stderr
     free_read = int(free.stdout)
 
-    capped = budget.run_budgeted(cmd, 100 * MiB, evict=[big_file])
+    capped = cgroup.run_budgeted(cmd, 100 * MiB, evict=[big_file])
     assert capped.returncode == 0, capped.stderr
     capped_read = int(capped.stdout)
     record = capped.budget
@@ -121,10 +121,10 @@ def test_cgroup_caps_an_mmapped_file_and_reads_go_to_storage(big_file, tmp_path)
 def test_cgroup_is_removed_when_the_run_is_interrupted(tmp_path):
     import subprocess
 
-    support = budget.detect_cgroup()
+    support = cgroup.detect_cgroup()
     if not support.usable:
         pytest.skip(f"memory cgroups not writable here: {support.reason}")
     mine = f"pi2-budget-{os.getpid()}-"
     with pytest.raises(subprocess.TimeoutExpired):
-        budget.run_budgeted([sys.executable, "-c", "import time; time.sleep(30)"], 64 * MiB, timeout=0.5)
+        cgroup.run_budgeted([sys.executable, "-c", "import time; time.sleep(30)"], 64 * MiB, timeout=0.5)
     assert not [p for p in os.listdir(support.parent) if p.startswith(mine)]

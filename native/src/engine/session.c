@@ -10,6 +10,22 @@
 
 #define DEFAULT_CTX 4096
 
+int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg) {
+    const int sparse = cfg->policy != PI2_POLICY_DENSE;
+    if (pi2_model_load(m, path, verify_neurons && !sparse) != 0) return -1;
+    /* Packing copies gate/up into anonymous memory: fast in memory, but under a budget the dense
+     * policy must page from the file like llama.cpp with mmap, and sparse policies read bundles. */
+    if (!sparse && !no_pack && !cfg->memory_budget && pi2_model_pack_ffn(m) != 0) {
+        pi2_model_free(m);
+        return -1;
+    }
+    if ((sparse || !cfg->memory_budget) && !cfg->no_repack && pi2_model_repack(m) != 0) {
+        pi2_model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
 int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use) {
     memset(s, 0, sizeof *s);
     s->t_load0 = pi2_now_ns();
