@@ -54,7 +54,7 @@ PY_LAYERS = {
 # found arrows and circles must lie within them, so none can be added meanwhile
 KNOWN_UP = {("pi2cli.plan.min_budget", "pi2cli.bench.run")}
 KNOWN_CIRCLES = [
-    {"pi2cli.bench.floor", "pi2cli.bench.run", "pi2cli.engines.pi2", "pi2cli.plan.min_budget", "pi2cli.plan.plan",
+    {"pi2cli.bench.floor", "pi2cli.bench.run", "pi2cli.engines.pi2.driver", "pi2cli.plan.min_budget", "pi2cli.plan.plan",
      "pi2cli.plan.profile", "pi2cli.quality.bench_hook", "pi2cli.quality.runner"},
     {"pi2cli.bench.sweep", "pi2cli.bench.sweep_cells"},
 ]  # fmt: skip
