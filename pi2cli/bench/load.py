@@ -379,10 +379,6 @@ def new_load_run(cfg: LoadConfig, ep: Endpoint, server: Server, n_conversations:
 
 
 # ----------------------------------------------------------------------------------------- the result
-def gaps_ns(times_s: list[float]) -> list[int]:
-    return [round((b - a) * 1e9) for a, b in zip(times_s, times_s[1:], strict=False)]
-
-
 def engine_gaps_ns(stamps: list[tuple[int, int]]) -> list[int]:
     """Times between tokens on the engine's clock: a chunk that carries several tokens (text held back at a
     possible stop string) spreads its gap evenly over them."""
@@ -408,7 +404,7 @@ def add_request_turn(run: dict, rec: Record, t0: float) -> dict:
     n_prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
     if not a.arrivals_s:  # tokens without text (an end-of-turn token): nothing arrived to time
         n_gen = 0
-    samples = gaps_ns(a.arrivals_s)[: max(n_gen - 1, 0)]
+    samples = S.tbt_from_times(a.arrivals_s)[: max(n_gen - 1, 0)]
     extra = {"client": rec.client, "conversation": rec.conversation, "turn": rec.turn, "retries": rec.retries,
              "start_s": round(a.sent_s - t0, 4), "end_s": round(a.ended_s - t0, 4), "http_status": a.status,
              "finish_reason": a.finish_reason, "chunks": len(a.arrivals_s)}  # fmt: skip

@@ -538,7 +538,7 @@ def run_one(
                                 reporter.message(f"{label}: {conv.id} turn {k + 1} failed: {exc}")
                                 break
                             answers.append(t.text)
-                            turn = S.add_turn(run, **turn_fields(t), prompt_id=f"{conv.id}#{k}", rep=rep)
+                            turn = S.add_turn(run, **t.turn_fields(), prompt_id=f"{conv.id}#{k}", rep=rep)
                             reporter.turn_done(label, turn["decode_ts"],
                                                None if t.ttft_s is None else t.ttft_s * 1e3)  # fmt: skip
                 limit.where = f"stopping the engine, {len(S.measured_turns(run))} turn(s) finished"
@@ -584,41 +584,6 @@ def run_one(
     path = store.save_run(run, cfg.results_dir)
     reporter.run_done(label, run["status"])
     return RunOutcome(driver.name, workload, budget_bytes, run, path)
-
-
-def turn_fields(t) -> dict:
-    """add_turn's arguments for one TurnMetrics. TTFT and TBT come from the per-token times wherever
-    the engine gives them (the same for every engine); an engine that reports only rates (an MLC
-    command runner) gets its own prefill/decode rates recorded instead (extra.rates_from = "engine")."""
-    times = t.token_times_s
-    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
-    n_gen = t.n_gen if t.n_gen is not None else (len(t.token_ids) or len(times))
-    rate_only = not samples and n_gen > 1 and bool(t.decode_tps)
-    extra = {"n_prompt_total": t.n_prompt, "n_prompt_cached": t.n_prompt_cached,
-             "engine_prefill_tps": t.prefill_tps, "engine_decode_tps": t.decode_tps, "stop": t.stop_type,
-             "text": t.text}  # fmt: skip
-    if rate_only:
-        extra["rates_from"] = "engine"
-    if getattr(t, "clock", None):  # whose clock the token times are on (llama.cpp: the server's own)
-        extra["clock"] = t.clock
-    if getattr(t, "host_ttft_s", None) is not None:
-        extra["host_ttft_ms"] = round(t.host_ttft_s * 1e3, 3)
-    server = {
-        k: t.timings[k] for k in ("prompt_ms", "predicted_ms", "predicted_per_token_ms") if k in t.timings
-    }
-    if server:
-        extra["engine_timings"] = server
-    io = t.timings.get("sparse") or {}
-    if io:
-        extra["storage_reads"] = io["reads"]
-    return dict(
-        n_prompt=t.n_prompt_processed, n_gen=n_gen, ttft_ns=None if t.ttft_s is None else round(t.ttft_s * 1e9),
-        samples_ns=samples, extra=extra,
-        prefill_ts=(t.prefill_tps or None) if rate_only and (t.ttft_s is None or not t.n_prompt_processed) else None,
-        decode_ts=t.decode_tps if rate_only else None,
-        bytes_read=io.get("bytes_read"), cache_hits=io.get("hits"), cache_misses=io.get("misses"),
-        io_ns=io.get("io_ns"), compute_ns=io.get("compute_ns"),
-    )  # fmt: skip
 
 
 def _finish_samples(run: dict, sampler: MemorySampler | None) -> None:

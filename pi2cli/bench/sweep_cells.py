@@ -68,9 +68,8 @@ def parse_generate_events(text: str, want_prompt: int) -> GenerateSample:
         raise Pi2Error(
             f"pi2-engine prefilled {start.get('n_prompt')} prompt tokens, not the {want_prompt} asked for"
         )
-    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
     return GenerateSample(
-        want_prompt, len(times), round(float(turn["ttft_s"]) * 1e9), samples, summary, start
+        want_prompt, len(times), round(float(turn["ttft_s"]) * 1e9), S.tbt_from_times(times), summary, start
     )
 
 

@@ -34,9 +34,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pi2cli.engines.base import TurnMetrics
 from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 from pi2cli.plan.budget import Budget
@@ -75,41 +75,6 @@ def vm_hwm_bytes(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-@dataclass
-class TurnMetrics:
-    """One request's output and timings. Times in seconds; token_times_s relative to the request."""
-
-    text: str
-    token_ids: list[int]
-    n_prompt: int  # prompt tokens in total (cached + processed)
-    n_prompt_cached: int  # prompt tokens reused from the KV cache (server timings.cache_n)
-    n_prompt_processed: int  # prompt tokens actually prefilled (timings.prompt_n)
-    ttft_s: float
-    token_times_s: list[float]
-    prefill_tps: float
-    decode_tps: float
-    host_decode_tps: float
-    stop_type: str
-    timings: dict = field(default_factory=dict)
-    # tokens generated when token_ids / token_times_s cannot tell (engines that report counts and rates
-    # only, as an MLC command runner); None: len(token_ids)
-    n_gen: int | None = None
-    # whose clock token_times_s are on: "engine" (taken where the engine runs: its own per-token stamps),
-    # "host" (arrivals stamped here: only for a server on this machine), None (unknown)
-    clock: str | None = None
-    host_ttft_s: float | None = None  # arrivals here, for comparison with the engine's own times
-
-    @property
-    def tbt_s(self) -> list[float]:
-        t = self.token_times_s
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["tbt_s"] = self.tbt_s
-        return out
 
 
 def server_args(model: str, port: int, *, ctx_size: int = 4096, load_mode: str = "mmap", repack: bool = False,

@@ -19,8 +19,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from pi2cli.engines.base import Driver
-from pi2cli.engines.llamacpp import TurnMetrics
+from pi2cli.engines.base import Driver, TurnMetrics
 from pi2cli.engines.mlc import (
     RUNNER_ENV,
     parse_runner_output,

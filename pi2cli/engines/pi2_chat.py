@@ -27,8 +27,7 @@ from collections import deque
 from pathlib import Path
 
 from pi2cli.builds.capabilities import command_flags
-from pi2cli.engines.base import TurnFailed
-from pi2cli.engines.llamacpp import TurnMetrics
+from pi2cli.engines.base import TurnFailed, TurnMetrics
 from pi2cli.engines.pi2_args import engine_argv
 from pi2cli.engines.pi2_events import parse_line, parse_lines, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
