@@ -19,19 +19,15 @@ row per sample: pi2's TTFT and every TBT, llama-bench's per-repetition test time
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from pi2cli.bench.sweep_cells import FollowingSampler, llama_cell, pi2_cell, prepare_llama_bench
+from pi2cli.bench.sweep_config import TOKEN_SEED, Cell, SweepConfig, check_config, matrix
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
 
-SWEEP_ENGINES = ("pi2", "llmflash", "llama.cpp")
-DEFAULT_N_PROMPT = [512]
-DEFAULT_N_GEN = [128]
-DEFAULT_REPEAT = 3
-DEFAULT_WARMUP = 1
-TOKEN_SEED = 1234  # the synthetic prompt's ids: the same prompt for every engine, run and cell
 # The dry run's time estimate (no run has happened yet): reading the whole model once per token at
 # these rates, plus one load of it per process. Rough on purpose; it says so when printed.
 EST_DECODE_BYTES_PER_S = 4e9
@@ -45,64 +41,6 @@ PI2_HOW = ("pi2-engine generate --tokens (a synthetic prompt of exactly n_prompt
 LLAMA_HOW = ("llama-bench on the target, its own clock there (pi2-rusage: peak RSS): `-p P -n 0` (pp, "
              "prefill_ts) and `-p 0 -n N -d P` (tg at depth P, decode_ts), -r repetitions, -lm mmap --repack 0; "
              "whole tests are timed, so no TTFT or TBT")  # fmt: skip
-
-
-@dataclass
-class SweepConfig:
-    model: str
-    engines: list[str] = field(default_factory=lambda: ["pi2"])
-    n_prompt: list[int] = field(default_factory=lambda: list(DEFAULT_N_PROMPT))
-    n_gen: list[int] = field(default_factory=lambda: list(DEFAULT_N_GEN))
-    threads: list[int | None] = field(default_factory=lambda: [None])
-    repeat: int = DEFAULT_REPEAT
-    warmup: int = DEFAULT_WARMUP
-    budgets: list[int | None] = field(default_factory=lambda: [None])
-    device: str | None = None
-    results_dir: str | None = None
-    tags: list[str] = field(default_factory=list)
-    llmflash_window: int = 5
-    llamacpp_bin_dir: str | None = None
-    samples_csv: str | None = None
-    dry_run: bool = False
-    timeout_s: float = 3600.0  # one engine process (failed past it); run_timeout_s: the whole cell (timeout)
-    run_timeout_s: float | None = None
-
-
-@dataclass
-class Cell:
-    engine: str
-    budget: int | None
-    threads: int | None
-    n_prompt: int
-    n_gen: int
-
-    @property
-    def workload(self) -> str:
-        return f"pp{self.n_prompt}-tg{self.n_gen}"
-
-
-def matrix(cfg: SweepConfig) -> list[Cell]:
-    """Every cell, engine-major (one engine's cells run together), then budget, threads, pp, tg."""
-    return [Cell(e, b, t, p, n) for e in dict.fromkeys(cfg.engines) for b in cfg.budgets for t in cfg.threads
-            for p in cfg.n_prompt for n in cfg.n_gen]  # fmt: skip
-
-
-def check_config(cfg: SweepConfig) -> None:
-    """Everything that can be wrong with the options, before anything runs (one line each)."""
-    for name in cfg.engines:
-        if name not in SWEEP_ENGINES:
-            raise Pi2Error(f"--mode pp-tg runs {', '.join(SWEEP_ENGINES)}; engine '{name}' has no pp-tg "
-                           f"sweep (use --mode chat)")  # fmt: skip
-    if cfg.repeat < 1:
-        raise Pi2Error(f"--repeat must be at least 1, got {cfg.repeat}")
-    if cfg.warmup < 0:
-        raise Pi2Error(f"--warmup must be 0 or more, got {cfg.warmup}")
-    if any(p < 1 for p in cfg.n_prompt) or any(n < 2 for n in cfg.n_gen):
-        raise Pi2Error(
-            "--mode pp-tg needs every --n-prompt >= 1 and every --n-gen >= 2 (a TBT needs two tokens)"
-        )
-    if any(t is not None and t < 1 for t in cfg.threads):
-        raise Pi2Error("--threads must be at least 1")
 
 
 def estimate_seconds(cell: Cell, model_bytes: int, cfg: SweepConfig) -> float:
@@ -130,15 +68,6 @@ def dry_run_lines(cfg: SweepConfig, model_bytes: int, model_name: str) -> list[s
                  f"{EST_DECODE_BYTES_PER_S / 1e9:.0f} GB/s, prefill {EST_PREFILL_TOKENS_PER_DECODE}x cheaper per "
                  f"token, {EST_LOAD_S} s per load); nothing was run")  # fmt: skip
     return lines
-
-
-def prompt_ids(n_vocab: int, n: int, seed: int = TOKEN_SEED) -> list[int]:
-    """n token ids drawn from the vocabulary (ids 0..2, BOS/EOS/UNK in llama vocabularies, left out
-    where the vocabulary is big enough), the same for every engine and run."""
-    import numpy as np
-
-    low = 3 if n_vocab > 16 else 0
-    return [int(v) for v in np.random.default_rng(seed).integers(low, n_vocab, size=n)]
 
 
 # ------------------------------------------------------------------------------------------- the sweep
@@ -179,7 +108,6 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         resolve_model,
         save_failed_run,
     )
-    from pi2cli.bench.sweep_cells import FollowingSampler, llama_cell, pi2_cell, prepare_llama_bench
     from pi2cli.engines import get_driver
     from pi2cli.results import store
     from pi2cli.targets import get_target

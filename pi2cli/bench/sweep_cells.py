@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pi2cli.bench.sweep import Cell, SweepConfig, prompt_ids
+from pi2cli.bench.sweep_config import Cell, SweepConfig, prompt_ids
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
