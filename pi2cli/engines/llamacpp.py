@@ -350,46 +350,6 @@ def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float
 
 
 # ------------------------------------------------------------------------------ llama-bench mode
-def run_llama_bench(
-    model: Path,
-    *,
-    bin_dir: Path | None = None,
-    n_prompt: int = 512,
-    n_gen: int = 128,
-    threads: int | None = None,
-    repetitions: int = 3,
-    load_mode: str = "mmap",
-    repack: bool = False,
-    budget_bytes: int | None = None,
-    extra_args: list[str] | None = None,
-    timeout_s: float | None = None,
-) -> dict:
-    """llama.cpp's own benchmark (`llama-bench -o json`): prefill (pp) and decode (tg) throughput.
-
-    Returns {"records": [...], "budget": {...}, "cmd": [...], "how": "...", "peak_rss_bytes": N}; records
-    are llama-bench's JSON objects unchanged (n_prompt, n_gen, avg_ts, stddev_ts, samples_ts, load_mode,
-    repack, ...), one per test: the pp test has n_gen 0 and the tg test n_prompt 0. With budget_bytes
-    the model is evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
-    peak_rss_bytes is the kernel's ru_maxrss for llama-bench (it runs under pi2-rusage).
-    """
-    from pi2cli.hw.rusage import Measured
-    from pi2cli.plan.budget import run_budgeted
-
-    model = Path(model)
-    cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,
-                              repetitions=repetitions, load_mode=load_mode, repack=repack,
-                              extra_args=extra_args)  # fmt: skip
-    with Measured(cmd) as measured:
-        run = run_budgeted(
-            measured.cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s
-        )
-        usage = measured.usage()
-    check_llama_bench_exit(usage.returncode, run.stderr)
-    records = parse_llama_bench_json(run.stdout)
-    return {"records": records, "budget": run.budget, "cmd": cmd, "how": LLAMA_BENCH_HOW,
-            "peak_rss_bytes": usage.maxrss_bytes}  # fmt: skip
-
-
 LLAMA_BENCH_HOW = (
     "llama-bench -o json (llama.cpp's own pp/tg timing: one untimed warm-up run, then each repetition "
     "timed around llama_decode; pp = prompt tokens / time, tg = generated tokens / time; no TTFT or "
