@@ -157,7 +157,8 @@ def test_the_engine_must_prefill_exactly_the_prompt_asked_for():
 
 @needs_engine
 def test_ctrl_c_saves_the_cell_as_aborted_and_keeps_the_samples(tiny_model, tmp_path, monkeypatch):
-    from pi2cli.bench.run import BenchInterrupted, Reporter
+    from pi2cli.bench.config import Reporter
+    from pi2cli.bench.recorder import BenchInterrupted
     from pi2cli.bench.sweep import run_sweep
     from pi2cli.bench.sweep_config import SweepConfig
 

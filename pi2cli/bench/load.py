@@ -283,7 +283,7 @@ class LoadInterrupted(KeyboardInterrupt):
 def run_load(cfg: LoadConfig, progress=None):
     """Probe the server, run the load, store the run; returns its RunOutcome. `progress(elapsed_s,
     counts, tokens)` is called about every 0.5 s while the clients run."""
-    from pi2cli.bench.run import RunOutcome
+    from pi2cli.bench.recorder import RunOutcome
     from pi2cli.results import store
 
     ep = check_config(cfg)
@@ -341,7 +341,8 @@ def workload_name(cfg: LoadConfig) -> str:
 
 
 def new_load_run(cfg: LoadConfig, ep: Endpoint, server: Server, n_conversations: int) -> dict:
-    from pi2cli.bench.run import ModelFiles, file_sha256, model_display_name, model_facts
+    from pi2cli.bench.recorder import file_sha256, model_facts
+    from pi2cli.bench.run import ModelFiles, model_display_name
 
     path = server.model_path
     if path is not None:

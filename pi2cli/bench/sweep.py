@@ -19,10 +19,12 @@ row per sample: pi2's TTFT and every TBT, llama-bench's per-repetition test time
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
-from pi2cli.bench.sweep_cells import FollowingSampler, llama_cell, pi2_cell, prepare_llama_bench
+from pi2cli.bench.config import Reporter
+from pi2cli.bench.limit import RunLimit, check_run_timeout
+from pi2cli.bench.recorder import RUN_STOPS, RunRecorder, new_run
+from pi2cli.bench.sweep_cells import llama_cell, pi2_cell, prepare_llama_bench
 from pi2cli.bench.sweep_config import TOKEN_SEED, Cell, SweepConfig, check_config, matrix
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
@@ -97,17 +99,7 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     """Resolve everything first (a typo fails before anything runs), then every cell in turn; a cell
     that fails is saved as failed (past --run-timeout: timeout) and the sweep goes on (Ctrl-C saves it
     as aborted and stops)."""
-    from pi2cli.bench.limit import RunLimit, check_run_timeout
-    from pi2cli.bench.run import (
-        Reporter,
-        RunOutcome,
-        file_sha256,
-        memory_block,
-        model_facts,
-        prepare_engine,
-        resolve_model,
-        save_failed_run,
-    )
+    from pi2cli.bench.run import prepare_engine, resolve_model
     from pi2cli.engines import get_driver
     from pi2cli.results import store
     from pi2cli.targets import get_target
@@ -178,64 +170,39 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         local = model.gguf if cell.engine == "llama.cpp" else prepared[cell.engine].model_local
         label = (f"{cell.engine} · {cell.workload} · t{cell.threads or '-'}"
                  + (f" · {S.budget_label(cell.budget)}" if cell.budget else ""))  # fmt: skip
-        run = S.new_run(
-            engine=S.engine_info(**driver.engine_info(target)),
-            model=S.model_info(model.name, path=str(local), sha256=file_sha256(local),
-                               size_bytes=local.stat().st_size, **model_facts(model)),
+        run = new_run(
+            driver, target, facts, model, local, budget_bytes=cell.budget,
             workload=S.workload_info(cell.workload, n_prompts=1, source=f"synthetic prompt of {cell.n_prompt} "
                                      f"token ids (seed {TOKEN_SEED}), {cell.n_gen} generated"),
-            target=S.target_info(target.name, target.kind,
-                                 **{k: v for k, v in facts.items() if k not in ("name", "kind")}),
-            memory=memory_block(target, cell.budget, None),
             settings=S.settings_info(n_gen=cell.n_gen, threads=cell.threads, repetitions=cfg.repeat,
                                      warmup=cfg.warmup, mode="pp-tg", n_prompt=cell.n_prompt, ignore_eos=True,
                                      **driver.extra_settings),
             measurement=LLAMA_HOW if cell.engine == "llama.cpp" else PI2_HOW,
             tags=cfg.tags,
         )  # fmt: skip
+        rec = RunRecorder(run, target=target, budget_bytes=cell.budget, label=label, engine=cell.engine,
+                          workload=cell.workload, reporter=reporter, results_dir=cfg.results_dir)  # fmt: skip
         reporter.run_started(label, 2 if cell.engine == "llama.cpp" else cfg.warmup + cfg.repeat)
-        sampler = FollowingSampler(target)
         try:
             with RunLimit(cfg.run_timeout_s) as limit:  # a cell is one run: --run-timeout limits it whole
                 limit.where = f"in the {cell.workload} cell"
                 if cell.engine == "llama.cpp":
                     run["llama_bench"] = llama_cell(
-                        run, target, driver, model.gguf, place, cell, cfg, reporter, label, sampler
+                        run, target, driver, model.gguf, place, cell, cfg, reporter, label, rec
                     )
                 else:
-                    pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, sampler)
-        except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
-            for t_s, rss, pss in sampler.samples:
-                S.add_memory_sample(run, t_s, rss, pss)
+                    pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, rec)
+        except RUN_STOPS as exc:
             try:
-                outcomes.append(save_failed_run(exc, run, None, target, cell.budget, sampler.budget_record,
-                                                _FailCfg(cfg.results_dir), reporter, label, cell.engine,
-                                                cell.workload))  # fmt: skip
+                outcomes.append(rec.fail(exc))
             except BaseException as stop:
                 if cfg.samples_csv:  # Ctrl-C or a vanished device: the samples so far are kept too
                     saved = getattr(stop, "outcome", None)  # BenchInterrupted / DeviceVanished carry it
                     write_samples_csv(cfg.samples_csv, outcomes + ([saved] if saved else []))
                 raise
             continue
-        for t_s, rss, pss in sampler.samples:
-            S.add_memory_sample(run, t_s, rss, pss)
-        run["memory"] = memory_block(target, cell.budget, sampler.budget_record)
-        if (sampler.budget_record or {}).get("peak_bytes") is not None:
-            S.set_counters(run, budget_peak_bytes=sampler.budget_record["peak_bytes"])
-        pss = [p for _, _, p in sampler.samples if p is not None]
-        if pss:
-            S.set_counters(run, peak_pss_bytes=max(pss))
-        path = store.save_run(run, cfg.results_dir)
-        reporter.run_done(label, run["status"])
-        outcomes.append(RunOutcome(cell.engine, cell.workload, cell.budget, run, path))
+        rec.finish()
+        outcomes.append(rec.save())
     if cfg.samples_csv:
         write_samples_csv(cfg.samples_csv, outcomes)
     return outcomes
-
-
-@dataclass
-class _FailCfg:
-    """What save_failed_run reads of a config."""
-
-    results_dir: str | None
-    annotate: object = None

@@ -182,7 +182,7 @@ class Driver:
     policy: str | None = None  # the pi2-engine policy it runs with, recorded in the result
     model_suffix: str = ".pi2"  # ".pi2" or ".gguf": which twin of the model this engine runs
     how: str = ""  # how TTFT/TBT are measured, stored in every result
-    # The bench options that belong to this engine (names of pi2cli.bench.run.BenchConfig fields, e.g.
+    # The bench options that belong to this engine (names of pi2cli.bench.config.BenchConfig fields, e.g.
     # llmflash_window); the bench passes each one that was given to set_option().
     options: tuple[str, ...] = ()
 
