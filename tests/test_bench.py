@@ -12,14 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench.run import (
-    BenchConfig,
-    BenchInterrupted,
-    DeviceVanished,
-    Reporter,
-    resolve_model,
-    run_bench,
-)
+from pi2cli.bench.recorder import BenchInterrupted, DeviceVanished
+from pi2cli.bench.run import BenchConfig, Reporter, resolve_model, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines.pi2.chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
@@ -308,7 +302,8 @@ def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_p
 def test_synthetic_weights_are_recorded_as_synthetic(tmp_path, smollm2_gguf):
     import gguf
 
-    from pi2cli.bench.run import ModelFiles, model_facts
+    from pi2cli.bench.recorder import model_facts
+    from pi2cli.bench.run import ModelFiles
 
     twin = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(twin), "llama")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench.sweep import prompt_ids
 from pi2cli.bench.sweep_cells import parse_generate_events
+from pi2cli.bench.sweep_config import prompt_ids
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
@@ -157,8 +157,10 @@ def test_the_engine_must_prefill_exactly_the_prompt_asked_for():
 
 @needs_engine
 def test_ctrl_c_saves_the_cell_as_aborted_and_keeps_the_samples(tiny_model, tmp_path, monkeypatch):
-    from pi2cli.bench.run import BenchInterrupted, Reporter
-    from pi2cli.bench.sweep import SweepConfig, run_sweep
+    from pi2cli.bench.config import Reporter
+    from pi2cli.bench.recorder import BenchInterrupted
+    from pi2cli.bench.sweep import run_sweep
+    from pi2cli.bench.sweep_config import SweepConfig
 
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
 

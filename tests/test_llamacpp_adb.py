@@ -12,7 +12,8 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from pi2cli.bench.run import BenchConfig, BenchInterrupted, DeviceVanished, Reporter, run_bench
+from pi2cli.bench.recorder import BenchInterrupted, DeviceVanished
+from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines.llamacpp.driver import LlamaCppDriver, build_target_for
 from pi2cli.errors import Pi2Error

@@ -4,11 +4,12 @@ import json
 
 import pytest
 
+from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.engines import get_driver
 from pi2cli.engines.base import GenerateRequest
 from pi2cli.engines.generate import generate
 from pi2cli.engines.llamacpp.driver import LlamaCppDriver
-from pi2cli.engines.llamacpp.server import parse_llama_bench_json, run_llama_bench, turn_metrics
+from pi2cli.engines.llamacpp.server import parse_llama_bench_json, turn_metrics
 from pi2cli.errors import Pi2Error
 from pi2cli.targets import get_target
 
@@ -72,16 +73,19 @@ def test_driver_is_registered_and_checks_the_model(tmp_path):
         generate(get_driver("llama.cpp"), GenerateRequest(model=tmp_path / "missing.gguf", prompt="x"))
 
 
-def test_llama_bench_keeps_its_json_fields(llamacpp_bindir, smollm2_gguf):
-    out = run_llama_bench(
-        smollm2_gguf, bin_dir=llamacpp_bindir, n_prompt=16, n_gen=4, repetitions=1, threads=1
-    )
-    pp, tg = out["records"]
+def test_llama_bench_keeps_its_json_fields(tmp_path, llamacpp_bindir, smollm2_gguf):
+    # the bench's own llama-bench path (pi2cli.bench.llama_bench), here without a budget
+    cfg = BenchConfig(model=str(smollm2_gguf), engines=["llama.cpp"], mode="llama-bench", n_prompt=16, n_gen=4,
+                      repeat=1, threads=1, llamacpp_bin_dir=str(llamacpp_bindir), results_dir=str(tmp_path))  # fmt: skip
+    (outcome,) = run_bench(cfg)
+    run = outcome.run
+    pp, tg = run["llama_bench"]
     assert (pp["n_prompt"], pp["n_gen"], tg["n_prompt"], tg["n_gen"]) == (16, 0, 0, 4)
     assert pp["avg_ts"] > 0 and tg["avg_ts"] > 0
     assert pp["load_mode"] == "mmap" and pp["repack"] is False
-    assert "--repack" in out["cmd"] and out["budget"]["enforced"] is False
-    assert out["peak_rss_bytes"] > 0.9 * smollm2_gguf.stat().st_size  # every weight mapped and read
+    assert "--repack" in run["settings"]["command"] and run["memory"]["enforced"] is False
+    # every weight mapped and read
+    assert run["counters"]["peak_rss_bytes"] > 0.9 * smollm2_gguf.stat().st_size
 
 
 def test_llama_bench_json_errors_are_clear():

@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pi2cli.bench.run import turn_fields
 from pi2cli.engines.llamacpp.device import DeviceLlamaServer
 from pi2cli.engines.llamacpp.server import LlamaServer
 from pi2cli.results import schema as S
@@ -85,7 +84,7 @@ def test_bursty_arrivals_are_never_token_times(stand_in, cls):
     assert turn.ttft_s == pytest.approx((PROMPT_MS + 0.001) / 1e3)
     assert turn.tbt_s[1:] == pytest.approx([TBT_MS / 1e3] * (N_TOKENS - 2))
     # ...while the arrivals here came in bursts: most gaps near zero, a few of 30 ms
-    fields = turn_fields(turn)
+    fields = turn.turn_fields()
     run = {"turns": []}
     S.add_turn(run, **fields)
     samples_ms = [s / 1e6 for s in run["turns"][0]["samples_ns"]]
@@ -101,7 +100,7 @@ def test_a_stream_without_per_token_timings_through_a_forward_keeps_rates_only(s
     Bursty.with_timings = False
     turn = client(DeviceLlamaServer, stand_in).complete("hello", N_TOKENS)
     assert turn.token_times_s == [] and turn.clock is None  # bursts are not token times
-    fields = turn_fields(turn)
+    fields = turn.turn_fields()
     assert fields["samples_ns"] == [] and fields["decode_ts"] == pytest.approx(1e3 / TBT_MS)
     assert fields["extra"]["rates_from"] == "engine" and fields["n_gen"] == N_TOKENS
     # on this machine's loopback the arrivals are the best there is, and say so

@@ -6,7 +6,7 @@ import json
 import pytest
 from results_fakes import fake_run
 
-from pi2cli.engines.base import GenerateResult
+from pi2cli.engines.base import GenerateResult, TurnMetrics
 from pi2cli.results import schema as S
 
 
@@ -120,16 +120,22 @@ def test_peak_rss_source_is_one_of_the_known_sources():
     assert S.summarize(run)["peak_rss_bytes"] == 9 and run["summary"]["peak_rss_source"] is None
 
 
-def test_turn_from_generate_result_uses_token_times():
+def test_a_generate_result_is_recorded_as_a_bench_turn_from_its_token_times():
+    turn = TurnMetrics(text="x", token_ids=[1, 2, 3, 4], n_prompt=7, n_prompt_cached=0, n_prompt_processed=7,
+                       ttft_s=0.25, token_times_s=[1.0, 1.1, 1.3, 1.4], prefill_tps=28.0, decode_tps=999.0,
+                       host_decode_tps=0.0, stop_type="limit")  # fmt: skip
+    result = GenerateResult(engine="llama.cpp", turn=turn, peak_rss_bytes=5 << 20)
     run = fake_run(turns=1)
-    result = GenerateResult(engine="llama.cpp", text="x", token_ids=[1, 2, 3, 4], n_prompt=7, ttft_s=0.25,
-                            prefill_tps=28.0, decode_tps=999.0, peak_rss_bytes=5 << 20,
-                            token_times_s=[1.0, 1.1, 1.3, 1.4])  # fmt: skip
-    turn = S.add_turn_from_generate(run, result, prompt_id="q1")
-    assert turn["samples_ns"] == [100_000_000, 200_000_000, 100_000_000]
-    assert turn["ttft_ns"] == 250_000_000 and turn["n_gen"] == 4
-    assert turn["decode_ts"] == pytest.approx(3 / 0.4)  # from the timestamps, not the engine's own 999
+    recorded = S.add_turn(run, **result.turn.turn_fields(), prompt_id="q1")
+    assert recorded["samples_ns"] == [100_000_000, 200_000_000, 100_000_000]
+    assert S.tbt_from_times(turn.token_times_s) == recorded["samples_ns"]
+    assert recorded["ttft_ns"] == 250_000_000 and recorded["n_gen"] == 4
+    assert recorded["decode_ts"] == pytest.approx(3 / 0.4)  # from the timestamps, not the engine's own 999
     S.validate(run)
+    # `pi2 generate --json` prints the turn's figures flat, as it always has
+    assert list(result.to_json()) == ["engine", "text", "token_ids", "n_prompt", "ttft_s", "prefill_tps",
+                                      "decode_tps", "peak_rss_bytes", "token_times_s", "how", "extra"]  # fmt: skip
+    assert result.to_json()["ttft_s"] == 0.25 and result.ttft_s == 0.25
 
 
 def test_run_ids_are_file_safe_and_labels_mark_synthetic():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pi2cli.bench.run import MemorySampler
+from pi2cli.bench.recorder import MemorySampler
 from pi2cli.engines.mlc.runner import run_command_runner
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.cgroup import Budget, detect_cgroup

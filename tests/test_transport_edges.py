@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pi2cli.bench.run import file_sha256  # noqa: E402
+from pi2cli.bench.recorder import file_sha256  # noqa: E402
 from pi2cli.cli import cli  # noqa: E402
 from pi2cli.hw.push import PushItem, push_one  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402

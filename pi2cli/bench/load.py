@@ -283,7 +283,7 @@ class LoadInterrupted(KeyboardInterrupt):
 def run_load(cfg: LoadConfig, progress=None):
     """Probe the server, run the load, store the run; returns its RunOutcome. `progress(elapsed_s,
     counts, tokens)` is called about every 0.5 s while the clients run."""
-    from pi2cli.bench.run import RunOutcome
+    from pi2cli.bench.recorder import RunOutcome
     from pi2cli.results import store
 
     ep = check_config(cfg)
@@ -341,7 +341,8 @@ def workload_name(cfg: LoadConfig) -> str:
 
 
 def new_load_run(cfg: LoadConfig, ep: Endpoint, server: Server, n_conversations: int) -> dict:
-    from pi2cli.bench.run import ModelFiles, file_sha256, model_display_name, model_facts
+    from pi2cli.bench.recorder import file_sha256, model_facts
+    from pi2cli.bench.run import ModelFiles, model_display_name
 
     path = server.model_path
     if path is not None:
@@ -379,10 +380,6 @@ def new_load_run(cfg: LoadConfig, ep: Endpoint, server: Server, n_conversations:
 
 
 # ----------------------------------------------------------------------------------------- the result
-def gaps_ns(times_s: list[float]) -> list[int]:
-    return [round((b - a) * 1e9) for a, b in zip(times_s, times_s[1:], strict=False)]
-
-
 def engine_gaps_ns(stamps: list[tuple[int, int]]) -> list[int]:
     """Times between tokens on the engine's clock: a chunk that carries several tokens (text held back at a
     possible stop string) spreads its gap evenly over them."""
@@ -408,7 +405,7 @@ def add_request_turn(run: dict, rec: Record, t0: float) -> dict:
     n_prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
     if not a.arrivals_s:  # tokens without text (an end-of-turn token): nothing arrived to time
         n_gen = 0
-    samples = gaps_ns(a.arrivals_s)[: max(n_gen - 1, 0)]
+    samples = S.tbt_from_times(a.arrivals_s)[: max(n_gen - 1, 0)]
     extra = {"client": rec.client, "conversation": rec.conversation, "turn": rec.turn, "retries": rec.retries,
              "start_s": round(a.sent_s - t0, 4), "end_s": round(a.ended_s - t0, 4), "http_status": a.status,
              "finish_reason": a.finish_reason, "chunks": len(a.arrivals_s)}  # fmt: skip

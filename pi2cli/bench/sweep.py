@@ -19,19 +19,17 @@ row per sample: pi2's TTFT and every TBT, llama-bench's per-repetition test time
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from pi2cli.bench.config import Reporter
+from pi2cli.bench.limit import RunLimit, check_run_timeout
+from pi2cli.bench.recorder import RUN_STOPS, RunRecorder, new_run
+from pi2cli.bench.sweep_cells import llama_cell, pi2_cell, prepare_llama_bench
+from pi2cli.bench.sweep_config import TOKEN_SEED, Cell, SweepConfig, check_config, matrix
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
 
-SWEEP_ENGINES = ("pi2", "llmflash", "llama.cpp")
-DEFAULT_N_PROMPT = [512]
-DEFAULT_N_GEN = [128]
-DEFAULT_REPEAT = 3
-DEFAULT_WARMUP = 1
-TOKEN_SEED = 1234  # the synthetic prompt's ids: the same prompt for every engine, run and cell
 # The dry run's time estimate (no run has happened yet): reading the whole model once per token at
 # these rates, plus one load of it per process. Rough on purpose; it says so when printed.
 EST_DECODE_BYTES_PER_S = 4e9
@@ -45,64 +43,6 @@ PI2_HOW = ("pi2-engine generate --tokens (a synthetic prompt of exactly n_prompt
 LLAMA_HOW = ("llama-bench on the target, its own clock there (pi2-rusage: peak RSS): `-p P -n 0` (pp, "
              "prefill_ts) and `-p 0 -n N -d P` (tg at depth P, decode_ts), -r repetitions, -lm mmap --repack 0; "
              "whole tests are timed, so no TTFT or TBT")  # fmt: skip
-
-
-@dataclass
-class SweepConfig:
-    model: str
-    engines: list[str] = field(default_factory=lambda: ["pi2"])
-    n_prompt: list[int] = field(default_factory=lambda: list(DEFAULT_N_PROMPT))
-    n_gen: list[int] = field(default_factory=lambda: list(DEFAULT_N_GEN))
-    threads: list[int | None] = field(default_factory=lambda: [None])
-    repeat: int = DEFAULT_REPEAT
-    warmup: int = DEFAULT_WARMUP
-    budgets: list[int | None] = field(default_factory=lambda: [None])
-    device: str | None = None
-    results_dir: str | None = None
-    tags: list[str] = field(default_factory=list)
-    llmflash_window: int = 5
-    llamacpp_bin_dir: str | None = None
-    samples_csv: str | None = None
-    dry_run: bool = False
-    timeout_s: float = 3600.0  # one engine process (failed past it); run_timeout_s: the whole cell (timeout)
-    run_timeout_s: float | None = None
-
-
-@dataclass
-class Cell:
-    engine: str
-    budget: int | None
-    threads: int | None
-    n_prompt: int
-    n_gen: int
-
-    @property
-    def workload(self) -> str:
-        return f"pp{self.n_prompt}-tg{self.n_gen}"
-
-
-def matrix(cfg: SweepConfig) -> list[Cell]:
-    """Every cell, engine-major (one engine's cells run together), then budget, threads, pp, tg."""
-    return [Cell(e, b, t, p, n) for e in dict.fromkeys(cfg.engines) for b in cfg.budgets for t in cfg.threads
-            for p in cfg.n_prompt for n in cfg.n_gen]  # fmt: skip
-
-
-def check_config(cfg: SweepConfig) -> None:
-    """Everything that can be wrong with the options, before anything runs (one line each)."""
-    for name in cfg.engines:
-        if name not in SWEEP_ENGINES:
-            raise Pi2Error(f"--mode pp-tg runs {', '.join(SWEEP_ENGINES)}; engine '{name}' has no pp-tg "
-                           f"sweep (use --mode chat)")  # fmt: skip
-    if cfg.repeat < 1:
-        raise Pi2Error(f"--repeat must be at least 1, got {cfg.repeat}")
-    if cfg.warmup < 0:
-        raise Pi2Error(f"--warmup must be 0 or more, got {cfg.warmup}")
-    if any(p < 1 for p in cfg.n_prompt) or any(n < 2 for n in cfg.n_gen):
-        raise Pi2Error(
-            "--mode pp-tg needs every --n-prompt >= 1 and every --n-gen >= 2 (a TBT needs two tokens)"
-        )
-    if any(t is not None and t < 1 for t in cfg.threads):
-        raise Pi2Error("--threads must be at least 1")
 
 
 def estimate_seconds(cell: Cell, model_bytes: int, cfg: SweepConfig) -> float:
@@ -132,15 +72,6 @@ def dry_run_lines(cfg: SweepConfig, model_bytes: int, model_name: str) -> list[s
     return lines
 
 
-def prompt_ids(n_vocab: int, n: int, seed: int = TOKEN_SEED) -> list[int]:
-    """n token ids drawn from the vocabulary (ids 0..2, BOS/EOS/UNK in llama vocabularies, left out
-    where the vocabulary is big enough), the same for every engine and run."""
-    import numpy as np
-
-    low = 3 if n_vocab > 16 else 0
-    return [int(v) for v in np.random.default_rng(seed).integers(low, n_vocab, size=n)]
-
-
 # ------------------------------------------------------------------------------------------- the sweep
 def write_samples_csv(path: str, outcomes: list) -> None:
     """One row per sample of every run: pi2's TTFT and TBTs (per token), llama-bench's test times."""
@@ -168,18 +99,7 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     """Resolve everything first (a typo fails before anything runs), then every cell in turn; a cell
     that fails is saved as failed (past --run-timeout: timeout) and the sweep goes on (Ctrl-C saves it
     as aborted and stops)."""
-    from pi2cli.bench.limit import RunLimit, check_run_timeout
-    from pi2cli.bench.run import (
-        Reporter,
-        RunOutcome,
-        file_sha256,
-        memory_block,
-        model_facts,
-        prepare_engine,
-        resolve_model,
-        save_failed_run,
-    )
-    from pi2cli.bench.sweep_cells import FollowingSampler, llama_cell, pi2_cell, prepare_llama_bench
+    from pi2cli.bench.run import prepare_engine, resolve_model
     from pi2cli.engines import get_driver
     from pi2cli.results import store
     from pi2cli.targets import get_target
@@ -250,64 +170,39 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
         local = model.gguf if cell.engine == "llama.cpp" else prepared[cell.engine].model_local
         label = (f"{cell.engine} · {cell.workload} · t{cell.threads or '-'}"
                  + (f" · {S.budget_label(cell.budget)}" if cell.budget else ""))  # fmt: skip
-        run = S.new_run(
-            engine=S.engine_info(**driver.engine_info(target)),
-            model=S.model_info(model.name, path=str(local), sha256=file_sha256(local),
-                               size_bytes=local.stat().st_size, **model_facts(model)),
+        run = new_run(
+            driver, target, facts, model, local, budget_bytes=cell.budget,
             workload=S.workload_info(cell.workload, n_prompts=1, source=f"synthetic prompt of {cell.n_prompt} "
                                      f"token ids (seed {TOKEN_SEED}), {cell.n_gen} generated"),
-            target=S.target_info(target.name, target.kind,
-                                 **{k: v for k, v in facts.items() if k not in ("name", "kind")}),
-            memory=memory_block(target, cell.budget, None),
             settings=S.settings_info(n_gen=cell.n_gen, threads=cell.threads, repetitions=cfg.repeat,
                                      warmup=cfg.warmup, mode="pp-tg", n_prompt=cell.n_prompt, ignore_eos=True,
                                      **driver.extra_settings),
             measurement=LLAMA_HOW if cell.engine == "llama.cpp" else PI2_HOW,
             tags=cfg.tags,
         )  # fmt: skip
+        rec = RunRecorder(run, target=target, budget_bytes=cell.budget, label=label, engine=cell.engine,
+                          workload=cell.workload, reporter=reporter, results_dir=cfg.results_dir)  # fmt: skip
         reporter.run_started(label, 2 if cell.engine == "llama.cpp" else cfg.warmup + cfg.repeat)
-        sampler = FollowingSampler(target)
         try:
             with RunLimit(cfg.run_timeout_s) as limit:  # a cell is one run: --run-timeout limits it whole
                 limit.where = f"in the {cell.workload} cell"
                 if cell.engine == "llama.cpp":
                     run["llama_bench"] = llama_cell(
-                        run, target, driver, model.gguf, place, cell, cfg, reporter, label, sampler
+                        run, target, driver, model.gguf, place, cell, cfg, reporter, label, rec
                     )
                 else:
-                    pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, sampler)
-        except (KeyboardInterrupt, Pi2Error, TargetError, OSError) as exc:
-            for t_s, rss, pss in sampler.samples:
-                S.add_memory_sample(run, t_s, rss, pss)
+                    pi2_cell(run, target, prepared[cell.engine], cell, cfg, n_vocab, reporter, label, rec)
+        except RUN_STOPS as exc:
             try:
-                outcomes.append(save_failed_run(exc, run, None, target, cell.budget, sampler.budget_record,
-                                                _FailCfg(cfg.results_dir), reporter, label, cell.engine,
-                                                cell.workload))  # fmt: skip
+                outcomes.append(rec.fail(exc))
             except BaseException as stop:
                 if cfg.samples_csv:  # Ctrl-C or a vanished device: the samples so far are kept too
                     saved = getattr(stop, "outcome", None)  # BenchInterrupted / DeviceVanished carry it
                     write_samples_csv(cfg.samples_csv, outcomes + ([saved] if saved else []))
                 raise
             continue
-        for t_s, rss, pss in sampler.samples:
-            S.add_memory_sample(run, t_s, rss, pss)
-        run["memory"] = memory_block(target, cell.budget, sampler.budget_record)
-        if (sampler.budget_record or {}).get("peak_bytes") is not None:
-            S.set_counters(run, budget_peak_bytes=sampler.budget_record["peak_bytes"])
-        pss = [p for _, _, p in sampler.samples if p is not None]
-        if pss:
-            S.set_counters(run, peak_pss_bytes=max(pss))
-        path = store.save_run(run, cfg.results_dir)
-        reporter.run_done(label, run["status"])
-        outcomes.append(RunOutcome(cell.engine, cell.workload, cell.budget, run, path))
+        rec.finish()
+        outcomes.append(rec.save())
     if cfg.samples_csv:
         write_samples_csv(cfg.samples_csv, outcomes)
     return outcomes
-
-
-@dataclass
-class _FailCfg:
-    """What save_failed_run reads of a config."""
-
-    results_dir: str | None
-    annotate: object = None

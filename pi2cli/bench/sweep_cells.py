@@ -4,7 +4,8 @@
 pi2 / llmflash: `pi2-engine generate --tokens` (exactly P ids) per repetition, its events stamped on the
 target's monotonic clock, here (inside the budget's cgroup) or on an adb device (events read back and
 removed). llama.cpp: llama-bench's pp test and its tg test at depth P under pi2-rusage, here or pushed
-to an adb device. FollowingSampler gives a run one memory curve across its processes.
+to an adb device. The run's recorder (pi2cli.bench.recorder) follows each process's memory on one clock
+and keeps the last process's cgroup record.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pi2cli.bench.sweep import Cell, SweepConfig, prompt_ids
+from pi2cli.bench.recorder import RunRecorder
+from pi2cli.bench.sweep_config import Cell, SweepConfig, prompt_ids
 from pi2cli.errors import Pi2Error
 from pi2cli.results import schema as S
 from pi2cli.targets.base import TargetError
@@ -68,14 +70,13 @@ def parse_generate_events(text: str, want_prompt: int) -> GenerateSample:
         raise Pi2Error(
             f"pi2-engine prefilled {start.get('n_prompt')} prompt tokens, not the {want_prompt} asked for"
         )
-    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
     return GenerateSample(
-        want_prompt, len(times), round(float(turn["ttft_s"]) * 1e9), samples, summary, start
+        want_prompt, len(times), round(float(turn["ttft_s"]) * 1e9), S.tbt_from_times(times), summary, start
     )
 
 
 def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes, timeout_s: float,
-                      sampler: FollowingSampler) -> GenerateSample:  # fmt: skip
+                      rec: RunRecorder) -> GenerateSample:  # fmt: skip
     """One `pi2-engine generate` on the target (inside the budget's cgroup here; on a device the
     engine still gets --memory-budget) and its events."""
     from pi2cli.engines.pi2.args import engine_argv
@@ -97,7 +98,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
             with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
                 proc = budget.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                     errors="replace", start_new_session=True)  # fmt: skip
-                stop = sampler.follow(proc.pid)
+                stop = rec.follow(proc.pid)
                 try:
                     _, err = proc.communicate(timeout=timeout_s)
                 except BaseException as exc:
@@ -109,7 +110,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
                     raise
                 finally:
                     stop()
-                sampler.budget_record = budget.record() if local_budget else None
+                rec.budget_record = budget.record() if local_budget else None
             if proc.returncode != 0:
                 raise Pi2Error(f"pi2-engine generate failed (code {proc.returncode}): "
                                f"{(err.strip().splitlines() or ['no output'])[-1]}")  # fmt: skip
@@ -122,7 +123,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
     argv[argv.index("--events") : argv.index("--events")] = ["--tokens", tokens]
     err: list[bytes] = []
     proc = target.run(argv, on_output=lambda name, data: err.append(data) if name == "stderr" else None)
-    stop = sampler.follow(proc.pid)
+    stop = rec.follow(proc.pid)
     try:
         code = proc.wait(timeout_s)
     except BaseException as exc:
@@ -147,7 +148,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
 
 
 def pi2_cell(run: dict, target, prepared, cell: Cell, cfg: SweepConfig, n_vocab: int, reporter, label: str,
-             sampler) -> None:  # fmt: skip
+             rec: RunRecorder) -> None:  # fmt: skip
     """Warm-up and measured repetitions of one pi2/llmflash cell, as turns of `run`."""
     ids = [str(i) for i in prompt_ids(n_vocab, cell.n_prompt)]
     peak = 0
@@ -156,7 +157,7 @@ def pi2_cell(run: dict, target, prepared, cell: Cell, cfg: SweepConfig, n_vocab:
         warm = k < cfg.warmup
         reporter.turn_started(label, "warm-up" if warm else f"rep {k - cfg.warmup + 1}", k + 1,
                               cfg.warmup + cfg.repeat)  # fmt: skip
-        g = run_generate_once(target, prepared, cell, ids, cell.budget, cfg.timeout_s, sampler)
+        g = run_generate_once(target, prepared, cell, ids, cell.budget, cfg.timeout_s, rec)
         turn = S.add_turn(run, n_prompt=g.n_prompt, n_gen=g.n_gen, ttft_ns=g.ttft_ns, samples_ns=g.samples_ns,
                           prompt_id=cell.workload, rep=0 if warm else k - cfg.warmup, warmup=warm,
                           peak_rss_bytes=g.summary.get("peak_rss_bytes"),
@@ -206,7 +207,7 @@ def prepare_llama_bench(driver, target, gguf: Path, reporter) -> LlamaBenchPlace
     return LlamaBenchPlace(bin_dir, f"{workdir}/bin", remote_model)
 
 
-def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, sampler, timeout_s: float):
+def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, rec: RunRecorder, timeout_s: float):
     """llama-bench under pi2-rusage inside the budget's cgroup (model evicted first): (stdout, stderr, usage)."""
     from pi2cli.hw.cgroup import Budget
     from pi2cli.hw.rusage import Measured
@@ -214,7 +215,7 @@ def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, sampler, timeou
     with Measured(cmd) as measured, Budget(cell.budget, evict=[gguf] if cell.budget else []) as budget:
         proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-        stop = sampler.follow(proc.pid, wrapper=True)
+        stop = rec.follow(proc.pid, wrapper=True)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except BaseException as exc:
@@ -226,7 +227,7 @@ def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, sampler, timeou
             raise
         finally:
             stop()
-        sampler.budget_record = budget.record() if cell.budget else None
+        rec.budget_record = budget.record() if cell.budget else None
         return out, err, measured.usage()
 
 
@@ -261,7 +262,7 @@ def run_llama_bench_on_device(target, place: LlamaBenchPlace, cmd: list[str], ti
 
 
 def llama_cell(run: dict, target, driver, gguf: Path, place: LlamaBenchPlace, cell: Cell, cfg: SweepConfig,
-               reporter, label: str, sampler) -> list[dict]:  # fmt: skip
+               reporter, label: str, rec: RunRecorder) -> list[dict]:  # fmt: skip
     """llama-bench's pp test and its tg test at depth P for one cell; returns its JSON records."""
     from pi2cli.engines.llamacpp.server import (
         check_llama_bench_exit,
@@ -279,7 +280,7 @@ def llama_cell(run: dict, target, driver, gguf: Path, place: LlamaBenchPlace, ce
         cmd = llama_bench_command(gguf, bin_dir=place.bin_dir, threads=cell.threads, repetitions=cfg.repeat,
                                   extra_args=more + extra, **sizes)  # fmt: skip
         if target.on_this_machine:
-            out, err, usage = run_llama_bench_here(cmd, cell, gguf, sampler, cfg.timeout_s)
+            out, err, usage = run_llama_bench_here(cmd, cell, gguf, rec, cfg.timeout_s)
         else:
             out, err, usage = run_llama_bench_on_device(target, place, cmd, cfg.timeout_s)
         check_llama_bench_exit(usage.returncode, err)
@@ -303,28 +304,3 @@ def llama_cell(run: dict, target, driver, gguf: Path, place: LlamaBenchPlace, ce
     if peak:
         S.set_counters(run, peak_rss_bytes=peak, peak_rss_source=S.PEAK_RSS_WRAPPER)
     return records
-
-
-# --------------------------------------------------------------------------------------------- memory
-class FollowingSampler:
-    """One memory curve per run across its processes: follow(pid) samples that process until the
-    returned stop() (times from the run's start, so the processes' curves line up one after another)."""
-
-    def __init__(self, target):
-        self.target = target
-        self.samples: list[tuple[float, int, int | None]] = []
-        self.budget_record: dict | None = None  # the last process's cgroup record (pi2cli.hw.cgroup)
-        self._t0 = time.monotonic()
-
-    def follow(self, pid: int | None, wrapper: bool = False):
-        from pi2cli.bench.run import MemorySampler
-
-        sampler = MemorySampler(self.target, pid, wrapper=wrapper)
-        sampler._t0 = self._t0
-        sampler.start()
-
-        def stop():
-            sampler.stop()
-            self.samples += sampler.samples
-
-        return stop

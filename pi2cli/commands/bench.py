@@ -298,13 +298,13 @@ def sweep_command(model, engines, n_prompt, n_gen, threads, repeat, warmup, budg
     """--mode pp-tg: pi2cli.bench.sweep does the work; the same table and --json as the other modes."""
     from rich.console import Console
 
-    from pi2cli.bench.sweep import (
+    from pi2cli.bench.sweep import run_sweep
+    from pi2cli.bench.sweep_config import (
         DEFAULT_N_GEN,
         DEFAULT_N_PROMPT,
         DEFAULT_REPEAT,
         DEFAULT_WARMUP,
         SweepConfig,
-        run_sweep,
     )
     from pi2cli.units import parse_size
 

@@ -4,6 +4,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pi2cli.results.schema import tbt_from_times
+
 
 @dataclass
 class GenerateRequest:
@@ -16,8 +18,80 @@ class GenerateRequest:
 
 
 @dataclass
+class TurnMetrics:
+    """One turn as every engine reports it: its output and timings, the one shape a bench turn, `pi2
+    generate` and the run's turn record (turn_fields) all come from. Times in seconds; token_times_s
+    relative to the request."""
+
+    text: str
+    token_ids: list[int]
+    n_prompt: int  # prompt tokens in total (cached + processed)
+    n_prompt_cached: int  # prompt tokens reused from the KV cache (server timings.cache_n)
+    n_prompt_processed: int  # prompt tokens actually prefilled (timings.prompt_n)
+    ttft_s: float | None
+    token_times_s: list[float]
+    prefill_tps: float
+    decode_tps: float
+    host_decode_tps: float
+    stop_type: str
+    timings: dict = field(default_factory=dict)
+    # tokens generated when token_ids / token_times_s cannot tell (engines that report counts and rates
+    # only, as an MLC command runner); None: len(token_ids)
+    n_gen: int | None = None
+    # whose clock token_times_s are on: "engine" (taken where the engine runs: its own per-token stamps),
+    # "host" (arrivals stamped here: only for a server on this machine), None (unknown)
+    clock: str | None = None
+    host_ttft_s: float | None = None  # arrivals here, for comparison with the engine's own times
+
+    @property
+    def tbt_s(self) -> list[float]:
+        return [ns / 1e9 for ns in tbt_from_times(self.token_times_s)]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["tbt_s"] = self.tbt_s
+        return out
+
+    def turn_fields(self) -> dict:
+        """add_turn's arguments (pi2cli.results.schema) for this turn. TTFT and TBT come from the
+        per-token times wherever the engine gives them (the same for every engine); an engine that
+        reports only rates (an MLC command runner) gets its own prefill/decode rates recorded instead
+        (extra.rates_from = "engine")."""
+        samples = tbt_from_times(self.token_times_s)
+        n_gen = self.n_gen if self.n_gen is not None else (len(self.token_ids) or len(self.token_times_s))
+        rate_only = not samples and n_gen > 1 and bool(self.decode_tps)
+        extra = {"n_prompt_total": self.n_prompt, "n_prompt_cached": self.n_prompt_cached,
+                 "engine_prefill_tps": self.prefill_tps, "engine_decode_tps": self.decode_tps,
+                 "stop": self.stop_type, "text": self.text}  # fmt: skip
+        if rate_only:
+            extra["rates_from"] = "engine"
+        if self.clock:  # whose clock the token times are on (llama.cpp: the server's own)
+            extra["clock"] = self.clock
+        if self.host_ttft_s is not None:
+            extra["host_ttft_ms"] = round(self.host_ttft_s * 1e3, 3)
+        server = {k: self.timings[k] for k in ("prompt_ms", "predicted_ms", "predicted_per_token_ms")
+                  if k in self.timings}  # fmt: skip
+        if server:
+            extra["engine_timings"] = server
+        io = self.timings.get("sparse") or {}
+        if io:
+            extra["storage_reads"] = io["reads"]
+        ttft = self.ttft_s
+        return dict(
+            n_prompt=self.n_prompt_processed, n_gen=n_gen, ttft_ns=None if ttft is None else round(ttft * 1e9),
+            samples_ns=samples, extra=extra,
+            prefill_ts=(self.prefill_tps or None) if rate_only and (ttft is None or not self.n_prompt_processed)
+            else None,
+            decode_ts=self.decode_tps if rate_only else None,
+            bytes_read=io.get("bytes_read"), cache_hits=io.get("hits"), cache_misses=io.get("misses"),
+            io_ns=io.get("io_ns"), compute_ns=io.get("compute_ns"),
+        )  # fmt: skip
+
+
+@dataclass
 class GenerateResult:
-    """What one generation produced and how fast. Times are seconds; rates tokens per second.
+    """What `pi2 generate` produced and how fast: its one turn (the TurnMetrics a bench turn is) and
+    what the process around it measured. Times are seconds; rates tokens per second.
 
     TTFT is measured from the engine starting to process the prompt to the first generated token;
     token_times_s are the monotonic timestamps of each generated token, so TBT = their differences.
@@ -25,19 +99,45 @@ class GenerateResult:
     """
 
     engine: str
-    text: str
-    token_ids: list[int]
-    n_prompt: int
-    ttft_s: float
-    prefill_tps: float
-    decode_tps: float
+    turn: TurnMetrics
     peak_rss_bytes: int
-    token_times_s: list[float] = field(default_factory=list)
     how: str = ""
     extra: dict = field(default_factory=dict)
 
+    @property
+    def text(self) -> str:
+        return self.turn.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.turn.token_ids
+
+    @property
+    def n_prompt(self) -> int:
+        return self.turn.n_prompt
+
+    @property
+    def ttft_s(self) -> float:
+        return self.turn.ttft_s or 0.0  # an engine that reports no TTFT (rates only) prints 0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.turn.prefill_tps
+
+    @property
+    def decode_tps(self) -> float:
+        return self.turn.decode_tps
+
+    @property
+    def token_times_s(self) -> list[float]:
+        return self.turn.token_times_s
+
     def to_json(self) -> dict:
-        return asdict(self)
+        """`pi2 generate --json`: the turn's figures flat, with the run's beside them."""
+        return {"engine": self.engine, "text": self.text, "token_ids": self.token_ids, "n_prompt": self.n_prompt,
+                "ttft_s": self.ttft_s, "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps,
+                "peak_rss_bytes": self.peak_rss_bytes, "token_times_s": self.token_times_s, "how": self.how,
+                "extra": self.extra}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,8 +157,8 @@ class ChatSession(Protocol):
     pid: int | None  # the engine process ON THE TARGET (memory sampling), None when unknown
 
     def turn(self, prompt: str, n_predict: int, *, ignore_eos: bool = True, on_text=None, messages=None):
-        """Generate an answer to `prompt` (the full conversation so far); returns a TurnMetrics
-        (pi2cli.engines.llamacpp.server). on_text(str) receives generated text as it comes, when it can.
+        """Generate an answer to `prompt` (the full conversation so far); returns a TurnMetrics.
+        on_text(str) receives generated text as it comes, when it can.
         messages: the same conversation as chat messages, for engines that apply their own template."""
         ...
 
@@ -85,7 +185,7 @@ class Driver:
     policy: str | None = None  # the pi2-engine policy it runs with, recorded in the result
     model_suffix: str = ".pi2"  # ".pi2" or ".gguf": which twin of the model this engine runs
     how: str = ""  # how TTFT/TBT are measured on the configured target, stored in every result
-    # The bench options that belong to this engine (names of pi2cli.bench.run.BenchConfig fields, e.g.
+    # The bench options that belong to this engine (names of pi2cli.bench.config.BenchConfig fields, e.g.
     # llmflash_window); the bench passes each one that was given to set_option().
     options: tuple[str, ...] = ()
     # Why a memory budget cannot bind this engine (a server pi2 does not start), else None; the bench then

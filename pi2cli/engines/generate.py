@@ -37,14 +37,8 @@ def generate(driver: Driver, request: GenerateRequest, target=None) -> GenerateR
         counters = session.close()
     return GenerateResult(
         engine=driver.name,
-        text=turn.text,
-        token_ids=turn.token_ids,
-        n_prompt=turn.n_prompt,
-        ttft_s=turn.ttft_s or 0.0,
-        prefill_tps=turn.prefill_tps,
-        decode_tps=turn.decode_tps,
+        turn=turn,
         peak_rss_bytes=counters.get("peak_rss_bytes") or 0,
-        token_times_s=turn.token_times_s,
         how=driver.how,
         extra={
             **driver.extra_settings,

@@ -304,24 +304,11 @@ def add_turn(
     return turn
 
 
-def add_turn_from_generate(run: dict, result, **kwargs: Any) -> dict:
-    """Record a turn from a `pi2cli.engines.base.GenerateResult` (token timestamps -> TBT samples).
-
-    The engine's own decode rate is ignored when token timestamps exist, so all engines are measured
-    from the same per-token times."""
-    times = list(result.token_times_s)
-    samples = [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
-    return add_turn(
-        run,
-        n_prompt=result.n_prompt,
-        n_gen=len(result.token_ids),
-        ttft_ns=round(result.ttft_s * 1e9),
-        samples_ns=samples,
-        prefill_ts=result.prefill_tps or None,
-        decode_ts=None if samples else (result.decode_tps or None),
-        peak_rss_bytes=result.peak_rss_bytes or None,
-        **kwargs,
-    )
+def tbt_from_times(times_s: Sequence[float]) -> list[int]:
+    """The times between tokens, in nanoseconds, from each token's timestamp in seconds: the one way a
+    TBT sample is made from token times, whichever engine or mode stamped them."""
+    times = list(times_s)
+    return [round((b - a) * 1e9) for a, b in zip(times, times[1:], strict=False)]
 
 
 def add_memory_sample(run: dict, t_s: float, rss_bytes: int, pss_bytes: int | None = None) -> None:

@@ -15,8 +15,8 @@ import os
 import platform
 from pathlib import Path
 
-from pi2cli.engines.base import Driver, TurnFailed
-from pi2cli.engines.llamacpp.server import LlamaServer, TurnMetrics, default_bin_dir
+from pi2cli.engines.base import Driver, TurnFailed, TurnMetrics
+from pi2cli.engines.llamacpp.server import LlamaServer, default_bin_dir
 from pi2cli.errors import Pi2Error
 from pi2cli.targets.base import normalize_arch
 

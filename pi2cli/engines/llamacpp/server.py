@@ -34,9 +34,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pi2cli.engines.base import TurnMetrics
 from pi2cli.engines.sse import iter_sse
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.cgroup import Budget
@@ -75,41 +75,6 @@ def vm_hwm_bytes(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-@dataclass
-class TurnMetrics:
-    """One request's output and timings. Times in seconds; token_times_s relative to the request."""
-
-    text: str
-    token_ids: list[int]
-    n_prompt: int  # prompt tokens in total (cached + processed)
-    n_prompt_cached: int  # prompt tokens reused from the KV cache (server timings.cache_n)
-    n_prompt_processed: int  # prompt tokens actually prefilled (timings.prompt_n)
-    ttft_s: float
-    token_times_s: list[float]
-    prefill_tps: float
-    decode_tps: float
-    host_decode_tps: float
-    stop_type: str
-    timings: dict = field(default_factory=dict)
-    # tokens generated when token_ids / token_times_s cannot tell (engines that report counts and rates
-    # only, as an MLC command runner); None: len(token_ids)
-    n_gen: int | None = None
-    # whose clock token_times_s are on: "engine" (taken where the engine runs: its own per-token stamps),
-    # "host" (arrivals stamped here: only for a server on this machine), None (unknown)
-    clock: str | None = None
-    host_ttft_s: float | None = None  # arrivals here, for comparison with the engine's own times
-
-    @property
-    def tbt_s(self) -> list[float]:
-        t = self.token_times_s
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["tbt_s"] = self.tbt_s
-        return out
 
 
 def server_args(model: str, port: int, *, ctx_size: int = 4096, load_mode: str = "mmap", repack: bool = False,
@@ -385,46 +350,6 @@ def turn_metrics(final: dict, text: str, token_ids: list[int], times: list[float
 
 
 # ------------------------------------------------------------------------------ llama-bench mode
-def run_llama_bench(
-    model: Path,
-    *,
-    bin_dir: Path | None = None,
-    n_prompt: int = 512,
-    n_gen: int = 128,
-    threads: int | None = None,
-    repetitions: int = 3,
-    load_mode: str = "mmap",
-    repack: bool = False,
-    budget_bytes: int | None = None,
-    extra_args: list[str] | None = None,
-    timeout_s: float | None = None,
-) -> dict:
-    """llama.cpp's own benchmark (`llama-bench -o json`): prefill (pp) and decode (tg) throughput.
-
-    Returns {"records": [...], "budget": {...}, "cmd": [...], "how": "...", "peak_rss_bytes": N}; records
-    are llama-bench's JSON objects unchanged (n_prompt, n_gen, avg_ts, stddev_ts, samples_ts, load_mode,
-    repack, ...), one per test: the pp test has n_gen 0 and the tg test n_prompt 0. With budget_bytes
-    the model is evicted from the page cache and llama-bench runs inside a memory cgroup of that size.
-    peak_rss_bytes is the kernel's ru_maxrss for llama-bench (it runs under pi2-rusage).
-    """
-    from pi2cli.hw.cgroup import run_budgeted
-    from pi2cli.hw.rusage import Measured
-
-    model = Path(model)
-    cmd = llama_bench_command(model, bin_dir=bin_dir, n_prompt=n_prompt, n_gen=n_gen, threads=threads,
-                              repetitions=repetitions, load_mode=load_mode, repack=repack,
-                              extra_args=extra_args)  # fmt: skip
-    with Measured(cmd) as measured:
-        run = run_budgeted(
-            measured.cmd, budget_bytes, evict=[model] if budget_bytes else [], timeout=timeout_s
-        )
-        usage = measured.usage()
-    check_llama_bench_exit(usage.returncode, run.stderr)
-    records = parse_llama_bench_json(run.stdout)
-    return {"records": records, "budget": run.budget, "cmd": cmd, "how": LLAMA_BENCH_HOW,
-            "peak_rss_bytes": usage.maxrss_bytes}  # fmt: skip
-
-
 LLAMA_BENCH_HOW = (
     "llama-bench -o json (llama.cpp's own pp/tg timing: one untimed warm-up run, then each repetition "
     "timed around llama_decode; pp = prompt tokens / time, tg = generated tokens / time; no TTFT or "

@@ -19,8 +19,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from pi2cli.engines.base import Driver
-from pi2cli.engines.llamacpp.server import TurnMetrics
+from pi2cli.engines.base import Driver, TurnMetrics
 from pi2cli.engines.mlc.runner import (
     RUNNER_ENV,
     parse_runner_output,

@@ -26,8 +26,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pi2cli.engines.base import TurnFailed
-from pi2cli.engines.llamacpp.server import TurnMetrics
+from pi2cli.engines.base import TurnFailed, TurnMetrics
 from pi2cli.engines.pi2.args import engine_argv
 from pi2cli.engines.pi2.events import parse_line, parse_lines, summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
