@@ -84,10 +84,15 @@ static void compact_live(pi2_sparse *s, int n) {
 /* s->scratch.out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
 static void dense_span(pi2_sparse *s, const uint8_t *base, size_t stride, int n) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    pi2_mat w = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E), .stride = stride};
-    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->scratch.gates, n);
-    w.data += s->part;
-    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->batch.up_out, n);
+    const pi2_mat gate = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E),
+                          .stride = stride};
+    pi2_mat up = gate;
+    up.data += s->part;
+    /* one job for the two, as attention's Q/K/V: one packed batch and no barrier between them */
+    const pi2_mat *w[2] = {&gate, &up};
+    float *y[2] = {s->scratch.gates, s->batch.up_out};
+    const int64_t ldy[2] = {n, n};
+    pi2_par_matmul_n(s->pool, 2, w, s->scratch.act, s->wave.tokens, y, ldy);
     compact_live(s, n);
     span_job j = {s, base, stride, n};
     pi2_pool_run_or_inline(s->pool, span_down_worker, &j);
