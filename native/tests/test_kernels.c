@@ -729,6 +729,58 @@ static void test_batch(pi2_kernel_level level) {
     pi2_kernels_force(level);
 }
 
+/* pi2_axpy_batch (prefill's down pass) gives one pi2_axpy per token and column in list order, bit for
+ * bit, at every level: columns in records of row size + 40 bytes, more of them than one group of the
+ * kernels' (128), lists of every length (none, one, every column), outputs ldy > n apart whose padding
+ * stays. */
+static void test_axpy_batch(pi2_kernel_level level) {
+    pi2_kernels_force(level);
+    const pi2_type types[] = {PI2_Q4_0, PI2_Q4_1, PI2_Q8_0, PI2_F16};
+    const int64_t ns[] = {32, 96, 1024};
+    const int64_t token_counts[] = {1, 2, 13, 40};
+    int bad = 0;
+    for (size_t ty = 0; ty < sizeof types / sizeof types[0]; ty++)
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int64_t n = ns[k], ncols = 300, ldy = n + 8, maxt = 40;
+            struct case_data c;
+            make_case(&c, types[ty], n, ncols);
+            const size_t rs = pi2_row_size(types[ty], n), stride = rs + 40;
+            uint8_t *cols = malloc(stride * ncols);
+            memset(cols, 0x5a, stride * ncols);
+            for (int64_t r = 0; r < ncols; r++) memcpy(cols + r * stride, c.w + r * rs, rs);
+            int32_t *ix = malloc(sizeof(int32_t) * ncols * maxt), count[40];
+            float *av = malloc(sizeof(float) * ncols * maxt), *y0 = malloc(sizeof(float) * ldy * maxt);
+            float *ya = malloc(sizeof(float) * ldy * maxt), *yb = malloc(sizeof(float) * ldy * maxt);
+            const int32_t *idx[40];
+            const float *a[40];
+            for (int64_t t = 0; t < maxt; t++) {
+                const uint32_t pct = t % 5 == 1 ? 0 : t % 5 == 2 ? 100 : t % 5 == 3 ? 1 : 20; /* live share */
+                count[t] = 0;
+                for (int32_t col = 0; col < ncols; col++)
+                    if (rnd_u32() % 100 < pct || (pct == 1 && col == ncols - 1)) {
+                        ix[t * ncols + count[t]] = col;
+                        av[t * ncols + count[t]++] = rnd_gauss();
+                    }
+                idx[t] = ix + t * ncols, a[t] = av + t * ncols;
+            }
+            fill_gauss(y0, ldy * maxt, 2.0f);
+            for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+                const int64_t tokens = token_counts[ti];
+                memcpy(ya, y0, sizeof(float) * ldy * maxt);
+                memcpy(yb, y0, sizeof(float) * ldy * maxt);
+                for (int64_t t = 0; t < tokens; t++)
+                    for (int32_t j = 0; j < count[t]; j++)
+                        pi2_axpy(types[ty], n, a[t][j], cols + (size_t)idx[t][j] * stride, ya + t * ldy);
+                pi2_axpy_batch(types[ty], n, cols, stride, tokens, idx, a, count, yb, ldy);
+                if (memcmp(ya, yb, sizeof(float) * ldy * maxt)) bad++;
+            }
+            free(cols), free(ix), free(av), free(y0), free(ya), free(yb);
+            free_case(&c);
+        }
+    if (bad) fprintf(stderr, "%s: axpy_batch %d mismatches with one axpy per column\n", pi2_kernel_level_name(level), bad);
+    CHECK(bad == 0);
+}
+
 /* The engine's way to the batch GEMM (parmat.c): the batch packed by a pool's threads, tile by tile,
  * is the single-threaded batch byte for byte (33 tokens: tiles split unevenly, a padded last one), and
  * pi2_par_matmul gives the level's pi2_gemm (plain rows) and pi2_x4_gemm (x4) floats, 12+ tokens taking
@@ -788,6 +840,7 @@ int main(void) {
         test_attention((pi2_kernel_level)level);
         test_x4((pi2_kernel_level)level);
         test_batch((pi2_kernel_level)level);
+        test_axpy_batch((pi2_kernel_level)level);
         /* where pi2_gemm has the batch's floats: the reference, and AVX-512 (rows as lanes from 12 tokens) */
         if (level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX512) test_par_batch();
         levels_tested++;

@@ -91,6 +91,14 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
  * The same floats as count pi2_axpy calls in a row. */
 void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
 
+/* The down pass of a batch (prefill), whose down weights are columns stored as rows (the bundles'):
+ * for every token t < tokens and k < count[t] in that order, y[t * ldy + j] += a[t][k] * dequant(column
+ * idx[t][k])[j] for j < n, column c at cols + c * stride; each idx[t] strictly ascending. The floats of
+ * one pi2_axpy per (t, k) in that order, but a level may unpack a column once for every token that
+ * uses it, where one axpy per token redoes the unpack (most of an axpy's work) for each. */
+void pi2_axpy_batch(pi2_type wt, int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,
+                    const int32_t *const *idx, const float *const *a, const int32_t *count, float *y, int64_t ldy);
+
 /* Rows interleaved by four ("x4"): a matrix whose rows are a multiple of 4, stored group by group of
  * 4 rows and block by block, each record holding the 4 rows' quants and then their scales (Q4_0: 4 x
  * 16 bytes, 4 F16 scales). A level that has a kernel for it multiplies such a matrix with far fewer

@@ -230,6 +230,39 @@ static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows
     }
 }
 
+/* ---- axpy over a batch: prefill's down pass (kernels_axpy_batch.h's driver around these two) ---- */
+
+/* block w's 32 weights as floats, q - 8 (exact) */
+static inline void axb_unpack(const pi2_block_q4_0 *w, float *f) {
+    int8x16_t lo, hi;
+    unpack_q4(w->qs, &lo, &hi);
+    const int8x16_t q[2] = {vsubq_s8(lo, vdupq_n_s8(8)), vsubq_s8(hi, vdupq_n_s8(8))};
+    for (int h = 0; h < 2; h++) {
+        const int16x8_t l = vmovl_s8(vget_low_s8(q[h])), u = vmovl_high_s8(q[h]);
+        vst1q_f32(f + 16 * h, vcvtq_f32_s32(vmovl_s16(vget_low_s16(l))));
+        vst1q_f32(f + 16 * h + 4, vcvtq_f32_s32(vmovl_high_s16(l)));
+        vst1q_f32(f + 16 * h + 8, vcvtq_f32_s32(vmovl_s16(vget_low_s16(u))));
+        vst1q_f32(f + 16 * h + 12, vcvtq_f32_s32(vmovl_high_s16(u)));
+    }
+}
+
+/* y[0..32) += a[k] * (qf[c] * d[c]) for k < count, c = ix[k] - c0, as axpy_q4_0: y + (q * (a * d) + 0) */
+static inline void axb_add(float *y, const float *qf, const float *d, const int32_t *ix, int32_t c0, const float *a,
+                           int32_t count) {
+    const float32x4_t zero = vdupq_n_f32(0.0f);
+    float32x4_t acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = vld1q_f32(y + 4 * i);
+    for (int32_t k = 0; k < count; k++) {
+        const int32_t c = ix[k] - c0;
+        const float *f = qf + c * PI2_QK;
+        const float32x4_t s = vdupq_n_f32(a[k] * d[c]);
+        for (int i = 0; i < 8; i++) acc[i] = vaddq_f32(acc[i], vfmaq_f32(zero, vld1q_f32(f + 4 * i), s));
+    }
+    for (int i = 0; i < 8; i++) vst1q_f32(y + 4 * i, acc[i]);
+}
+
+#include "kernels_axpy_batch.h"
+
 static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
     const pi2_block_q4_1 *w = row;
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
@@ -496,6 +529,7 @@ static void arm_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
     t->dot_packed_rows[PI2_Q4_0] = dot_packed_rows_q4_0;
     t->axpy_rows[PI2_Q4_0] = axpy_rows_q4_0;
+    t->axpy_batch[PI2_Q4_0] = axpy_batch_q4_0;
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;

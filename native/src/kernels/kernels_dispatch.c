@@ -241,6 +241,22 @@ void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const 
     for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y);
 }
 
+void pi2_axpy_batch(pi2_type wt, int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,
+                    const int32_t *const *idx, const float *const *a, const int32_t *count, float *y, int64_t ldy) {
+    check_weight("axpy_batch", wt, n);
+    if (tokens < 0 || (tokens > 1 && ldy < n)) die("axpy_batch", wt, n);
+    for (int64_t i = 0; i < tokens; i++) /* the kernels walk the lists in column order */
+        for (int32_t k = 0; k < count[i]; k++)
+            if (idx[i][k] < 0 || (k && idx[i][k] <= idx[i][k - 1])) die("axpy_batch", wt, n);
+    const pi2_kernel_table *t = pi2_kernels_table();
+    if (t->axpy_batch[wt]) {
+        t->axpy_batch[wt](n, cols, stride, tokens, idx, a, count, y, ldy);
+        return;
+    }
+    for (int64_t i = 0; i < tokens; i++)
+        for (int32_t k = 0; k < count[i]; k++) t->axpy[wt](n, a[i][k], cols + (size_t)idx[i][k] * stride, y + i * ldy);
+}
+
 int pi2_x4_supported(pi2_type wt) {
     return (unsigned)wt < PI2_N_TYPES && pi2_kernels_table()->x4_gemm[wt] != NULL;
 }

@@ -36,6 +36,10 @@ typedef struct {
                                          float *y);
     /* optional (NULL: one axpy per row) */
     void (*axpy_rows[PI2_N_TYPES])(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
+    /* optional (NULL: one axpy per token and column; kernels.h pi2_axpy_batch) */
+    void (*axpy_batch[PI2_N_TYPES])(int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,
+                                    const int32_t *const *idx, const float *const *a, const int32_t *count, float *y,
+                                    int64_t ldy);
     /* optional: GEMM over rows interleaved by four (pi2_x4_pack); NULL: no such layout at this level */
     void (*x4_gemm[PI2_N_TYPES])(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                                  int64_t ldy);

@@ -223,6 +223,54 @@ static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows
     }
 }
 
+/* ---- axpy over a batch: prefill's down pass (kernels_axpy_batch.h's driver around these two) ---- */
+
+/* block w's 32 weights as floats, q - 8 (exact) */
+static inline void axb_unpack(const pi2_block_q4_0 *w, float *f) {
+    const __m256i q = _mm256_sub_epi8(unpack_nibbles(w->qs), _mm256_set1_epi8(8));
+#if defined(__AVX512F__)
+    _mm512_store_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+    _mm512_store_ps(f + 16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+#else
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_store_ps(f, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+    _mm256_store_ps(f + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+    _mm256_store_ps(f + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+    _mm256_store_ps(f + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+#endif
+}
+
+/* y[0..32) += a[k] * (qf[c] * d[c]) for k < count, c = ix[k] - c0, as axpy_q4_0: y + (q * (a * d) + 0) */
+static inline void axb_add(float *y, const float *qf, const float *d, const int32_t *ix, int32_t c0, const float *a,
+                           int32_t count) {
+#if defined(__AVX512F__)
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 y0 = _mm512_load_ps(y), y1 = _mm512_load_ps(y + 16);
+    for (int32_t k = 0; k < count; k++) {
+        const int32_t c = ix[k] - c0;
+        const float *f = qf + c * PI2_QK;
+        const __m512 s = _mm512_set1_ps(a[k] * d[c]);
+        y0 = _mm512_add_ps(y0, _mm512_fmadd_ps(_mm512_load_ps(f), s, zero));
+        y1 = _mm512_add_ps(y1, _mm512_fmadd_ps(_mm512_load_ps(f + 16), s, zero));
+    }
+    _mm512_store_ps(y, y0);
+    _mm512_store_ps(y + 16, y1);
+#else
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm256_load_ps(y + 8 * i);
+    for (int32_t k = 0; k < count; k++) {
+        const int32_t c = ix[k] - c0;
+        const float *f = qf + c * PI2_QK;
+        const __m256 s = _mm256_set1_ps(a[k] * d[c]);
+        for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_fmadd_ps(_mm256_load_ps(f + 8 * i), s, zero));
+    }
+    for (int i = 0; i < 4; i++) _mm256_store_ps(y + 8 * i, acc[i]);
+#endif
+}
+
+#include "kernels_axpy_batch.h"
+
 static void axpy_q4_1(int64_t n, float a, const void *row, float *y) {
     const pi2_block_q4_1 *w = row;
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK)
@@ -384,6 +432,7 @@ PI2_GEMM_VIA_DOT(f16)
 static void x86_fill(pi2_kernel_table *t) {
     PI2_KERNELS_SET_COMMON(t);
     t->axpy_rows[PI2_Q4_0] = axpy_rows_q4_0;
+    t->axpy_batch[PI2_Q4_0] = axpy_batch_q4_0;
     t->act_q8_0 = act_q8_0;
     t->act_q8_1 = act_q8_1;
     t->act_f16 = act_f16;

@@ -29,18 +29,12 @@ typedef struct {
     int n;
 } span_job;
 
-/* Bytes of down columns a chunk of the down pass holds (each thread's slices of them): they stay in L2
- * while every token of the batch goes through them. A fixed count of neurons (64) made the chunk shrink
- * with the slice as threads were added (~18 KiB at 8 threads on the 7B shape), so each token's slice of
- * the output was loaded and stored once per handful of live neurons, and more often the more threads. */
-#define DOWN_CHUNK_BYTES (128 * 1024)
-
-/* The down columns of the span, each thread owning a slice of the output, chunk by chunk of neurons.
- * Each token takes its live neurons from its list (compact_live: built once, where every thread used to
- * test every token's output of every neuron of the span, a cost that grew with the threads), four at a
- * time (pi2_axpy_rows). Each token's sum runs in neuron order, skipping only exact zeros, which added
- * nothing: the floats are those of one pi2_axpy per non-zero output in neuron order (groups store y
- * exactly between them), whatever thread did what and however the chunks fall. */
+/* The down columns of the span, each thread owning a slice of the output: every token's live neurons
+ * (compact_live's lists) through pi2_axpy_batch, which unpacks a column's slice once for all the
+ * tokens that use it, where one axpy per token and neuron unpacked it for each (~13 times in a
+ * 128-token batch at 10% live, and the unpack was most of an axpy). Each token's sum runs in neuron
+ * order, skipping only exact zeros, which added nothing: the floats are those of one pi2_axpy per
+ * non-zero output in neuron order, whatever thread did what. */
 static void span_down_worker(void *p, int ith, int nth) {
     const span_job *j = p;
     pi2_sparse *s = j->s;
@@ -48,60 +42,57 @@ static void span_down_worker(void *p, int ith, int nth) {
     int64_t d0, d1;
     pi2_split_aligned(s->E, PI2_QK, ith, nth, &d0, &d1);
     if (d0 >= d1) return;
-    const size_t skip = 2 * s->part + pi2_row_size(wt, d0), col = pi2_row_size(wt, d1 - d0);
-    const int chunk = DOWN_CHUNK_BYTES / col > 16 ? (int)(DOWN_CHUNK_BYTES / col) : 16;
-    enum { TILE = 256 }; /* tokens whose place in their lists is kept here */
-    int at[TILE];
+    const size_t skip = 2 * s->part + pi2_row_size(wt, d0);
+    enum { TILE = 256 }; /* tokens per call */
+    const int32_t *idx[TILE];
+    const float *a[TILE];
+    int32_t count[TILE];
     for (int t0 = 0; t0 < s->wave.tokens; t0 += TILE) {
         const int t1 = s->wave.tokens - t0 < TILE ? s->wave.tokens : t0 + TILE;
-        for (int t = t0; t < t1; t++) at[t - t0] = 0;
-        for (int k0 = 0; k0 < j->n; k0 += chunk) {
-            const float end = (float)(j->n - k0 < chunk ? j->n : k0 + chunk);
-            for (int t = t0; t < t1; t++) {
-                const float *h = s->scratch.gates + (size_t)t * j->n, *ks = s->batch.up_out + (size_t)t * j->n;
-                float *y = s->scratch.out + (size_t)t * s->E + d0;
-                const uint8_t *cols[4];
-                float a[4];
-                int n = 0, i = at[t - t0];
-                for (; i < j->n && ks[i] < end; i++) {
-                    cols[n] = j->base + (size_t)ks[i] * j->stride + skip;
-                    a[n++] = h[i];
-                    if (n == 4) pi2_axpy_rows(wt, d1 - d0, a, cols, n, y), n = 0;
-                }
-                if (n) pi2_axpy_rows(wt, d1 - d0, a, cols, n, y);
-                at[t - t0] = i;
-            }
+        for (int t = t0; t < t1; t++) {
+            const int32_t *ix = (const int32_t *)(s->batch.up_out + (size_t)t * j->n);
+            int32_t c = 0;
+            while (c < j->n && ix[c] < j->n) c++; /* the list ends at the end marker n or at n entries */
+            idx[t - t0] = ix, a[t - t0] = s->scratch.gates + (size_t)t * j->n, count[t - t0] = c;
         }
+        pi2_axpy_batch(wt, d1 - d0, j->base + skip, j->stride, t1 - t0, idx, a, count,
+                       s->scratch.out + (size_t)t0 * s->E + d0, s->E);
     }
 }
 
 /* The activation over the span's gate and up dots, each token's non-zero outputs moved to the front of
- * its row of `gates` in neuron order, their neuron indices at the same places of its row of up_out
- * (whose dots are used by then; as floats, exact: n_ff <= 2^20 < 2^24), a list shorter than the span ending with
- * the index n. A row is compacted in place: entry j is written after entry k >= j was read. */
+ * its row of `gates` in neuron order, their neuron indices (int32, written over the up dots, which are
+ * used by then) at the same places of its row of up_out, a list shorter than the span ending with the
+ * index n. A row is compacted in place: entry j is written after entry k >= j was read (memcpy: the
+ * int32 stores may not be moved before the float loads of the same places). */
 static void compact_live(pi2_sparse *s, int n) {
     const uint32_t act = s->m->h.ffn_act;
     for (int t = 0; t < s->wave.tokens; t++) {
         float *h = s->scratch.gates + (size_t)t * n, *u = s->batch.up_out + (size_t)t * n;
-        int live = 0;
-        for (int k = 0; k < n; k++) {
+        int32_t live = 0;
+        for (int32_t k = 0; k < n; k++) {
             const float g = h[k];
             const float o = act == PI2_ACT_SWIGLU || g > 0.0f ? pi2_neuron_output(act, g, u[k]) : 0.0f;
             if (o == 0.0f) continue;
             h[live] = o;
-            u[live++] = (float)k;
+            memcpy(u + live++, &k, sizeof k);
         }
-        if (live < n) u[live] = (float)n;
+        if (live < n) memcpy(u + live, &n, sizeof n);
     }
 }
 
 /* s->scratch.out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
 static void dense_span(pi2_sparse *s, const uint8_t *base, size_t stride, int n) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
-    pi2_mat w = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E), .stride = stride};
-    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->scratch.gates, n);
-    w.data += s->part;
-    pi2_par_matmul(s->pool, &w, s->scratch.act, s->wave.tokens, s->batch.up_out, n);
+    const pi2_mat gate = {.data = base, .type = wt, .rows = n, .cols = s->E, .row_bytes = pi2_row_size(wt, s->E),
+                          .stride = stride};
+    pi2_mat up = gate;
+    up.data += s->part;
+    /* one job for the two, as attention's Q/K/V: one packed batch and no barrier between them */
+    const pi2_mat *w[2] = {&gate, &up};
+    float *y[2] = {s->scratch.gates, s->batch.up_out};
+    const int64_t ldy[2] = {n, n};
+    pi2_par_matmul_n(s->pool, 2, w, s->scratch.act, s->wave.tokens, y, ldy);
     compact_live(s, n);
     span_job j = {s, base, stride, n};
     pi2_pool_run_or_inline(s->pool, span_down_worker, &j);
