@@ -257,6 +257,7 @@ class BenchConfig:
     mlc_runner: str | None = None  # mlc-llm: the runner (URL or command); None: $PI2_MLC_RUNNER
     mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
     plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
+    via: str = "pipe"  # pi2-engine's engines: "pipe" (pi2-engine chat) or "server" (pi2-engine serve)
     annotate: Callable[[dict], None] | None = None  # called on every run right before it is saved (pi2 farm)
     quality: bool = False  # sparse pi2 runs: also score them against the dense model (pi2cli.quality)
     run_timeout_s: float | None = (
@@ -490,7 +491,8 @@ def run_one(
         memory=memory_block(target, budget_bytes, None),
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
-                                 limit=cfg.limit, **driver.extra_settings),
+                                 limit=cfg.limit, **driver.extra_settings,
+                                 **({"via": driver.via} if driver.via else {})),
         measurement=driver.measurement(target),
         tags=cfg.tags,
     )  # fmt: skip
@@ -691,7 +693,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     store.check_writable(
         cfg.results_dir
     )  # a read-only or impossible --results-dir fails now, not after the runs
-    drivers = [get_driver(name) for name in dict.fromkeys(cfg.engines)]
+    drivers = [get_driver(name, cfg.via) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
     apply_engine_options(drivers, cfg)

@@ -193,11 +193,15 @@ def exit_text(code: int | None) -> str:
 class LocalServer:
     """pi2-engine serve as a child process here (own session: Ctrl-C reaches pi2, which stops it)."""
 
-    def __init__(self, argv: list[str], budget_bytes: int | None, echo: Echo, device: str = "local"):
+    def __init__(
+        self, argv: list[str], budget_bytes: int | None, echo: Echo, device: str = "local", budget=None
+    ):
+        """budget: a Budget the caller holds (`pi2 bench --via server`: the run's cgroup), else one of
+        budget_bytes is made here and left when the engine stops."""
         self.argv, self.budget_bytes, self.device = argv, budget_bytes, device
         self.log = EngineLog(echo)
         self.proc: subprocess.Popen | None = None
-        self.budget = None
+        self.budget, self.held = budget, budget is not None
 
     def down(self) -> str | None:
         code = self.proc.poll()
@@ -211,7 +215,8 @@ class LocalServer:
         from pi2cli.plan.budget import Budget
 
         deadline = time.monotonic() + timeout_s
-        self.budget = Budget(self.budget_bytes).__enter__()
+        if not self.held:
+            self.budget = Budget(self.budget_bytes).__enter__()
         try:
             self.proc = self.budget.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
@@ -253,7 +258,7 @@ class LocalServer:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(STOP_WAIT_S)
-        if self.budget is not None:  # the cgroup goes once the engine is gone
+        if self.budget is not None and not self.held:  # the cgroup goes once the engine is gone
             budget, self.budget = self.budget, None
             budget.__exit__(None, None, None)
 
