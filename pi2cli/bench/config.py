@@ -35,6 +35,7 @@ class BenchConfig:
     mlc_runner: str | None = None  # mlc-llm: the runner (URL or command); None: $PI2_MLC_RUNNER
     mlc_model: str | None = None  # mlc-llm: the model id the runner is given; None: $PI2_MLC_MODEL
     plan: str | None = None  # pi2: a plan file from `pi2 plan` (pi2-engine --plan)
+    via: str = "pipe"  # pi2-engine's engines: "pipe" (pi2-engine chat) or "server" (pi2-engine serve)
     annotate: Callable[[dict], None] | None = None  # called on every run right before it is saved (pi2 farm)
     quality: bool = False  # sparse pi2 runs: also score them against the dense model (pi2cli.quality)
     run_timeout_s: float | None = (

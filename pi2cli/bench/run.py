@@ -231,7 +231,8 @@ def run_one(
                                  source=str(wl_path.name)),
         settings=S.settings_info(n_gen=cfg.n_gen, threads=cfg.threads, repetitions=cfg.repeat, warmup=0,
                                  temperature=0.0, seed=cfg.seed or 0, ctx=cfg.ctx, ignore_eos=cfg.ignore_eos,
-                                 limit=cfg.limit, **driver.extra_settings),
+                                 limit=cfg.limit, **driver.extra_settings,
+                                 **({"via": driver.via} if driver.via else {})),
         measurement=driver.how,
         tags=cfg.tags,
     )  # fmt: skip
@@ -355,7 +356,7 @@ def run_bench(cfg: BenchConfig, reporter: Reporter | None = None) -> list[RunOut
     store.check_writable(
         cfg.results_dir
     )  # a read-only or impossible --results-dir fails now, not after the runs
-    drivers = [get_driver(name) for name in dict.fromkeys(cfg.engines)]
+    drivers = [get_driver(name, cfg.via) for name in dict.fromkeys(cfg.engines)]
     if cfg.plan and "pi2" not in [d.name for d in drivers]:
         raise Pi2Error("--plan is for the pi2 engine (-e pi2); no pi2 run was asked for")
     apply_engine_options(drivers, cfg)

@@ -126,6 +126,12 @@ def print_table(console, outcomes) -> None:
                    "JSON records kept in the result. pp-tg: a sweep of -p x -n x -t lists for pi2, llmflash "
                    "and llama.cpp alike, with warm-up runs. load: -c clients hold conversations with the "
                    "OpenAI-compatible server at --url for --duration seconds (docs/BENCH.md).")  # fmt: skip
+@click.option("--via", type=click.Choice(["pipe", "server"]), default=None,
+              help="How pi2 drives pi2-engine (pi2, llmflash): pipe = `pi2-engine chat` over stdin; server = "
+                   "`pi2-engine serve` started on the target (adb forward on a phone), each turn a streamed "
+                   "POST /v1/completions timed from the engine's own per-token pi2_timings -- the API "
+                   "llama.cpp is benched through. llama.cpp and mlc-llm are driven as always. Stored as "
+                   "settings.via; tables label such runs 'via server'.  [default: pipe]")  # fmt: skip
 @click.option("--url", default=None, help="--mode load: the server, e.g. http://127.0.0.1:8080.")
 @click.option("--concurrency", "-c", type=int, default=None, help="--mode load: concurrent clients.")
 @click.option("--duration", type=float, default=None,
@@ -205,7 +211,7 @@ def print_table(console, outcomes) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help='Print {"runs": [...]} (result files and figures) on stdout.'
 )
-def command(model, make_synth, engines, mode, url, concurrency, duration, max_tokens, api_key, request_timeout,
+def command(model, make_synth, engines, mode, via, url, concurrency, duration, max_tokens, api_key, request_timeout,
             n_prompt, warmup, dry_run, samples_csv, llmflash_window, mlc_runner,
             mlc_model, workloads, limit, seed, budgets, device, repeat, threads, n_gen, ctx, stop_at_eos, cool_below,
             plan, quality, run_timeout, tags, results_dir, as_json) -> None:  # fmt: skip
@@ -223,6 +229,7 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
       pi2 bench -m models/smollm2/model.pi2 -e pi2 -e llama.cpp -w multi-turn --limit 2 --json
       pi2 bench -m models/smollm2/model.pi2 -w code --limit 3 -n 64
       pi2 bench -m models/smollm2/model.pi2 --device 127.0.0.1:5555 -w math --limit 1
+      pi2 bench -m models/smollm2/model.pi2 -e pi2 -e llama.cpp --via server --limit 2
       pi2 bench -m synth/model.pi2 -e pi2 -e llmflash --llmflash-window 5 --memory-budget 256M --limit 1
       pi2 bench -m models/smollm2/model.gguf -e llama.cpp --mode llama-bench -p 512 -n 128 --repeat 3
       pi2 bench -m synth/model.pi2 -e pi2 --plan plan.json --limit 1
@@ -238,6 +245,8 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
 
     load_opts = {"--url": url, "--concurrency": concurrency, "--duration": duration, "--max-tokens": max_tokens,
                  "--api-key": api_key, "--request-timeout": request_timeout}  # fmt: skip
+    if via is not None and mode != "chat":  # the other modes run one way: their own tools, or a given URL
+        raise Pi2Error(f"--via goes with --mode chat, not {mode}")
     if mode == "load":
         from pi2cli.commands.bench_load import load_command
 
@@ -273,7 +282,7 @@ def command(model, make_synth, engines, mode, url, concurrency, duration, max_to
         budgets=[parse_size(b) for b in budgets] or [None], device=device, repeat=repeat, threads=threads,
         n_gen=n_gen, ctx=ctx, ignore_eos=not stop_at_eos, results_dir=results_dir, cool_below=cool_below,
         tags=list(tags), mode=mode, n_prompt=n_prompt, llmflash_window=llmflash_window, mlc_runner=mlc_runner,
-        mlc_model=mlc_model, plan=plan, quality=quality, run_timeout_s=run_timeout,
+        mlc_model=mlc_model, plan=plan, quality=quality, run_timeout_s=run_timeout, via=via or "pipe",
     )  # fmt: skip
     from pi2cli.results import store
 

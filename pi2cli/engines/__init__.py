@@ -9,6 +9,7 @@ import importlib
 
 from pi2cli.engines.base import Driver
 from pi2cli.errors import Pi2Error
+from pi2cli.results.schema import VIAS
 
 # engine name -> module:class of its driver (pi2cli.engines.base.Driver)
 DRIVERS: dict[str, str] = {
@@ -19,8 +20,20 @@ DRIVERS: dict[str, str] = {
 }
 
 
-def get_driver(name: str) -> Driver:
+# engine name -> its driver over `pi2-engine serve` (`pi2 bench --via server`). The engines not named
+# here are driven one way only: llama.cpp through llama-server, mlc-llm through its runner.
+SERVER_DRIVERS: dict[str, str] = {
+    "pi2": "pi2cli.engines.pi2.server_chat:Pi2ServerDriver",
+    "llmflash": "pi2cli.engines.pi2.server_chat:LlmFlashServerDriver",
+}
+
+
+def get_driver(name: str, via: str = "pipe") -> Driver:
+    """The driver of engine `name`; via "server": its driver over pi2-engine serve where it has one."""
     if name not in DRIVERS:
         raise Pi2Error(f"unknown engine '{name}' (known: {', '.join(DRIVERS)})")
-    module_name, class_name = DRIVERS[name].split(":")
+    if via not in VIAS:
+        raise Pi2Error(f"--via {via!r}: use one of {', '.join(VIAS)}")
+    table = SERVER_DRIVERS if via == "server" and name in SERVER_DRIVERS else DRIVERS
+    module_name, class_name = table[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)()

@@ -185,6 +185,9 @@ class Driver:
     policy: str | None = None  # the pi2-engine policy it runs with, recorded in the result
     model_suffix: str = ".pi2"  # ".pi2" or ".gguf": which twin of the model this engine runs
     how: str = ""  # how TTFT/TBT are measured on the configured target, stored in every result
+    # how pi2 drives the engine, stored as settings.via where there is a choice (pi2-engine: "pipe", its
+    # own stdin protocol, or "server", its OpenAI-compatible server); None: the engine's one way
+    via: str | None = None
     # The bench options that belong to this engine (names of pi2cli.bench.config.BenchConfig fields, e.g.
     # llmflash_window); the bench passes each one that was given to set_option().
     options: tuple[str, ...] = ()

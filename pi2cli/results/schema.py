@@ -51,6 +51,10 @@ PEAK_RSS_DEVICE = "device VmHWM via shell"  # the same, read on an adb device th
 PEAK_RSS_SERVER = "server VmHWM after load"
 PEAK_RSS_SOURCES = (PEAK_RSS_ENGINE, PEAK_RSS_WRAPPER, PEAK_RSS_BEFORE_STOP, PEAK_RSS_DEVICE, PEAK_RSS_SERVER)
 
+# How pi2 drove pi2-engine (run.settings.via, absent before it was recorded and for engines with one way):
+# "pipe" = `pi2-engine chat` over stdin, "server" = `pi2-engine serve` over streamed HTTP (pi2 bench --via).
+VIAS = ("pipe", "server")
+
 # The pi2-engine policies of the ablation ladder, in ladder order (each adds one technique).
 ABLATION_POLICIES = ("dense", "bundle", "cache", "powerinfer2")
 
@@ -671,6 +675,9 @@ def validate(run: Any) -> None:
     _check_fields(run["memory"], _MEMORY_FIELDS, "run.memory")
     if run["memory"]["enforced"] and run["memory"]["budget_bytes"] is None:
         raise ResultSchemaError("run.memory.enforced: true needs a budget_bytes")
+    via = run["settings"].get("via")
+    if via is not None and via not in VIAS:
+        raise ResultSchemaError(f"run.settings.via: must be one of {', '.join(VIAS)}, not {via!r:.40}")
     if not all(isinstance(tag, str) for tag in run["tags"]):
         raise ResultSchemaError("run.tags: must be a list of strings")
     for key, value in run["counters"].items():
@@ -771,9 +778,11 @@ def _check_quality(q: dict) -> None:
 
 
 def engine_label(run: dict) -> str:
-    """ "pi2:dense" for a pi2-engine policy, else the engine name ("llama.cpp")."""
+    """ "pi2:dense" for a pi2-engine policy, else the engine name ("llama.cpp"); " via server" when pi2
+    drove pi2-engine through its server (settings.via), so no table shows it as the pipe run."""
     name, policy = run["engine"]["name"], run["engine"].get("policy")
-    return f"{name}:{policy}" if policy and policy != name else name
+    label = f"{name}:{policy}" if policy and policy != name else name
+    return label + (" via server" if (run.get("settings") or {}).get("via") == "server" else "")
 
 
 def model_label(run: dict) -> str:

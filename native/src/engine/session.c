@@ -140,7 +140,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
             break;
         }
         int np = pi2_token_to_piece(s->tok, next, piece, sizeof piece);
-        if (np > 0) emit(piece, np);
+        emit(piece, np > 0 ? np : 0); /* a token without text too: a server streams its time */
         if (s->stop_turn) {
             r->stop = "stop";
             break;

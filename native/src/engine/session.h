@@ -78,7 +78,8 @@ typedef struct {
 
 /* One turn: prefill s->ids[0..n_new) in batches, then sample up to n_predict tokens (stopping at an
  * end-of-generation token unless ignore_eos), each with a token event of turn turn_index
- * (event_schema.h) and its text handed to emit. The last token sampled is not run: it stays in s->pending for
+ * (event_schema.h) and its text handed to emit (n 0 for a token without text; every token but an
+ * end-of-generation one that ends the turn is handed over). The last token sampled is not run: it stays in s->pending for
  * the next turn's prefill. emit may set s->stop_turn to end the turn after its token (r->stop "stop"; that
  * token is not run, as at end-of-generation). t0: when the turn began (its TTFT counts from there). 0, or -1 with an
  * error from the forward pass. */

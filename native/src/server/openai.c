@@ -199,6 +199,7 @@ int pi2_oai_parse(const char *body, size_t len, int chat, pi2_chat_template t, i
         if (nt == 0) rc = bad("'%s' is not supported except at its default (n 1, penalties 0, logprobs and echo false)", k);
         else if (!strcmp(k, "model") || !strcmp(k, "user")) { if (f->kind != PI2_JD_STRING) rc = bad("'%s' must be a string", k); }
         else if (!strcmp(k, "stream")) rc = as_bool(f, k, &r->stream);
+        else if (!strcmp(k, "ignore_eos")) rc = as_bool(f, k, &r->ignore_eos);
         else if (!strcmp(k, "stream_options")) {
             const pi2_jd *iu = pi2_jd_get(f, "include_usage");
             int ignored;

@@ -29,6 +29,7 @@ pi2_chat_template pi2_chat_template_from_metadata(const char *meta, size_t len);
 typedef struct {
     int chat;            /* /v1/chat/completions (else /v1/completions) */
     int stream;
+    int ignore_eos;      /* llama-server's extension: generate past end-of-generation (benches) */
     pi2_buf prompt;      /* the text the engine tokenizes (a chat rendered with the template) */
     int max_tokens;      /* -1: not given */
     float temperature, top_p;

@@ -181,8 +181,11 @@ static void chunk_timings(char *out, size_t n, const gen *g) {
              (unsigned long long)g->t_last, g->n_tok, ttft, ttft > 0 ? g->n_prompt / (ttft / 1e3) : 0, dec);
 }
 
-static void stream_text(gen *g, size_t upto, int first) {
-    if (g->gone || (upto <= g->sent && !first)) return;
+/* A chunk with text[sent..upto); `token`: a sampled token's chunk, sent even without text (held back, or
+ * a token with none) so that every token's t_ns reaches the client. */
+static void stream_text(gen *g, size_t upto, int first, int token) {
+    if (g->gone || (upto <= g->sent && !first && !token)) return;
+    if (upto < g->sent) upto = g->sent; /* never re-sent, never a negative length */
     char timings[256];
     chunk_timings(timings, sizeof timings, g);
     pi2_buf json = {0}, ev = {0};
@@ -239,7 +242,7 @@ static void emit(const char *piece, int n) {
             safe -= stop_prefix_tail(g);
             safe -= pi2_utf8_incomplete_tail(g->text.p, safe);
         }
-        stream_text(g, safe, 0);
+        stream_text(g, safe, 0, 1);
     }
     if (!g->gone && client_gone(g->fd)) g->gone = 1;
     if (now - g->t0 > (uint64_t)S.o.request_timeout_s * 1000000000ull) g->timed_out = 1;
@@ -308,12 +311,12 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
         answering(200);
         if (send_buf(fd, &head)) g.gone = 1;
         pi2_buf_free(&head);
-        stream_text(&g, 0, 1);
+        stream_text(&g, 0, 1, 0);
     }
     pi2_turn r = {.stop = "length"};
     G = &g;
     int rc = 0;
-    if (max_tokens > 0 && !g.gone) rc = pi2_session_turn(s, n - k, max_tokens, 0, -1, g.t0, emit, &r);
+    if (max_tokens > 0 && !g.gone) rc = pi2_session_turn(s, n - k, max_tokens, rq->ignore_eos, -1, g.t0, emit, &r);
     G = NULL;
     if (rc != 0 || g.text.oom) {
         pi2_ctx_reset(s->ctx); /* a pass failed part-way: trust nothing cached */
@@ -349,7 +352,7 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     pi2_buf out = {0}, json = {0};
     if (g.stream) {
         if (!g.gone) {
-            stream_text(&g, g.text.len, 0); /* what was held back (an incomplete character at the end) */
+            stream_text(&g, g.text.len, 0, 0); /* what was held back (an incomplete character at the end) */
             pi2_oai_object(&json, &g.reply, PI2_OAI_LAST_CHUNK, NULL, 0, finish, usage, timings);
             pi2_sse_event(&out, json.p, json.len);
             pi2_sse_done(&out);

@@ -75,6 +75,7 @@ class Pi2Driver(Driver):
     policy = "dense"
     model_suffix = ".pi2"
     how = HOW
+    via = "pipe"  # `pi2-engine chat` over stdin; server_chat.py drives `pi2-engine serve`
     options = ("plan",)
 
     def __init__(self):

@@ -180,11 +180,15 @@ def exit_text(code: int | None) -> str:
 class LocalServer:
     """pi2-engine serve as a child process here (own session: Ctrl-C reaches pi2, which stops it)."""
 
-    def __init__(self, argv: list[str], budget_bytes: int | None, echo: Echo, device: str = "local"):
+    def __init__(
+        self, argv: list[str], budget_bytes: int | None, echo: Echo, device: str = "local", cgroup=None
+    ):
+        """cgroup: a Budget the caller holds (`pi2 bench --via server`: the run's cgroup), else one of
+        budget_bytes is made here and left when the engine stops."""
         self.argv, self.budget_bytes, self.device = argv, budget_bytes, device
         self.log = EngineLog(echo)
         self.proc: subprocess.Popen | None = None
-        self.cgroup = None
+        self.cgroup, self.held = cgroup, cgroup is not None
 
     def down(self) -> str | None:
         code = self.proc.poll()
@@ -198,7 +202,8 @@ class LocalServer:
         from pi2cli.hw.cgroup import Budget
 
         deadline = time.monotonic() + timeout_s
-        self.cgroup = Budget(self.budget_bytes).__enter__()
+        if not self.held:
+            self.cgroup = Budget(self.budget_bytes).__enter__()
         try:
             self.proc = self.cgroup.popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
@@ -240,7 +245,7 @@ class LocalServer:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(STOP_WAIT_S)
-        if self.cgroup is not None:  # the cgroup goes once the engine is gone
+        if self.cgroup is not None and not self.held:  # the cgroup goes once the engine is gone
             cgroup, self.cgroup = self.cgroup, None
             cgroup.__exit__(None, None, None)
 
