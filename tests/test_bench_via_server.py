@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.engines import pi2_serve
+from pi2cli.engines.pi2 import serve as pi2_serve
 from pi2cli.engines.pi2.server_chat import metrics_counters, parse_metrics, token_times_ns
 from pi2cli.paths import host_build_dir
 from pi2cli.results import schema, store
