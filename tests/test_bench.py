@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.bench.run import (
     BenchConfig,
@@ -24,7 +25,6 @@ from pi2cli.cli import cli
 from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.push import model_remote_name, sha256_file
-from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
 from pi2cli.units import parse_size
@@ -32,18 +32,11 @@ from pi2cli.units import parse_size
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
 
-ENGINE = host_build_dir() / "pi2-engine"
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
-
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, smollm2_gguf) -> Path:
+def model_dir(smollm2_dir) -> Path:
     """SmolLM2 as DIR/model.pi2 + DIR/model.gguf (the same weights), as `pi2 convert` writes them."""
-    from pi2cli.models.convert import convert_gguf
-
-    d = tmp_path_factory.mktemp("smollm2")
-    convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
-    return d
+    return smollm2_dir
 
 
 @pytest.fixture

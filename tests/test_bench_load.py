@@ -16,13 +16,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from engine_helpers import engine_bin
+from engine_helpers import needs_engine
 from test_serve import serve
 
 from pi2cli.paths import REPO_ROOT
 from pi2cli.results import store
-
-needs_engine = pytest.mark.skipif(not engine_bin().is_file(), reason="pi2-engine not built")
 
 
 def pi2(*args: str, timeout: float = 120, **kw):

@@ -10,13 +10,9 @@ import sys
 import time
 
 import pytest
+from engine_helpers import needs_engine
 
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
-
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 
 
 def _alive(pid: int) -> bool:

@@ -8,19 +8,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.bench.sweep import prompt_ids
 from pi2cli.bench.sweep_cells import parse_generate_events
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
-
-ENGINE = host_build_dir() / "pi2-engine"
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
 
 
 @pytest.fixture

@@ -11,22 +11,18 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 from test_bench_signals import _alive
 
 from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.paths import host_build_dir
 from pi2cli.results import schema as S
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
 
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 # a turn far longer than any limit here: only the limit ends it
 ENDLESS = ["-n", "100000", "--ctx", "200000"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.paths import host_build_dir
@@ -19,9 +20,7 @@ from pi2cli.plan.min_budget import minimums_for_facts, minimums_for_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine not built"
-)
+pytestmark = needs_engine
 MINIMUM = re.compile(r"is below the smallest budget pi2-engine runs \S+ in: ([0-9.]+ [MG]iB) \(powerinfer2")
 
 

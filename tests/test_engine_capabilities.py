@@ -14,23 +14,15 @@ from pathlib import Path
 import pytest
 from engine_helpers import engine_bin, run_engine
 
-from pi2cli.models import synth
-
 MiB = 2**20
 JITTER = MiB  # RSS differences between two processes opening the same session
 RUN = ["--ctx", 64, "--batch", 16, "--threads", 2]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, smollm2_gguf) -> Path:
+def model(synth_model) -> Path:
     """An FFN of 8 MiB (2 layers x 8192 bundles of 512 B) over ~30 MiB of fixed region."""
-    out = tmp_path_factory.mktemp("size")
-    cfg = synth.SynthConfig(
-        like="turbosparse-mistral-7b", tokenizer_gguf=smollm2_gguf, n_layer=2, hidden=256, ffn=8192,
-        calib_seqs=2, eval_seqs=1, dense_down=False,
-    )  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+    return synth_model("ffn-8k-wide")
 
 
 def _caps() -> dict:

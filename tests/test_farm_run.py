@@ -13,18 +13,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.farm.history import build_series, farm_runs
 from pi2cli.farm.run import run_farm
-from pi2cli.paths import host_build_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import TestDevice  # noqa: E402
 
-ENGINE = host_build_dir() / "pi2-engine"
 CACHE = os.environ.get("PI2_CACHE")  # the adb_server fixture points PI2_CACHE elsewhere for its module
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
 ARM64 = shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-gcc")
 
 

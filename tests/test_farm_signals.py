@@ -11,17 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from pi2cli.paths import host_build_dir
+from engine_helpers import needs_engine
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_bench_signals import _alive  # noqa: E402
 from test_farm_run import device, write_farm  # noqa: E402
-
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 
 
 def _descendants(pid: int) -> list[int]:

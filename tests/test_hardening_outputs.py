@@ -14,13 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 from results_fakes import fake_run
 
 from pi2cli.cli import cli
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
-
-needs_engine = pytest.mark.skipif(not (host_build_dir() / "pi2-engine").exists(), reason="make engine first")
 
 
 def _no_run(monkeypatch):

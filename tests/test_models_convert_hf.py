@@ -7,6 +7,7 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import engine_bin
 from safetensors.numpy import save_file
 
 from pi2cli.cli import cli
@@ -15,7 +16,6 @@ from pi2cli.models import gguf_twin
 from pi2cli.models.convert_safetensors import convert, permute_qk
 from pi2cli.models.numpy_llama import rope_normal
 from pi2cli.models.pi2file import Pi2File
-from pi2cli.paths import host_build_dir
 
 H, F, NH, NKV, L, V = 64, 96, 2, 1, 2, 49152
 
@@ -251,15 +251,14 @@ def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_ggu
         fc2 = bf16(p + "mlp.predictor.fc2.weight")[order]
         assert np.allclose(f.tensor(f"blk.{layer}.pred_fc2").reshape(F, 16), fc2, rtol=2e-3, atol=1e-3)
         assert f.tensor(f"blk.{layer}.pred_threshold")[0] == 0.5
-    engine = host_build_dir() / "pi2-engine"
-    if engine.is_file():
-        ev = tmp_path / "ev.jsonl"
-        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "m.pi2"), "-p", "Hello", "-n", "4",
-                               "--policy", "powerinfer2", "--events", str(ev)], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
-        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+    engine = engine_bin()
+    ev = tmp_path / "ev.jsonl"
+    done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "m.pi2"), "-p", "Hello", "-n", "4",
+                           "--policy", "powerinfer2", "--events", str(ev)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+    assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
 def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
@@ -275,15 +274,14 @@ def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
     fc1 = bf16("model.layers.1.block_sparse_moe.experts.2.predictor.fc1.weight")
     norm = bf16("model.layers.1.post_attention_layernorm.weight")
     assert np.allclose(f.tensor("blk.1.pred_fc1.2").reshape(16, H), fc1 / norm, rtol=2e-3, atol=1e-3)
-    engine = host_build_dir() / "pi2-engine"
-    if engine.is_file():
-        ev = tmp_path / "ev.jsonl"
-        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
-                               "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
-        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+    engine = engine_bin()
+    ev = tmp_path / "ev.jsonl"
+    done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
+                           "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+    assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
 def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf, monkeypatch):
@@ -298,13 +296,6 @@ def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf
     f = Pi2File(out, verify=False)
     assert not f.header.has_predictor and f.metadata["dropped_predictors"]["count"] == 6
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    if (host_build_dir() / "pi2-engine").is_file():
-        res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",
-                                       "1", "--warmup", "0", "--results-dir", str(tmp_path / "res")])  # fmt: skip
-        assert res.exit_code == 0, res.output
-        assert (
-            "pi2 runs it dense (policy dense)" in " ".join(res.output.split()) and "pi2:dense" in res.output
-        )
     # A dReLU model converted without any predictor says so too.
     make_checkpoint(tmp_path / "plain")
     res = CliRunner().invoke(cli, ["convert", str(tmp_path / "plain"), "--out", str(tmp_path / "plain.pi2"),
@@ -312,3 +303,8 @@ def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf
     assert (
         res.exit_code == 0 and "a drelu model without activation predictors: pi2 runs it dense" in res.output
     )
+    engine_bin()  # the bench runs it
+    res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",
+                                   "1", "--warmup", "0", "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "pi2 runs it dense (policy dense)" in " ".join(res.output.split()) and "pi2:dense" in res.output

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
@@ -99,6 +100,7 @@ def test_interrupted_synth_resumes_to_the_same_bytes(tmp_path, smollm2_gguf, mon
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["model.gguf", "model.pi2"]
 
 
+@needs_engine
 def test_plan_predicts_the_phone_from_a_name_without_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("PI2_MODELS_DIR", str(tmp_path / "empty"))
     args = ["plan", "-m", "turbosparse-mixtral-47b", "--profile", "oneplus-12", "--json", "--memory-budget"]

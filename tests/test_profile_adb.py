@@ -10,17 +10,18 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
+from engine_helpers import built  # noqa: E402
 
 from pi2cli.cli import cli  # noqa: E402
-from pi2cli.paths import host_build_dir  # noqa: E402
 from pi2cli.plan.profile import validate_profile  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"
 
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-probe").is_file(), reason="pi2-probe is not built (make engine)"
-)
+
+@pytest.fixture(autouse=True)
+def _probe_built():
+    built("pi2-probe")  # the profile pushes it
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from engine_helpers import needs_engine
 from results_fakes import fake_run
 
 from pi2cli.quality import metrics as M
@@ -149,6 +150,7 @@ def test_bench_hook_skips_dense_engines_and_never_loses_the_run(tmp_path):
     S.validate(run)  # the speed run is intact and still saves
 
 
+@needs_engine
 def test_pi2_quality_refuses_bad_input_with_one_line(tmp_path):
     from click.testing import CliRunner
 

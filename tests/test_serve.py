@@ -339,15 +339,6 @@ def test_serve_refuses_bad_flags_in_one_line(tiny_model):
         assert done.returncode != 0 and msg in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def smollm2_pi2(tmp_path_factory, smollm2_gguf) -> Path:
-    from pi2cli.models.convert import convert_gguf
-
-    out = tmp_path_factory.mktemp("smollm2-serve") / "smollm2.pi2"
-    convert_gguf(smollm2_gguf, out)
-    return out
-
-
 def test_smollm2_chat_matches_generate(smollm2_pi2):
     want = generate_text(smollm2_pi2, chatml(CHAT), 24)
     assert want.strip()

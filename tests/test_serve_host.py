@@ -15,13 +15,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from engine_helpers import needs_engine
 
 from pi2cli.paths import host_build_dir
 
 openai = pytest.importorskip("openai")
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
+pytestmark = needs_engine
 
 CHAT = [{"role": "user", "content": "Name a colour."}]
 

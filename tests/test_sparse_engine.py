@@ -15,51 +15,24 @@ import numpy as np
 import pytest
 from engine_helpers import engine_bin, engine_logits, run_engine
 
-from pi2cli.models import synth
-
 SPARSE_POLICIES = ["bundle", "llmflash", "cache", "powerinfer2"]
 TOKENS = [1, 400, 2213, 17, 9000, 33, 881, 4242, 12, 7, 3001, 95, 640, 2, 77, 1500]
 
 
-def _synth(tmp_path_factory, smollm2_gguf, name: str, **kw) -> Path:
-    out = tmp_path_factory.mktemp(name)
-    cfg = synth.SynthConfig(tokenizer_gguf=smollm2_gguf, dense_down=False, calib_seqs=6, eval_seqs=2, **kw)
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+@pytest.fixture(scope="module")
+def dense_arch(synth_model) -> Path:
+    return synth_model("sparse-1k")
 
 
 @pytest.fixture(scope="module")
-def dense_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(
-        tmp_path_factory,
-        smollm2_gguf,
-        "sparse",
-        like="turbosparse-mistral-7b",
-        n_layer=2,
-        hidden=256,
-        ffn=1024,
-    )
+def moe_arch(synth_model) -> Path:
+    return synth_model("tiny-moe")
 
 
 @pytest.fixture(scope="module")
-def moe_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(
-        tmp_path_factory, smollm2_gguf, "moe", like="turbosparse-mixtral-47b", n_layer=2, hidden=256, ffn=512
-    )
-
-
-@pytest.fixture(scope="module")
-def ffn_heavy(tmp_path_factory, smollm2_gguf) -> Path:
+def ffn_heavy(synth_model) -> Path:
     """Two layers whose FFN is most of the file, so a budget below the file size still fits the rest."""
-    return _synth(
-        tmp_path_factory,
-        smollm2_gguf,
-        "heavy",
-        like="turbosparse-mistral-7b",
-        n_layer=2,
-        hidden=128,
-        ffn=32768,
-    )
+    return synth_model("ffn-32k")
 
 
 def _assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
@@ -397,12 +370,8 @@ def test_plan_file_stands_for_its_flags(ffn_heavy, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_sparse_policy_without_predictors_says_how_to_proceed(tmp_path, smollm2_gguf):
-    from pi2cli.models.convert import convert_gguf
-
-    model = tmp_path / "smol.pi2"
-    convert_gguf(smollm2_gguf, model)
-    bad = run_engine("generate", "-m", model, "-p", "hi", "-n", "2", "--policy", "cache", check=False)
+def test_sparse_policy_without_predictors_says_how_to_proceed(smollm2_pi2):
+    bad = run_engine("generate", "-m", smollm2_pi2, "-p", "hi", "-n", "2", "--policy", "cache", check=False)
     assert bad.returncode == 1 and "--predictor oracle" in bad.stderr
 
 

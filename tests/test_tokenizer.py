@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from engine_helpers import built
 
 from pi2cli.errors import Pi2Error
 from pi2cli.models.tokenizer_blob import (
@@ -18,7 +19,6 @@ from pi2cli.models.tokenizer_blob import (
     vocab_blob_from_gguf,
     vocab_blob_from_hf_dir,
 )
-from pi2cli.paths import host_build_dir
 
 TEXTS = [
     "Hello world",
@@ -125,10 +125,7 @@ def big_text() -> bytes:
 
 
 def tool(name: str) -> Path:
-    path = host_build_dir() / name
-    if not path.exists():
-        pytest.fail(f"{path} is missing: build the native code first (make engine)")
-    return path
+    return built(name)
 
 
 def pi2_tokenize(blob_path: Path, data: bytes, *args: str) -> list[int]:
