@@ -51,6 +51,7 @@ def dense_pi2(smollm2_pi2) -> Path:
 
 
 # ------------------------------------------------------------------------------------- llama-bench mode
+@pytest.mark.slow
 def test_llama_bench_mode_keeps_its_json_fields_under_a_budget(tmp_path, smollm2_gguf, llamacpp_bindir,
                                                                monkeypatch):  # fmt: skip
     monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
@@ -129,6 +130,7 @@ def fake_mlc(tmp_path, monkeypatch):
     return f"{sys.executable} {script}", log
 
 
+@pytest.mark.slow
 def test_mlc_bench_with_a_command_runner_printing_the_stats_line(tmp_path, smollm2_gguf, fake_mlc):
     runner, log = fake_mlc
     out = bench(["-m", str(smollm2_gguf), "-e", "mlc-llm", "--mlc-runner", runner, "-w", "multi-turn",
@@ -280,6 +282,7 @@ def test_engine_flags_asks_the_engine_and_reads_builds_it_cannot_run(tmp_path):
     assert engine_flags(before) == {"--plan"}
 
 
+@pytest.mark.slow
 def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2, monkeypatch):
     local = get_target("local")
     sparse = fake_binary(tmp_path, ["--policy", "--memory-budget", "--llmflash-window"])
@@ -306,6 +309,7 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     assert driver.policy == "dense" and sparse_flags(**driver.engine_options(1 << 30)) == []
 
 
+@pytest.mark.slow
 def test_llmflash_driver_window_and_requirements(tmp_path, synth_dir, dense_pi2, monkeypatch):
     local = get_target("local")
     driver = get_driver("llmflash")
@@ -358,6 +362,7 @@ def test_sparse_summary_fields_become_counters():
     assert turn_io_sums([{"event": "token", "t": 1.0, "id": 5}]) == {}
 
 
+@pytest.mark.slow
 @needs_engine
 def test_pi2_run_records_its_policy(tmp_path, dense_pi2):
     cfg = BenchConfig(model=str(dense_pi2), engines=["pi2"], workloads=["code"], limit=1, n_gen=4,
@@ -370,6 +375,7 @@ def test_pi2_run_records_its_policy(tmp_path, dense_pi2):
     assert run["counters"]["policy"] == "dense" and run["counters"]["memory_budget_bytes"] == 512 << 20
 
 
+@pytest.mark.slow
 @needs_engine
 def test_pi2_and_llmflash_on_a_sparse_model_under_a_budget(tmp_path, synth_dir):
     budget = 64 << 20
@@ -407,6 +413,7 @@ def test_generate_with_llmflash(synth_dir):
     )
 
 
+@pytest.mark.slow
 @needs_engine
 def test_generate_with_pi2_keeps_the_engines_default_policy(synth_dir):
     # `pi2 generate` is one turn of the bench's chat session, but on a model with predictors it runs

@@ -4,6 +4,7 @@ is stored as `invalid` with the reason, never `ok`, and farm series never see it
 import sys
 from pathlib import Path
 
+import pytest
 from engine_helpers import needs_engine
 from results_fakes import fake_run
 
@@ -50,6 +51,7 @@ def test_farm_series_use_only_valid_runs():
     assert _scale([0.01, 4.0], 10, 100)[1] == 0.0  # a time axis stops at zero (it read -0.303 ms)
 
 
+@pytest.mark.slow
 def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):
     dense_pi2 = F.bytes_per_token(tiny_model, "dense")
     gguf = F.bytes_per_token(tiny_model.with_suffix(".gguf"), None)
@@ -58,6 +60,7 @@ def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):
     assert 0 < sparse < dense_pi2  # the sparse policy's floor leaves the FFN out
 
 
+@pytest.mark.slow
 def test_a_moe_token_reads_only_its_experts(synth_model):
     """Experts' own tensors (bundles, predictors, .E suffixes in the .pi2; _exps in the GGUF) count for
     the experts a token is routed to only, in both files alike."""

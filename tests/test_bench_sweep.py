@@ -45,6 +45,7 @@ def test_dry_run_prints_the_matrix_and_runs_nothing(tiny_model, tmp_path):
     assert "nothing was run" in lines[-1] and not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tmp_path):
     csv_path = tmp_path / "samples.csv"
@@ -91,6 +92,7 @@ def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tm
             assert tbt == [s for t in run["turns"] if not t["warmup"] for s in t["samples_ns"]]
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sweep_through_the_test_adb_daemon(env, tiny_model, tmp_path, monkeypatch):
     server = AdbServer(tmp_path / "adbhome")

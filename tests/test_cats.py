@@ -193,6 +193,7 @@ def test_smollm2_cats50_under_a_budget_below_the_file_keeps_rss_and_reports_spee
 
 
 # --------------------------------------------------------------------- CATS output benches as any model
+@pytest.mark.slow
 def test_cats_writes_a_twin_and_benches_with_or_without_it(
     smollm2_gguf, smollm2_dense, tmp_path, monkeypatch
 ):

@@ -154,6 +154,7 @@ def _sparse_generate(
     return done, [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,why", [("eio", "Input/output error"), ("eof", "short read at end of file")])
 def test_a_failed_neuron_read_mid_decode_ends_the_run_with_one_line(ffn_model, tmp_path, kind, why):
     done, events = _sparse_generate(ffn_model, tmp_path, None)
@@ -178,6 +179,7 @@ def test_a_resumed_short_read_changes_nothing(ffn_model, tmp_path):
     assert short.stdout == clean.stdout
 
 
+@pytest.mark.slow
 def test_bench_records_a_failed_neuron_read_as_a_failed_run(ffn_model, tmp_path):
     # 38M: about half the FFN (8 MiB) cached, so decode reads from storage and the fault lands
     env = dict(os.environ, PI2_IO_FAULT="eio:3000")

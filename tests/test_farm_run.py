@@ -42,6 +42,7 @@ def device(name: str, extra: str = "") -> str:
     return f'[[device]]\nname = "{name}"\n{extra}'
 
 
+@pytest.mark.slow
 @needs_engine
 @pytest.mark.skipif(not ARM64, reason="needs qemu-aarch64 and aarch64-linux-gnu-gcc")
 def test_three_devices_one_killed_then_resumed(tiny_model, tmp_path, adb_server, make_device, monkeypatch):
@@ -138,6 +139,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @needs_engine
 def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny_model, tmp_path, monkeypatch):
     # the cached llama.cpp build, not a fresh one in the adb fixture's cache directory

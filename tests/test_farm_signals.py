@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from engine_helpers import needs_engine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -35,6 +36,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sigterm_to_farm_run_stops_workers_and_engines_and_stores_the_cell(tiny_model, tmp_path):
     # one long cell (4000 tokens in the 4096-token context): the signal lands mid-generation

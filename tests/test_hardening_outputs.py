@@ -150,6 +150,7 @@ def _pi2(*args, env=None):
                           capture_output=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line():
     for args in (["bnch"], ["bench", "--bogus"], ["plan", "-m"], ["results", "list", "--limit", "zero"]):
         p = _pi2(*args)
@@ -160,6 +161,7 @@ def test_usage_errors_are_one_line():
         assert "--help" in p.stderr
 
 
+@pytest.mark.slow
 def test_os_errors_are_path_and_reason(tmp_path):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "plan.json"

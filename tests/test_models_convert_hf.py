@@ -89,6 +89,7 @@ def _gguf(reader, name):
     return next(x for x in reader.tensors if x.name == name)
 
 
+@pytest.mark.slow
 def test_dense_drelu_checkpoint_converts_losslessly_to_both_files(tmp_path, smollm2_gguf):
     src = make_checkpoint(tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
@@ -127,6 +128,7 @@ def test_qk_permutation_turns_hf_rope_into_adjacent_pair_rope():
     assert np.allclose(hf, (qg * kg).sum(-1)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_moe_checkpoint_and_profile_order(tmp_path, smollm2_gguf):
     from pi2cli.models.profile import save_profile
 
@@ -195,6 +197,7 @@ def test_llama_cpp_runs_the_converted_twin(tmp_path, smollm2_gguf, llamacpp_bind
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_gguf):
     """`pi2 convert DIR` (or DIR/x.safetensors) writes the same .pi2 as convert-hf, with or without a
     twin; options that need a GGUF-less source are checked."""
@@ -223,6 +226,7 @@ def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_ggu
     assert not (tmp_path / "c.pi2").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_gguf):
     """A TurboSparse checkpoint's merged predictors were dropped and the model then ran dense without a
     word: now fc1 / ffn_norm and fc2's rows (in bundle order) become the .pi2's predictor, and the
@@ -261,6 +265,7 @@ def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_ggu
     assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
+@pytest.mark.slow
 def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
     src = make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True, predictor=True)
     convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
@@ -284,6 +289,7 @@ def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
     assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
+@pytest.mark.slow
 def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf, monkeypatch):
     """Predictors in a layout pi2 does not read (here: with biases) are left out: the conversion and the
     bench both say the model runs dense, and the file records why."""

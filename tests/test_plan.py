@@ -362,6 +362,7 @@ def test_measure_keeps_each_block_sizes_best_round():
     )
 
 
+@pytest.mark.slow
 def test_profile_command_on_this_machine(tmp_path):
     built("pi2-probe")
     store = tmp_path / "store.bin"
@@ -403,6 +404,7 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
     out = tmp_path / "plan.json"
     result = invoke("plan", "-m", heavy, "--memory-budget", "56M", "--profile", profile_file, "--ctx", "16",
@@ -420,6 +422,7 @@ def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
     assert table.exit_code == 0 and "why" in table.stdout and "--hot-share" in table.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -442,6 +445,7 @@ def test_plan_command_bad_input(heavy, profile_file, tmp_path, args, message):
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.slow
 def test_plan_command_probes_this_machine_without_a_profile(heavy):
     result = invoke("plan", "-m", heavy, "-b", "56M", "--ctx", "16", "--seconds", "0.05", "--json")
     assert result.exit_code == 0, result.output
@@ -461,6 +465,7 @@ def test_plan_command_on_a_file_that_is_no_model(tmp_path, profile_file):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["56M", "96M"])
 def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
     # pi2 plan -> plan file -> pi2-engine generate --plan: the engine's summary shows the plan's settings.
@@ -512,6 +517,7 @@ def task_cpus(pid: int) -> dict[int, str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
     # A plan's affinity pins the compute threads one per CPU (the calling thread on the first), its
@@ -539,6 +545,7 @@ def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
     assert sorted(seen.values()) == ["1", "1", "1", "1"], seen
 
 
+@pytest.mark.slow
 def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
     from pi2cli.results import store
 
@@ -563,6 +570,7 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
     assert bad.exit_code == 1 and "--plan is for the pi2 engine" in bad.output
 
 
+@pytest.mark.slow
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
     from pi2cli.engines.pi2 import Pi2Driver
     from pi2cli.engines.pi2_args import sparse_flags

@@ -36,6 +36,7 @@ def device(tmp_path, monkeypatch):
         server.stop()
 
 
+@pytest.mark.slow
 def test_profile_on_an_adb_device(device, tmp_path):
     store = tmp_path / "store.bin"
     store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
@@ -59,6 +60,7 @@ def test_profile_on_an_adb_device(device, tmp_path):
     assert len(bad.output.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores(
     tmp_path, monkeypatch, tiny_model
 ):

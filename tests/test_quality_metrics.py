@@ -104,6 +104,7 @@ def test_schema_validates_and_bounds_the_quality_block():
         S.validate(run)
 
 
+@pytest.mark.slow
 def test_compare_and_report_show_quality_beside_speedups(tmp_path):
     from pi2cli.results.report import write_report
 

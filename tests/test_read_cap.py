@@ -39,6 +39,7 @@ def _decode_misses(events: list[dict]) -> list[int]:
     return [e["misses"] for e in events if e["event"] == "token" and e["i"] > 0]
 
 
+@pytest.mark.slow
 def test_a_cap_bounds_every_decoded_tokens_misses(model, budget, tmp_path):
     free, ev_free = _run(model, budget, tmp_path)
     assert free.returncode == 0, free.stderr
@@ -55,6 +56,7 @@ def test_a_cap_bounds_every_decoded_tokens_misses(model, budget, tmp_path):
     assert sum(_decode_misses(ev)) < sum(_decode_misses(ev_free)) / 2
 
 
+@pytest.mark.slow
 def test_off_is_the_default_bit_for_bit_and_auto_runs(model, budget, tmp_path):
     free, _ = _run(model, budget, tmp_path)
     off, _ = _run(model, budget, tmp_path, "--read-cap", "off")

@@ -138,6 +138,7 @@ def test_the_memory_sampler_follows_the_command_not_the_wrapper(helper, wrapper)
     assert usage.maxrss_bytes >= 64 * MiB  # the peak at the very end: samples all but never see it
 
 
+@pytest.mark.slow
 def test_an_mlc_command_runner_gets_the_kernels_peak(helper, wrapper):
     done = run_command_runner(f"{helper} 48", {"messages": []}, timeout_s=30)
     assert "decode: 5.0" in done.stdout
