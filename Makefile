@@ -1,6 +1,7 @@
 # pi2: one entry point for setting up, building, testing and demoing.
 #   make setup   virtualenv + editable install + OS packages + native build
 #   make test    native unit tests (host + arm64 under qemu) and pytest (sets up first when needed)
+#   make test-fast   the fast lane: pytest without the tests marked slow (about a minute), after `make engine`
 #   make lint    ruff
 #   make test-sanitize   native tests + engine runs under ASan+UBSan (build/asan)
 #   make fuzz    bounded fuzz run of the engine's readers under ASan+UBSan (FUZZ_SECONDS, default 120),
@@ -20,7 +21,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 APT_TOOLS := cmake:cmake ninja:ninja-build gcc:gcc g++:g++ aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
              aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user chromium:chromium git:git
 
-.PHONY: setup test test-python test-native test-arm64 test-sanitize fuzz lint engine llamacpp demo clean os-packages
+.PHONY: setup test test-fast test-python test-native test-arm64 test-sanitize fuzz lint engine llamacpp demo clean os-packages
 
 setup: os-packages $(VENV)/.installed engine llamacpp
 
@@ -74,6 +75,12 @@ fuzz: $(VENV)/.installed
 # --durations: the slowest tests in every log, so a test that starts building or waiting shows itself
 test-python: $(VENV)/.installed
 	$(PY) -m pytest -q --durations=15
+
+# The fast lane while working: every module's quick checks, without the tests marked slow (real-model
+# runs, llama.cpp, servers, bigger synthetic models; the `slow` marker in pyproject.toml says which).
+# `make test` (what CI runs) still runs everything.
+test-fast: $(VENV)/.installed engine
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

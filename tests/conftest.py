@@ -1,4 +1,5 @@
-"""Shared fixtures: the real test model, the llama.cpp reference build, the test adb server and devices."""
+"""Shared fixtures: the real test model (as downloaded and converted), the synthetic shapes, the engine,
+the llama.cpp reference build, the test adb server and devices."""
 
 import os
 from pathlib import Path
@@ -53,18 +54,89 @@ def chat_pids(monkeypatch) -> list[int]:
     return started
 
 
+# ------------------------------------------------------------------ programs and models, made once
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
+def engine() -> Path:
+    """The host build's pi2-engine; missing, the test fails under CI and is skipped elsewhere (the rule in
+    engine_helpers.built)."""
+    from engine_helpers import built
+
+    return built("pi2-engine")
+
+
+# The synthetic shapes the engine tests run on (some in several modules): each is synthesized once a
+# session, on first use. Tests read them and never change them (one that must, copies the file to its tmp_path first; the
+# check at the end of the session names a test that did not). SmolLM2's tokenizer in every one.
+MISTRAL, MIXTRAL = "turbosparse-mistral-7b", "turbosparse-mixtral-47b"
+SPARSE = dict(dense_down=False, calib_seqs=6, eval_seqs=2)  # bundles only, the sparse tests' calibration
+SHAPES = {
+    # 2 layers (16 MB), as `pi2 models synth --like turbosparse-mistral-7b --layers 2 --hidden 256 --ffn 512`
+    "tiny": dict(like=MISTRAL, n_layer=2, hidden=256, ffn=512),
+    "tiny-moe": dict(like=MIXTRAL, n_layer=2, hidden=256, ffn=512, **SPARSE),
+    "sparse-1k": dict(like=MISTRAL, n_layer=2, hidden=256, ffn=1024, **SPARSE),
+    # 2 x 8192 neurons (an 8 MiB FFN): under a budget most bundles are read from storage per token
+    "ffn-8k": dict(like=MISTRAL, n_layer=2, hidden=128, ffn=8192, calib_seqs=1, eval_seqs=1),
+    # 2 x 8192 bundles of 512 B over ~30 MiB of fixed region
+    "ffn-8k-wide": dict(
+        like=MISTRAL, n_layer=2, hidden=256, ffn=8192, dense_down=False, calib_seqs=2, eval_seqs=1
+    ),
+    # an FFN (32 MiB) that is most of the file, so a budget below the file size still fits the rest
+    "ffn-32k": dict(like=MISTRAL, n_layer=2, hidden=128, ffn=32768, **SPARSE),
+}
+
+
+def _snapshot(d: Path) -> dict:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(d.iterdir())}
+
+
+@pytest.fixture(scope="session")
+def _shared_dirs():
+    """The directories of the shared models, checked unchanged when the session ends."""
+    made: dict[Path, dict] = {}
+    yield made
+    changed = [str(d) for d, snap in made.items() if _snapshot(d) != snap]
+    assert not changed, f"a test changed a shared model (copy it to tmp_path first): {changed}"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory, smollm2_gguf, _shared_dirs) -> Path:
+    """SmolLM2 as DIR/model.pi2 + DIR/model.gguf (the same weights), as `pi2 convert` writes them."""
+    from pi2cli.models.convert import convert_gguf
+
+    d = tmp_path_factory.mktemp("smollm2")
+    convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
+    _shared_dirs[d] = _snapshot(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def smollm2_pi2(smollm2_dir) -> Path:
+    """SmolLM2-135M (real weights) as .pi2, its GGUF twin beside it."""
+    return smollm2_dir / "model.pi2"
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory, smollm2_gguf, _shared_dirs):
+    """synth_model(NAME) -> DIR/model.pi2 (+ DIR/model.gguf) of SHAPES[NAME], synthesized on first use."""
+    from pi2cli.models import synth
+
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp(f"synth-{name}")
+            synth.synthesize(synth.SynthConfig(tokenizer_gguf=smollm2_gguf, **SHAPES[name]), out)
+            _shared_dirs[out] = _snapshot(out)
+            made[name] = out / "model.pi2"
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(synth_model) -> Path:
     """A 2-layer synthetic model (16 MB): DIR/model.pi2 + its GGUF twin, which llama.cpp runs."""
-    from click.testing import CliRunner
-
-    from pi2cli.cli import cli
-
-    out = tmp_path_factory.mktemp("tiny")
-    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mistral-7b", "--layers", "2",
-                                 "--hidden", "256", "--ffn", "512", "--out", str(out)])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    return out / "model.pi2"
+    return synth_model("tiny")
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,7 @@ def run_cli(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_adb_target_facts_commands_and_memory(make_device):
     dev = make_device()
     t = get_target(dev.serial)
@@ -95,6 +96,7 @@ def test_chat_stream_write_after_the_device_vanished_is_a_target_error(make_devi
     process.close_stdin()  # closing a dead stream is quiet
 
 
+@pytest.mark.slow
 def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch):
     dev = make_device()
     monkeypatch.setenv("PI2_BUILD_ROOT", str(files["build_root"]))
@@ -131,6 +133,7 @@ def test_push_copies_then_skips_unchanged_files(make_device, files, monkeypatch)
     assert p.wait(10) == 0 and b"".join(out) == b"engine says hi\n"
 
 
+@pytest.mark.slow
 def test_two_models_with_the_same_file_name_stay_apart_on_the_device(make_device, tmp_path):
     """Every synthetic model is DIR/model.pi2 + DIR/model.gguf: a second push once replaced the first
     model's .pi2 and left its .gguf beside the new one. Both now stay, each under its name and hash."""
@@ -227,6 +230,7 @@ def test_devices_lists_states_and_facts(make_device):
         get_target(locked.serial)
 
 
+@pytest.mark.slow
 def test_sigint_during_cli_push_cleans_the_partial(make_device, files, adb_server):
     # The child gets the default SIGINT: a shell that runs the suite in the background (`cmd &`) starts it
     # with SIGINT ignored, and Python then keeps ignoring it, so the Ctrl-C under test would never arrive.

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.bench.recorder import BenchInterrupted, DeviceVanished
 from pi2cli.bench.run import BenchConfig, Reporter, resolve_model, run_bench
@@ -19,25 +20,17 @@ from pi2cli.engines.pi2.chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.cgroup import detect_cgroup
 from pi2cli.hw.push import model_remote_name, sha256_file
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
 from pi2cli.units import parse_size
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
 
-ENGINE = host_build_dir() / "pi2-engine"
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
-
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, smollm2_gguf) -> Path:
+def model_dir(smollm2_dir) -> Path:
     """SmolLM2 as DIR/model.pi2 + DIR/model.gguf (the same weights), as `pi2 convert` writes them."""
-    from pi2cli.models.convert import convert_gguf
-
-    d = tmp_path_factory.mktemp("smollm2")
-    convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
-    return d
+    return smollm2_dir
 
 
 @pytest.fixture
@@ -65,6 +58,7 @@ def check_row(row: dict, engine: str, workload: str, n_turns: int) -> dict:
     return run
 
 
+@pytest.mark.slow
 @needs_engine
 def test_bench_code_both_engines_locally(env, model_dir):
     out = bench_json(["-m", str(model_dir / "model.pi2"), "-e", "pi2", "-e", "llama.cpp", "-w", "code",
@@ -92,6 +86,7 @@ def test_bench_code_both_engines_locally(env, model_dir):
     assert len(store.list_runs(env)) == 2
 
 
+@pytest.mark.slow
 @needs_engine
 def test_multi_turn_keeps_the_kv_cache_and_the_models_own_answers(env, model_dir):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["multi-turn"], limit=1,
@@ -105,6 +100,7 @@ def test_multi_turn_keeps_the_kv_cache_and_the_models_own_answers(env, model_dir
         assert after["n_prompt"] < after["extra"]["n_prompt_total"]
 
 
+@pytest.mark.slow
 @needs_engine
 def test_context_full_fails_the_turn_not_the_run(env, model_dir):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["code"], limit=2, n_gen=4,
@@ -138,6 +134,7 @@ def alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.slow
 @needs_engine
 def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(env, model_dir, chat_pids):
     started = chat_pids
@@ -152,6 +149,7 @@ def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(env, model_dir, chat_p
     assert [r["status"] for r in store.list_runs(env)] == ["aborted"]  # llama.cpp never started
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tmp_path):
     """A real Ctrl-C (SIGINT to the pi2 process group) while pi2-engine is mid-conversation."""
@@ -182,6 +180,7 @@ def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tm
     assert row["status"] == "aborted"
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_clear_error(env, model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("PI2_MLC_RUNNER", raising=False)
     runner = CliRunner()
@@ -237,6 +236,7 @@ def test_parse_size_and_prompt_extension():
     assert common_prefix_extends("", "<a>") is None
 
 
+@pytest.mark.slow
 def test_gguf_model_is_converted_for_pi2(model_dir, tmp_path):
     gguf = tmp_path / "m.gguf"
     os.link(model_dir / "model.gguf", gguf) if os.stat(model_dir).st_dev == os.stat(
@@ -259,6 +259,7 @@ def phone(tmp_path, monkeypatch):
         server.stop()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
     out = bench_json(["-m", str(model_dir / "model.pi2"), "-e", "pi2", "-w", "code", "--limit", "1", "-n", "8",
@@ -274,6 +275,7 @@ def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
     assert not list((pushed / "runs").glob("*.events.jsonl"))  # the session cleaned up after itself
 
 
+@pytest.mark.slow
 @needs_engine
 def test_device_that_vanishes_mid_run_is_a_failure_record(env, model_dir, phone):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["code"], limit=3, n_gen=4,
@@ -285,6 +287,7 @@ def test_device_that_vanishes_mid_run_is_a_failure_record(env, model_dir, phone)
     assert "lost the device" in str(info.value) or "does not answer" in str(info.value)
 
 
+@pytest.mark.slow
 @needs_engine
 def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_path):
     bad = tmp_path / "bad"

@@ -1,9 +1,8 @@
 """`pi2 bench` with the baselines: llama.cpp's llama-bench mode, the llmflash policy, MLC-LLM through a
 user runner (a fake one here, printing MLC's documented stats), and the pi2 driver's policy and budget
-flags. Tests that need the sparse engine (pi2-engine --policy) skip, saying so, on a build without it."""
+flags. Tests that run pi2-engine need it built (engine_helpers.built says what happens when it is not)."""
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.builds.capabilities import capabilities
@@ -23,25 +23,8 @@ from pi2cli.engines.pi2.driver import Pi2Driver
 from pi2cli.engines.pi2.events import summary_counters, turn_io_sums
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.cgroup import detect_cgroup
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
 from pi2cli.targets import get_target
-
-ENGINE = host_build_dir() / "pi2-engine"
-
-
-def engine_has_policy() -> bool:
-    if not ENGINE.is_file():
-        return False
-    out = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
-    return "--policy" in out.stdout + out.stderr
-
-
-needs_sparse_engine = pytest.mark.skipif(
-    not engine_has_policy(),
-    reason="pi2-engine has no --policy: `pi2-engine generate --help` does not list it (the sparse engine, "
-    "SPARSE_SPEC.md, is not in this build)",
-)
 
 
 def bench(args: list[str], ok: bool = True) -> dict:
@@ -56,28 +39,19 @@ def bench(args: list[str], ok: bool = True) -> dict:
 
 
 @pytest.fixture(scope="module")
-def synth_dir(tmp_path_factory, smollm2_gguf) -> Path:
+def synth_dir(tiny_model) -> Path:
     """A tiny synthetic sparse model WITH activation predictors (model.pi2 + its GGUF twin)."""
-    from pi2cli.models import synth
-
-    out = tmp_path_factory.mktemp("synth")
-    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=256, ffn=512,
-                            tokenizer_gguf=smollm2_gguf)  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out
+    return tiny_model.parent
 
 
 @pytest.fixture(scope="module")
-def dense_pi2(tmp_path_factory, smollm2_gguf) -> Path:
+def dense_pi2(smollm2_pi2) -> Path:
     """SmolLM2 as .pi2: a real model without predictors."""
-    from pi2cli.models.convert import convert_gguf
-
-    d = tmp_path_factory.mktemp("smollm2")
-    convert_gguf(smollm2_gguf, d / "model.pi2", d / "model.gguf")
-    return d / "model.pi2"
+    return smollm2_pi2
 
 
 # ------------------------------------------------------------------------------------- llama-bench mode
+@pytest.mark.slow
 def test_llama_bench_mode_keeps_its_json_fields_under_a_budget(tmp_path, smollm2_gguf, llamacpp_bindir,
                                                                monkeypatch):  # fmt: skip
     monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
@@ -156,6 +130,7 @@ def fake_mlc(tmp_path, monkeypatch):
     return f"{sys.executable} {script}", log
 
 
+@pytest.mark.slow
 def test_mlc_bench_with_a_command_runner_printing_the_stats_line(tmp_path, smollm2_gguf, fake_mlc):
     runner, log = fake_mlc
     out = bench(["-m", str(smollm2_gguf), "-e", "mlc-llm", "--mlc-runner", runner, "-w", "multi-turn",
@@ -184,6 +159,7 @@ def test_mlc_bench_with_a_command_runner_printing_the_stats_line(tmp_path, smoll
         assert run["memory"]["enforced"] and all("pi2-budget" in r["cgroup"] for r in requests)
 
 
+@needs_engine
 def test_mlc_bench_with_usage_json_records_ttft_and_token_counts(
     tmp_path, smollm2_gguf, fake_mlc, monkeypatch
 ):
@@ -253,6 +229,7 @@ def test_mlc_bench_with_a_server_url(tmp_path, smollm2_gguf, monkeypatch):
     assert "outside pi2" in run["memory"]["how"]
 
 
+@needs_engine
 def test_mlc_runner_errors_are_one_line(tmp_path, smollm2_gguf, fake_mlc, monkeypatch):
     out = bench(["-m", str(smollm2_gguf), "-e", "mlc-llm", "--results-dir", str(tmp_path)], ok=False)
     assert "needs a runner and none is configured" in out["output"] and "Traceback" not in out["output"]
@@ -283,6 +260,7 @@ def test_a_build_that_does_not_answer_capabilities_is_refused_in_one_line(tmp_pa
         assert "\n" not in str(err.value) and err.value.exit_code == 2
 
 
+@pytest.mark.slow
 def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, dense_pi2):
     local = get_target("local")
     driver = Pi2Driver()
@@ -299,6 +277,7 @@ def test_pi2_driver_policy_follows_the_models_predictors(tmp_path, synth_dir, de
     assert driver.policy == "dense" and sparse_flags(**driver.engine_options(None)) == ["--policy", "dense"]
 
 
+@pytest.mark.slow
 def test_llmflash_driver_window_and_requirements(synth_dir, dense_pi2):
     local = get_target("local")
     driver = get_driver("llmflash")
@@ -315,6 +294,7 @@ def test_llmflash_driver_window_and_requirements(synth_dir, dense_pi2):
         driver.window = 0
 
 
+@needs_engine
 def test_sparse_summary_fields_become_counters():
     # a summary event as docs/SPARSE.md describes it (its fields: capabilities --json)
     event = {"event": "summary", "peak_rss_bytes": 90 << 20, "bytes_read": 5 << 20, "policy": "powerinfer2",
@@ -346,7 +326,8 @@ def test_sparse_summary_fields_become_counters():
     assert turn_io_sums([{"event": "token", "t": 1.0, "id": 5}]) == {}
 
 
-@pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
+@pytest.mark.slow
+@needs_engine
 def test_pi2_run_records_its_policy(tmp_path, dense_pi2):
     cfg = BenchConfig(model=str(dense_pi2), engines=["pi2"], workloads=["code"], limit=1, n_gen=4,
                       budgets=[512 << 20], results_dir=str(tmp_path))  # fmt: skip
@@ -354,11 +335,12 @@ def test_pi2_run_records_its_policy(tmp_path, dense_pi2):
     run = outcome.run
     assert run["status"] == "ok" and run["engine"]["policy"] == "dense"  # SmolLM2 has no predictors
     assert outcome.row()["policy"] == "dense"
-    if engine_has_policy():  # the sparse engine reports what it ran
-        assert run["counters"]["policy"] == "dense" and run["counters"]["memory_budget_bytes"] == 512 << 20
+    # the engine reports what it ran
+    assert run["counters"]["policy"] == "dense" and run["counters"]["memory_budget_bytes"] == 512 << 20
 
 
-@needs_sparse_engine
+@pytest.mark.slow
+@needs_engine
 def test_pi2_and_llmflash_on_a_sparse_model_under_a_budget(tmp_path, synth_dir):
     budget = 64 << 20
     out = bench(["-m", str(synth_dir / "model.pi2"), "-e", "pi2", "-e", "llmflash", "--llmflash-window", "3",
@@ -382,7 +364,7 @@ def test_pi2_and_llmflash_on_a_sparse_model_under_a_budget(tmp_path, synth_dir):
         by_engine["pi2"]["result_file"])["settings"]  # fmt: skip
 
 
-@needs_sparse_engine
+@needs_engine
 def test_generate_with_llmflash(synth_dir):
     result = CliRunner().invoke(cli, ["generate", "--engine", "llmflash", "-m", str(synth_dir / "model.pi2"),
                                       "-p", "Hello", "-n", "4", "--json"])  # fmt: skip
@@ -395,7 +377,8 @@ def test_generate_with_llmflash(synth_dir):
     )
 
 
-@needs_sparse_engine
+@pytest.mark.slow
+@needs_engine
 def test_generate_with_pi2_keeps_the_engines_default_policy(synth_dir):
     # `pi2 generate` is one turn of the bench's chat session, but on a model with predictors it runs
     # dense as `pi2-engine generate` does; only the bench picks powerinfer2 for such a model
@@ -412,14 +395,6 @@ def test_generate_with_pi2_keeps_the_engines_default_policy(synth_dir):
     long = CliRunner().invoke(cli, ["generate", "-m", str(synth_dir / "model.pi2"), "-p", "Hello", "-n", "4200",
                                     "--json"])  # fmt: skip
     assert long.exit_code == 0, long.output
-
-
-def test_sparse_engine_check_is_what_the_skip_says():
-    # the skip condition reads the engine's own help; keep it honest when the engine is there
-    if ENGINE.is_file():
-        text = subprocess.run([str(ENGINE), "generate", "--help"], capture_output=True, text=True)
-        flags = {f["name"] for f in capabilities(ENGINE)["flags"]["generate"]}
-        assert ("--policy" in text.stdout + text.stderr) == ("--policy" in flags)
 
 
 def test_engine_argv_orders_plan_threads_and_budget_so_the_right_one_wins():

@@ -5,21 +5,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_helpers import needs_engine
 from results_fakes import fake_run
 
 from pi2cli.bench import floor as F
 from pi2cli.bench.run import BenchConfig, run_bench
 from pi2cli.farm.history import FINISHED, build_series
-from pi2cli.paths import host_build_dir
 from pi2cli.results import schema as S
 from pi2cli.results import store
 from pi2cli.targets import get_target
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine not built"
-)
 FLOOR = {"floor_ns": 100_000, "bytes_per_token": 7 << 20, "membw_bytes_per_s": 7.3e10, "threads": 1}
 
 
@@ -54,6 +51,7 @@ def test_farm_series_use_only_valid_runs():
     assert _scale([0.01, 4.0], 10, 100)[1] == 0.0  # a time axis stops at zero (it read -0.303 ms)
 
 
+@pytest.mark.slow
 def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):
     dense_pi2 = F.bytes_per_token(tiny_model, "dense")
     gguf = F.bytes_per_token(tiny_model.with_suffix(".gguf"), None)
@@ -62,17 +60,11 @@ def test_bytes_per_token_agree_between_the_two_files_of_one_model(tiny_model):
     assert 0 < sparse < dense_pi2  # the sparse policy's floor leaves the FFN out
 
 
-def test_a_moe_token_reads_only_its_experts(tmp_path):
+@pytest.mark.slow
+def test_a_moe_token_reads_only_its_experts(synth_model):
     """Experts' own tensors (bundles, predictors, .E suffixes in the .pi2; _exps in the GGUF) count for
     the experts a token is routed to only, in both files alike."""
-    from click.testing import CliRunner
-
-    from pi2cli.cli import cli
-
-    r = CliRunner().invoke(cli, ["models", "synth", "--like", "turbosparse-mixtral-47b", "--layers", "2",
-                                 "--hidden", "256", "--ffn", "512", "--out", str(tmp_path)])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    model = tmp_path / "model.pi2"
+    model = synth_model("tiny-moe")
     dense = F.bytes_per_token(model, "dense")
     assert dense == F.bytes_per_token(model.with_suffix(".gguf"), None)
     from pi2cli.models.pi2file import Pi2File

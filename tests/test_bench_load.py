@@ -16,13 +16,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from engine_helpers import engine_bin
+from engine_helpers import needs_engine
 from test_serve import serve
 
 from pi2cli.paths import REPO_ROOT
 from pi2cli.results import store
-
-needs_engine = pytest.mark.skipif(not engine_bin().is_file(), reason="pi2-engine not built")
 
 
 def pi2(*args: str, timeout: float = 120, **kw):
@@ -38,6 +36,7 @@ def load(srv, results, *flags: str, duration: str = "3"):
     return done, json.loads(done.stdout)["runs"][0] if done.stdout.startswith("{") else None
 
 
+@pytest.mark.slow
 @needs_engine
 def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_model, tmp_path):
     with serve(tiny_model, "--chat-template", "chatml") as srv:
@@ -87,6 +86,7 @@ def test_four_clients_complete_or_are_rejected_and_agree_with_the_server(tiny_mo
     assert f"requests: {r['completed']} completed, {r['rejected']} rejected, 0 failed" in shown.stdout
 
 
+@pytest.mark.slow
 @needs_engine
 def test_a_full_queue_gives_counted_rejections_not_failures(tiny_model, tmp_path):
     # 20 ms a token, one computing and one waiting: of 4 clients two are always turned away with 503
@@ -117,6 +117,7 @@ def test_a_url_where_nothing_listens_is_one_error_line(tmp_path):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags, message",
     [(["--mode", "load", "-c", "2", "--duration", "1"], "--mode load needs --url"),
@@ -133,6 +134,7 @@ def test_bad_load_options_are_one_line(tmp_path, flags, message):
     assert done.returncode != 0 and len(lines) == 1 and message in lines[0], done.stderr
 
 
+@pytest.mark.slow
 @needs_engine
 def test_ctrl_c_stops_the_load_and_keeps_what_was_measured(tiny_model, tmp_path):
     with serve(tiny_model, "--chat-template", "chatml", env={"PI2_TEST_DELAY_US": "5000"}) as srv:
@@ -198,6 +200,7 @@ class OtherServer(BaseHTTPRequestHandler):
             time.sleep(6)  # a stalled generation: the client's --request-timeout must end it
 
 
+@pytest.mark.slow
 def test_another_server_and_a_stalled_answer_times_out_with_its_reason(tmp_path):
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), OtherServer)
     httpd.block_on_close = False

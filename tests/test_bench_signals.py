@@ -10,13 +10,9 @@ import sys
 import time
 
 import pytest
+from engine_helpers import needs_engine
 
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
-
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 
 
 def _alive(pid: int) -> bool:
@@ -37,6 +33,7 @@ def _engine_child(pid: int, timeout: float = 60.0) -> int:
     raise AssertionError("pi2-engine never started")
 
 
+@pytest.mark.slow
 @needs_engine
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_stops_the_engine_stores_the_run_and_leaves_no_temp_dir(tiny_model, tmp_path, sig):

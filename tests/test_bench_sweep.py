@@ -8,19 +8,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.bench.sweep_cells import parse_generate_events
 from pi2cli.bench.sweep_config import prompt_ids
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
-
-ENGINE = host_build_dir() / "pi2-engine"
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
 
 
 @pytest.fixture
@@ -48,6 +45,7 @@ def test_dry_run_prints_the_matrix_and_runs_nothing(tiny_model, tmp_path):
     assert "nothing was run" in lines[-1] and not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tmp_path):
     csv_path = tmp_path / "samples.csv"
@@ -94,6 +92,7 @@ def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tm
             assert tbt == [s for t in run["turns"] if not t["warmup"] for s in t["samples_ns"]]
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sweep_through_the_test_adb_daemon(env, tiny_model, tmp_path, monkeypatch):
     server = AdbServer(tmp_path / "adbhome")

@@ -13,20 +13,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 from test_bench_signals import _alive
 
 from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
-from pi2cli.paths import host_build_dir
 from pi2cli.results import schema as S
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
 
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 # a turn far longer than any limit here: only the limit ends it
 ENDLESS = ["-n", "100000", "--ctx", "200000"]
 
@@ -36,6 +33,7 @@ def _engines_matching(pattern: str) -> list[int]:
     return [int(p) for p in out.split() if int(p) != os.getpid()]
 
 
+@pytest.mark.slow
 @needs_engine
 def test_a_run_past_its_limit_is_stopped_and_saved_as_timeout(tiny_model, tmp_path):
     results = tmp_path / "results"
@@ -99,6 +97,7 @@ class SlowFirstRun(Reporter):
             time.sleep(60)
 
 
+@pytest.mark.slow
 @needs_engine
 def test_the_next_run_goes_ahead_and_the_alarm_is_put_back(tiny_model, tmp_path, monkeypatch, chat_pids):
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
@@ -124,6 +123,7 @@ def test_a_limit_that_cannot_work_is_one_clear_error(tiny_model, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_a_device_run_past_its_limit_is_stopped_on_the_device(tiny_model, tmp_path, monkeypatch):
     server = AdbServer(tmp_path / "adbhome")
@@ -154,6 +154,7 @@ def test_a_device_run_past_its_limit_is_stopped_on_the_device(tiny_model, tmp_pa
         server.stop()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_a_pp_tg_cell_past_its_limit_is_a_timeout_and_the_sweep_goes_on(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))

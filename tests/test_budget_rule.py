@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.hw.cgroup import peak_over_budget
@@ -19,9 +20,7 @@ from pi2cli.plan.min_budget import minimums_for_facts, minimums_for_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine not built"
-)
+pytestmark = needs_engine
 MINIMUM = re.compile(r"is below the smallest budget pi2-engine runs \S+ in: ([0-9.]+ [MG]iB) \(powerinfer2")
 
 
@@ -34,6 +33,7 @@ def refused(result) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_every_path_refuses_with_the_same_minimum(tiny_model, tmp_path, make_device):
     from pi2cli.plan.predict import load_device
 
@@ -101,6 +101,7 @@ def test_a_shape_without_a_file_gets_the_engines_estimate(tiny_model):
     assert least > 16 << 20 and not fits
 
 
+@pytest.mark.slow
 def test_a_budget_just_above_the_minimum_runs_every_sparse_engine(tiny_model, tmp_path):
     """Accepted means it runs: 1 MiB above the largest minimum (more than the ~0.1 MiB by which two
     opens' RSS differ), the bench's check lets it through and every sparse engine opens and finishes."""
@@ -155,6 +156,7 @@ def test_the_minimum_cache_is_never_written_through_a_planted_link(tiny_model, t
     assert len(json.loads((tmp_path / "cache" / "min-budgets.json").read_text())) == 1
 
 
+@pytest.mark.slow
 def test_a_run_killed_at_its_budget_says_so_and_records_the_budget_as_enforced(tiny_model, tmp_path,
                                                                                 llamacpp_bindir, monkeypatch):  # fmt: skip
     """llama.cpp (which `pi2-engine size` does not size) started under a cgroup far below its weights is

@@ -9,6 +9,7 @@ speed and quality.
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -134,12 +135,8 @@ def test_convert_errors_are_one_line(dense, tmp_path):
 
 # ----------------------------------------------------------------------------------- SmolLM2-135M (real)
 @pytest.fixture(scope="module")
-def smollm2_dense(smollm2_gguf, tmp_path_factory):
-    from pi2cli.models.convert import convert_gguf
-
-    out = tmp_path_factory.mktemp("smol") / "smollm2.pi2"
-    convert_gguf(smollm2_gguf, out)
-    return out
+def smollm2_dense(smollm2_pi2):
+    return smollm2_pi2
 
 
 # The real model's tolerance (tests/test_smollm2_agreement.py): 30 layers amplify float summation
@@ -196,6 +193,7 @@ def test_smollm2_cats50_under_a_budget_below_the_file_keeps_rss_and_reports_spee
 
 
 # --------------------------------------------------------------------- CATS output benches as any model
+@pytest.mark.slow
 def test_cats_writes_a_twin_and_benches_with_or_without_it(
     smollm2_gguf, smollm2_dense, tmp_path, monkeypatch
 ):
@@ -234,12 +232,12 @@ def test_cats_writes_a_twin_and_benches_with_or_without_it(
     )
     assert not (tmp_path / "none" / "runs").exists() or not list((tmp_path / "none" / "runs").iterdir())
 
-    # A dense .pi2 source: its own twin is copied; without one, one line and no output.
-    dense_twin = smollm2_dense.with_suffix(".gguf")
+    # A dense .pi2 source without a twin beside it (the shared SmolLM2 has one: a lone copy): one line and
+    # no output.
+    lone = tmp_path / "lone" / "smollm2.pi2"
+    lone.parent.mkdir()
+    shutil.copy(smollm2_dense, lone)
     out = tmp_path / "from-pi2.pi2"
-    res = runner.invoke(cli, ["convert", str(smollm2_dense), "--sparsify", "cats", "--sparsity", "0", "--out",
+    res = runner.invoke(cli, ["convert", str(lone), "--sparsify", "cats", "--sparsity", "0", "--out",
                               str(out), "--gguf-twin", str(tmp_path / "from-pi2.gguf")])  # fmt: skip
-    if dense_twin.is_file():
-        assert res.exit_code == 0, res.output
-    else:
-        assert res.exit_code == 1 and "has no GGUF twin beside it" in res.output and not out.exists()
+    assert res.exit_code == 1 and "has no GGUF twin beside it" in res.output and not out.exists()

@@ -90,6 +90,7 @@ def test_tiny_budget_is_refused():
         cgroup.MemoryCgroup(1024, cgroup.CgroupSupport(1, None))
 
 
+@pytest.mark.slow
 def test_cgroup_caps_an_mmapped_file_and_reads_go_to_storage(big_file, tmp_path):
     support = cgroup.detect_cgroup()
     if not support.usable:

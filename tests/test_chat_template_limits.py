@@ -52,6 +52,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_hostile_templates_fail_in_one_line_fast_without_growing_memory():
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HOSTILE)], capture_output=True, text=True,
                           timeout=300)  # fmt: skip

@@ -14,23 +14,15 @@ from pathlib import Path
 import pytest
 from engine_helpers import engine_bin, run_engine
 
-from pi2cli.models import synth
-
 MiB = 2**20
 JITTER = MiB  # RSS differences between two processes opening the same session
 RUN = ["--ctx", 64, "--batch", 16, "--threads", 2]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, smollm2_gguf) -> Path:
+def model(synth_model) -> Path:
     """An FFN of 8 MiB (2 layers x 8192 bundles of 512 B) over ~30 MiB of fixed region."""
-    out = tmp_path_factory.mktemp("size")
-    cfg = synth.SynthConfig(
-        like="turbosparse-mistral-7b", tokenizer_gguf=smollm2_gguf, n_layer=2, hidden=256, ffn=8192,
-        calib_seqs=2, eval_seqs=1, dense_down=False,
-    )  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+    return synth_model("ffn-8k-wide")
 
 
 def _caps() -> dict:
@@ -75,6 +67,7 @@ def test_capabilities_lists_what_the_engine_parses():
     assert done.returncode == 2 and "unknown info option '--policy'" in done.stderr
 
 
+@pytest.mark.slow
 def test_generate_refuses_a_negative_seed_like_chat(model):
     for command in ("generate", "chat"):
         done = run_engine(command, "-m", model, "--seed", "-1", check=False)
@@ -83,6 +76,7 @@ def test_generate_refuses_a_negative_seed_like_chat(model):
         assert done.stderr.strip().splitlines() == [want]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["bundle", "cache", "powerinfer2"])
 def test_size_is_what_a_sparse_open_decides_under_a_budget(model, tmp_path, policy):
     budget = 36 * MiB  # the cache holds about half the FFN
@@ -109,6 +103,7 @@ def test_size_is_what_a_sparse_open_decides_under_a_budget(model, tmp_path, poli
         assert cache["hot_neurons_per_block"] == 1664 and cache["hot_slots"] == 2 * 1664 // 32
 
 
+@pytest.mark.slow
 def test_size_without_a_budget_keeps_the_whole_model_resident(model, tmp_path):
     args = ["--policy", "powerinfer2", "--ctx", 64, "--batch", 16, "--threads", 2]
     rc, size, _ = _size("-m", model, *args)
@@ -119,6 +114,7 @@ def test_size_without_a_budget_keeps_the_whole_model_resident(model, tmp_path):
     assert abs(size["budget_bytes"] - s["memory_budget_bytes"]) < 2 * JITTER
 
 
+@pytest.mark.slow
 def test_a_budget_too_small_says_so_once_and_gives_the_minimum(model, tmp_path):
     args = ["--policy", "cache", "--ctx", 64, "--batch", 16, "--threads", 2]
     rc, size, err = _size("-m", model, *args, "--memory-budget", "10M")
@@ -136,6 +132,7 @@ def test_a_budget_too_small_says_so_once_and_gives_the_minimum(model, tmp_path):
     assert done.returncode == 1 and "is too small" in done.stderr
 
 
+@pytest.mark.slow
 def test_size_from_header_facts_estimates_the_same_split(model, tmp_path):
     facts = tmp_path / "facts.json"
     facts.write_text(run_engine("info", "-m", model, "--json").stdout)

@@ -21,7 +21,7 @@ from crafted_models import (
     fix_checksums,
     write_tiny_model,
 )
-from engine_helpers import engine_bin
+from engine_helpers import built, engine_bin
 
 from pi2cli.models.pi2file import SEC_TOKENIZER
 
@@ -73,7 +73,7 @@ def test_fuzz_regression_inputs_are_refused_with_one_line(tmp_path, name):
     model.write_bytes(gzip.decompress((REGRESSIONS / name).read_bytes()))
     line = _one_error_line(_engine("info", "-m", model), str(model))
     assert "overflows 64 bits" in line or "more than 2^64 bytes" in line, line
-    fuzz = engine_bin().parent / "pi2-fuzz"
+    fuzz = built("pi2-fuzz")
     done = subprocess.run([str(fuzz), "pi2file", "--replay", str(model)], capture_output=True, text=True)
     assert done.returncode == 0 and "refused: " in done.stdout, done.stdout + done.stderr
 
@@ -136,15 +136,9 @@ def test_plan_memory_budget_goes_through_the_same_parser(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ffn_model(tmp_path_factory, smollm2_gguf) -> Path:
+def ffn_model(synth_model) -> Path:
     """Two layers of 8192 neurons: under a budget most bundles are read from storage per token."""
-    from pi2cli.models import synth
-
-    out = tmp_path_factory.mktemp("ffn")
-    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=8192,
-                            tokenizer_gguf=smollm2_gguf, calib_seqs=1, eval_seqs=1)  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+    return synth_model("ffn-8k")
 
 
 def _sparse_generate(
@@ -160,6 +154,7 @@ def _sparse_generate(
     return done, [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,why", [("eio", "Input/output error"), ("eof", "short read at end of file")])
 def test_a_failed_neuron_read_mid_decode_ends_the_run_with_one_line(ffn_model, tmp_path, kind, why):
     done, events = _sparse_generate(ffn_model, tmp_path, None)
@@ -184,6 +179,7 @@ def test_a_resumed_short_read_changes_nothing(ffn_model, tmp_path):
     assert short.stdout == clean.stdout
 
 
+@pytest.mark.slow
 def test_bench_records_a_failed_neuron_read_as_a_failed_run(ffn_model, tmp_path):
     # 38M: about half the FFN (8 MiB) cached, so decode reads from storage and the fault lands
     env = dict(os.environ, PI2_IO_FAULT="eio:3000")

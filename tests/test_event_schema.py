@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from engine_helpers import engine_bin, run_engine
+from engine_helpers import engine_bin, needs_engine, run_engine
 
 from pi2cli.engines.pi2.events import parse_events, parse_lines, schema_markdown, summary_counters
 
@@ -97,6 +97,7 @@ def test_summary_counters_are_the_fields_the_schema_lists(tiny_model, tmp_path, 
     assert "hit_rate" not in summary_counters(summary, rows)
 
 
+@needs_engine
 def test_events_from_before_the_table_still_parse():
     """An events file generate wrote before (turn without t0 / n_cached / stop, token without turn)."""
     old = ['{"event": "start", "t": 1.5, "engine": "pi2-engine 0.1.0", "threads": 2, "kernels": "avx2", '

@@ -62,6 +62,7 @@ def test_each_problem_is_one_line(tmp_path, change, message):
     assert len(lines) == 1 and lines[0].startswith("pi2: error: ") and message in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_check_names_unreachable_devices_and_missing_models(tmp_path):
     path = tmp_path / "farm.toml"
     path.write_text(
@@ -96,6 +97,7 @@ def flag_rate(slowdown, n=80, seed=1, **kw):
     )
 
 
+@pytest.mark.slow
 def test_false_alarm_and_detection_rates():
     """The figures docs/FARM.md quotes (nightly spread 1%, token spread 10%, 200 tokens a night,
     slowdown from night 8 of 10, defaults alpha 0.05 and min effect 2%)."""
@@ -106,6 +108,7 @@ def test_false_alarm_and_detection_rates():
     assert rates[0.0] < rates[0.02] < rates[0.05] <= rates[0.10]
 
 
+@pytest.mark.slow
 def test_one_noisy_night_is_not_a_regression():
     """An odd night in the middle (8% slow) is never flagged; a jittery newest night (token spread x3,
     same median) no more often than a quiet history is (the false-alarm rate)."""

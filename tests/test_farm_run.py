@@ -13,18 +13,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.farm.history import build_series, farm_runs
 from pi2cli.farm.run import run_farm
-from pi2cli.paths import host_build_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import TestDevice  # noqa: E402
 
-ENGINE = host_build_dir() / "pi2-engine"
 CACHE = os.environ.get("PI2_CACHE")  # the adb_server fixture points PI2_CACHE elsewhere for its module
-needs_engine = pytest.mark.skipif(not ENGINE.is_file(), reason="pi2-engine is not built (make engine)")
 ARM64 = shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-gcc")
 
 
@@ -44,6 +42,7 @@ def device(name: str, extra: str = "") -> str:
     return f'[[device]]\nname = "{name}"\n{extra}'
 
 
+@pytest.mark.slow
 @needs_engine
 @pytest.mark.skipif(not ARM64, reason="needs qemu-aarch64 and aarch64-linux-gnu-gcc")
 def test_three_devices_one_killed_then_resumed(tiny_model, tmp_path, adb_server, make_device, monkeypatch):
@@ -140,6 +139,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @needs_engine
 def test_ten_nights_slowdown_on_night_8_is_flagged_on_that_series_only(tiny_model, tmp_path, monkeypatch):
     # the cached llama.cpp build, not a fresh one in the adb fixture's cache directory

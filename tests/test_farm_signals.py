@@ -12,16 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from pi2cli.paths import host_build_dir
+from engine_helpers import needs_engine
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_bench_signals import _alive  # noqa: E402
 from test_farm_run import device, write_farm  # noqa: E402
-
-needs_engine = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -41,6 +36,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 @needs_engine
 def test_sigterm_to_farm_run_stops_workers_and_engines_and_stores_the_cell(tiny_model, tmp_path):
     # one long cell (4000 tokens in the 4096-token context): the signal lands mid-generation

@@ -5,6 +5,7 @@ import pytest
 from fuzz_host_targets import CI, TARGETS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_any_input_parses_or_is_one_pi2error(name):
     CI(TARGETS[name])()

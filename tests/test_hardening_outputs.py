@@ -14,13 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 from results_fakes import fake_run
 
 from pi2cli.cli import cli
-from pi2cli.paths import host_build_dir
 from pi2cli.results import store
-
-needs_engine = pytest.mark.skipif(not (host_build_dir() / "pi2-engine").exists(), reason="make engine first")
 
 
 def _no_run(monkeypatch):
@@ -152,6 +150,7 @@ def _pi2(*args, env=None):
                           capture_output=True, env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line():
     for args in (["bnch"], ["bench", "--bogus"], ["plan", "-m"], ["results", "list", "--limit", "zero"]):
         p = _pi2(*args)
@@ -162,6 +161,7 @@ def test_usage_errors_are_one_line():
         assert "--help" in p.stderr
 
 
+@pytest.mark.slow
 def test_os_errors_are_path_and_reason(tmp_path):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "plan.json"

@@ -123,6 +123,7 @@ def _bad_files(runs_dir, good_text):
     return bad
 
 
+@pytest.mark.slow
 def test_bad_run_files_are_warnings_and_the_rest_still_lists(tmp_path):
     good, path = fake_run(engine="llama.cpp"), None
     path = store.save_run(good, tmp_path)

@@ -85,6 +85,7 @@ class Messages(Reporter):
                 self.action()
 
 
+@pytest.mark.slow
 def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
     r = CliRunner().invoke(cli, ["bench", "--model", str(tiny_model), "--engine", "llama.cpp", "--workload",
                                  "multi-turn", "--limit", "1", "-n", "8", "--device", phone.serial,
@@ -123,6 +124,7 @@ def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
     assert f"{phone.serial}: 0 copied, 2 already there" in msgs.lines
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_on_the_device_and_removes_the_forward(env, tiny_model, phone, adb):
     cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=3, n_gen=4,
                       device=phone.serial, results_dir=str(env))  # fmt: skip
@@ -144,6 +146,7 @@ def test_ctrl_c_stops_the_server_on_the_device_and_removes_the_forward(env, tiny
     assert not wait_gone(phone) and adb.call("forward", "--list").strip() == ""
 
 
+@pytest.mark.slow
 def test_device_that_vanishes_mid_run_is_a_failure_record_and_no_orphan(env, tiny_model, phone, adb):
     cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=3, n_gen=4,
                       device=phone.serial, results_dir=str(env))  # fmt: skip
@@ -159,6 +162,7 @@ def test_device_that_vanishes_mid_run_is_a_failure_record_and_no_orphan(env, tin
     assert adb.call("forward", "--list").strip() == ""
 
 
+@pytest.mark.slow
 def test_server_that_cannot_start_on_the_device_is_a_failed_run(env, tiny_model, phone, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -230,6 +234,7 @@ def _cached_arm64_build() -> Path | None:
 ARM64_BUILD = _cached_arm64_build()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ARM64_BUILD is None, reason="no cached linux-arm64 llama.cpp build or no qemu-aarch64 "
                     "(`pi2 build --engine llama.cpp --target linux-arm64`)")  # fmt: skip
 def test_arm64_device_gets_the_arm64_build(tiny_model, tmp_path, adb, monkeypatch):
@@ -260,6 +265,7 @@ def _turn_p50s_ms(run: dict) -> list[float]:
     return [float(np.median(t["samples_ns"])) / 1e6 for t in run["turns"] if t["status"] == "ok"]
 
 
+@pytest.mark.slow
 def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_model, phone):
     """The test daemon's forward delivers streamed tokens in bursts (stamped here they read TBT P50
     0.007 ms, 74524 tok/s); the server's own per-token stamps give the engine's time, the same as the
@@ -286,6 +292,7 @@ def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_mode
         assert 0.8 <= b / a <= 1.2, (k, p50s)
 
 
+@pytest.mark.slow
 def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(env, tiny_model, phone, adb,
                                                                              monkeypatch, tmp_path):  # fmt: skip
     """Three farm nights of llama.cpp and pi2 on the test daemon (whose forward bursts): every run is

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.engines import get_driver
@@ -106,6 +107,7 @@ def test_missing_runner_is_one_clear_error(monkeypatch):
     assert "PI2_MLC_RUNNER" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@needs_engine
 def test_command_runner_gets_the_request_on_stdin(tmp_path, monkeypatch):
     runner = tmp_path / "fake_mlc_runner.py"
     runner.write_text(
@@ -130,6 +132,7 @@ def test_command_runner_gets_the_request_on_stdin(tmp_path, monkeypatch):
     )
 
 
+@needs_engine
 def test_failing_command_runner_is_reported(tmp_path):
     driver = MlcDriver(runner=f"{sys.executable} -c \"import sys; sys.exit('no model lib for android')\"")
     with pytest.raises(Pi2Error, match="no model lib for android"):

@@ -7,6 +7,7 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from engine_helpers import engine_bin
 from safetensors.numpy import save_file
 
 from pi2cli.cli import cli
@@ -15,7 +16,6 @@ from pi2cli.models import gguf_twin
 from pi2cli.models.convert_safetensors import convert, permute_qk
 from pi2cli.models.numpy_llama import rope_normal
 from pi2cli.models.pi2file import Pi2File
-from pi2cli.paths import host_build_dir
 
 H, F, NH, NKV, L, V = 64, 96, 2, 1, 2, 49152
 
@@ -89,6 +89,7 @@ def _gguf(reader, name):
     return next(x for x in reader.tensors if x.name == name)
 
 
+@pytest.mark.slow
 def test_dense_drelu_checkpoint_converts_losslessly_to_both_files(tmp_path, smollm2_gguf):
     src = make_checkpoint(tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
@@ -127,6 +128,7 @@ def test_qk_permutation_turns_hf_rope_into_adjacent_pair_rope():
     assert np.allclose(hf, (qg * kg).sum(-1)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_moe_checkpoint_and_profile_order(tmp_path, smollm2_gguf):
     from pi2cli.models.profile import save_profile
 
@@ -195,6 +197,7 @@ def test_llama_cpp_runs_the_converted_twin(tmp_path, smollm2_gguf, llamacpp_bind
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_gguf):
     """`pi2 convert DIR` (or DIR/x.safetensors) writes the same .pi2 as convert-hf, with or without a
     twin; options that need a GGUF-less source are checked."""
@@ -223,6 +226,7 @@ def test_pi2_convert_routes_a_checkpoint_to_this_converter(tmp_path, smollm2_ggu
     assert not (tmp_path / "c.pi2").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_gguf):
     """A TurboSparse checkpoint's merged predictors were dropped and the model then ran dense without a
     word: now fc1 / ffn_norm and fc2's rows (in bundle order) become the .pi2's predictor, and the
@@ -251,17 +255,17 @@ def test_checkpoint_predictors_are_kept_in_powerinfer_form(tmp_path, smollm2_ggu
         fc2 = bf16(p + "mlp.predictor.fc2.weight")[order]
         assert np.allclose(f.tensor(f"blk.{layer}.pred_fc2").reshape(F, 16), fc2, rtol=2e-3, atol=1e-3)
         assert f.tensor(f"blk.{layer}.pred_threshold")[0] == 0.5
-    engine = host_build_dir() / "pi2-engine"
-    if engine.is_file():
-        ev = tmp_path / "ev.jsonl"
-        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "m.pi2"), "-p", "Hello", "-n", "4",
-                               "--policy", "powerinfer2", "--events", str(ev)], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
-        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+    engine = engine_bin()
+    ev = tmp_path / "ev.jsonl"
+    done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "m.pi2"), "-p", "Hello", "-n", "4",
+                           "--policy", "powerinfer2", "--events", str(ev)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+    assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
+@pytest.mark.slow
 def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
     src = make_checkpoint(tmp_path / "hf", model_type="turbosparsemixtral", moe=True, predictor=True)
     convert(tmp_path / "hf", tmp_path / "out", smollm2_gguf, "q8_0")
@@ -275,17 +279,17 @@ def test_moe_checkpoint_predictors_are_kept_per_expert(tmp_path, smollm2_gguf):
     fc1 = bf16("model.layers.1.block_sparse_moe.experts.2.predictor.fc1.weight")
     norm = bf16("model.layers.1.post_attention_layernorm.weight")
     assert np.allclose(f.tensor("blk.1.pred_fc1.2").reshape(16, H), fc1 / norm, rtol=2e-3, atol=1e-3)
-    engine = host_build_dir() / "pi2-engine"
-    if engine.is_file():
-        ev = tmp_path / "ev.jsonl"
-        done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
-                               "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
-        assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
+    engine = engine_bin()
+    ev = tmp_path / "ev.jsonl"
+    done = subprocess.run([str(engine), "generate", "-m", str(tmp_path / "out" / "model.pi2"), "-p", "Hi",
+                           "-n", "3", "--policy", "powerinfer2", "--events", str(ev)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = [json.loads(x) for x in ev.read_text().splitlines() if '"summary"' in x][-1]
+    assert summary["policy"] == "powerinfer2" and summary["predictor"] == "model"
 
 
+@pytest.mark.slow
 def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf, monkeypatch):
     """Predictors in a layout pi2 does not read (here: with biases) are left out: the conversion and the
     bench both say the model runs dense, and the file records why."""
@@ -298,13 +302,6 @@ def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf
     f = Pi2File(out, verify=False)
     assert not f.header.has_predictor and f.metadata["dropped_predictors"]["count"] == 6
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    if (host_build_dir() / "pi2-engine").is_file():
-        res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",
-                                       "1", "--warmup", "0", "--results-dir", str(tmp_path / "res")])  # fmt: skip
-        assert res.exit_code == 0, res.output
-        assert (
-            "pi2 runs it dense (policy dense)" in " ".join(res.output.split()) and "pi2:dense" in res.output
-        )
     # A dReLU model converted without any predictor says so too.
     make_checkpoint(tmp_path / "plain")
     res = CliRunner().invoke(cli, ["convert", str(tmp_path / "plain"), "--out", str(tmp_path / "plain.pi2"),
@@ -312,3 +309,8 @@ def test_predictors_pi2_cannot_read_are_said_to_run_dense(tmp_path, smollm2_gguf
     assert (
         res.exit_code == 0 and "a drelu model without activation predictors: pi2 runs it dense" in res.output
     )
+    engine_bin()  # the bench runs it
+    res = CliRunner().invoke(cli, ["bench", "-m", str(out), "--mode", "pp-tg", "-p", "4", "-n", "2", "--repeat",
+                                   "1", "--warmup", "0", "--results-dir", str(tmp_path / "res")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "pi2 runs it dense (policy dense)" in " ".join(res.output.split()) and "pi2:dense" in res.output

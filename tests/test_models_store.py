@@ -5,6 +5,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
@@ -27,6 +28,7 @@ def test_missing_model_is_one_line_with_how_to_get_it_and_its_size(tmp_path, mon
     assert not (tmp_path / "store").exists()  # nothing made
 
 
+@pytest.mark.slow
 def test_a_stored_model_resolves_by_name_and_stays_labelled_synthetic(tmp_path, monkeypatch, smollm2_gguf):
     monkeypatch.setenv("PI2_MODELS_DIR", str(tmp_path))
     spec = get_model("turbosparse-mixtral-47b")
@@ -45,6 +47,7 @@ def test_a_stored_model_resolves_by_name_and_stays_labelled_synthetic(tmp_path, 
     assert len(json.loads(result.stdout.strip().splitlines()[-1])["token_ids"]) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("like,dims", [("turbosparse-mixtral-47b", TINY_MOE),
                                        ("turbosparse-mistral-7b", dict(n_layer=2, hidden=512, ffn=2048, calib_seqs=6, eval_seqs=2))])  # fmt: skip
 def test_planned_sizes_are_within_5_percent_of_what_synth_writes(tmp_path, smollm2_gguf, like, dims):
@@ -72,6 +75,7 @@ def test_synth_refuses_when_the_disk_cannot_hold_it(tmp_path, monkeypatch):
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
 
 
+@pytest.mark.slow
 def test_interrupted_synth_resumes_to_the_same_bytes(tmp_path, smollm2_gguf, monkeypatch):
     cfg = lambda: synth.SynthConfig(like="turbosparse-mixtral-47b", tokenizer_gguf=smollm2_gguf, **TINY_MOE)  # noqa: E731
     synth.synthesize(cfg(), tmp_path / "whole")
@@ -99,6 +103,7 @@ def test_interrupted_synth_resumes_to_the_same_bytes(tmp_path, smollm2_gguf, mon
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["model.gguf", "model.pi2"]
 
 
+@needs_engine
 def test_plan_predicts_the_phone_from_a_name_without_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("PI2_MODELS_DIR", str(tmp_path / "empty"))
     args = ["plan", "-m", "turbosparse-mixtral-47b", "--profile", "oneplus-12", "--json", "--memory-budget"]
@@ -116,6 +121,7 @@ def test_plan_predicts_the_phone_from_a_name_without_the_file(tmp_path, monkeypa
     assert bad.exit_code == 1 and "oneplus-12" in bad.stderr
 
 
+@pytest.mark.slow
 def test_synth_flag_makes_the_model_into_the_store_first(tmp_path, monkeypatch, smollm2_gguf, capsys):
     monkeypatch.setenv("PI2_MODELS_DIR", str(tmp_path))
     small = lambda name: synth.SynthConfig(like=name, tokenizer_gguf=smollm2_gguf, **TINY_MOE)  # noqa: E731

@@ -31,6 +31,7 @@ def _gguf_tensor(reader, name):
     return t, np.asarray(t.data)
 
 
+@pytest.mark.slow
 def test_writes_both_files_and_nothing_else(tiny_dense):
     out, summary = tiny_dense
     assert sorted(p.name for p in out.iterdir()) == ["model.gguf", "model.pi2"]
@@ -53,6 +54,7 @@ def test_measured_statistics_are_near_the_design(tiny_dense):
     assert len(summary["layers"]) == 2
 
 
+@pytest.mark.slow
 def test_gate_and_up_bundles_are_the_gguf_bytes(tiny_dense):
     out, _ = tiny_dense
     f = Pi2File(out / "model.pi2")
@@ -70,6 +72,7 @@ def test_gate_and_up_bundles_are_the_gguf_bytes(tiny_dense):
         assert np.array_equal(f.raw(f"blk.{layer}.ffn_down.weight").reshape(-1), down.reshape(-1))
 
 
+@pytest.mark.slow
 def test_predictor_in_the_file_predicts_fresh_tokens(tiny_dense):
     """Recompute layer 0 from the .pi2's own tensors on tokens the generator never saw."""
     out, summary = tiny_dense
@@ -99,6 +102,7 @@ def test_predictor_in_the_file_predicts_fresh_tokens(tiny_dense):
     assert hot > 0.55
 
 
+@pytest.mark.slow
 def test_same_seed_same_files_other_seed_other_weights(tiny_dense, tmp_path, smollm2_gguf):
     out, _ = tiny_dense
     cfg = synth.SynthConfig(like="turbosparse-mistral-7b", tokenizer_gguf=smollm2_gguf, **TINY)
@@ -110,6 +114,7 @@ def test_same_seed_same_files_other_seed_other_weights(tiny_dense, tmp_path, smo
     assert (tmp_path / "other" / "model.gguf").read_bytes() != (out / "model.gguf").read_bytes()
 
 
+@pytest.mark.slow
 def test_moe_model_has_experts_routers_and_per_expert_predictors(tmp_path, smollm2_gguf):
     cfg = synth.SynthConfig(like="turbosparse-mixtral-47b", tokenizer_gguf=smollm2_gguf, n_layer=1, hidden=64,
                             ffn=128, calib_seqs=6, eval_seqs=2)  # fmt: skip
@@ -139,6 +144,7 @@ def test_llama_cpp_loads_and_generates_from_the_twin(tiny_dense, llamacpp_bindir
     assert " 4 runs" in done.stderr or "/     3 runs" in done.stderr or "runs" in done.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, smollm2_gguf, monkeypatch):
     runner = CliRunner()
     for args, needle in (
@@ -254,6 +260,7 @@ def test_pi2_engine_verifies_and_generates_from_the_synthetic_model(tiny_dense):
     assert "6 generated tokens" in done.stderr
 
 
+@pytest.mark.slow
 def test_twin_converted_by_the_gguf_converter_has_the_same_weights(tiny_dense, tmp_path):
     """The engine's GGUF -> .pi2 converter, run on the twin, yields synth's .pi2 weights (up to order)."""
     from pi2cli.models.convert import convert_gguf

@@ -69,6 +69,7 @@ def test_one_pass_uniform_rows_are_the_two_pass_floats():
     assert np.array_equal(synth._add_uniform_rows(synth._rng(1, 9), base.copy(), std), want)
 
 
+@pytest.mark.slow
 def test_experts_built_in_threads_write_the_same_bytes_as_one_at_a_time(tmp_path, smollm2_gguf):
     cfg = dict(like="turbosparse-mixtral-47b", tokenizer_gguf=smollm2_gguf, n_layer=2, hidden=64, ffn=128,
                calib_seqs=6, eval_seqs=2)  # fmt: skip

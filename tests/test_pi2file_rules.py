@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from engine_helpers import run_engine
+from engine_helpers import needs_engine, run_engine
 
 from pi2cli.cli import cli
 from pi2cli.models.pi2file import (
@@ -23,7 +23,6 @@ from pi2cli.models.pi2file import (
     Pi2FormatError,
 )
 from pi2cli.models.randmodel import write_random_model
-from pi2cli.paths import host_build_dir
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +222,7 @@ def _craft(base, tmp_path, edit):
 
 def test_the_base_model_is_valid_for_both(base):
     assert "extra.weight" in Pi2File(base).tensors
-    if (host_build_dir() / "pi2-engine").exists():
-        assert run_engine("info", "-m", base).returncode == 0
+    assert run_engine("info", "-m", base).returncode == 0
 
 
 @pytest.mark.parametrize(("case", "edit", "rule", "words"), CASES, ids=[c[0] for c in CASES])
@@ -245,7 +243,7 @@ def test_python_reader_refuses_with_one_line_naming_the_rule(base, tmp_path, cas
         assert f"rule {rule}" in result.stderr
 
 
-@pytest.mark.skipif(not (host_build_dir() / "pi2-engine").exists(), reason="make engine first")
+@needs_engine
 @pytest.mark.parametrize(
     ("case", "edit"),
     [(c[0], c[1]) for c in CASES],

@@ -52,6 +52,7 @@ def big_table_file(base, path, n, edit=None):
     return path
 
 
+@pytest.mark.slow
 def test_a_1m_entry_table_is_checked_whole_not_entry_by_entry(base, tmp_path, monkeypatch):
     """The linear path is guarded by what it does, not by a clock (speed is a benchmark's business):
     a valid table at the format's limit is checked by numpy with no entry taken one by one."""
@@ -117,6 +118,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_late_bad_entry_is_reported_as_the_entry_by_entry_check_reports_it(base, tmp_path, case):
     edit, words = CASES[case]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_helpers import built, engine_bin, needs_engine
 
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
-from pi2cli.paths import host_build_dir
 from pi2cli.plan.plan import (
     ModelFacts,
     engine_sizing,
@@ -75,6 +75,7 @@ def test_read_time_follows_the_curve():
     assert read_time_s(BANDWIDTH_BOUND, 1000) == read_time_s(BANDWIDTH_BOUND, 1024)  # 512-rounded
 
 
+@needs_engine
 def test_request_bound_storage_reads_whole_bundles():
     plan = make_plan(mistral7b(), profile(REQUEST_BOUND), 2651 * MiB, ctx=64)
     assert plan.settings["policy"] == "powerinfer2" and plan.settings["two_phase"] is False
@@ -89,6 +90,7 @@ def test_request_bound_storage_reads_whole_bundles():
     assert plan.settings["lookahead"] is False and any("lookahead false" in w for w in plan.why)
 
 
+@needs_engine
 def test_bandwidth_bound_storage_reads_in_two_phases():
     plan = make_plan(mistral7b(), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
     assert plan.settings["two_phase"] is True
@@ -102,6 +104,7 @@ def test_bandwidth_bound_storage_reads_in_two_phases():
     assert any("two-phase reads (gate part first) are cheaper" in w for w in plan.why)
 
 
+@needs_engine
 def test_a_disturbed_storage_curve_is_flagged():
     assert not any("caution" in w for w in make_plan(mistral7b(), profile(), 2651 * MiB, ctx=64).why)
     busy = curve({4096: 21000, 8192: 26000, 16384: 22000, 65536: 2000})  # someone else was reading
@@ -110,12 +113,14 @@ def test_a_disturbed_storage_curve_is_flagged():
     assert any("64 KiB reads got less bandwidth than 16 KiB" in w for w in plan.why)
 
 
+@needs_engine
 def test_two_phase_is_not_set_where_it_cannot_apply():
     plan = make_plan(mistral7b(ffn_act="swiglu"), profile(BANDWIDTH_BOUND), 2651 * MiB, ctx=64)
     assert "two_phase" not in plan.settings and any("does not apply" in w for w in plan.why)
 
 
 # ------------------------------------------------------------------------------------------ the cache
+@needs_engine
 def test_cache_split_puts_the_hot_set_first_and_matches_the_engines_sizing():
     m = mistral7b()
     plan = make_plan(m, profile(), 2651 * MiB, ctx=64)
@@ -138,6 +143,7 @@ def test_cache_split_puts_the_hot_set_first_and_matches_the_engines_sizing():
     )
 
 
+@needs_engine
 def test_a_budget_holding_the_whole_ffn_preloads_it():
     plan = make_plan(mistral7b(), profile(), 6 << 30, ctx=64)
     assert not {"hot_fraction", "hot_share", "cluster", "lookahead"} & set(plan.settings)
@@ -145,6 +151,7 @@ def test_a_budget_holding_the_whole_ffn_preloads_it():
     assert "predicted_reads_per_token" not in plan.info
 
 
+@needs_engine
 def test_without_measured_coverage_the_engine_defaults_stay():
     m = mistral7b(measured={"precision": 0.4}, profiled_hot_fraction=None)
     plan = make_plan(m, profile(), 2651 * MiB, ctx=64)
@@ -156,6 +163,7 @@ def test_without_measured_coverage_the_engine_defaults_stay():
     assert any("engine defaults" in w for w in plan.why)
 
 
+@needs_engine
 def test_a_model_without_predictors_runs_dense():
     plan = make_plan(mistral7b(has_predictor=False), profile(), 2651 * MiB, ctx=64)
     assert plan.settings["policy"] == "dense"
@@ -164,6 +172,7 @@ def test_a_model_without_predictors_runs_dense():
     assert plan.info["predicted_storage_ms"] > 0  # the FFN does not fit: dense pages it in
 
 
+@needs_engine
 def test_moe_reads_only_the_blocks_a_token_routes_to():
     moe = mistral7b(name="mixtral", arch="moe", n_expert=8, n_expert_used=2, n_ff=14336)
     dense = mistral7b()
@@ -180,6 +189,7 @@ BIG_LITTLE = ({"cpus": [0, 1, 2, 3], "max_mhz": 1800}, {"cpus": [4, 5, 6], "max_
               {"cpus": [7], "max_mhz": 3200})  # fmt: skip
 
 
+@needs_engine
 def test_big_and_little_cores_split_compute_and_io():
     # compute on the big and mid cores (fastest first), the I/O on one core: the slowest of them
     plan = make_plan(mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64)
@@ -204,6 +214,7 @@ PHONE_1_5_2 = ({"cpus": [0, 1], "max_mhz": 2265, "capacity": 325},
                {"cpus": [7], "max_mhz": 3302, "capacity": 1024})  # fmt: skip
 
 
+@needs_engine
 def test_a_1_5_2_phone_computes_on_big_and_mid_and_reads_on_one_mid_core():
     plan = make_plan(mistral7b(), profile(cores=8, clusters=PHONE_1_5_2), 2651 * MiB, ctx=64)
     s = plan.settings
@@ -221,6 +232,7 @@ def test_a_1_5_2_phone_computes_on_big_and_mid_and_reads_on_one_mid_core():
     assert (four.settings["affinity"], four.settings["io_affinity"]) == ("7,2,3,4", "6")
 
 
+@needs_engine
 def test_the_estimate_reads_the_bandwidth_at_the_planned_threads():
     # 5 compute threads on a 1 + 5 + 2 phone: a profile from `pi2 profile` measures that count; an older one
     # (1 thread and every core) is interpolated, not read at its 1-thread row
@@ -239,6 +251,7 @@ def test_the_estimate_reads_the_bandwidth_at_the_planned_threads():
     assert (alike.threads, alike.membw_bytes_per_s) == (2, 18.9e9)
 
 
+@needs_engine
 def test_capacity_tells_apart_cores_of_one_clock():
     # MediaTek Helio P60: four A53 and four A73 cores, all at 2.0 GHz: only cpu_capacity ranks them
     from pi2cli.hw.devices import describe_clusters
@@ -260,6 +273,7 @@ def test_capacity_tells_apart_cores_of_one_clock():
     assert (s["affinity"], s["io_affinity"]) == ("2,3", "4")
 
 
+@needs_engine
 def test_alike_cores_are_not_pinned():
     for clusters in ((), ({"cpus": [0, 1, 2, 3], "max_mhz": 2000},)):
         plan = make_plan(mistral7b(), profile(cores=4, clusters=clusters), 2651 * MiB, ctx=64)
@@ -270,6 +284,7 @@ def test_alike_cores_are_not_pinned():
 
 
 # -------------------------------------------------------------------------------------- the plan file
+@needs_engine
 def test_plan_file_has_only_keys_the_engine_reads():
     plan = make_plan(
         mistral7b(), profile(cores=8, clusters=BIG_LITTLE), 2651 * MiB, ctx=64, pred_threshold=0.3
@@ -288,6 +303,7 @@ def test_plan_file_has_only_keys_the_engine_reads():
         validate_plan({**data, "two_phase": "no"})
 
 
+@needs_engine
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
@@ -346,12 +362,9 @@ def test_measure_keeps_each_block_sizes_best_round():
     )
 
 
-def _probe_built() -> bool:
-    return (host_build_dir() / "pi2-probe").is_file()
-
-
-@pytest.mark.skipif(not _probe_built(), reason="pi2-probe is not built (make engine)")
+@pytest.mark.slow
 def test_profile_command_on_this_machine(tmp_path):
+    built("pi2-probe")
     store = tmp_path / "store.bin"
     store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
     out = tmp_path / "profile.json"
@@ -375,15 +388,9 @@ def test_profile_command_on_this_machine(tmp_path):
 
 # ---------------------------------------------------------------------------- commands and the engine
 @pytest.fixture(scope="module")
-def heavy(tmp_path_factory, smollm2_gguf) -> Path:
+def heavy(synth_model) -> Path:
     """Two layers whose FFN (32 MiB) is most of the file, with predictors and measured statistics."""
-    from pi2cli.models import synth
-
-    out = tmp_path_factory.mktemp("plan-heavy")
-    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=32768, dense_down=False,
-                            calib_seqs=6, eval_seqs=2, tokenizer_gguf=smollm2_gguf)  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+    return synth_model("ffn-32k")
 
 
 @pytest.fixture
@@ -397,6 +404,7 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
     out = tmp_path / "plan.json"
     result = invoke("plan", "-m", heavy, "--memory-budget", "56M", "--profile", profile_file, "--ctx", "16",
@@ -414,6 +422,7 @@ def test_plan_command_json_and_file(heavy, profile_file, tmp_path):
     assert table.exit_code == 0 and "why" in table.stdout and "--hot-share" in table.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -436,7 +445,7 @@ def test_plan_command_bad_input(heavy, profile_file, tmp_path, args, message):
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 
-@pytest.mark.skipif(not _probe_built(), reason="pi2-probe is not built (make engine)")
+@pytest.mark.slow
 def test_plan_command_probes_this_machine_without_a_profile(heavy):
     result = invoke("plan", "-m", heavy, "-b", "56M", "--ctx", "16", "--seconds", "0.05", "--json")
     assert result.exit_code == 0, result.output
@@ -456,13 +465,7 @@ def test_plan_command_on_a_file_that_is_no_model(tmp_path, profile_file):
     )
 
 
-def _engine() -> Path:
-    path = host_build_dir() / "pi2-engine"
-    if not path.is_file():
-        pytest.fail(f"{path} is not built: run `make engine` first")
-    return path
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["56M", "96M"])
 def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
     # pi2 plan -> plan file -> pi2-engine generate --plan: the engine's summary shows the plan's settings.
@@ -474,7 +477,7 @@ def test_engine_runs_the_plan(heavy, profile_file, tmp_path, budget):
     plan = load_plan(plan_path)
     assert plan["two_phase"] is False
     events = tmp_path / "events.jsonl"
-    done = subprocess.run([str(_engine()), "generate", "-m", str(heavy), "--plan", str(plan_path), "-p", "Hello there",
+    done = subprocess.run([str(engine_bin()), "generate", "-m", str(heavy), "--plan", str(plan_path), "-p", "Hello there",
                            "-n", "6", "--ctx", "16", "--batch", "16", "--events", str(events)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -514,6 +517,7 @@ def task_cpus(pid: int) -> dict[int, str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
     # A plan's affinity pins the compute threads one per CPU (the calling thread on the first), its
@@ -522,7 +526,7 @@ def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
     plan = tmp_path / "pin.json"
     plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "policy": "powerinfer2", "threads": 2,
                                 "affinity": "0,1", "io": "pread", "io_threads": 3, "io_affinity": "1"}))  # fmt: skip
-    proc = subprocess.Popen([str(_engine()), "generate", "-m", str(heavy), "--plan", str(plan), "-p", "Hello",
+    proc = subprocess.Popen([str(engine_bin()), "generate", "-m", str(heavy), "--plan", str(plan), "-p", "Hello",
                              "-n", "4000", "--ignore-eos", "--temperature", "0.8"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     seen: dict[int, str] = {}
@@ -541,6 +545,7 @@ def test_engine_pins_compute_and_io_threads_as_the_plan_says(heavy, tmp_path):
     assert sorted(seen.values()) == ["1", "1", "1", "1"], seen
 
 
+@pytest.mark.slow
 def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
     from pi2cli.results import store
 
@@ -565,6 +570,7 @@ def test_bench_runs_pi2_with_a_plan(heavy, profile_file, tmp_path):
     assert bad.exit_code == 1 and "--plan is for the pi2 engine" in bad.output
 
 
+@pytest.mark.slow
 def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, monkeypatch):
     from pi2cli.engines.pi2.args import sparse_flags
     from pi2cli.engines.pi2.driver import Pi2Driver

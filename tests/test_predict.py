@@ -3,6 +3,7 @@ context, the steady-state hit rate from its split, reads per token counting both
 read, and read times at the queue depth a block's wave keeps in flight."""
 
 import pytest
+from engine_helpers import needs_engine
 from test_plan import BANDWIDTH_BOUND, REQUEST_BOUND, curve, mistral7b, profile
 
 from pi2cli.plan.plan import engine_sizing
@@ -35,6 +36,7 @@ def test_the_deep_curve_comes_from_the_profile():
     assert device_from_probe(profile()).deep == []  # a profile from before: QD 32 only
 
 
+@needs_engine
 def test_the_cache_is_the_engines_at_the_runs_context():
     m = mistral7b()
     short, chat = (predict(m, device(), 2651 * MiB, ctx=c) for c in (35, 4096))
@@ -49,6 +51,7 @@ def test_the_cache_is_the_engines_at_the_runs_context():
     )
 
 
+@needs_engine
 def test_hit_rate_is_the_coverage_of_what_the_split_keeps():
     m = mistral7b()
     pr = predict(m, device(), 2651 * MiB, ctx=35)
@@ -62,6 +65,7 @@ def test_hit_rate_is_the_coverage_of_what_the_split_keeps():
     assert whole["hit_rate"] == 1.0 and whole["storage_ms"] == 0 and whole["storage_reads_per_token"] == 0
 
 
+@needs_engine
 def test_a_measured_named_curve_replaces_the_designs():
     # A run's `named` event: the neurons decode named by hotness rank bin, and over how many steps.
     from dataclasses import replace
@@ -84,6 +88,7 @@ def test_a_measured_named_curve_replaces_the_designs():
         named_profile(event | {"decode_steps": 0}, m)
 
 
+@needs_engine
 def test_two_phase_reads_count_both_phases_and_follow_the_engines_rule():
     m = mistral7b()
     prec = m.measured["precision"]
@@ -99,6 +104,7 @@ def test_two_phase_reads_count_both_phases_and_follow_the_engines_rule():
     assert forced["two_phase"] is True and forced["storage_ms"] > rq["storage_ms"]
 
 
+@needs_engine
 def test_deeper_queues_shorten_storage_time():
     m = mistral7b()
     shallow = predict(m, device(), 2000 * MiB, ctx=35)
@@ -107,6 +113,7 @@ def test_deeper_queues_shorten_storage_time():
     assert deep["storage_reads_per_token"] == shallow["storage_reads_per_token"]
 
 
+@needs_engine
 def test_storage_and_compute_add_less_the_pipelines_overlap():
     # A block waits for its own reads before the next layer's attention can start, so the time per
     # token is the sum, less (powerinfer2's pipeline only) the cached neurons' gate/up rows computed while
@@ -132,6 +139,7 @@ WAVES = [{"wave": n, "range": 128 << 20, "block": 8192, "qd": 512, "iops": iops}
          for n, iops in ((64, 80000.0), (256, 90000.0), (1024, 100000.0), (2048, 120000.0))]  # fmt: skip
 
 
+@needs_engine
 def test_a_blocks_misses_are_timed_as_a_wave_at_its_share_of_the_span():
     # decode issues a block's misses as one sorted wave (sparse_ffn.c); a profile with storage.waves times
     # them at the wave of the same share of the span's blocks: 1787 of 14336 neurons = 12.5% = 2048 of

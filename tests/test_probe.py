@@ -6,15 +6,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from pi2cli.paths import host_build_dir
+from engine_helpers import built
 
 
 def probe_bin() -> Path:
-    path = host_build_dir() / "pi2-probe"
-    if not path.is_file():
-        pytest.fail(f"{path} is not built: run `make engine` first")
-    return path
+    return built("pi2-probe")
 
 
 def run_probe(*args: object) -> subprocess.CompletedProcess:

@@ -10,17 +10,18 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer  # noqa: E402
+from engine_helpers import built  # noqa: E402
 
 from pi2cli.cli import cli  # noqa: E402
-from pi2cli.paths import host_build_dir  # noqa: E402
 from pi2cli.plan.profile import validate_profile  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402
 
 WORKDIR = "/data/local/tmp/pi2"
 
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-probe").is_file(), reason="pi2-probe is not built (make engine)"
-)
+
+@pytest.fixture(autouse=True)
+def _probe_built():
+    built("pi2-probe")  # the profile pushes it
 
 
 @pytest.fixture
@@ -35,6 +36,7 @@ def device(tmp_path, monkeypatch):
         server.stop()
 
 
+@pytest.mark.slow
 def test_profile_on_an_adb_device(device, tmp_path):
     store = tmp_path / "store.bin"
     store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
@@ -58,6 +60,7 @@ def test_profile_on_an_adb_device(device, tmp_path):
     assert len(bad.output.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores(
     tmp_path, monkeypatch, tiny_model
 ):

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from engine_helpers import needs_engine
 from results_fakes import fake_run
 
 from pi2cli.quality import metrics as M
@@ -103,6 +104,7 @@ def test_schema_validates_and_bounds_the_quality_block():
         S.validate(run)
 
 
+@pytest.mark.slow
 def test_compare_and_report_show_quality_beside_speedups(tmp_path):
     from pi2cli.results.report import write_report
 
@@ -149,6 +151,7 @@ def test_bench_hook_skips_dense_engines_and_never_loses_the_run(tmp_path):
     S.validate(run)  # the speed run is intact and still saves
 
 
+@needs_engine
 def test_pi2_quality_refuses_bad_input_with_one_line(tmp_path):
     from click.testing import CliRunner
 

@@ -6,20 +6,14 @@ import subprocess
 import pytest
 from engine_helpers import run_engine
 
-from pi2cli.models import synth
-
 PROMPT = "The capital of France is"
 N = 24
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, smollm2_gguf):
+def model(synth_model):
     """Two layers of 8192 neurons (an 8 MiB FFN)."""
-    out = tmp_path_factory.mktemp("readcap")
-    cfg = synth.SynthConfig(like="turbosparse-mistral-7b", n_layer=2, hidden=128, ffn=8192,
-                            tokenizer_gguf=smollm2_gguf, calib_seqs=1, eval_seqs=1)  # fmt: skip
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+    return synth_model("ffn-8k")
 
 
 SHAPE = ["--ctx", 64, "--batch", 8, "--policy", "powerinfer2", "--no-two-phase"]
@@ -45,6 +39,7 @@ def _decode_misses(events: list[dict]) -> list[int]:
     return [e["misses"] for e in events if e["event"] == "token" and e["i"] > 0]
 
 
+@pytest.mark.slow
 def test_a_cap_bounds_every_decoded_tokens_misses(model, budget, tmp_path):
     free, ev_free = _run(model, budget, tmp_path)
     assert free.returncode == 0, free.stderr
@@ -61,6 +56,7 @@ def test_a_cap_bounds_every_decoded_tokens_misses(model, budget, tmp_path):
     assert sum(_decode_misses(ev)) < sum(_decode_misses(ev_free)) / 2
 
 
+@pytest.mark.slow
 def test_off_is_the_default_bit_for_bit_and_auto_runs(model, budget, tmp_path):
     free, _ = _run(model, budget, tmp_path)
     off, _ = _run(model, budget, tmp_path, "--read-cap", "off")

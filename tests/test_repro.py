@@ -4,6 +4,7 @@ under 3 minutes in all (the CI budget for it), each writing its JSON with a tabl
 import json
 import time
 
+import pytest
 from click.testing import CliRunner
 
 from pi2cli.cli import cli
@@ -11,6 +12,7 @@ from pi2cli.cli import cli
 EXPERIMENTS = ("memory-sweep", "offload-sweep", "ablation", "tbt", "in-memory", "planner")
 
 
+@pytest.mark.slow
 def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
     out = tmp_path / "report"
     t0 = time.monotonic()
@@ -41,6 +43,7 @@ def test_repro_all_small_runs_every_experiment_within_three_minutes(tmp_path):
     assert "paper" in result.output and "expected:" in result.output
 
 
+@pytest.mark.slow
 def test_repro_single_experiment_prints_the_paper_beside_this_machine(tmp_path):
     result = CliRunner().invoke(
         cli, ["repro", "ablation", "--small", "--out", str(tmp_path / "r"), "-n", "6", "--seeds", "2"]
@@ -55,6 +58,7 @@ def test_repro_single_experiment_prints_the_paper_beside_this_machine(tmp_path):
         assert len(rates) == 2 and run["decode_tps"] in rates
 
 
+@pytest.mark.slow
 def test_every_experiment_loads_on_its_own():
     # `pi2 repro NAME` imports one module in a fresh interpreter: one that needed another experiment
     # imported first (in-memory read benchmarks/ before common had put it on the path) failed alone

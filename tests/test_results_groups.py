@@ -80,6 +80,7 @@ def test_invalid_is_a_failure_status_with_a_label():
         S.mark_failed(run, "ok", "x")
 
 
+@pytest.mark.slow
 def test_results_list_groups_every_run_with_its_status(matrix):
     results_dir, runs = matrix
     listed = CliRunner().invoke(cli, ["results", "list", "--results-dir", str(results_dir)])
@@ -229,6 +230,7 @@ def test_the_progress_bar_names_its_figure_apart():
     assert speed.startswith("last turn 41.0 tok/s") and S.DECODE_LABEL not in speed
 
 
+@pytest.mark.slow
 def test_report_shows_every_run_in_its_group(matrix, tmp_path):
     results_dir, runs = matrix
     out = tmp_path / "rep"
@@ -246,6 +248,7 @@ def test_report_shows_every_run_in_its_group(matrix, tmp_path):
         assert run["run_id"] in html and S.status_text(run) in html
 
 
+@pytest.mark.slow
 def test_report_groups_render_in_headless_chromium(matrix, tmp_path):
     from test_results_report import _chromium, _render
 
@@ -337,6 +340,7 @@ def _blocks(text: str, titles: list[str], prefix: str = "") -> dict[str, str]:
     return {t: "\n".join(lines[at[0] : ends[ends.index(at[0]) + 1]]) for t, at in starts.items()}
 
 
+@pytest.mark.slow
 def test_an_enforced_and_a_not_enforced_budget_of_one_size_never_mix(tmp_path):
     """The budget's bytes were the whole budget part of the group: a run held to 32 MiB and one only told
     32 MiB fell into one group, the newest silently won in compare and report, and no title said which."""

@@ -55,6 +55,7 @@ def hostile(tmp_path_factory):
     return results_dir, _hostile_runs_dir(results_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["results", "list"], ["results", "list", "--json"], ["compare"],
                                      ["report", "--out", "{tmp}/rep"]])  # fmt: skip
 def test_special_files_are_named_once_and_never_block(hostile, tmp_path, command):
@@ -154,6 +155,7 @@ def _fill(disk: Path) -> None:
             f.flush()
 
 
+@pytest.mark.slow
 def test_full_and_read_only_disks_still_list(tmp_path):
     """A full disk used to fail every listing with sqlite's "cannot rollback - no transaction is active"."""
     with _tmpfs(tmp_path / "disk", "2m") as disk:
@@ -178,6 +180,7 @@ def test_full_and_read_only_disks_still_list(tmp_path):
         assert all(r["workload"]["name"] in out.stdout for r in runs)
 
 
+@pytest.mark.slow
 def test_a_second_file_with_a_stored_run_id_is_named_not_silently_swapped_in(tmp_path):
     """A copy of a run file (a backup, a planted file) holds a run_id another file holds: one row can
     hold only one, so the copy is skipped with a warning naming both, every listing alike -- it once

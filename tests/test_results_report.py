@@ -45,6 +45,7 @@ def written(tmp_path_factory):
     return out, R.write_report(runs, out, resamples=200), runs
 
 
+@pytest.mark.slow
 def test_every_plot_is_drawn_and_labels_synthetic_models(written):
     plots = {p.name: p for p in written[1].figures}
     assert set(plots) == {"decode", "tbt_cdf", "ttft", "memory", "budget", "ablation"}
@@ -91,6 +92,7 @@ def test_a_failing_report_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_report_command(tmp_path):
     for run in _runs()[:2]:
         store.save_run(run, tmp_path / "results")
@@ -120,6 +122,7 @@ def _render(browser: str, page, profile, *extra: str) -> subprocess.CompletedPro
 
 
 # In CI chromium is installed by `make setup`, so a missing browser there is a failure, not a skip.
+@pytest.mark.slow
 @pytest.mark.skipif(
     _chromium() is None and not os.environ.get("CI"), reason="needs chromium (apt-get install -y chromium)"
 )

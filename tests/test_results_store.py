@@ -137,6 +137,7 @@ def _writer(results_dir, worker, n):
         store.save_run(fake_run(workload=f"w{worker}", seed=i), results_dir)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_all_land_in_the_index(tmp_path):
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 6)) for w in range(4)]

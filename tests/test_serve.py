@@ -228,6 +228,7 @@ def test_hostile_heads_get_4xx_and_the_server_goes_on(tiny, name, data, status):
     assert tiny.healthy()
 
 
+@pytest.mark.slow
 def test_slow_loris_gets_408_and_the_socket_closed(tiny):
     t0 = time.monotonic()
     with socket.create_connection((HOST, tiny.port), timeout=20) as s:
@@ -268,6 +269,7 @@ def test_disconnect_mid_stream_frees_the_slot(slow):
     assert status == 200 and r["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.slow
 def test_full_queue_answers_503_with_retry_after(slow):
     results = {}
 
@@ -293,6 +295,7 @@ def test_full_queue_answers_503_with_retry_after(slow):
     assert results[1][1]["pi2_timings"]["queue_ms"] > 0
 
 
+@pytest.mark.slow
 def test_request_timeout_ends_a_long_generation(tiny_model):
     with serve(tiny_model, "--request-timeout", "1", env={"PI2_TEST_DELAY_US": "20000"}) as srv:
         t0 = time.monotonic()
@@ -339,15 +342,7 @@ def test_serve_refuses_bad_flags_in_one_line(tiny_model):
         assert done.returncode != 0 and msg in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def smollm2_pi2(tmp_path_factory, smollm2_gguf) -> Path:
-    from pi2cli.models.convert import convert_gguf
-
-    out = tmp_path_factory.mktemp("smollm2-serve") / "smollm2.pi2"
-    convert_gguf(smollm2_gguf, out)
-    return out
-
-
+@pytest.mark.slow
 def test_smollm2_chat_matches_generate(smollm2_pi2):
     want = generate_text(smollm2_pi2, chatml(CHAT), 24)
     assert want.strip()

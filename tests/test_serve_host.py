@@ -15,13 +15,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from engine_helpers import needs_engine
 
 from pi2cli.paths import host_build_dir
 
 openai = pytest.importorskip("openai")
-pytestmark = pytest.mark.skipif(
-    not (host_build_dir() / "pi2-engine").is_file(), reason="pi2-engine is not built (make engine)"
-)
+pytestmark = needs_engine
 
 CHAT = [{"role": "user", "content": "Name a colour."}]
 
@@ -101,6 +100,7 @@ def error_lines(err: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ here
+@pytest.mark.slow
 def test_local_serve_answers_an_openai_client_and_sigint_stops_it(tiny_model):
     proc = pi2("serve", "-m", str(tiny_model), "--port", "0", "--chat-template", "chatml", "-t", "2", "--json",
                env={"PI2_API_KEY": "s3cret"})  # fmt: skip
@@ -128,6 +128,7 @@ def test_local_serve_answers_an_openai_client_and_sigint_stops_it(tiny_model):
     assert "pi2-engine serve: stopped" in err  # the engine's own last line: it stopped on SIGTERM, not killed
 
 
+@pytest.mark.slow
 def test_sigterm_stops_it_too(tiny_model):
     # a proxy that answers nothing: the readiness check must not go through it
     proc = pi2("serve", "-m", str(tiny_model), "--port", "0", "-t", "1", "--policy", "dense", "--memory-budget",
@@ -161,6 +162,7 @@ def test_an_engine_that_cannot_load_the_model_is_one_error_line_with_its_reason(
     assert line.startswith("pi2: error: pi2-engine serve exited (code 1): ") and "truncated" in line, err
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_error_line(tiny_model):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -177,6 +179,7 @@ def forwards(adb_server, serial: str) -> list[str]:
     return [ln for ln in adb_server.call("forward", "--list").splitlines() if ln.startswith(serial + " ")]
 
 
+@pytest.mark.slow
 def test_device_serve_through_adb_forward_and_sigint_leaves_nothing_running(
     tiny_model, make_device, adb_server
 ):
@@ -215,6 +218,7 @@ def test_device_serve_through_adb_forward_and_sigint_leaves_nothing_running(
     assert not engines_under(phone.root) and forwards(adb_server, phone.serial) == []
 
 
+@pytest.mark.slow
 def test_device_forward_to_a_busy_port_is_one_error_line_and_stops_the_engine(
     tiny_model, make_device, adb_server
 ):
@@ -234,6 +238,7 @@ def test_device_forward_to_a_busy_port_is_one_error_line_and_stops_the_engine(
     assert not engines_under(phone.root) and forwards(adb_server, phone.serial) == []
 
 
+@pytest.mark.slow
 def test_device_engine_that_cannot_load_is_one_error_line(tmp_path, make_device):
     phone = make_device()
     bad = tmp_path / "bad.pi2"
@@ -246,6 +251,7 @@ def test_device_engine_that_cannot_load_is_one_error_line(tmp_path, make_device)
     assert "truncated" in line and not engines_under(phone.root)
 
 
+@pytest.mark.slow
 def test_device_serve_with_a_plan_pushes_it_and_runs_under_its_budget(tiny_model, make_device, tmp_path):
     plan = tmp_path / "plan.json"
     made = subprocess.run([sys.executable, "-c", "from pi2cli.cli import main; main()", "plan", "-m", str(tiny_model),

@@ -128,6 +128,7 @@ def test_metrics_agree_with_the_clients_counts(tiny_model):
     )
 
 
+@pytest.mark.slow
 def test_metrics_count_rejections_and_cancellations(tiny_model):
     """20 ms a token (PI2_TEST_DELAY_US), one waiting place: a client that leaves mid-stream, one that
     leaves the queue, and one refused 503, each counted; tokens and time gaps still tally."""
@@ -199,15 +200,7 @@ def test_metrics_need_the_api_key(tiny_model):
         assert val(scrape(srv, key="sekrit"), "pi2_requests_total", endpoint="/metrics", code="2xx") == 1
 
 
-@pytest.fixture(scope="module")
-def smollm2_pi2(tmp_path_factory, smollm2_gguf):
-    from pi2cli.models.convert import convert_gguf
-
-    out = tmp_path_factory.mktemp("smollm2-metrics") / "smollm2.pi2"
-    convert_gguf(smollm2_gguf, out)
-    return out
-
-
+@pytest.mark.slow
 def test_time_between_tokens_counts_the_end_of_generation_token(smollm2_pi2):
     """SmolLM2 ends these answers with its end-of-turn token, which has no text (the session never hands
     it to emit): the counters still see every token sampled, tokens - 1 gaps a request."""

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 from engine_helpers import engine_logits, run_engine
 
-from pi2cli.models.convert import convert_gguf
 from pi2cli.models.numpy_llama import Reference
 
 pytestmark = pytest.mark.slow
@@ -37,13 +36,6 @@ PROMPTS = [
     "In 1969, Neil Armstrong",
 ]
 N = 32
-
-
-@pytest.fixture(scope="module")
-def smollm2_pi2(smollm2_gguf, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2.pi2"
-    convert_gguf(smollm2_gguf, out)
-    return out
 
 
 def llamacpp_greedy(bindir, gguf, prompt: str) -> str:

@@ -15,51 +15,24 @@ import numpy as np
 import pytest
 from engine_helpers import engine_bin, engine_logits, run_engine
 
-from pi2cli.models import synth
-
 SPARSE_POLICIES = ["bundle", "llmflash", "cache", "powerinfer2"]
 TOKENS = [1, 400, 2213, 17, 9000, 33, 881, 4242, 12, 7, 3001, 95, 640, 2, 77, 1500]
 
 
-def _synth(tmp_path_factory, smollm2_gguf, name: str, **kw) -> Path:
-    out = tmp_path_factory.mktemp(name)
-    cfg = synth.SynthConfig(tokenizer_gguf=smollm2_gguf, dense_down=False, calib_seqs=6, eval_seqs=2, **kw)
-    synth.synthesize(cfg, out)
-    return out / "model.pi2"
+@pytest.fixture(scope="module")
+def dense_arch(synth_model) -> Path:
+    return synth_model("sparse-1k")
 
 
 @pytest.fixture(scope="module")
-def dense_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(
-        tmp_path_factory,
-        smollm2_gguf,
-        "sparse",
-        like="turbosparse-mistral-7b",
-        n_layer=2,
-        hidden=256,
-        ffn=1024,
-    )
+def moe_arch(synth_model) -> Path:
+    return synth_model("tiny-moe")
 
 
 @pytest.fixture(scope="module")
-def moe_arch(tmp_path_factory, smollm2_gguf) -> Path:
-    return _synth(
-        tmp_path_factory, smollm2_gguf, "moe", like="turbosparse-mixtral-47b", n_layer=2, hidden=256, ffn=512
-    )
-
-
-@pytest.fixture(scope="module")
-def ffn_heavy(tmp_path_factory, smollm2_gguf) -> Path:
+def ffn_heavy(synth_model) -> Path:
     """Two layers whose FFN is most of the file, so a budget below the file size still fits the rest."""
-    return _synth(
-        tmp_path_factory,
-        smollm2_gguf,
-        "heavy",
-        like="turbosparse-mistral-7b",
-        n_layer=2,
-        hidden=128,
-        ffn=32768,
-    )
+    return synth_model("ffn-32k")
 
 
 def _assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
@@ -75,6 +48,7 @@ def _kernel_level(model: Path, tmp: Path) -> str:
     return json.loads(events.read_text().splitlines()[0])["kernels"]
 
 
+@pytest.mark.slow
 def test_repacked_attention_rows_give_the_batched_floats(dense_arch, tmp_path):
     # Attention and output rows interleaved by four (where the kernel level has that layout, avx512)
     # go through kernels that repeat the plain GEMM's float steps for any number of tokens: batched
@@ -106,6 +80,7 @@ def test_oracle_logits_match_dense(dense_arch, tmp_path, policy):
         _assert_same_logits(got, dense)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["llmflash", "powerinfer2"])
 def test_moe_oracle_logits_match_dense(moe_arch, tmp_path, policy):
     dense = engine_logits(moe_arch, TOKENS, tmp_path, "--batch", "4")
@@ -129,6 +104,7 @@ def _generate(
     return done.stdout, summary
 
 
+@pytest.mark.slow
 def test_acceptance_powerinfer2_under_a_budget_below_the_file_size(ffn_heavy, tmp_path):
     size = ffn_heavy.stat().st_size
     budget = size - 12 * 2**20
@@ -152,6 +128,7 @@ def test_acceptance_powerinfer2_under_a_budget_below_the_file_size(ffn_heavy, tm
     assert oracle == dense and d["io_method"] == "mmap"
 
 
+@pytest.mark.slow
 def test_policies_agree_with_each_other_and_with_themselves(ffn_heavy, tmp_path):
     # With the model's predictor every sparse policy computes the same neurons and adds their outputs
     # in one fixed order, so the text is the same whichever policy, thread count or I/O method ran it,
@@ -166,6 +143,7 @@ def test_policies_agree_with_each_other_and_with_themselves(ffn_heavy, tmp_path)
     assert len(set(texts.values())) == 1, texts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", SPARSE_POLICIES)
 def test_every_policy_reads_from_storage_within_the_budget(ffn_heavy, tmp_path, policy):
     budget = ffn_heavy.stat().st_size - 12 * 2**20
@@ -191,6 +169,7 @@ def test_every_policy_reads_from_storage_within_the_budget(ffn_heavy, tmp_path, 
         assert s["two_phase"] is False
 
 
+@pytest.mark.slow
 def test_two_phase_flags_override_the_probe(ffn_heavy, tmp_path):
     budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
     for flag, want in (("--two-phase", True), ("--no-two-phase", False)):
@@ -204,6 +183,7 @@ def test_two_phase_flags_override_the_probe(ffn_heavy, tmp_path):
 PINNED_IO = ("--prefill-stream", "off", "--no-two-phase")
 
 
+@pytest.mark.slow
 def test_rank_insertion_keeps_more_hits_than_plain_lru(ffn_heavy, tmp_path):
     # Same neurons computed either way (the text is the same); only what the cold region keeps differs.
     budget = str(ffn_heavy.stat().st_size - 12 * 2**20)
@@ -215,6 +195,7 @@ def test_rank_insertion_keeps_more_hits_than_plain_lru(ffn_heavy, tmp_path):
     assert ranked["hit_rate"] > lru["hit_rate"] and ranked["storage_reads"] < lru["storage_reads"]
 
 
+@pytest.mark.slow
 def test_miss_threshold_skips_unlikely_reads_and_says_what_it_cost(ffn_heavy, tmp_path):
     # A cold miss predicted below the threshold is not read: fewer reads, and with --check-predictor the
     # truly active neurons it left out lower the effective recall below the predictor's.
@@ -234,6 +215,7 @@ LONG_PROMPT = (
 )
 
 
+@pytest.mark.slow
 def test_batches_are_dense_and_streaming_changes_no_float(ffn_heavy, tmp_path):
     # powerinfer2 computes a batch of 8+ tokens over every neuron, from the resident FFN, from a stream
     # of whole blocks, or through the cache's waves: the same floats, so the same sampled text. (The
@@ -261,6 +243,7 @@ def test_batches_are_dense_and_streaming_changes_no_float(ffn_heavy, tmp_path):
     assert min(cached["auto"], cached["stream"]) > cached["cold start"]
 
 
+@pytest.mark.slow
 def test_the_cache_is_filled_at_open_with_its_steady_state(ffn_heavy, tmp_path):
     # powerinfer2 under a budget, with batches of 8+ tokens (the stream's staging buffers), reads each
     # block's hot clusters and top-ranked cold neurons at open, in large sequential reads counted as the
@@ -276,6 +259,7 @@ def test_the_cache_is_filled_at_open_with_its_steady_state(ffn_heavy, tmp_path):
     assert warm["bytes_read_after_load"] < cold["bytes_read_after_load"]
 
 
+@pytest.mark.slow
 def test_token_events_carry_io_and_cache_counters(ffn_heavy, tmp_path):
     budget = str(ffn_heavy.stat().st_size - 12 * 2**20)  # below the FFN: the cache starts empty
     _generate(ffn_heavy, tmp_path, "--policy", "cache", "--memory-budget", budget, n=8)
@@ -287,6 +271,7 @@ def test_token_events_carry_io_and_cache_counters(ffn_heavy, tmp_path):
     assert tokens[0]["misses"] > 0  # the prefill starts from an empty cache
 
 
+@pytest.mark.slow
 def test_named_event_counts_decode_neurons_by_rank_and_by_block(moe_arch, tmp_path):
     # The planner's hit-rate curve: the neurons decode named, by hotness rank (the file keeps each
     # block's hottest first) and by block. With the oracle they are the truly active ones.
@@ -312,7 +297,7 @@ def _token_events(tmp: Path) -> list[dict]:
     return [e for e in events if e["event"] == "token"]
 
 
-@pytest.mark.parametrize("model", ["dense_arch", "moe_arch"])
+@pytest.mark.parametrize("model", ["dense_arch", pytest.param("moe_arch", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("policy", ["cache", "powerinfer2"])
 def test_no_budget_keeps_the_whole_model_resident(request, tmp_path, model, policy):
     # Without --memory-budget a model that fits in memory is read once, at load, in large sequential
@@ -326,6 +311,7 @@ def test_no_budget_keeps_the_whole_model_resident(request, tmp_path, model, poli
     assert s["memory_budget_bytes"] >= s["fixed_bytes"] + s["cache_bytes"]
 
 
+@pytest.mark.slow
 def test_no_budget_gives_the_text_a_budget_gives(ffn_heavy, tmp_path):
     # Resident from the preload or read on demand, the neurons and their order are the same.
     sample = ("--policy", "powerinfer2", "--temperature", "0.8", "--seed", "3")
@@ -368,6 +354,7 @@ def test_bad_flags_and_budgets_fail_with_one_line(dense_arch, tmp_path):
     assert len(small.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_file_stands_for_its_flags(ffn_heavy, tmp_path):
     # `--plan F` is the plan's settings as flags, in place: the run equals the same flags typed, the
     # summary shows them, a later flag overrides the plan, and a bad plan is one error line.
@@ -397,12 +384,9 @@ def test_plan_file_stands_for_its_flags(ffn_heavy, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_sparse_policy_without_predictors_says_how_to_proceed(tmp_path, smollm2_gguf):
-    from pi2cli.models.convert import convert_gguf
-
-    model = tmp_path / "smol.pi2"
-    convert_gguf(smollm2_gguf, model)
-    bad = run_engine("generate", "-m", model, "-p", "hi", "-n", "2", "--policy", "cache", check=False)
+@pytest.mark.slow
+def test_sparse_policy_without_predictors_says_how_to_proceed(smollm2_pi2):
+    bad = run_engine("generate", "-m", smollm2_pi2, "-p", "hi", "-n", "2", "--policy", "cache", check=False)
     assert bad.returncode == 1 and "--predictor oracle" in bad.stderr
 
 
@@ -430,6 +414,7 @@ def test_arm64_build_matches_dense_under_qemu(dense_arch, tmp_path, cpu):
         assert s["storage_bytes_read"] > 0  # qemu-user has no io_uring: the pread pool reads
 
 
+@pytest.mark.slow
 def test_models_show_measure_prints_the_engine_measured_statistics(dense_arch):
     from click.testing import CliRunner
 

@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from pi2cli.cli import cli
@@ -26,6 +27,7 @@ class _Touch:
         return (Path.touch, (Path(self.path),))
 
 
+@pytest.mark.slow
 def test_a_planted_pickle_is_never_unpickled_and_the_run_writes_its_files(tmp_path, smollm2_gguf):
     out, marker = tmp_path / "m", tmp_path / "pwned"
     out.mkdir()
@@ -57,6 +59,7 @@ def _cut(tmp_path, smollm2_gguf, monkeypatch, name="cut"):
     return tmp_path / name
 
 
+@pytest.mark.slow
 def test_the_state_is_json_and_a_raw_array(tmp_path, smollm2_gguf, monkeypatch):
     cut = _cut(tmp_path, smollm2_gguf, monkeypatch)
     assert sorted(p.name for p in cut.iterdir()) == [
@@ -68,6 +71,7 @@ def test_the_state_is_json_and_a_raw_array(tmp_path, smollm2_gguf, monkeypatch):
     assert x.dtype == np.float32 and x.ndim == 2
 
 
+@pytest.mark.slow
 def test_a_state_that_does_not_fit_the_run_starts_it_over(tmp_path, smollm2_gguf, monkeypatch):
     whole = tmp_path / "whole"
     synth.synthesize(synth.SynthConfig(tokenizer_gguf=smollm2_gguf, **TINY), whole)
@@ -88,6 +92,7 @@ def test_a_state_that_does_not_fit_the_run_starts_it_over(tmp_path, smollm2_gguf
             assert (cut / name).read_bytes() == (whole / name).read_bytes(), (i, name)
 
 
+@pytest.mark.slow
 def test_a_planted_link_at_the_pi2_temp_name_is_removed_not_written_through(tmp_path, smollm2_gguf):
     out, victim = tmp_path / "m", tmp_path / "victim"
     out.mkdir()

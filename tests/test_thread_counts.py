@@ -40,6 +40,7 @@ def _ids(model: Path, tmp: Path, threads: int, *extra: str) -> tuple[list[int], 
     return [e["id"] for e in lines if e["event"] == "token"], lines[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [("--temperature", "0"), ("--temperature", "0.8", "--seed", "3")])
 @pytest.mark.parametrize("where", ["memory", "budget"])
 def test_text_is_the_same_at_every_thread_count(ffn_heavy, tmp_path, where, sampling):
@@ -57,6 +58,7 @@ def test_text_is_the_same_at_every_thread_count(ffn_heavy, tmp_path, where, samp
     assert all(ids == texts[1] for ids in texts.values()), texts
 
 
+@pytest.mark.slow
 def test_decode_profile_counts_the_pool_and_the_phases(ffn_heavy, tmp_path):
     _, s = _ids(ffn_heavy, tmp_path, 3, "--policy", "powerinfer2", "--temperature", "0")
     p = s["decode_profile"]
@@ -76,6 +78,7 @@ def test_decode_profile_counts_the_pool_and_the_phases(ffn_heavy, tmp_path):
     assert d["decode_profile"]["pool_jobs"] > 0 and "ffn_wave_ms" not in d["decode_profile"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["dense", "powerinfer2"])
 def test_logits_are_byte_identical_at_every_thread_count(ffn_heavy, tmp_path, policy):
     # eval --all: every position's logits, a batch of 16 (dense FFN GEMM and the attention's parts) and
@@ -93,6 +96,7 @@ def test_logits_are_byte_identical_at_every_thread_count(ffn_heavy, tmp_path, po
     assert len(set(got.values())) <= 2 and all(got[(t, b)] == got[(1, b)] for t, b in got)
 
 
+@pytest.mark.slow
 def test_one_submitter_issues_decode_reads_and_the_text_stays(ffn_heavy, tmp_path):
     # powerinfer2 under a budget: decode's misses and phase-two reads come from the submitter thread
     # (the paper's I/O core) on the core --io-affinity names, not from the compute threads;

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from engine_helpers import built
 
 from pi2cli.errors import Pi2Error
 from pi2cli.models.tokenizer_blob import (
@@ -18,7 +19,6 @@ from pi2cli.models.tokenizer_blob import (
     vocab_blob_from_gguf,
     vocab_blob_from_hf_dir,
 )
-from pi2cli.paths import host_build_dir
 
 TEXTS = [
     "Hello world",
@@ -125,10 +125,7 @@ def big_text() -> bytes:
 
 
 def tool(name: str) -> Path:
-    path = host_build_dir() / name
-    if not path.exists():
-        pytest.fail(f"{path} is missing: build the native code first (make engine)")
-    return path
+    return built(name)
 
 
 def pi2_tokenize(blob_path: Path, data: bytes, *args: str) -> list[int]:
@@ -275,6 +272,7 @@ def test_smollm2_plain_special_text_matches_llamacpp(smollm2_blob, smollm2_gguf,
     assert 1 not in ours and 2 not in ours  # <|im_start|> / <|im_end|> stay text
 
 
+@pytest.mark.slow
 def test_smollm2_special_tokens_and_roundtrip(smollm2_blob):
     ids = pi2_tokenize(smollm2_blob, b"<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2  # the control tokens themselves
@@ -492,6 +490,7 @@ def test_blob_defaults_follow_llamacpp():
     )
 
 
+@pytest.mark.slow
 def test_pi2_tokenize_rejects_a_bad_blob(tmp_path, smollm2_blob):
     good = smollm2_blob.read_bytes()
     for name, data in (("truncated", good[:1000]), ("magic", b"XX" + good[2:]), ("empty", b"")):
@@ -591,6 +590,7 @@ def smollm2_hf_dir(smollm2_reader, tmp_path_factory) -> Path:
     return model_dir
 
 
+@pytest.mark.slow
 def test_hf_dir_byte_level_bpe_matches_gguf_and_hf(smollm2_hf_dir, smollm2_blob, tmp_path):
     import tokenizers
 

@@ -15,6 +15,7 @@ from pi2cli.hw.push import PushItem, push_one  # noqa: E402
 from pi2cli.targets import get_target  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["back\\slash.bin", "new\nline.bin", "both\\\nand space.bin"])
 def test_names_sha256sum_escapes_push_and_verify(make_device, tmp_path, name):
     dev = make_device()
