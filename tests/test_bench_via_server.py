@@ -84,6 +84,7 @@ def test_via_server_on_the_synthetic_model_stores_how_it_was_driven(tiny_model, 
 
 
 @needs_engine
+@pytest.mark.slow
 def test_via_server_on_smollm2_answers_the_first_turn_as_the_pipe_does(tmp_path, smollm2_gguf, served):
     from pi2cli.models.convert import convert_gguf
 
@@ -125,6 +126,7 @@ def test_a_server_that_dies_mid_run_is_a_failed_run_with_its_reason(tiny_model, 
 
 
 @needs_engine
+@pytest.mark.slow
 def test_via_server_through_the_test_adb_daemon(tiny_model, tmp_path, make_device, adb_server):
     phone = make_device()
     (run,) = bench(tiny_model, tmp_path, "--via", "server", "--device", phone.serial, "-w", "code", "--limit",
