@@ -123,3 +123,20 @@ def test_engine_md_event_table_is_the_schema(schema):
         "docs/ENGINE.md's event table differs from `pi2-engine capabilities --json`: regenerate it with "
         "`python -m pi2cli.engines.pi2.events`"
     )
+
+
+def test_every_turn_field_the_schema_lists_reaches_the_stored_turn(tiny_model, schema):
+    # the host takes the turn record's fields by what the engine writes, not by a list of its own: a row
+    # added to the engine's table lands in the run's turn (extra.engine_turn) with nothing edited here
+    from pi2cli.engines.pi2.chat import TURN_METRICS_FIELDS, open_chat_session
+    from pi2cli.targets import get_target
+
+    session = open_chat_session(get_target("local"), str(engine_bin()), str(tiny_model), n_ctx=64, threads=2)
+    try:
+        turn = session.turn("Hello there", 3)
+    finally:
+        session.close()
+    listed = {f["name"] for f in schema["turn"] if "chat" in f["commands"] and not f.get("when")}
+    assert set(turn.engine_turn) == listed - TURN_METRICS_FIELDS
+    assert turn.turn_fields()["extra"]["engine_turn"] == turn.engine_turn
+    assert turn.engine_turn["peak_rss_bytes"] > 0

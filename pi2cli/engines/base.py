@@ -42,6 +42,9 @@ class TurnMetrics:
     # "host" (arrivals stamped here: only for a server on this machine), None (unknown)
     clock: str | None = None
     host_ttft_s: float | None = None  # arrivals here, for comparison with the engine's own times
+    # the engine's own turn record beyond the fields above, as it wrote it (pi2-engine's turn event:
+    # prefill_s, n_past, cpu_s, ...; docs/ENGINE.md), stored as the turn's extra.engine_turn
+    engine_turn: dict = field(default_factory=dict)
 
     @property
     def tbt_s(self) -> list[float]:
@@ -73,6 +76,8 @@ class TurnMetrics:
                   if k in self.timings}  # fmt: skip
         if server:
             extra["engine_timings"] = server
+        if self.engine_turn:
+            extra["engine_turn"] = self.engine_turn
         io = self.timings.get("sparse") or {}
         if io:
             extra["storage_reads"] = io["reads"]

@@ -88,13 +88,8 @@ static int run_turn(pi2_session *s, const pi2_options *o, const pi2_chat_request
                  n_past, n_new, n_predict, s->n_ctx);
         return emit_error_record(s, turn, t0, msg);
     }
-    pi2_turn r;
-    if (pi2_session_turn(s, n_new, n_predict, ignore_eos, turn, t0, emit_text, &r) != 0) return -1;
-    const pi2_turn_record rec = {.turn = turn, .t0 = pi2_seconds(t0), .n_prompt = n_new, .n_cached = n_past,
-                                 .n_gen = r.n_gen, .ttft_s = r.ttft_s, .prefill_s = r.prefill_s,
-                                 .prefill_tps = r.prefill_tps, .decode_s = r.decode_s, .decode_tps = r.decode_tps,
-                                 .stop = r.stop, .n_past = pi2_ctx_n_past(s->ctx) + s->has_pending,
-                                 .peak_rss_bytes = pi2_peak_rss_bytes()};
+    pi2_turn_record rec;
+    if (pi2_session_turn(s, n_new, n_predict, ignore_eos, turn, t0, emit_text, &rec) != 0) return -1;
     return emit_record(s, &rec);
 }
 

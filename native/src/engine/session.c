@@ -105,9 +105,13 @@ int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_b
 }
 
 int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
-                     void (*emit)(const char *piece, int n), pi2_turn *r) {
+                     void (*emit)(const char *piece, int n), pi2_turn_record *r) {
     memset(r, 0, sizeof *r);
     r->stop = "length";
+    r->turn = turn_index;
+    r->t0 = pi2_seconds(t0);
+    r->n_prompt = n_new;
+    r->n_cached = pi2_ctx_n_past(s->ctx);
     s->has_pending = 0;
     s->stop_turn = 0;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
@@ -167,5 +171,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     r->decode_s = t_first ? pi2_seconds(t_last - t_first) : 0;
     r->decode_tps = n_gen > 1 && r->decode_s > 0 ? (n_gen - 1) / r->decode_s : 0;
     r->prefill_tps = r->prefill_s > 0 ? n_new / r->prefill_s : 0;
+    r->n_past = pi2_ctx_n_past(s->ctx) + s->has_pending;
+    r->peak_rss_bytes = pi2_peak_rss_bytes();
     return 0;
 }

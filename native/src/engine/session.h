@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "event_schema.h"
 #include "events.h"
 #include "forward.h"
 #include "model.h"
@@ -69,22 +70,19 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
                       pi2_sparse_sizing *measure);
 void pi2_session_close(pi2_session *s);
 
-/* What a turn did, for its record. */
-typedef struct {
-    int n_gen;
-    const char *stop;        /* "length" or "eog" */
-    double ttft_s, prefill_s, prefill_tps, decode_s, decode_tps;
-} pi2_turn;
+
 
 /* One turn: prefill s->ids[0..n_new) in batches, then sample up to n_predict tokens (stopping at an
  * end-of-generation token unless ignore_eos), each with a token event of turn turn_index
  * (event_schema.h) and its text handed to emit (n 0 for a token without text; every token but an
  * end-of-generation one that ends the turn is handed over). The last token sampled is not run: it stays in s->pending for
  * the next turn's prefill. emit may set s->stop_turn to end the turn after its token (r->stop "stop"; that
- * token is not run, as at end-of-generation). t0: when the turn began (its TTFT counts from there). 0, or -1 with an
- * error from the forward pass. */
+ * token is not run, as at end-of-generation). t0: when the turn began (its TTFT counts from there). r: the
+ * turn's record, every field of the turn event filled here (generate, chat and serve take it as it is),
+ * so a new field of that event is a row in event_schema.c, a member of pi2_turn_record and one line
+ * here. 0, or -1 with an error from the forward pass. */
 int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, int turn_index, uint64_t t0,
-                     void (*emit)(const char *piece, int n), pi2_turn *r);
+                     void (*emit)(const char *piece, int n), pi2_turn_record *r);
 
 /* Tokenize text into s->ids[off..): the count (0 when it tokenizes to nothing), or -1 + error. */
 int pi2_session_tokenize(pi2_session *s, const char *text, size_t len, int add_bos, int off);

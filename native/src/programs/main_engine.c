@@ -203,15 +203,8 @@ static int cmd_generate(const pi2_options *o) {
                                     .n_ctx = n_ctx, .n_batch = ss.n_batch, .n_prompt = n_prompt, .load_s = pi2_seconds(t0 - t_load0),
                                     .prompt_ids = ids, .n_prompt_ids = n_prompt};
     if (pi2_event_start(ev, PI2_CMD_GENERATE, &start) != 0) goto done;
-    pi2_turn r;
-    if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, 0, t0, emit_stdout, &r) != 0) goto done;
-    const int n_gen = r.n_gen;
-    const double ttft = r.ttft_s, prefill_tps = r.prefill_tps, decode_tps = r.decode_tps;
-    const pi2_turn_record turn = {.turn = 0, .t0 = pi2_seconds(t0), .n_prompt = n_prompt, .n_cached = 0, .n_gen = n_gen,
-                                  .ttft_s = ttft, .prefill_s = r.prefill_s, .prefill_tps = prefill_tps,
-                                  .decode_s = r.decode_s, .decode_tps = decode_tps, .stop = r.stop,
-                                  .n_past = pi2_ctx_n_past(ss.ctx) + ss.has_pending,
-                                  .peak_rss_bytes = pi2_peak_rss_bytes()};
+    pi2_turn_record turn;
+    if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, 0, t0, emit_stdout, &turn) != 0) goto done;
     (void)pi2_event_turn(ev, PI2_CMD_GENERATE, &turn, NULL); /* a failure sticks: pi2_events_close reports it */
     pi2_sparse_named_json(sp, ev->f);
     char sparse_json[4096], sparse_line[400], prof_json[800];
@@ -228,7 +221,7 @@ static int cmd_generate(const pi2_options *o) {
     fprintf(stderr,
             "\npi2-engine: %d prompt + %d generated tokens, TTFT %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, "
             "%d threads (%s), peak RSS %.0f MiB\npi2-engine: %s\n",
-            n_prompt, n_gen, ttft * 1e3, prefill_tps, decode_tps, n_threads,
+            n_prompt, turn.n_gen, turn.ttft_s * 1e3, turn.prefill_tps, turn.decode_tps, n_threads,
             pi2_kernel_level_name(pi2_kernels_current()), peak / 1048576.0, sparse_line);
     if (sp && o->sparse.memory_budget && peak > o->sparse.memory_budget)
         fprintf(stderr, "pi2-engine: warning: peak RSS %.1f MiB exceeded the budget of %.1f MiB\n", peak / 1048576.0,

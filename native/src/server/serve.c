@@ -313,7 +313,7 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
         pi2_buf_free(&head);
         stream_text(&g, 0, 1, 0);
     }
-    pi2_turn r = {.stop = "length"};
+    pi2_turn_record r = {.stop = "length"};
     G = &g;
     int rc = 0;
     if (max_tokens > 0 && !g.gone) rc = pi2_session_turn(s, n - k, max_tokens, rq->ignore_eos, -1, g.t0, emit, &r);

@@ -42,6 +42,12 @@ HOW = (
 STDIN, CLOSE_STDIN = 0, 4  # adb shell protocol v2 packet ids
 
 
+# the turn event's fields that become TurnMetrics' own attributes (the rest stay in its timings)
+TURN_METRICS_FIELDS = frozenset(
+    {"event", "turn", "t0", "n_prompt", "n_cached", "ttft_s", "prefill_tps", "decode_tps", "stop"}
+)
+
+
 class EngineExited(Pi2Error):
     """The engine process ended while a turn was waiting for it."""
 
@@ -304,6 +310,9 @@ class Pi2ChatSession:
             host_decode_tps=0.0,
             stop_type=str(record.get("stop", "")),
             timings=timings,
+            # the rest of the engine's turn record, whatever its schema lists beyond TurnMetrics' own
+            # fields: a field added to the engine's event table reaches the stored run (extra.engine_turn)
+            engine_turn={k: v for k, v in record.items() if k not in TURN_METRICS_FIELDS},
         )
 
     def close(self) -> dict:
