@@ -139,4 +139,4 @@ def test_every_turn_field_the_schema_lists_reaches_the_stored_turn(tiny_model, s
     listed = {f["name"] for f in schema["turn"] if "chat" in f["commands"] and not f.get("when")}
     assert set(turn.engine_turn) == listed - TURN_METRICS_FIELDS
     assert turn.turn_fields()["extra"]["engine_turn"] == turn.engine_turn
-    assert turn.engine_turn["peak_rss_bytes"] > 0
+    assert turn.engine_turn["peak_rss_bytes"] > 0 and turn.engine_turn["cpu_s"] > 0

@@ -63,6 +63,7 @@ const pi2_event_field pi2_event_fields[] = {
     {"turn", "error", PI2_EV_STR, AT(pi2_turn_record, error), "string", CHAT, "error", "why the request failed (nothing was run)"},
     {"turn", "n_past", PI2_EV_INT, AT(pi2_turn_record, n_past), "integer", BOTH, NULL, "positions the conversation holds after it"},
     {"turn", "peak_rss_bytes", PI2_EV_U64, AT(pi2_turn_record, peak_rss_bytes), "integer", BOTH, NULL, "the process's VmHWM so far"},
+    {"turn", "cpu_s", PI2_EV_SEC, AT(pi2_turn_record, cpu_s), "number", BOTH, NULL, "the process's CPU time during the turn, all threads (s): over decode_s + prefill_s, the cores it kept busy"},
     /* named: the neurons decode named, just before the summary (the planner's hit-rate curve) */
     SPARSE("named", "decode_steps", "integer", "sparse", "decode steps counted"),
     SPARSE("named", "rank_bins", "integer", "sparse", "bins of hotness rank"),

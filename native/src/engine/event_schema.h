@@ -56,7 +56,7 @@ typedef struct {
 
 typedef struct {
     int turn, n_prompt, n_cached, n_gen, n_past;
-    double t0, ttft_s, prefill_s, prefill_tps, decode_s, decode_tps;
+    double t0, ttft_s, prefill_s, prefill_tps, decode_s, decode_tps, cpu_s;
     const char *stop, *error; /* error: a failed turn's reason (stop "error"), else NULL */
     uint64_t peak_rss_bytes;
 } pi2_turn_record;

@@ -112,6 +112,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     r->t0 = pi2_seconds(t0);
     r->n_prompt = n_new;
     r->n_cached = pi2_ctx_n_past(s->ctx);
+    const uint64_t cpu0 = pi2_cpu_ns();
     s->has_pending = 0;
     s->stop_turn = 0;
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
@@ -171,6 +172,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     r->decode_s = t_first ? pi2_seconds(t_last - t_first) : 0;
     r->decode_tps = n_gen > 1 && r->decode_s > 0 ? (n_gen - 1) / r->decode_s : 0;
     r->prefill_tps = r->prefill_s > 0 ? n_new / r->prefill_s : 0;
+    r->cpu_s = pi2_seconds(pi2_cpu_ns() - cpu0);
     r->n_past = pi2_ctx_n_past(s->ctx) + s->has_pending;
     r->peak_rss_bytes = pi2_peak_rss_bytes();
     return 0;
