@@ -17,13 +17,13 @@ from pi2cli.bench.run import (
     BenchInterrupted,
     DeviceVanished,
     Reporter,
-    resolve_model,
     run_bench,
 )
 from pi2cli.cli import cli
 from pi2cli.engines.pi2_chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.push import model_remote_name, sha256_file
+from pi2cli.model_files import resolve_model
 from pi2cli.paths import host_build_dir
 from pi2cli.plan.budget import detect_cgroup
 from pi2cli.results import store
@@ -308,7 +308,8 @@ def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_p
 def test_synthetic_weights_are_recorded_as_synthetic(tmp_path, smollm2_gguf):
     import gguf
 
-    from pi2cli.bench.run import ModelFiles, model_facts
+    from pi2cli.bench.run import model_facts
+    from pi2cli.model_files import ModelFiles
 
     twin = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(twin), "llama")
