@@ -13,7 +13,7 @@ from pathlib import Path
 from pi2cli.errors import Pi2Error
 from pi2cli.workloads import ChatTemplate, Conversation, gguf_chat_template
 
-DEFAULT_CTX = 4096  # the largest KV cache a bench run reserves (pi2-engine chat's own default too)
+DEFAULT_CTX = 4096  # the largest KV cache a bench run reserves (bench's own cap on context_for)
 
 
 @dataclass
