@@ -14,14 +14,9 @@ from click.testing import CliRunner
 from pi2cli.cli import cli
 from pi2cli.errors import Pi2Error
 from pi2cli.paths import host_build_dir
-from pi2cli.plan.plan import (
-    ModelFacts,
-    engine_sizing,
-    load_plan,
-    make_plan,
-    model_facts,
-    read_time_s,
-)
+from pi2cli.plan.facts import ModelFacts, engine_sizing, model_facts
+from pi2cli.plan.plan import load_plan, make_plan
+from pi2cli.plan.predict import read_time_s
 from pi2cli.plan.profile import load_profile, measure, probe_steps, validate_profile
 
 MiB = 1 << 20

@@ -5,7 +5,7 @@ read, and read times at the queue depth a block's wave keeps in flight."""
 import pytest
 from test_plan import BANDWIDTH_BOUND, REQUEST_BOUND, curve, mistral7b, profile
 
-from pi2cli.plan.plan import engine_sizing
+from pi2cli.plan.facts import engine_sizing
 from pi2cli.plan.predict import Device, coverage, device_from_probe, predict, read_time_at, wave_read_time
 
 MiB = 1 << 20

@@ -96,7 +96,8 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     """
     from rich.console import Console
 
-    from pi2cli.plan.plan import make_plan, model_facts
+    from pi2cli.plan.facts import model_facts
+    from pi2cli.plan.plan import make_plan
     from pi2cli.plan.profile import load_profile, profile_target, write_json_atomic
 
     budget_bytes = parse_size(budget)

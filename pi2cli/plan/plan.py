@@ -18,22 +18,13 @@ from pathlib import Path
 from pi2cli import __version__
 from pi2cli.builds.capabilities import check_plan, engine_defaults, plan_keys
 from pi2cli.errors import Pi2Error
-from pi2cli.plan.facts import (  # noqa: F401 (the planner's names, as its callers import them)
-    ModelFacts,
-    engine_sizing,
-    fixed_parts,
-    fixed_region,
-    model_facts,
-    predicted_fraction,
-    round_up,
-)
+from pi2cli.plan.facts import ModelFacts, engine_sizing, fixed_parts, predicted_fraction, round_up
 from pi2cli.plan.predict import (
     curve_anomalies,
     default_ctx,
     device_from_probe,
     predict,
     predictor_bytes_in_file,
-    read_time_s,  # noqa: F401
 )
 from pi2cli.plan.profile import (
     cluster_speed,
