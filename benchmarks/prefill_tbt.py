@@ -39,7 +39,7 @@ from pi2cli.engines.llamacpp.server import default_bin_dir
 from pi2cli.engines.pi2.driver import run_generate
 from pi2cli.hw.cgroup import run_budgeted
 from pi2cli.models.pi2file import Pi2File
-from pi2cli.plan.plan import model_facts
+from pi2cli.plan.facts import model_facts
 from pi2cli.plan.predict import Device, wave_read_time
 from pi2cli.units import parse_size
 

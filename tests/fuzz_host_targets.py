@@ -133,13 +133,6 @@ def _plan_like(extra: dict) -> dict:
 plan_dicts = st.dictionaries(_one_of_keys(_PLAN_KEYS), json_values, max_size=8).map(_plan_like)
 
 
-@given(plan_dicts | json_values)
-def plan_parsed(data) -> None:
-    from pi2cli.plan.plan import validate_plan
-
-    _check(lambda: validate_plan(data, "fuzz.json"))
-
-
 @given(st.binary(max_size=300) | plan_dicts.map(lambda d: json.dumps(d, allow_nan=True).encode()))
 def plan_file(raw: bytes) -> None:
     from pi2cli.plan.plan import load_plan
@@ -211,5 +204,5 @@ def chat_template(source: str, msgs: list, add_generation_prompt: bool) -> None:
     assert isinstance(out, str | Pi2Error)
 
 
-TARGETS = {"farm-toml": farm_toml_text, "farm": farm_parsed, "plan": plan_parsed, "plan-file": plan_file,
+TARGETS = {"farm-toml": farm_toml_text, "farm": farm_parsed, "plan-file": plan_file,
            "run-file": run_file, "chat-template": chat_template}  # fmt: skip

@@ -14,12 +14,13 @@ from click.testing import CliRunner
 from engine_helpers import needs_engine
 
 from pi2cli.bench.recorder import BenchInterrupted, DeviceVanished
-from pi2cli.bench.run import BenchConfig, Reporter, resolve_model, run_bench
+from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
 from pi2cli.engines.pi2.chat import common_prefix_extends
 from pi2cli.errors import Pi2Error
 from pi2cli.hw.cgroup import detect_cgroup
 from pi2cli.hw.push import model_remote_name, sha256_file
+from pi2cli.model_files import resolve_model
 from pi2cli.results import store
 from pi2cli.units import parse_size
 
@@ -306,7 +307,7 @@ def test_synthetic_weights_are_recorded_as_synthetic(tmp_path, smollm2_gguf):
     import gguf
 
     from pi2cli.bench.recorder import model_facts
-    from pi2cli.bench.run import ModelFiles
+    from pi2cli.model_files import ModelFiles
 
     twin = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(twin), "llama")

@@ -60,17 +60,17 @@ def test_bench_refuses_an_absurd_budget_before_running(tmp_path, monkeypatch):
 
 
 def test_plan_refuses_an_absurd_budget_and_plan_files_with_one(tmp_path):
-    from pi2cli.plan.plan import validate_plan
+    from pi2cli.plan.plan import load_plan
 
     result = CliRunner().invoke(cli, ["plan", "-m", str(tmp_path / "x.pi2"), "-b", "99999999999999T"])
     assert result.exit_code == 1 and result.stderr.startswith("pi2: error: --memory-budget")
     for budget in (10**40, "1e40", "99999T"):
-        with pytest.raises(Pi2Error, match="memory_budget"):
-            validate_plan({"format": "pi2-plan", "version": 1, "memory_budget": budget}, "p.json")
+        plan = tmp_path / "p.json"
+        plan.write_text(json.dumps({"format": "pi2-plan", "version": 1, "memory_budget": budget}))
+        with pytest.raises(Pi2Error, match="memory-budget"):
+            load_plan(plan)
     plan = tmp_path / "latin1.json"
-    plan.write_bytes(b'{"format": "pi2-plan", "why": "caf\xe9"}')
-    from pi2cli.plan.plan import load_plan
-
+    plan.write_bytes(b'{"format": "pi2-plan", "version": 1, "why": "caf\xe9"}')
     with pytest.raises(Pi2Error, match="not UTF-8"):
         load_plan(plan)
 

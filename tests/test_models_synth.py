@@ -129,6 +129,21 @@ def test_moe_model_has_experts_routers_and_per_expert_predictors(tmp_path, smoll
     assert r.fields["llama.expert_count"].contents() == 8
     assert abs(summary["measured"]["sparsity"] - 0.85) < 0.06
     assert len(summary["layers"][0]["per_expert"]) == 8
+    # the profile counts through the reference forward's recording hook: every token reaches its 2
+    # experts, and the routed rows' activations are the reference's own
+    from pi2cli.models import profile
+    from pi2cli.models.numpy_llama import Reference
+
+    seq = list(np.random.default_rng(3).integers(0, 49152, size=30))
+    arrays = profile.profile_tokens(tmp_path / "model.pi2", [seq])
+    assert sum(int(arrays[f"tokens/0.{e}"]) for e in range(8)) == 30 * 2
+    seen = []
+    Reference(f, emulate_rounding=False).forward(seq, record=lambda *a: seen.append(a))
+    assert sorted({e for _, e, _, _ in seen}) == [e for e in range(8) if int(arrays[f"tokens/0.{e}"])]
+    for e in {e for _, e, _, _ in seen}:
+        act = np.concatenate([a for _, x, rows, a in seen if x == e])
+        assert act.shape == (int(arrays[f"tokens/0.{e}"]), 128)
+        assert np.allclose(arrays[f"freq/0.{e}"][f.ffn(0, e)["order"]], (act != 0).mean(axis=0))
 
 
 @pytest.mark.slow

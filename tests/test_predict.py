@@ -6,7 +6,7 @@ import pytest
 from engine_helpers import needs_engine
 from test_plan import BANDWIDTH_BOUND, REQUEST_BOUND, curve, mistral7b, profile
 
-from pi2cli.plan.plan import engine_sizing
+from pi2cli.plan.facts import engine_sizing
 from pi2cli.plan.predict import Device, coverage, device_from_probe, predict, read_time_at, wave_read_time
 
 MiB = 1 << 20
@@ -161,3 +161,21 @@ def test_a_blocks_misses_are_timed_as_a_wave_at_its_share_of_the_span():
     b = predict(m, fast, 2000 * MiB, ctx=35, two_phase=False)
     assert b["storage_ms"] < a["storage_ms"] and b["storage_reads_per_token"] == a["storage_reads_per_token"]
     assert b["memory_ms"] == a["memory_ms"]
+
+
+def test_the_plan_predicts_with_the_one_predictor():
+    """make_plan's predicted_tok_s is predict() for the plan's own settings (its split, its two-phase
+    choice, its threads), not a second model of the same number."""
+    from pi2cli.plan.plan import make_plan
+
+    m, prof = mistral7b(), profile()
+    for budget in (1800 * MiB, 2651 * MiB):
+        plan = make_plan(m, prof, budget, ctx=64)
+        s = plan.settings
+        split = {k: s[k] for k in ("hot_fraction", "hot_share", "cluster") if k in s}
+        p = predict(m, device_from_probe(prof, threads=s["threads"]), budget, ctx=64,
+                    two_phase=s.get("two_phase"), split=split)  # fmt: skip
+        assert plan.info["predicted_tok_s"] == p["tok_s"] and plan.info["predicted_hit_rate"] == p["hit_rate"]
+        other = predict(m, device_from_probe(prof, threads=s["threads"]), budget, ctx=64,
+                        two_phase=not s["two_phase"], split=split)  # fmt: skip
+        assert p["tbt_ms"] <= other["tbt_ms"]  # the plan picked the faster kind of cold read

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from common import Ctx, GiB, fmt_tps, machine_profile, model_dir, monotone, offload_budget, pi2, save, table
 
-from pi2cli.plan.plan import make_plan, model_facts
+from pi2cli.plan.facts import model_facts
+from pi2cli.plan.plan import make_plan
 from pi2cli.plan.profile import write_json_atomic
 
 TITLE = "ablation ladder (Fig. 14): decode tok/s at 50% of the FFN off memory"

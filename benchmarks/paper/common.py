@@ -71,14 +71,14 @@ def model_dir(ctx: Ctx, like: str) -> Path:
 
 
 def facts(model: Path):
-    from pi2cli.plan.plan import model_facts
+    from pi2cli.plan.facts import model_facts
 
     return model_facts(model / "model.pi2")
 
 
 def fixed_bytes(model: Path, threads: int, budget: int = 0, ctx_len: int = 4096) -> int:
     """The fixed region the engine will hold at `budget` (pi2 plan's estimate; its margin is 1% of it)."""
-    from pi2cli.plan.plan import fixed_region
+    from pi2cli.plan.facts import fixed_region
 
     return int(fixed_region(facts(model), budget, ctx_len, threads)["total"])
 

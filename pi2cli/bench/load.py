@@ -342,7 +342,7 @@ def workload_name(cfg: LoadConfig) -> str:
 
 def new_load_run(cfg: LoadConfig, ep: Endpoint, server: Server, n_conversations: int) -> dict:
     from pi2cli.bench.recorder import file_sha256, model_facts
-    from pi2cli.bench.run import ModelFiles, model_display_name
+    from pi2cli.model_files import ModelFiles, model_display_name
 
     path = server.model_path
     if path is not None:

@@ -99,8 +99,9 @@ def run_sweep(cfg: SweepConfig, reporter=None, echo=print) -> list:
     """Resolve everything first (a typo fails before anything runs), then every cell in turn; a cell
     that fails is saved as failed (past --run-timeout: timeout) and the sweep goes on (Ctrl-C saves it
     as aborted and stops)."""
-    from pi2cli.bench.run import prepare_engine, resolve_model
+    from pi2cli.bench.run import prepare_engine
     from pi2cli.engines import get_driver
+    from pi2cli.model_files import resolve_model
     from pi2cli.results import store
     from pi2cli.targets import get_target
 

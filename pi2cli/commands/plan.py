@@ -41,7 +41,7 @@ def print_plan(console, plan, out: Path | None) -> None:
 def format_prediction(d: dict) -> str:
     mem = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in d["memory_bytes_per_token"].items())
     return (f"{d['model']}{' (synthetic shape)' if d['synthetic'] else ''} on {d['device']} at "
-            f"{d['memory_budget_bytes'] / 2**30:.1f} GiB: predicted {d['tok_s']:.2f} tok/s "
+            f"{d['memory_budget_bytes'] / 2**30:.1f} GiB: predicted {d['tok_s']} tok/s "
             f"(TBT {d['tbt_ms']:.0f} ms: memory {d['memory_ms']:.0f} ms + storage {d['storage_ms']:.0f} ms, "
             f"{d['overlap_ms']:.0f} ms of them overlapped)\n"
             f"  cache {d['cache_bytes'] / 2**30:.2f} GiB after a fixed region of {d['fixed_bytes'] / 2**30:.2f} GiB, "
@@ -63,8 +63,9 @@ def format_prediction(d: dict) -> str:
 @click.option("--threads", "-t", type=click.IntRange(1), default=None,
               help="Compute threads [default: every core when the cores are alike, else all but the slowest "
                    "cluster].")  # fmt: skip
-@click.option("--ctx", type=click.IntRange(1), default=4096, show_default=True,
-              help="Context the engine will run with (its KV cache comes out of the budget).")  # fmt: skip
+@click.option("--ctx", type=click.IntRange(1), default=None,
+              help="Context the engine will run with (its KV cache comes out of the budget) [default: the "
+                   "engine's, `pi2-engine capabilities --json`].")  # fmt: skip
 @click.option("--pred-threshold", type=float, default=None,
               help="Predictor probability threshold in (0, 1) overriding the model's per-layer ones "
                    "[default: leave the model's].")  # fmt: skip
@@ -80,8 +81,9 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     device's profile (memory bandwidth, the storage curve, big and little cores) it decides, and says why:
     the policy (powerinfer2 with predictors, else dense); whole-bundle or two-phase cold reads (whichever
     the storage curve makes cheaper per miss); the neuron cache left after the fixed region and its
-    hot/cold split; compute threads on the fastest cores and I/O threads on the others. It also estimates
-    the time per token (a bound: max of memory traffic over bandwidth and cold reads over IOPS).
+    hot/cold split; compute threads on the fastest cores and I/O threads on the others. It also predicts
+    the time per token (pi2cli/plan/predict.py: memory traffic + cold reads - their overlap, the same
+    prediction a shipped --profile gets; predicted_tok_s in the text and in --json).
 
     The plan file is one flat JSON object whose settings are pi2-engine flags (docs/PLAN.md); flags given
     after `--plan FILE` on the engine's command line override it.
@@ -94,7 +96,8 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
     """
     from rich.console import Console
 
-    from pi2cli.plan.plan import make_plan, model_facts
+    from pi2cli.plan.facts import model_facts
+    from pi2cli.plan.plan import make_plan
     from pi2cli.plan.profile import load_profile, profile_target, write_json_atomic
 
     budget_bytes = parse_size(budget)

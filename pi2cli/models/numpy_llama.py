@@ -12,6 +12,10 @@ top-k routing), in float64, reading the weights through the Python reader (pi2cl
 never through the engine. Its FFN uses the bundles' gate/up rows and, like the engine, the dense down
 copy when the file has one, else the bundles' down columns.
 
+`Reference.forward(tokens, record=...)` calls `record(layer, expert, rows, act)` with each FFN block's
+activations (bundle order) and the token rows that reached it: the activation profiler
+(pi2cli/models/profile.py) counts with it instead of a forward of its own.
+
 `emulate_rounding=True` applies the engine's (and llama.cpp's) intermediate roundings: activations are
 rounded to the type a weight pairs with (Q8 blocks for Q4_0/Q4_1/Q8_0 weights, F16 for F16 weights)
 before each matrix product, and q/K/V pass through F16 as in the F16 KV cache. What remains between
@@ -141,6 +145,7 @@ class Reference:
         self.emulate = emulate_rounding
         self._cache: dict[str, tuple[np.ndarray, str]] = {}
         self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._record = None
 
     # -- weights ---------------------------------------------------------------------------------
     def _mat(self, name: str) -> tuple[np.ndarray, str]:
@@ -204,7 +209,8 @@ class Reference:
     def _f16(self, x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32) if self.emulate else x
 
-    def _ffn_block(self, x: np.ndarray, layer: int, expert: int | None) -> np.ndarray:
+    def _ffn_block(self, x: np.ndarray, layer: int, expert: int | None, rows=None) -> np.ndarray:
+        """x: the rows (of the pass's tokens: `rows`, all when None) that reach this block."""
         h = self.h
         b = self._ffn(layer, expert)
         t = h.neuron_type
@@ -217,6 +223,8 @@ class Reference:
         else:
             a = np.maximum(g, 0) * np.maximum(u, 0)
         a = a.astype(np.float32)
+        if self._record is not None:
+            self._record(layer, expert, np.arange(len(x)) if rows is None else rows, a)
         if h.dense_down:
             orig = np.empty_like(a)
             orig[:, b["order"]] = a  # bundle order -> original neuron order
@@ -225,8 +233,17 @@ class Reference:
         return (a.astype(np.float64) @ b["down_cols"].astype(np.float64)).astype(np.float32)
 
     # -- the pass ----------------------------------------------------------------------------------
-    def forward(self, tokens: list[int]) -> np.ndarray:
-        """Logits (len(tokens), n_vocab) for a fresh context."""
+    def forward(self, tokens: list[int], record=None, logits: bool = True) -> np.ndarray | None:
+        """Logits (len(tokens), n_vocab) for a fresh context. record(layer, expert, rows, act): called with
+        each FFN block's activations (expert None for a dense FFN). logits=False: skip the output matrix
+        (a profile needs none), return None."""
+        self._record = record
+        try:
+            return self._forward(tokens, logits)
+        finally:
+            self._record = None
+
+    def _forward(self, tokens: list[int], logits: bool) -> np.ndarray | None:
         h = self.h
         n = len(tokens)
         emb, et = self._mat("token_embd.weight")
@@ -249,6 +266,8 @@ class Reference:
             x = x + self._mm(out.reshape(n, nh * hd), *self._mat(p + "attn_output.weight"))
             xn = self._rmsnorm(x, self.f.tensor(p + "ffn_norm.weight"))
             x = x + (self._moe(xn, layer) if h.arch == "moe" else self._ffn_block(xn, layer, None))
+        if not logits:
+            return None
         xn = self._rmsnorm(x, self.f.tensor("output_norm.weight"))
         out_w = "token_embd.weight" if h.tied_embeddings else "output.weight"
         return self._mm(xn, *self._mat(out_w))
@@ -265,16 +284,20 @@ class Reference:
         return np.einsum("hp,phd->hd", s, v.astype(np.float64)).astype(np.float32)
 
     def _moe(self, xn: np.ndarray, layer: int) -> np.ndarray:
+        """Mixtral routing: each token's top n_expert_used experts, softmax-weighted. Each expert runs once
+        over the rows routed to it (a row's result does not depend on the other rows)."""
         h = self.h
         logits = self._mm(xn, *self._mat(f"blk.{layer}.ffn_gate_inp.weight")).astype(np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
+        top = np.argsort(-probs, axis=1, kind="stable")[:, : h.n_expert_used]
+        w = np.take_along_axis(probs, top, axis=1)
+        w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
         out = np.zeros_like(xn)
-        for t in range(xn.shape[0]):
-            top = np.argsort(-probs[t], kind="stable")[: h.n_expert_used]
-            w = probs[t, top] / probs[t, top].sum()
-            for e, we in zip(top, w, strict=True):
-                out[t] += np.float32(we) * self._ffn_block(xn[t : t + 1], layer, int(e))[0]
+        for slot in range(h.n_expert_used):  # in each token's rank order, as the sum was taken per token
+            for e in np.unique(top[:, slot]):
+                rows = np.flatnonzero(top[:, slot] == e)
+                out[rows] += w[rows, slot, None] * self._ffn_block(xn[rows], layer, int(e), rows)
         return out
 
 

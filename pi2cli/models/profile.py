@@ -1,8 +1,8 @@
 """`pi2 models profile`: per-neuron activation frequencies of a .pi2 model over workload prompts.
 
-Until pi2-engine reports activations, this runs a numpy reference forward over the model's own
-tensors (dequantized from the .pi2, layer by layer over all prompts at once) and counts, per layer and
-per expert, how often each neuron is active (its FFN activation is non-zero), plus co-activation
+Until pi2-engine reports activations, this runs the numpy reference forward (numpy_llama.Reference,
+the engine's correctness oracle, over the model's own tensors dequantized from the .pi2) with its
+recording hook, one prompt a pass, and counts, per layer and per expert, how often each neuron is active (its FFN activation is non-zero), plus co-activation
 counts among the hottest neurons. The result is an .npz the converter (neuron order) and the planner
 (hot-set sizes) read:
 
@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from pi2cli.errors import Pi2Error
-from pi2cli.models.numpy_llama import ffn_activation, rms_norm, rope_normal
 
 COACT_TOP = 256
 
@@ -86,37 +85,17 @@ def tokenize(model_path: Path, texts: Sequence[str], tokenizer_bin: Path | None 
     return out
 
 
-def _attention_ragged(xn, wq, wk, wv, n_head, n_kv, lengths, theta):
-    n = xn.shape[0]
-    hd = wq.shape[0] // n_head
-    q = (xn @ wq.T).reshape(n, n_head, hd)
-    k = (xn @ wk.T).reshape(n, n_kv, hd)
-    v = (xn @ wv.T).reshape(n, n_kv, hd)
-    pos = np.concatenate([np.arange(t) for t in lengths])
-    q, k = rope_normal(q, pos, theta), rope_normal(k, pos, theta)
-    group = n_head // n_kv
-    out = np.empty((n, n_head, hd), dtype=np.float32)
-    start = 0
-    for t in lengths:
-        rows = slice(start, start + t)
-        qs = q[rows].transpose(1, 0, 2)
-        ks = np.repeat(k[rows].transpose(1, 0, 2), group, axis=0)
-        vs = np.repeat(v[rows].transpose(1, 0, 2), group, axis=0)
-        s = qs @ ks.transpose(0, 2, 1) / np.sqrt(hd) + np.triu(np.full((t, t), -np.inf, np.float32), 1)
-        s -= s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
-        out[rows] = (p @ vs).transpose(1, 0, 2)
-        start += t
-    return out.reshape(n, n_head * hd)
-
-
 def profile_tokens(
     model_path: Path,
     sequences: Sequence[Sequence[int]],
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the reference forward over `sequences` and count activations per neuron (original ids)."""
+    """Run the reference forward (numpy_llama.Reference, the engine's oracle) over `sequences`, one
+    sequence a pass, and count activations per neuron (original ids) with its recording hook. Each
+    block's active sets are kept bit-packed (tokens x n_ff / 8 bytes a block) for the co-activation
+    counts among the hottest neurons, taken at the end."""
+    from pi2cli.models.numpy_llama import Reference
+
     f = _open(model_path)
     h = f.header
     seqs = [list(s) for s in sequences if len(s)]
@@ -125,47 +104,35 @@ def profile_tokens(
     ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
     if ids.min() < 0 or ids.max() >= h.n_vocab:
         raise Pi2Error(f"token id {int(ids.max())} is outside the vocabulary ({h.n_vocab})")
-    lengths = [len(s) for s in seqs]
-    embd = f.raw("token_embd.weight")
-    from pi2cli.models.pi2file import decode_rows
-
-    x = decode_rows(embd[ids], f.tensors["token_embd.weight"].type, h.n_embd)
-    result: dict[str, np.ndarray] = {}
     moe = h.arch == "moe"
-    for layer in range(h.n_layer):
-        p = f"blk.{layer}."
-        xn = rms_norm(x, h.rms_eps) * f.tensor(p + "attn_norm.weight")
-        att = _attention_ragged(xn, f.tensor(p + "attn_q.weight"), f.tensor(p + "attn_k.weight"),
-                                f.tensor(p + "attn_v.weight"), h.n_head, h.n_head_kv, lengths, h.rope_theta)  # fmt: skip
-        x = x + att @ f.tensor(p + "attn_output.weight").T
-        xf = rms_norm(x, h.rms_eps) * f.tensor(p + "ffn_norm.weight")
-        out = np.zeros_like(x)
-        if moe:
-            logits = xf @ f.tensor(p + "ffn_gate_inp.weight").T
-            top = np.argsort(-logits, axis=1)[:, : h.n_expert_used]
-            sel = np.take_along_axis(logits, top, axis=1)
-            w = np.exp(sel - sel.max(axis=1, keepdims=True))
-            w /= w.sum(axis=1, keepdims=True)
-        for e in range(h.n_expert if moe else 1):
-            sfx = f".{e}" if moe else ""
-            weight = np.where(top == e, w, 0.0).sum(axis=1) if moe else np.ones(len(x))
-            rows = np.flatnonzero(weight > 0)
-            ffn = f.ffn(layer, e if moe else None)  # bundle order
-            order = ffn["order"].astype(np.int64)
-            act = ffn_activation(xf[rows] @ ffn["gate"].T, xf[rows] @ ffn["up"].T, h.ffn_act)
-            out[rows] += (act * weight[rows, None].astype(np.float32)) @ ffn["down_cols"]
-            active = act != 0
-            freq = np.zeros(h.n_ff, dtype=np.float32)
-            freq[order] = active.mean(axis=0) if len(rows) else 0.0
-            result[f"freq/{layer}{sfx}"] = freq
-            result[f"tokens/{layer}{sfx}"] = np.asarray(len(rows), dtype=np.int64)
-            hot_bundles = np.argsort(-active.sum(axis=0), kind="stable")[: min(COACT_TOP, h.n_ff)]
-            a = active[:, hot_bundles].astype(np.float32)
-            result[f"coact/{layer}{sfx}"] = (a.T @ a).astype(np.int32)
-            result[f"coact_idx/{layer}{sfx}"] = order[hot_bundles].astype(np.int32)
-        x = x + out
+    active: dict[str, list[np.ndarray]] = {}  # block key -> packed active sets, in bundle order
+
+    def record(layer: int, expert: int | None, rows: np.ndarray, act: np.ndarray) -> None:
+        active.setdefault(f"{layer}.{expert}" if moe else f"{layer}", []).append(
+            np.packbits(act != 0, axis=1)
+        )
+
+    ref = Reference(f, emulate_rounding=False)
+    for i, seq in enumerate(seqs):
+        ref.forward(seq, record=record, logits=False)
         if progress:
-            progress(f"layer {layer + 1}/{h.n_layer}", layer + 1, h.n_layer)
+            progress(f"prompt {i + 1}/{len(seqs)}", i + 1, len(seqs))
+    result: dict[str, np.ndarray] = {}
+    for layer in range(h.n_layer):
+        for e in range(h.n_expert if moe else 1):
+            key = f"{layer}.{e}" if moe else f"{layer}"
+            packed = active.get(key)
+            bits = (np.unpackbits(np.concatenate(packed), axis=1, count=h.n_ff).astype(bool) if packed
+                    else np.zeros((0, h.n_ff), bool))  # fmt: skip
+            order = f.ffn(layer, e if moe else None)["order"].astype(np.int64)
+            freq = np.zeros(h.n_ff, dtype=np.float32)
+            freq[order] = bits.mean(axis=0) if len(bits) else 0.0
+            result[f"freq/{key}"] = freq
+            result[f"tokens/{key}"] = np.asarray(len(bits), dtype=np.int64)
+            hot_bundles = np.argsort(-bits.sum(axis=0), kind="stable")[: min(COACT_TOP, h.n_ff)]
+            a = bits[:, hot_bundles].astype(np.float32)
+            result[f"coact/{key}"] = (a.T @ a).astype(np.int32)
+            result[f"coact_idx/{key}"] = order[hot_bundles].astype(np.int32)
     return result
 
 

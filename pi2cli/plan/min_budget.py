@@ -188,7 +188,7 @@ def farm_refusals(farm) -> list[str]:
     """`pi2 farm check`: one line per model x budget of the matrix below the smallest budget of the
     matrix's engines (all of them, so a night never runs one engine where another is refused), at the
     context each workload's cells will run with (the bench's context_for) and the farm's threads."""
-    from pi2cli.bench.run import context_for, model_display_name, resolve_model
+    from pi2cli.model_files import context_for, model_display_name, resolve_model
     from pi2cli.workloads import load_workload
 
     given = [b for b in farm.budgets if b is not None]

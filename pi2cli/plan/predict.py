@@ -42,18 +42,55 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from pi2cli.builds.capabilities import engine_default
 from pi2cli.errors import Pi2Error
-from pi2cli.plan.plan import (
-    DEFAULT_CTX,
-    ModelFacts,
-    predicted_fraction,
-    read_time_s,
-    round_up,
-)
+from pi2cli.plan.facts import ModelFacts, engine_sizing, predicted_fraction, read_align, round_up
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DECODE_POSITION = 512  # KV positions read per token in the prediction (a mid-conversation turn)
-QUEUE_DEPTH = 512  # reads the engine keeps in flight (pi2_sparse_config_default: io.queue_depth)
+
+
+def queue_depth() -> int:
+    """Reads the engine keeps in flight (its default, `capabilities --json`)."""
+    return int(engine_default("queue_depth"))
+
+
+def default_ctx() -> int:
+    """The KV cache pi2-engine chat (and so pi2 bench) takes without --ctx (its default)."""
+    return int(engine_default("ctx"))
+
+
+# -------------------------------------------------------------------------------------- storage model
+def read_time_s(curve: list[dict], size: int) -> float:
+    """Seconds of device time one random read of `size` bytes costs at the profile's queue depth:
+    1/IOPS interpolated linearly in size between the measured block sizes (a fixed cost per request plus
+    a cost per byte; extrapolated from the nearest two points outside them), never less than the bytes
+    at the best bandwidth measured. Sizes are rounded up to the engine's direct-read unit, as its reads are."""
+    size = round_up(max(1, int(size)), read_align())
+    pts = sorted((int(p["block"]), 1.0 / float(p["iops"])) for p in curve)
+    best_bw = max(float(p["mb_per_s"]) for p in curve) * 1e6
+    if len(pts) == 1:
+        b, t = pts[0]
+        lin = t * max(1.0, size / b)  # one point: request-bound below it, bandwidth-bound above
+    else:
+        i = 0
+        while i < len(pts) - 2 and size > pts[i + 1][0]:
+            i += 1
+        (b0, t0), (b1, t1) = pts[i], pts[i + 1]
+        lin = t0 + (t1 - t0) * (size - b0) / (b1 - b0)
+    return max(lin, size / best_bw)
+
+
+def curve_anomalies(curve: list[dict]) -> str:
+    """What breaks the shape any storage has (larger reads: no more IOPS, no less bandwidth), beyond 15%."""
+    pts = sorted(curve, key=lambda p: p["block"])
+    out = []
+    for a, b in zip(pts, pts[1:], strict=False):
+        if b["iops"] > 1.15 * a["iops"]:
+            out.append(f"{b['block'] // 1024} KiB reads got more IOPS than {a['block'] // 1024} KiB")
+        if b["mb_per_s"] < a["mb_per_s"] / 1.15:
+            out.append(f"{b['block'] // 1024} KiB reads got less bandwidth than {a['block'] // 1024} KiB")
+    return "; ".join(out)
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -105,15 +142,17 @@ def device_from_toml(path: Path) -> Device:
     return Device(data.get("name", path.stem), bw, curve, threads, str(path))
 
 
-def device_from_probe(profile: dict, source: str = "pi2 profile") -> Device:
-    """This machine (or a phone) as `pi2 profile` measured it: the read bandwidth with the threads `pi2 plan`
-    gives it (every core; on cores of different speeds the big and mid ones less the I/O core), the curve."""
-    from pi2cli.plan.plan import default_compute_threads, pick_membw
-    from pi2cli.plan.profile import validate_profile
+def device_from_probe(profile: dict, source: str = "pi2 profile", threads: int | None = None) -> Device:
+    """This machine (or a phone) as `pi2 profile` measured it: the read bandwidth with `threads` compute
+    threads (default: those `pi2 plan` gives it, every core; on cores of different speeds the big and mid
+    ones less the I/O core), the curve."""
+    from pi2cli.plan.profile import default_compute_threads, pick_membw, validate_profile
 
     validate_profile(profile)
-    threads = default_compute_threads(profile["cores"].get("clusters") or []) or int(
-        profile["cores"]["count"]
+    threads = (
+        threads
+        or default_compute_threads(profile["cores"].get("clusters") or [])
+        or int(profile["cores"]["count"])
     )
     name = str(profile.get("target", {}).get("name", "measured"))
     deep = [
@@ -230,7 +269,7 @@ def read_time_at(device: Device, size: int, qd: float) -> float:
     t32 = read_time_s(device.curve, size)
     if not device.deep or qd <= 32:
         return t32
-    deep_qd = max(33, int(device.deep[0].get("qd", QUEUE_DEPTH)))
+    deep_qd = max(33, int(device.deep[0].get("qd", queue_depth())))
     t_deep = read_time_s(device.deep, size)
     w = min(1.0, math.log(qd / 32) / math.log(deep_qd / 32))
     return t32 + (t_deep - t32) * w
@@ -243,7 +282,7 @@ def wave_read_time(device: Device, m: ModelFacts, size: int, n: float) -> float:
     measured (held flat past them), scaled from the waves' block size to `size` as the QD 32 curve
     scales. Without waves in the profile: read_time_at at the wave's queue depth."""
     if not device.waves or n <= 0:
-        return read_time_at(device, size, min(QUEUE_DEPTH, n))
+        return read_time_at(device, size, min(queue_depth(), n))
     pts = sorted(device.waves, key=lambda p: p["wave"])
     slots = pts[0]["range"] / pts[0]["block"]
     n_eq = min(max(n / m.n_ff * slots, pts[0]["wave"]), pts[-1]["wave"])
@@ -254,13 +293,11 @@ def wave_read_time(device: Device, m: ModelFacts, size: int, n: float) -> float:
     return t * read_time_s(device.curve, size) / read_time_s(device.curve, int(pts[0]["block"]))
 
 
-def engine_split(m: ModelFacts, budget: int, ctx: int, threads: int) -> dict:
-    """The engine's own sizing under `budget` (`pi2-engine size --facts`, default split): cache bytes,
-    hot neurons per block, cold slots, whether the whole FFN is resident. A budget the engine refuses
-    leaves no cache (and says why)."""
-    from pi2cli.plan.plan import engine_sizing
-
-    size = engine_sizing(m, budget, ctx, threads)
+def engine_split(m: ModelFacts, budget: int, ctx: int, threads: int, split: dict | None = None) -> dict:
+    """The engine's own sizing under `budget` (`pi2-engine size --facts`; split: the plan's hot_fraction,
+    hot_share and cluster, else the engine's defaults): cache bytes, hot neurons per block, cold slots,
+    whether the whole FFN is resident. A budget the engine refuses leaves no cache (and says why)."""
+    size = engine_sizing(m, budget, ctx, threads, **(split or {}))
     if "error" in size:
         return {"fixed": int(size.get("min_budget_bytes") or budget), "cache": 0, "hot": 0, "cold": 0,
                 "whole": False, "too_small": size["error"]}  # fmt: skip
@@ -280,17 +317,21 @@ def predict(
     policy: str = "powerinfer2",
     pred_bytes_per_block: int | None = None,
     position: int = DECODE_POSITION,
-    ctx: int = DEFAULT_CTX,
+    ctx: int | None = None,
     two_phase: bool | None = None,
+    split: dict | None = None,
 ) -> dict:
     """Predicted decode tok/s and where each millisecond goes (a plain dict: the JSON pi2 plan prints).
 
     ctx: the KV cache the run reserves (pi2-engine generate: prompt + generated tokens; chat and bench:
     4096): it moves the cache by up to half a GiB. two_phase: the run's setting; None = as the engine
-    decides at open (gate read + half a rest read cheaper than one whole read, at the wave's queue depth)."""
+    decides at open (gate read + half a rest read cheaper than one whole read, at the wave's queue depth).
+    split: a plan's hot_fraction / hot_share / cluster (None: the engine's defaults). This is the one
+    prediction: `pi2 plan` gives it for a plan (make_plan) and for a device profile alone (run_prediction)."""
+    ctx = ctx or default_ctx()
     if pred_bytes_per_block is None:
         pred_bytes_per_block = predictor_bytes(m)
-    sz = engine_split(m, budget, ctx, device.threads)
+    sz = engine_split(m, budget, ctx, device.threads, split)
     mem = per_token_memory_bytes(m, pred_bytes_per_block, position)
     pf = predicted_fraction(m)
     precision = float(m.measured.get("precision", 0.5))
@@ -305,8 +346,8 @@ def predict(
     hit = 1.0 if frac >= 1 else coverage(m, frac)
     misses = per_block * (1 - hit)  # per routed block, all issued at once by the block's wave
     t_whole = wave_read_time(device, m, m.full_len, misses)
-    t_gate = read_time_at(device, m.gate_len, min(QUEUE_DEPTH, misses))
-    t_rest = read_time_at(device, m.rest_len, min(QUEUE_DEPTH, misses * precision))
+    t_gate = read_time_at(device, m.gate_len, min(queue_depth(), misses))
+    t_rest = read_time_at(device, m.rest_len, min(queue_depth(), misses * precision))
     if not m.two_phase_applies or policy != "powerinfer2":
         two = False
     elif two_phase is None:  # sparse_open.c: 1/gate + 0.5/rest < 1/whole, rates from its probe at open
@@ -344,7 +385,9 @@ def predict(
         "two_phase": two,
         "storage_reads_per_token": round(reads),
         "storage_bytes_per_token": int(blocks * misses * (m.gate_len + precision * m.rest_len if two else m.full_len)),
-        "read_queue_depth": round(min(QUEUE_DEPTH, misses)),
+        "read_queue_depth": round(min(queue_depth(), misses)),
+        "whole_bundle_us": round(t_whole * 1e6, 2),
+        "two_phase_us": round((t_gate + precision * t_rest) * 1e6, 2),
         "memory_ms": round(t_mem * 1e3, 2),
         "storage_ms": round(t_io * 1e3, 2),
         "overlap_ms": round(hidden * 1e3, 2),
@@ -392,7 +435,7 @@ def facts_for(model: str) -> tuple[ModelFacts, int]:
     the registry's shapes as synth would write them."""
     from pi2cli.models import store
     from pi2cli.models.registry import get_model
-    from pi2cli.plan.plan import model_facts
+    from pi2cli.plan.facts import model_facts
 
     path = Path(model)
     if not path.is_file() and store.looks_like_name(model):
@@ -405,12 +448,13 @@ def facts_for(model: str) -> tuple[ModelFacts, int]:
     return m, predictor_bytes_in_file(path) or predictor_bytes(m)
 
 
-def run_prediction(model: str, profile: str, budget: int, ctx: int = DEFAULT_CTX) -> dict:
+def run_prediction(model: str, profile: str, budget: int, ctx: int | None = None) -> dict:
     if profile:
         device = load_device(profile)
     else:
         raise Pi2Error("a prediction needs --profile: a shipped one "
                        f"({', '.join(shipped_profiles())}), a TOML file or a `pi2 profile` JSON")  # fmt: skip
+    ctx = ctx or default_ctx()
     m, pred = facts_for(model)
     from pi2cli.plan.min_budget import refusal
 

@@ -245,8 +245,6 @@ def profile_target(
         raise Pi2Error(str(exc)) from None
     check_file(target, file)
     run = probe_runner(target, message)
-    from pi2cli.plan.plan import default_compute_threads  # plan.py imports this module
-
     planned = default_compute_threads(facts.get("clusters") or [])
     measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step, planned)
     return build_profile(facts, measured)
@@ -319,3 +317,33 @@ def validate_profile(data: object, where: str = "profile") -> None:
     blocks = [p["block"] for p in curve]
     if len(set(blocks)) != len(blocks):
         raise Pi2Error(f"{where}: storage.curve measures block {max(blocks, key=blocks.count)} twice")
+
+
+# ------------------------------------------------------------------ what a profile says of the cores
+def cluster_speed(c: dict) -> tuple:
+    """How fast a cluster's cores are: capacity first (arm64's cpu_capacity weighs the microarchitecture,
+    so two designs at one clock are told apart), max frequency next."""
+    return (c.get("capacity") or 0, c["max_mhz"])
+
+
+def default_compute_threads(clusters: list[dict]) -> int | None:
+    """The planner's compute threads on clusters of different speeds: the big and mid cores less the one
+    that issues the I/O (at least 1); None where the cores are all alike (then: every core)."""
+    clusters = [c for c in clusters if c.get("cpus")]
+    if len(clusters) <= 1:
+        return None
+    fast = sum(len(c["cpus"]) for c in sorted(clusters, key=cluster_speed)[1:])
+    return max(1, fast - 1)
+
+
+def pick_membw(profile: dict, threads: int) -> float:
+    """Read bandwidth with `threads` threads: the measured row, else linear between the rows around it
+    (bandwidth saturates as threads grow, so this errs low), else the nearest row."""
+    rows = sorted(profile["membw"], key=lambda r: r["threads"])
+    below = [r for r in rows if r["threads"] <= threads]
+    above = [r for r in rows if r["threads"] > threads]
+    if below and above and below[-1]["threads"] != threads:
+        lo, hi = below[-1], above[0]
+        f = (threads - lo["threads"]) / (hi["threads"] - lo["threads"])
+        return (float(lo["gb_per_s"]) + f * (float(hi["gb_per_s"]) - float(lo["gb_per_s"]))) * 1e9
+    return float((below[-1] if below else rows[0])["gb_per_s"]) * 1e9

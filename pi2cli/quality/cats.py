@@ -162,18 +162,6 @@ def chat_template_meta(gguf: Path) -> dict | None:
     return {"template": t.source, "bos": t.bos_token, "eos": t.eos_token}
 
 
-def twin_hint(pi2: Path) -> str | None:
-    """How to get the GGUF twin of a CATS .pi2 written without one; None for other files."""
-    with contextlib.suppress(Pi2FormatError, OSError, ValueError):
-        meta = Pi2File(pi2, verify=False).metadata
-        pred = meta.get("predictor") or {}
-        if isinstance(pred, dict) and pred.get("kind") == "cats-gate":
-            s = pred.get("sparsity_target")
-            return (f"a CATS model's twin is its dense source's GGUF: `pi2 convert SRC --sparsify cats --sparsity "
-                    f"{s} --out {pi2.name} --gguf-twin {pi2.with_suffix('.gguf').name}` writes it")  # fmt: skip
-    return None
-
-
 def convert_cats(src: Path, out: Path, sparsity: float, workload: str = "multi-turn", progress=None,
                  bundle_type: str | None = None, gguf_twin: Path | None = None) -> dict:  # fmt: skip
     """SRC (a GGUF, or a dense .pi2 without predictors) -> a CATS .pi2 at OUT. gguf_twin: also write the

@@ -8,8 +8,6 @@
 #include "common.h"
 #include "event_schema.h"
 
-#define DEFAULT_CTX 4096
-
 int pi2_model_load_for(pi2_model *m, const char *path, int verify_neurons, int no_pack, const pi2_sparse_config *cfg) {
     const int sparse = cfg->policy != PI2_POLICY_DENSE;
     if (pi2_model_load(m, path, verify_neurons && !sparse) != 0) return -1;
@@ -44,7 +42,7 @@ int pi2_session_load(pi2_session *s, const pi2_options *o, pi2_tokenizer_use use
 int pi2_session_max_batch(const pi2_options *o) { return o->sparse.memory_budget ? 64 : 256; }
 
 int pi2_session_default_ctx(const pi2_model *m) {
-    return m->h.n_ctx_train && m->h.n_ctx_train < DEFAULT_CTX ? (int)m->h.n_ctx_train : DEFAULT_CTX;
+    return m->h.n_ctx_train && m->h.n_ctx_train < PI2_DEFAULT_CTX ? (int)m->h.n_ctx_train : PI2_DEFAULT_CTX;
 }
 
 int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_batch, pi2_sparse_shape *shape,

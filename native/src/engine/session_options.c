@@ -41,7 +41,7 @@ const pi2_flag pi2_flags[] = {
     [O_IGNORE_EOS] = {"--ignore-eos", NULL, 0, G | C, "do not stop at end-of-generation tokens"},
     [O_EVENTS] = {"--events", NULL, 1, G | C, "JSONL events (start, token, turn, summary) to this file"},
     [O_THREADS] = {"--threads", "-t", 1, G | E | C | S | V, "compute threads   [all cores]"},
-    [O_AFFINITY] = {"--affinity", NULL, 1, G | E | C | V, "pin the compute threads to these CPUs: 0,1,.."},
+    [O_AFFINITY] = {"--affinity", NULL, 1, G | E | C | S | V, "pin the compute threads to these CPUs: 0,1,.."},
     [O_CTX] = {"--ctx", NULL, 1, G | E | C | S | V, "KV cache positions"},
     [O_BATCH] = {"--batch", NULL, 1, G | E | C | S | V, "most tokens per forward pass"},
     [O_NO_VERIFY_NEURONS] = {"--no-verify-neurons", NULL, 0, G | E | C | V, "dense: skip the neuron region's checksum"},
@@ -80,6 +80,17 @@ const pi2_flag pi2_flags[] = {
     [O_IO_AFFINITY] = {"--io-affinity", NULL, 1, G | E | C | S | V, "the I/O threads' CPUs: 0,1 (the pread pool's; the first also the submitter's)"},
     [O_NO_IO_SUBMITTER] = {"--no-io-submitter", NULL, 0, G | E | C | S | V, "powerinfer2: decode's reads issued by the compute threads, not by a thread of their own (which runs only on --io-affinity's core or one the compute threads leave free)"},
     [O_END] = {NULL, NULL, 0, 0, NULL},
+};
+
+const pi2_default pi2_defaults[] = {
+    {"hot_fraction", PI2_DEFAULT_HOT_FRACTION, "--hot-fraction: the hot set's share of each block's bundles"},
+    {"hot_share", PI2_DEFAULT_HOT_SHARE, "--hot-share: the hot clusters' share of the neuron cache"},
+    {"cluster", PI2_DEFAULT_CLUSTER, "--cluster: bundles per hot cluster"},
+    {"llmflash_window", PI2_DEFAULT_LLMFLASH_WINDOW, "--llmflash-window: tokens"},
+    {"queue_depth", PI2_DEFAULT_QUEUE_DEPTH, "neuron reads the engine keeps in flight"},
+    {"read_align", PI2_MIN_READ_ALIGN, "the least unit direct reads and cold slots are rounded to (bytes)"},
+    {"ctx", PI2_DEFAULT_CTX, "--ctx: KV cache positions (at most the model's training context)"},
+    {NULL, 0, NULL},
 };
 
 const char *const pi2_command_names[] = {"generate", "eval", "info", "chat", "size", "serve"};
@@ -272,8 +283,8 @@ int pi2_options_parse(unsigned cmd, int argc, char **argv, pi2_options *o) {
         }
         if (apply(id, a, v, o) != 0) return -1;
     }
-    if (!o->model && !(cmd == PI2_CMD_SIZE && o->facts)) {
-        pi2_set_error(cmd == PI2_CMD_SIZE ? "missing -m MODEL.pi2 or --facts FILE.json" : "missing -m MODEL.pi2");
+    if (!o->model && cmd != PI2_CMD_SIZE) { /* size without either checks the flags alone (size_cmd.c) */
+        pi2_set_error("missing -m MODEL.pi2");
         return -1;
     }
     if (o->model && o->facts) {

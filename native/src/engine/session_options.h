@@ -32,6 +32,18 @@ typedef struct {
 extern const pi2_flag pi2_flags[];
 extern const int pi2_flags_sparse;
 
+/* The KV cache positions a session takes without --ctx (at most the model's training context). */
+#define PI2_DEFAULT_CTX 4096
+
+/* The engine's defaults the host plans with, by name (`capabilities --json`: "defaults"), ending with
+ * a {NULL} entry. The values are the macros the engine itself uses (sparse.h), so they cannot differ. */
+typedef struct {
+    const char *name;
+    double value;
+    const char *help;
+} pi2_default;
+extern const pi2_default pi2_defaults[];
+
 /* Command names in bit order (PI2_CMD_GENERATE first). */
 extern const char *const pi2_command_names[];
 int pi2_command_count(void);

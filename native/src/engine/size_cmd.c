@@ -192,7 +192,20 @@ static void print_text(const pi2_options *o, const size_run *r, const pi2_sparse
            cc->hot_neurons, (long long)cc->hot_slots, cc->cluster, (long long)cc->cold_slots, cc->cold_bytes);
 }
 
+/* Neither -m nor --facts: the flags alone (with a plan's settings, which --plan put in their place), as
+ * every command checks them; the host judges plan files with this (pi2cli/plan/plan.py: load_plan). */
+static int check_flags_only(const pi2_options *o) {
+    if (o->json)
+        printf("{\"checked\": \"flags\", \"policy\": \"%s\", \"memory_budget_bytes\": %llu, \"threads\": %d}\n",
+               pi2_policy_name(o->sparse.policy), (unsigned long long)o->sparse.memory_budget, o->threads);
+    else
+        printf("flags ok: policy %s, budget %llu bytes\n", pi2_policy_name(o->sparse.policy),
+               (unsigned long long)o->sparse.memory_budget);
+    return 0;
+}
+
 int pi2_size_main(const pi2_options *o) {
+    if (!o->model && !o->facts) return check_flags_only(o);
     pi2_options opt = *o;
     if (opt.sparse.policy == PI2_POLICY_DENSE) opt.sparse.policy = PI2_POLICY_POWERINFER2; /* sizing is the sparse engine's */
     size_run r = {.source = o->model ? "measured" : "estimated"};

@@ -42,7 +42,8 @@ static void usage(FILE *out) {
             "  info -m MODEL.pi2 [--json] [--verify]   header summary (--verify: neuron-region checksum)\n"
             "  size (-m MODEL.pi2 | --facts FACTS.json) [--memory-budget B] [--json] [...]   the sparse engine's\n"
             "           sizing: budget, fixed region, neuron cache and its split, the smallest budget\n"
-            "  capabilities --json   commands, flags, policies, plan keys, events and kernel levels of this build\n"
+            "  size --plan FILE [--json]   without -m or --facts: check a plan's settings (and any flags) alone\n"
+            "  capabilities --json   commands, flags, policies, plan keys, defaults, events and kernel levels\n"
             "  --version  print the engine version\n");
     for (int c = 0; c < pi2_command_count(); c++) {
         if (!strcmp(pi2_command_names[c], "chat")) continue; /* chat --help says more */
@@ -260,7 +261,9 @@ static int cmd_capabilities(void) {
     for (int p = 0; p <= PI2_POLICY_POWERINFER2; p++) printf("%s\"%s\"", p ? ", " : "", pi2_policy_name((pi2_policy)p));
     printf("], \"plan_keys\": [");
     for (int i = 0; pi2_plan_key(i); i++) printf("%s\"%s\"", i ? ", " : "", pi2_plan_key(i));
-    printf("], ");
+    printf("], \"defaults\": {");
+    for (int i = 0; pi2_defaults[i].name; i++) printf("%s\"%s\": %g", i ? ", " : "", pi2_defaults[i].name, pi2_defaults[i].value);
+    printf("}, ");
     pi2_event_schema_json(stdout); /* event_schema.c: every event kind's fields */
     printf(", \"kernel_levels\": {\"compiled\": [");
     for (int l = 0, n = 0; l < PI2_KERNEL_LEVELS; l++)

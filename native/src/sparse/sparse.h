@@ -27,6 +27,16 @@
 #include "neuron_io.h"
 #include "threadpool.h"
 
+/* The sparse engine's defaults, each stated once: pi2_sparse_config_default (and the open) use them,
+ * `capabilities --json` publishes them (session_options.c: pi2_defaults), and the host's planner reads
+ * them there instead of restating them. */
+#define PI2_DEFAULT_HOT_FRACTION 0.2f
+#define PI2_DEFAULT_HOT_SHARE 0.5f
+#define PI2_DEFAULT_CLUSTER 32
+#define PI2_DEFAULT_LLMFLASH_WINDOW 5
+#define PI2_DEFAULT_QUEUE_DEPTH 512 /* reads in flight */
+#define PI2_MIN_READ_ALIGN 512      /* direct reads, and cold slots, are rounded to at least this */
+
 typedef enum { PI2_POLICY_DENSE = 0, PI2_POLICY_BUNDLE, PI2_POLICY_LLMFLASH, PI2_POLICY_CACHE,
                PI2_POLICY_POWERINFER2 } pi2_policy;
 

@@ -22,11 +22,11 @@
 void pi2_sparse_config_default(pi2_sparse_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->policy = PI2_POLICY_DENSE;
-    cfg->llmflash_window = 5;
-    cfg->hot_fraction = 0.2f;
-    cfg->hot_share = 0.5f;
-    cfg->cluster = 32;
-    cfg->io.queue_depth = 512;
+    cfg->llmflash_window = PI2_DEFAULT_LLMFLASH_WINDOW;
+    cfg->hot_fraction = PI2_DEFAULT_HOT_FRACTION;
+    cfg->hot_share = PI2_DEFAULT_HOT_SHARE;
+    cfg->cluster = PI2_DEFAULT_CLUSTER;
+    cfg->io.queue_depth = PI2_DEFAULT_QUEUE_DEPTH;
 }
 
 static const char *policy_names[] = {"dense", "bundle", "llmflash", "cache", "powerinfer2"};
@@ -182,7 +182,7 @@ static pi2_sparse *open_sized(const pi2_model *m, pi2_pool *pool, int n_batch, u
 
     if (!(s->io = pi2_io_open(m->file.path, &s->cfg.io))) goto fail;
     size_t align = pi2_io_align(s->io);
-    s->ra = align < 512 ? 512 : align;
+    s->ra = align < PI2_MIN_READ_ALIGN ? PI2_MIN_READ_ALIGN : align;
     if (s->ra > h->bundle_align) {
         pi2_set_error("%s: bundles are %u-byte aligned but direct reads need %zu (use --io buffered)", m->file.path,
                       h->bundle_align, s->ra);
