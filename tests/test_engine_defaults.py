@@ -46,8 +46,8 @@ def other_defaults(monkeypatch):
     """The engine answering with other defaults, as a rebuilt engine with changed macros would."""
     real = caps.capabilities
 
-    def answer(binary, prefix=()):
-        out = dict(real(binary, prefix))
+    def answer(binary):
+        out = dict(real(binary))
         out["defaults"] = {**out["defaults"], "hot_fraction": 0.3, "hot_share": 0.6, "cluster": 16,
                            "queue_depth": 64, "read_align": 4096, "ctx": 2048}  # fmt: skip
         return out
