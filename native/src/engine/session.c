@@ -129,7 +129,7 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         uint64_t now = pi2_now_ns();
         if (!n_gen) t_first = now;
         t_last = now;
-        if (s->on_sample) s->on_sample(now);
+        if (s->on_sample) s->on_sample(now, next);
         /* with the sparse engine: what the forward pass that produced this token's logits cost */
         pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
         /* events that cannot be written end the run now, not after hours of tokens nobody recorded */

@@ -40,7 +40,8 @@ typedef struct {
     int32_t pending;
     pi2_decode_profile prof; /* decode's passes, for the summary's "decode_profile" (session_profile.h) */
     int stop_turn;      /* set by emit to end the turn after this token (serve: a stop string, a client gone) */
-    void (*on_sample)(uint64_t t_ns); /* when set, called as each token is sampled, emitted or not (serve's metrics) */
+    /* when set, called as each token is sampled, emitted or not (serve's metrics and its prompt cache) */
+    void (*on_sample)(uint64_t t_ns, int32_t id);
 } pi2_session;
 
 /* Whether a session loads the model's tokenizer: no (eval: token ids only), yes (a model without one is

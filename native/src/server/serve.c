@@ -41,8 +41,10 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int busy, waiting, conns, max_conns;
-    int32_t *cached; /* the prompt ids the KV cache's first n_cached positions hold */
-    int n_cached;
+    /* the ids of the KV cache's first positions: the last request's prompt, then its answer as sampled
+     * (a token sampled but not run, the answer's last, is listed and capped away by the cache's n_past) */
+    int32_t *cached;
+    int n_cached, cap_cached;
     long long next_id;
     pi2_metrics metrics; /* GET /metrics (metrics.h): its own lock */
 } server;
@@ -252,8 +254,11 @@ static void emit(const char *piece, int n) {
 /* The session's on_sample: every token sampled (an end-of-generation one and one without text included),
  * for the token counter, the time-between-tokens histogram, and the sparse engine's counters as of now
  * (the compute thread is between passes: they hold still). */
-static void on_sample(uint64_t now) {
+static void on_sample(uint64_t now, int32_t id) {
     gen *g = G;
+    /* the answer joins the prompt cache, as llama-server keeps it: a conversation that resends it with
+     * its next message prefills only that message. No room (out of memory): the prompt alone stays. */
+    if (S.n_cached < S.cap_cached) S.cached[S.n_cached++] = id;
     pi2_sparse_stats st;
     if (S.s.sparse) pi2_sparse_get_stats(S.s.sparse, &st);
     pi2_metrics_token(&S.metrics, g->t_sampled ? (now - g->t_sampled) / 1e9 : -1, S.s.sparse ? &st : NULL);
@@ -291,14 +296,14 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     int max_tokens = rq->max_tokens >= 0 ? rq->max_tokens : S.o.max_tokens;
     if (max_tokens > s->n_ctx - n) max_tokens = s->n_ctx - n; /* what the context has room for: "length" */
     const int k = reuse_prefix(s->ids, n);
-    int32_t *keep = realloc(S.cached, sizeof(int32_t) * (size_t)n);
+    int32_t *keep = realloc(S.cached, sizeof(int32_t) * (size_t)(n + max_tokens));
     if (!keep) {
         send_error(fd, 500, "out of memory", NULL);
         return;
     }
     S.cached = keep;
     memcpy(S.cached, s->ids, sizeof(int32_t) * (size_t)n);
-    S.n_cached = 0; /* valid again once the prefill below has run */
+    S.n_cached = S.cap_cached = 0; /* valid again once the prefill below has run */
     pi2_ctx_truncate(s->ctx, k);
     memmove(s->ids, s->ids + k, sizeof(int32_t) * (size_t)(n - k));
     s->sampler.temperature = rq->temperature;
@@ -316,10 +321,14 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
     pi2_turn_record r = {.stop = "length"};
     G = &g;
     int rc = 0;
-    if (max_tokens > 0 && !g.gone) rc = pi2_session_turn(s, n - k, max_tokens, rq->ignore_eos, -1, g.t0, emit, &r);
+    const int runs = max_tokens > 0 && !g.gone;
+    /* the prompt is in the cache once prefilled, and on_sample appends the answer's ids after it */
+    S.n_cached = runs ? n : k, S.cap_cached = runs ? n + max_tokens : k;
+    if (runs) rc = pi2_session_turn(s, n - k, max_tokens, rq->ignore_eos, -1, g.t0, emit, &r);
     G = NULL;
     if (rc != 0 || g.text.oom) {
         pi2_ctx_reset(s->ctx); /* a pass failed part-way: trust nothing cached */
+        S.n_cached = 0;
         char msg[600];
         snprintf(msg, sizeof msg, "the engine failed: %s", g.text.oom ? "out of memory" : pi2_last_error());
         if (!g.stream) send_error(fd, 500, msg, NULL);
@@ -336,7 +345,6 @@ static void run(int fd, const pi2_oai_request *rq, uint64_t t_queued) {
         pi2_buf_free(&g.text);
         return;
     }
-    if (max_tokens > 0) S.n_cached = n; /* the prompt's ids are in the cache's first n positions */
     pi2_metrics_turn(&S.metrics, n, k, r.n_gen ? r.ttft_s : -1, g.timed_out);
     const char *finish = g.stopped || !strcmp(r.stop, "eog") ? "stop" : "length";
     const uint64_t t_end = pi2_now_ns();

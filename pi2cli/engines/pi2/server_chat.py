@@ -8,7 +8,7 @@ each turn is one streamed POST /v1/completions of the whole conversation so far.
 the bench rendered with the model's chat template -- the very text every other engine gets -- rather
 than chat messages the server would render with its own template kind (which leaves out a template's
 extras, such as SmolLM2's default system line); the server reuses the longest token prefix it holds
-(its prompt cache), so a turn prefills the previous answer and the new message.
+(its prompt cache: the previous prompt and answer), so a turn prefills the new message.
 
 Timing comes from the stream's `pi2_timings` (docs/ENGINE.md, serve), taken on the engine's monotonic
 clock, never from when chunks arrive here: every sampled token has a chunk with its `t_ns` and the count
