@@ -45,4 +45,13 @@ uint64_t pi2_available_memory_bytes(void);
 /* The same, and which of the two set it: "MemAvailable", "cgroup" or "unknown". */
 uint64_t pi2_available_memory(const char **source);
 
+/* A spin-wait's pause: tells the core (and a hyperthread sibling) this thread is only polling. */
+static inline void pi2_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 #endif
