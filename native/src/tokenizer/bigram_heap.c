@@ -3,19 +3,15 @@
 
 #include <stdlib.h>
 
+#include "common.h"
+
 static int bigram_before(const pi2_bigram *a, const pi2_bigram *b) {
     if (a->order != b->order) return a->order < b->order;
     return a->left < b->left;
 }
 
 int pi2_bigram_push(pi2_bigram_heap *h, pi2_bigram b) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        pi2_bigram *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
+    if (pi2_grow(&h->v, &h->cap, h->n, sizeof *h->v, 64)) return -1;
     size_t i = h->n++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
