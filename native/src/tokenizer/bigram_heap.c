@@ -1,9 +1,22 @@
-/* The priority queue of candidate merges (bigram_heap.h). */
+/* The priority queue of candidate merges and the symbols they merge (bigram_heap.h). */
 #include "bigram_heap.h"
 
 #include <stdlib.h>
 
 #include "common.h"
+#include "unicode.h"
+
+int pi2_symbols_utf8(pi2_symbol *syms, const char *text, size_t n) {
+    int count = 0;
+    for (size_t off = 0; off < n;) {
+        size_t cl = pi2_utf8_len((uint8_t)text[off]);
+        if (cl > n - off) cl = n - off;
+        syms[count] = (pi2_symbol){count - 1, off + cl == n ? -1 : count + 1, text + off, cl};
+        off += cl;
+        count++;
+    }
+    return count;
+}
 
 static int bigram_before(const pi2_bigram *a, const pi2_bigram *b) {
     if (a->order != b->order) return a->order < b->order;
