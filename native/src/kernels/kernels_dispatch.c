@@ -165,6 +165,12 @@ static inline void check_weight(const char *what, pi2_type wt, int64_t n) {
         die(what, wt, n);
 }
 
+/* The row-group forms: a valid weight, and the 1-4 rows their kernels take at once. */
+static inline void check_rows(const char *what, pi2_type wt, int64_t n, int count) {
+    check_weight(what, wt, n);
+    if (count < 1 || count > 4) die(what, wt, n);
+}
+
 void pi2_prepare_act(pi2_type wt, const float *x, void *buf, int64_t n) {
     check_weight("prepare_act", wt, n);
     const pi2_kernel_table *t = pi2_kernels_table();
@@ -202,8 +208,7 @@ float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *pa
 
 void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
                              float *y) {
-    check_weight("vec_dot_packed_rows", wt, n);
-    if (count < 1 || count > 4) die("vec_dot_packed_rows", wt, n);
+    check_rows("vec_dot_packed_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
     if (t->dot_packed_rows[wt]) {
         t->dot_packed_rows[wt](n, rows, count, packed, y);
@@ -231,8 +236,7 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
 }
 
 void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
-    check_weight("axpy_rows", wt, n);
-    if (count < 1 || count > 4) die("axpy_rows", wt, n);
+    check_rows("axpy_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
     if (t->axpy_rows[wt]) {
         t->axpy_rows[wt](n, a, rows, count, y);
