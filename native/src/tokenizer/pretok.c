@@ -69,6 +69,13 @@ static size_t contraction(const piece *p, size_t pos, int ignore_case) {
     return 0;
 }
 
+/* Both splitters try a contraction first: when one is at *pos, it becomes the token and *pos moves past it. */
+static int take_contraction(const piece *p, token_sink *s, size_t *pos, int ignore_case) {
+    const size_t c = contraction(p, *pos, ignore_case);
+    if (c) *pos += add_token(s, *pos + c);
+    return c != 0;
+}
+
 /* The last alternatives both splitters share, for a run of n_ws whitespace code points at pos:
  * \s+(?!\S) (leave one for the next word), \s+, else one code point alone. Where the token ends. */
 static size_t ws_token_end(const piece *p, size_t pos, size_t n_ws) {
@@ -82,11 +89,7 @@ static void split_gpt2(const piece *p, token_sink *s) {
     for (size_t pos = p->ini; pos < p->end;) {
         uint32_t cp = cp_at(p, pos);
         unsigned flags = flags_at(p, pos);
-        size_t c = contraction(p, pos, 0);
-        if (c) {
-            pos += add_token(s, pos + c);
-            continue;
-        }
+        if (take_contraction(p, s, &pos, 0)) continue;
         unsigned f2 = cp == ' ' ? flags_at(p, pos + 1) : flags;
         if (IS_L(f2)) {
             pos += cp == ' ';
@@ -119,11 +122,7 @@ static void split_llama3(const piece *p, token_sink *s, int max_digits) {
     for (size_t pos = p->ini; pos < p->end;) {
         uint32_t cp = cp_at(p, pos);
         unsigned flags = flags_at(p, pos);
-        size_t c = contraction(p, pos, 1);
-        if (c) {
-            pos += add_token(s, pos + c);
-            continue;
-        }
+        if (take_contraction(p, s, &pos, 1)) continue;
         if (!(cp == '\r' || cp == '\n' || IS_N(flags))) {
             if (IS_L(flags) || IS_L(flags_at(p, pos + 1))) {
                 pos++;
