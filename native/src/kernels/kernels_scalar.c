@@ -37,8 +37,7 @@ static float dot_q4_0(int64_t n, const void *row, const void *act) {
     const pi2_block_q8_0 *a = act;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI2_QK; i++) {
-        const int isum = q4_block_isum(w[i].qs, a[i].qs, 8);
-        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
+        sum += (float)q4_block_isum(w[i].qs, a[i].qs, 8) * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
     }
     return sum;
 }
@@ -48,9 +47,8 @@ static float dot_q4_1(int64_t n, const void *row, const void *act) {
     const pi2_block_q8_1 *a = act;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI2_QK; i++) {
-        const int isum = q4_block_isum(w[i].qs, a[i].qs, 0);
         /* sum_j (d_w q_j + m)(d_a a_j) = d_w d_a sum q_j a_j + m * (d_a sum a_j), and s = d_a sum a_j */
-        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d)) +
+        sum += (float)q4_block_isum(w[i].qs, a[i].qs, 0) * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d)) +
                pi2_f16_to_f32(w[i].m) * pi2_f16_to_f32(a[i].s);
     }
     return sum;
