@@ -210,11 +210,8 @@ void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows,
                              float *y) {
     check_rows("vec_dot_packed_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->dot_packed_rows[wt]) {
-        t->dot_packed_rows[wt](n, rows, count, packed, y);
-        return;
-    }
-    for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed);
+    if (t->dot_packed_rows[wt]) t->dot_packed_rows[wt](n, rows, count, packed, y);
+    else for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed); /* a row at a time */
 }
 
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
@@ -238,11 +235,8 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
 void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
     check_rows("axpy_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->axpy_rows[wt]) {
-        t->axpy_rows[wt](n, a, rows, count, y);
-        return;
-    }
-    for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y);
+    if (t->axpy_rows[wt]) t->axpy_rows[wt](n, a, rows, count, y);
+    else for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y); /* a row at a time */
 }
 
 void pi2_axpy_batch(pi2_type wt, int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,
