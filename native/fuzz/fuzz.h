@@ -30,6 +30,8 @@ uint64_t fuzz_interesting(fuzz_rng *r, uint64_t near);
 void fuzz_flip_bytes(fuzz_rng *r, uint8_t *buf, size_t len);
 size_t fuzz_insert_bytes(fuzz_rng *r, uint8_t *buf, size_t len, size_t cap);
 size_t fuzz_erase_bytes(fuzz_rng *r, uint8_t *buf, size_t len);
+/* 1..max copies of one byte (a or b, picked at random) at a random place: a long value, or deep nesting. */
+size_t fuzz_insert_run(fuzz_rng *r, uint8_t *buf, size_t len, size_t cap, size_t max, uint8_t a, uint8_t b);
 
 typedef struct {
     const char *name, *about;

@@ -60,6 +60,14 @@ size_t fuzz_insert_bytes(fuzz_rng *r, uint8_t *buf, size_t len, size_t cap) {
     return len + n;
 }
 
+size_t fuzz_insert_run(fuzz_rng *r, uint8_t *buf, size_t len, size_t cap, size_t max, uint8_t a, uint8_t b) {
+    size_t n = 1 + fuzz_below(r, max), at = fuzz_below(r, len + 1);
+    if (len + n > cap) return len;
+    memmove(buf + at + n, buf + at, len - at);
+    memset(buf + at, fuzz_below(r, 2) ? a : b, n);
+    return len + n;
+}
+
 size_t fuzz_erase_bytes(fuzz_rng *r, uint8_t *buf, size_t len) {
     if (!len) return 0;
     size_t at = fuzz_below(r, len), n = 1 + fuzz_below(r, len - at < 16 ? len - at : 16);

@@ -118,13 +118,7 @@ static size_t mutate_http(fuzz_rng *r, uint8_t *b, size_t len, size_t cap) {
         const size_t at = body + fuzz_below(r, len - body + 1);
         return splice(b, len, cap, at, fuzz_below(r, 3) ? 0 : fuzz_below(r, 8), f, strlen(f));
     }
-    case 6: { /* a long header value or a long body */
-        size_t n = 1 + fuzz_below(r, 20000), at = fuzz_below(r, len + 1);
-        if (len + n > cap) break;
-        memmove(b + at + n, b + at, len - at);
-        memset(b + at, fuzz_below(r, 2) ? 'a' : '[', n);
-        return len + n;
-    }
+    case 6: return fuzz_insert_run(r, b, len, cap, 20000, 'a', '['); /* a long header value or a long body */
     case 7: return fuzz_below(r, len + 1); /* truncated */
     default:
         if (fuzz_below(r, 2)) fuzz_flip_bytes(r, b, len);

@@ -134,13 +134,7 @@ static size_t mutate_json(fuzz_rng *r, uint8_t *b, size_t len, size_t cap) {
         s = (size_t)(brace - b) + 1;
         return splice(b, len, cap, s, s, v, strlen(v));
     }
-    case 6: { /* deep nesting or a long string */
-        size_t n = 1 + fuzz_below(r, 3000), at = fuzz_below(r, len + 1);
-        if (len + n > cap) break;
-        memmove(b + at + n, b + at, len - at);
-        memset(b + at, fuzz_below(r, 2) ? '[' : 'a', n);
-        return len + n;
-    }
+    case 6: return fuzz_insert_run(r, b, len, cap, 3000, '[', 'a'); /* deep nesting or a long string */
     case 7: return fuzz_below(r, len + 1); /* truncated */
     case 8: return fuzz_below(r, 2) ? fuzz_insert_bytes(r, b, len, cap) : fuzz_erase_bytes(r, b, len);
     default: fuzz_flip_bytes(r, b, len);

@@ -223,3 +223,15 @@ uint64_t pi2_available_memory(const char **source) {
 }
 
 uint64_t pi2_available_memory_bytes(void) { return pi2_available_memory(NULL); }
+
+int pi2_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first) {
+    if (n < *cap) return 0;
+    const size_t c = *cap ? *cap * 2 : first;
+    void *v;
+    memcpy(&v, arr, sizeof v); /* arr points at a T *, not a void *: copy the pointer rather than cast */
+    v = realloc(v, c * elem);
+    if (!v) return -1;
+    memcpy(arr, &v, sizeof v);
+    *cap = c;
+    return 0;
+}

@@ -45,4 +45,18 @@ uint64_t pi2_available_memory_bytes(void);
 /* The same, and which of the two set it: "MemAvailable", "cgroup" or "unknown". */
 uint64_t pi2_available_memory(const char **source);
 
+/* Room for element n of a growing array: *(T **)arr holds *cap elements of elem bytes; when n reaches
+ * *cap it doubles (from `first`). 0, or -1 when out of memory with the array left as it was.
+ * Usage: if (pi2_grow(&l->v, &l->cap, l->n, sizeof *l->v, 16)) return -1; l->v[l->n++] = x; */
+int pi2_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first);
+
+/* A spin-wait's pause: tells the core (and a hyperthread sibling) this thread is only polling. */
+static inline void pi2_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 #endif

@@ -58,6 +58,20 @@ size_t pi2_utf8_put(char *o, uint32_t cp) {
     return 4;
 }
 
+int pi2_json_escape_byte(char e) {
+    switch (e) {
+    case '"': return '"';
+    case '\\': return '\\';
+    case '/': return '/';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return -1;
+    }
+}
+
 static int hex4(cursor *c, uint32_t *out) {
     if (pi2_json_hex4(c->s + c->i, c->n - c->i, out)) return -1;
     c->i += 4;
@@ -78,15 +92,9 @@ static int parse_string(cursor *c, char **out, size_t *out_len) {
         if (ch != '\\') { buf[o++] = (char)ch; continue; }
         if (c->i >= c->n) { pi2_set_error("%s: unterminated escape", c->what); goto fail; }
         char e = c->s[c->i++];
+        const int byte = pi2_json_escape_byte(e);
+        if (byte >= 0) { buf[o++] = (char)byte; continue; }
         switch (e) {
-        case '"': buf[o++] = '"'; break;
-        case '\\': buf[o++] = '\\'; break;
-        case '/': buf[o++] = '/'; break;
-        case 'b': buf[o++] = '\b'; break;
-        case 'f': buf[o++] = '\f'; break;
-        case 'n': buf[o++] = '\n'; break;
-        case 'r': buf[o++] = '\r'; break;
-        case 't': buf[o++] = '\t'; break;
         case 'u': {
             uint32_t cp;
             if (hex4(c, &cp)) { pi2_set_error("%s: bad \\u escape at byte %zu", c->what, c->i); goto fail; }

@@ -26,5 +26,7 @@ int pi2_json_flat_parse_skipping(const char *what, const char *text, size_t len,
  * point of the 4 hex digits at s (-1 when fewer than 4 or not hex), and cp's UTF-8 into o (1-4 bytes). */
 int pi2_json_hex4(const char *s, size_t n, uint32_t *out);
 size_t pi2_utf8_put(char *o, uint32_t cp);
+/* The byte a one-character escape \e stands for ('n' -> '\n'), or -1 when e is not one of them ('u' included). */
+int pi2_json_escape_byte(char e);
 
 #endif

@@ -52,12 +52,17 @@ static inline void bump(_Atomic uint64_t *c) {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
+/* One turn of a spin-wait: pause, and every 64th turn give the core away (a busy thread may need it when
+ * threads outnumber cores). 1 once the wait has spun SPIN_NS: time to sleep on a condition variable. */
+static int spun_out(int i, uint64_t *t0) {
+    if ((i & 63) == 63) {
+        uint64_t now = pi2_now_ns();
+        sched_yield();
+        if (!*t0) *t0 = now;
+        else if (now - *t0 > SPIN_NS) return 1;
+    }
+    pi2_cpu_relax();
+    return 0;
 }
 
 static void pin_self(int cpu, int ith) {
@@ -85,20 +90,14 @@ static void *worker_main(void *arg) {
         for (int i = 0;; i++) {
             if (job_gen(atomic_load_explicit(&p->job, memory_order_acquire)) != seen) break;
             if (atomic_load(&p->stop)) return NULL;
-            if ((i & 63) == 63) {
-                uint64_t now = pi2_now_ns();
-                sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
-                if (!t0) t0 = now;
-                else if (now - t0 > SPIN_NS) {
-                    bump(&w->sleeps);
-                    pthread_mutex_lock(&p->mu);
-                    while (job_gen(atomic_load(&p->job)) == seen && !atomic_load(&p->stop))
-                        pthread_cond_wait(&p->work_cv, &p->mu);
-                    pthread_mutex_unlock(&p->mu);
-                    break;
-                }
+            if (spun_out(i, &t0)) {
+                bump(&w->sleeps);
+                pthread_mutex_lock(&p->mu);
+                while (job_gen(atomic_load(&p->job)) == seen && !atomic_load(&p->stop))
+                    pthread_cond_wait(&p->work_cv, &p->mu);
+                pthread_mutex_unlock(&p->mu);
+                break;
             }
-            cpu_relax();
         }
         if (atomic_load(&p->stop)) return NULL;
         uint64_t job = atomic_load_explicit(&p->job, memory_order_acquire);
@@ -213,19 +212,13 @@ static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
     }
     uint64_t t0 = 0;
     for (int i = 0; atomic_load_explicit(&p->remaining, memory_order_acquire) != 0; i++) {
-        if ((i & 63) == 63) {
-            uint64_t now = pi2_now_ns();
-            sched_yield(); /* lets a busy thread have the core when threads outnumber cores */
-            if (!t0) t0 = now;
-            else if (now - t0 > SPIN_NS) {
-                bump(&p->caller_sleeps);
-                pthread_mutex_lock(&p->mu);
-                while (atomic_load(&p->remaining) != 0) pthread_cond_wait(&p->done_cv, &p->mu);
-                pthread_mutex_unlock(&p->mu);
-                break;
-            }
+        if (spun_out(i, &t0)) {
+            bump(&p->caller_sleeps);
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->remaining) != 0) pthread_cond_wait(&p->done_cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            break;
         }
-        cpu_relax();
     }
 }
 

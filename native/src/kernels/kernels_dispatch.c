@@ -165,6 +165,12 @@ static inline void check_weight(const char *what, pi2_type wt, int64_t n) {
         die(what, wt, n);
 }
 
+/* The row-group forms: a valid weight, and the 1-4 rows their kernels take at once. */
+static inline void check_rows(const char *what, pi2_type wt, int64_t n, int count) {
+    check_weight(what, wt, n);
+    if (count < 1 || count > 4) die(what, wt, n);
+}
+
 void pi2_prepare_act(pi2_type wt, const float *x, void *buf, int64_t n) {
     check_weight("prepare_act", wt, n);
     const pi2_kernel_table *t = pi2_kernels_table();
@@ -202,14 +208,10 @@ float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *pa
 
 void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
                              float *y) {
-    check_weight("vec_dot_packed_rows", wt, n);
-    if (count < 1 || count > 4) die("vec_dot_packed_rows", wt, n);
+    check_rows("vec_dot_packed_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->dot_packed_rows[wt]) {
-        t->dot_packed_rows[wt](n, rows, count, packed, y);
-        return;
-    }
-    for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed);
+    if (t->dot_packed_rows[wt]) t->dot_packed_rows[wt](n, rows, count, packed, y);
+    else for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed); /* a row at a time */
 }
 
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
@@ -231,14 +233,10 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
 }
 
 void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
-    check_weight("axpy_rows", wt, n);
-    if (count < 1 || count > 4) die("axpy_rows", wt, n);
+    check_rows("axpy_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->axpy_rows[wt]) {
-        t->axpy_rows[wt](n, a, rows, count, y);
-        return;
-    }
-    for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y);
+    if (t->axpy_rows[wt]) t->axpy_rows[wt](n, a, rows, count, y);
+    else for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y); /* a row at a time */
 }
 
 void pi2_axpy_batch(pi2_type wt, int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,

@@ -21,17 +21,23 @@ static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void
     return (float)sum;
 }
 
+/* One block's integer dot: its 32 4-bit values (low nibbles first, ggml's layout) less `zero`, times
+ * the activation's 32 int8 values. Exact in an int, so Q4_0 (zero 8) and Q4_1 (zero 0) can share it. */
+static inline int q4_block_isum(const uint8_t *qs, const int8_t *a, int zero) {
+    int isum = 0;
+    for (int j = 0; j < PI2_QK / 2; j++) {
+        isum += ((qs[j] & 0xf) - zero) * a[j];
+        isum += ((qs[j] >> 4) - zero) * a[j + PI2_QK / 2];
+    }
+    return isum;
+}
+
 static float dot_q4_0(int64_t n, const void *row, const void *act) {
     const pi2_block_q4_0 *w = row;
     const pi2_block_q8_0 *a = act;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI2_QK; i++) {
-        int isum = 0;
-        for (int j = 0; j < PI2_QK / 2; j++) {
-            isum += ((w[i].qs[j] & 0xf) - 8) * a[i].qs[j];
-            isum += ((w[i].qs[j] >> 4) - 8) * a[i].qs[j + PI2_QK / 2];
-        }
-        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
+        sum += (float)q4_block_isum(w[i].qs, a[i].qs, 8) * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d));
     }
     return sum;
 }
@@ -41,13 +47,8 @@ static float dot_q4_1(int64_t n, const void *row, const void *act) {
     const pi2_block_q8_1 *a = act;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI2_QK; i++) {
-        int isum = 0;
-        for (int j = 0; j < PI2_QK / 2; j++) {
-            isum += (w[i].qs[j] & 0xf) * a[i].qs[j];
-            isum += (w[i].qs[j] >> 4) * a[i].qs[j + PI2_QK / 2];
-        }
         /* sum_j (d_w q_j + m)(d_a a_j) = d_w d_a sum q_j a_j + m * (d_a sum a_j), and s = d_a sum a_j */
-        sum += (float)isum * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d)) +
+        sum += (float)q4_block_isum(w[i].qs, a[i].qs, 0) * (pi2_f16_to_f32(w[i].d) * pi2_f16_to_f32(a[i].d)) +
                pi2_f16_to_f32(w[i].m) * pi2_f16_to_f32(a[i].s);
     }
     return sum;

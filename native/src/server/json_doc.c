@@ -53,16 +53,10 @@ static int string(cur *c, char **out, size_t *out_len) {
         c->i++;
         if (ch != '\\') { b[o++] = (char)ch; continue; }
         const char e = c->s[c->i++];
+        const int byte = pi2_json_escape_byte(e); /* json_flat.h's, as the \u pieces are */
+        if (byte >= 0) { b[o++] = (char)byte; continue; }
         uint32_t cp, lo;
         switch (e) {
-        case '"': b[o++] = '"'; break;
-        case '\\': b[o++] = '\\'; break;
-        case '/': b[o++] = '/'; break;
-        case 'b': b[o++] = '\b'; break;
-        case 'f': b[o++] = '\f'; break;
-        case 'n': b[o++] = '\n'; break;
-        case 'r': b[o++] = '\r'; break;
-        case 't': b[o++] = '\t'; break;
         case 'u':
             if (hex4(c, &cp)) { free(b); return fail(c, "bad \\u escape"); }
             if (cp >= 0xD800 && cp <= 0xDBFF) { /* a high surrogate needs its low half */

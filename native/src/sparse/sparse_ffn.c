@@ -211,14 +211,6 @@ static void read_rest(pi2_sparse *s, int i) {
     else if (pi2_sparse_submit(s, hdl, READ_REST) == 0) pi2_io_flush(s->io);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 #define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
 
 /* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
@@ -276,7 +268,7 @@ static void wave_worker(void *p, int ith, int nth) {
                 }
                 if (s->resident) { /* no reads: another thread is computing the wave's last units */
                     if ((++spins & 15) == 0) sched_yield(); /* its core may be this one */
-                    else cpu_relax();
+                    else pi2_cpu_relax();
                     continue;
                 }
                 if (!atomic_exchange(&s->reaping, 1)) { /* become the reaper: wait for a read */

@@ -1,7 +1,22 @@
-/* The priority queue of candidate merges (bigram_heap.h). */
+/* The priority queue of candidate merges and the symbols they merge (bigram_heap.h). */
 #include "bigram_heap.h"
 
 #include <stdlib.h>
+
+#include "common.h"
+#include "unicode.h"
+
+int pi2_symbols_utf8(pi2_symbol *syms, const char *text, size_t n) {
+    int count = 0;
+    for (size_t off = 0; off < n;) {
+        size_t cl = pi2_utf8_len((uint8_t)text[off]);
+        if (cl > n - off) cl = n - off;
+        syms[count] = (pi2_symbol){count - 1, off + cl == n ? -1 : count + 1, text + off, cl};
+        off += cl;
+        count++;
+    }
+    return count;
+}
 
 static int bigram_before(const pi2_bigram *a, const pi2_bigram *b) {
     if (a->order != b->order) return a->order < b->order;
@@ -9,13 +24,7 @@ static int bigram_before(const pi2_bigram *a, const pi2_bigram *b) {
 }
 
 int pi2_bigram_push(pi2_bigram_heap *h, pi2_bigram b) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        pi2_bigram *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
+    if (pi2_grow(&h->v, &h->cap, h->n, sizeof *h->v, 64)) return -1;
     size_t i = h->n++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;

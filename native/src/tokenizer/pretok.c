@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "unicode.h"
 
 typedef struct {
@@ -15,13 +16,7 @@ typedef struct {
 
 static int push_len(len_list *l, size_t len) {
     if (len == 0) return 0;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32;
-        size_t *v = realloc(l->v, cap * sizeof(*v));
-        if (!v) return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (pi2_grow(&l->v, &l->cap, l->n, sizeof *l->v, 32)) return -1;
     l->v[l->n++] = len;
     return 0;
 }
@@ -74,16 +69,27 @@ static size_t contraction(const piece *p, size_t pos, int ignore_case) {
     return 0;
 }
 
+/* Both splitters try a contraction first: when one is at *pos, it becomes the token and *pos moves past it. */
+static int take_contraction(const piece *p, token_sink *s, size_t *pos, int ignore_case) {
+    const size_t c = contraction(p, *pos, ignore_case);
+    if (c) *pos += add_token(s, *pos + c);
+    return c != 0;
+}
+
+/* The last alternatives both splitters share, for a run of n_ws whitespace code points at pos:
+ * \s+(?!\S) (leave one for the next word), \s+, else one code point alone. Where the token ends. */
+static size_t ws_token_end(const piece *p, size_t pos, size_t n_ws) {
+    if (n_ws > 1 && cp_at(p, pos + n_ws) != OUT_OF_RANGE) return pos + n_ws - 1;
+    if (n_ws > 0) return pos + n_ws;
+    return pos + 1;
+}
+
 /* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S) (and \s+ at the end) */
 static void split_gpt2(const piece *p, token_sink *s) {
     for (size_t pos = p->ini; pos < p->end;) {
         uint32_t cp = cp_at(p, pos);
         unsigned flags = flags_at(p, pos);
-        size_t c = contraction(p, pos, 0);
-        if (c) {
-            pos += add_token(s, pos + c);
-            continue;
-        }
+        if (take_contraction(p, s, &pos, 0)) continue;
         unsigned f2 = cp == ' ' ? flags_at(p, pos + 1) : flags;
         if (IS_L(f2)) {
             pos += cp == ' ';
@@ -105,17 +111,8 @@ static void split_gpt2(const piece *p, token_sink *s) {
         }
         size_t n_ws = 0;
         while (IS_WS(flags_at(p, pos + n_ws))) n_ws++;
-        if (n_ws > 1 && cp_at(p, pos + n_ws) != OUT_OF_RANGE) { /* \s+(?!\S): leave one for the next word */
-            pos += n_ws - 1;
-            add_token(s, pos);
-            continue;
-        }
-        if (n_ws > 0) {
-            pos += n_ws;
-            add_token(s, pos);
-            continue;
-        }
-        add_token(s, ++pos);
+        pos = ws_token_end(p, pos, n_ws);
+        add_token(s, pos);
     }
 }
 
@@ -125,11 +122,7 @@ static void split_llama3(const piece *p, token_sink *s, int max_digits) {
     for (size_t pos = p->ini; pos < p->end;) {
         uint32_t cp = cp_at(p, pos);
         unsigned flags = flags_at(p, pos);
-        size_t c = contraction(p, pos, 1);
-        if (c) {
-            pos += add_token(s, pos + c);
-            continue;
-        }
+        if (take_contraction(p, s, &pos, 1)) continue;
         if (!(cp == '\r' || cp == '\n' || IS_N(flags))) {
             if (IS_L(flags) || IS_L(flags_at(p, pos + 1))) {
                 pos++;
@@ -169,17 +162,8 @@ static void split_llama3(const piece *p, token_sink *s, int max_digits) {
             add_token(s, pos);
             continue;
         }
-        if (n_ws > 1 && cp_at(p, pos + n_ws) != OUT_OF_RANGE) {
-            pos += n_ws - 1;
-            add_token(s, pos);
-            continue;
-        }
-        if (n_ws > 0) {
-            pos += n_ws;
-            add_token(s, pos);
-            continue;
-        }
-        add_token(s, ++pos);
+        pos = ws_token_end(p, pos, n_ws);
+        add_token(s, pos);
     }
 }
 

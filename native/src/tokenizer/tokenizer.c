@@ -312,13 +312,7 @@ typedef struct {
 } fragment_list;
 
 static int frag_push(fragment_list *l, int32_t token, size_t off, size_t len) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        fragment *v = realloc(l->v, cap * sizeof(*v));
-        if (!v) return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (pi2_grow(&l->v, &l->cap, l->n, sizeof *l->v, 16)) return -1;
     l->v[l->n++] = (fragment){token, off, len};
     return 0;
 }

@@ -9,13 +9,7 @@
 #include "tok_tables.h"
 #include "unicode.h"
 
-typedef struct {
-    int prev, next;
-    const char *text;
-    size_t n;
-} symbol;
-
-static int add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, pi2_bigram_heap *h) {
+static int add_bigram(const pi2_tokenizer *tok, const pi2_symbol *syms, int left, int right, pi2_bigram_heap *h) {
     if (left < 0 || right < 0) return 0;
     int32_t rank = pi2_tok_merge_rank(tok, syms[left].text, syms[left].n, syms[right].text, syms[right].n);
     if (rank < 0) return 0;
@@ -23,7 +17,7 @@ static int add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, in
 }
 
 typedef struct {
-    symbol *syms;
+    pi2_symbol *syms;
     size_t cap;
     pi2_bigram_heap heap;
 } bpe_scratch;
@@ -38,31 +32,21 @@ static int encode_word(const pi2_tokenizer *tok, const char *w, size_t wn, bpe_s
         }
     }
     if (wn > sc->cap) {
-        symbol *s = realloc(sc->syms, wn * sizeof(*s));
+        pi2_symbol *s = realloc(sc->syms, wn * sizeof(*s));
         if (!s) return -1;
         sc->syms = s;
         sc->cap = wn;
     }
-    symbol *syms = sc->syms;
-    int n = 0;
-    for (size_t off = 0; off < wn;) {
-        size_t cl = pi2_utf8_len((uint8_t)w[off]);
-        if (cl > wn - off) cl = wn - off;
-        syms[n] = (symbol){n - 1, off + cl == wn ? -1 : n + 1, w + off, cl};
-        off += cl;
-        n++;
-    }
+    pi2_symbol *syms = sc->syms;
+    const int n = pi2_symbols_utf8(syms, w, wn);
     sc->heap.n = 0;
     for (int i = 1; i < n; i++)
         if (add_bigram(tok, syms, i - 1, i, &sc->heap) != 0) return -1;
     while (sc->heap.n > 0) {
         pi2_bigram b = pi2_bigram_pop(&sc->heap);
-        symbol *l = &syms[b.left], *r = &syms[b.right];
+        pi2_symbol *l = &syms[b.left], *r = &syms[b.right];
         if (l->n == 0 || r->n == 0 || l->n != b.left_n || r->n != b.right_n) continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) syms[r->next].prev = b.left;
+        pi2_symbol_merge(syms, b);
         if (add_bigram(tok, syms, l->prev, b.left, &sc->heap) != 0) return -1;
         if (add_bigram(tok, syms, b.left, l->next, &sc->heap) != 0) return -1;
     }

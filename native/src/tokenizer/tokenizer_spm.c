@@ -9,13 +9,7 @@
 #include "tok_tables.h"
 #include "unicode.h"
 
-typedef struct {
-    int prev, next;
-    const char *text;
-    size_t n; /* 0 once merged into its left neighbour */
-} symbol;
-
-static int try_add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left, int right, pi2_bigram_heap *h) {
+static int try_add_bigram(const pi2_tokenizer *tok, const pi2_symbol *syms, int left, int right, pi2_bigram_heap *h) {
     if (left < 0 || right < 0) return 0;
     size_t size = syms[left].n + syms[right].n; /* neighbours are contiguous in the text */
     int32_t id = pi2_tok_find(tok, syms[left].text, size);
@@ -24,7 +18,7 @@ static int try_add_bigram(const pi2_tokenizer *tok, const symbol *syms, int left
     return pi2_bigram_push(h, (pi2_bigram){left, right, -(double)tok->scores[id], syms[left].n, syms[right].n});
 }
 
-static void emit_symbol(const pi2_tokenizer *tok, const symbol *s, pi2_tok_out *o) {
+static void emit_symbol(const pi2_tokenizer *tok, const pi2_symbol *s, pi2_tok_out *o) {
     int32_t id = pi2_tok_find(tok, s->text, s->n);
     if (id >= 0) {
         pi2_tok_emit(o, id);
@@ -43,7 +37,7 @@ int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int s
     size_t elen = len + (size_t)space_prefix + 2 * n_spaces;
     if (elen == 0) return 0;
     char *esc = malloc(elen);
-    symbol *syms = malloc(elen * sizeof(*syms));
+    pi2_symbol *syms = malloc(elen * sizeof(*syms));
     pi2_bigram_heap heap = {0};
     if (!esc || !syms) goto oom;
     size_t k = 0;
@@ -60,25 +54,15 @@ int pi2_spm_encode(const pi2_tokenizer *tok, const char *text, size_t len, int s
         }
     }
 
-    int n = 0;
-    for (size_t off = 0; off < elen;) {
-        size_t cl = pi2_utf8_len((uint8_t)esc[off]);
-        if (cl > elen - off) cl = elen - off;
-        syms[n] = (symbol){n - 1, off + cl == elen ? -1 : n + 1, esc + off, cl};
-        off += cl;
-        n++;
-    }
+    const int n = pi2_symbols_utf8(syms, esc, elen);
     for (int i = 1; i < n; i++)
         if (try_add_bigram(tok, syms, i - 1, i, &heap) != 0) goto oom;
 
     while (heap.n > 0) {
         pi2_bigram b = pi2_bigram_pop(&heap);
-        symbol *l = &syms[b.left], *r = &syms[b.right];
+        pi2_symbol *l = &syms[b.left], *r = &syms[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.left_n + b.right_n) continue; /* stale */
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) syms[r->next].prev = b.left;
+        pi2_symbol_merge(syms, b);
         if (try_add_bigram(tok, syms, l->prev, b.left, &heap) != 0) goto oom;
         if (try_add_bigram(tok, syms, b.left, l->next, &heap) != 0) goto oom;
     }

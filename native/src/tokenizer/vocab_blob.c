@@ -3,6 +3,7 @@
 #include "vocab_blob.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,24 @@ static int64_t sum_lens(const uint32_t *lens, int32_t n, size_t len) {
         if (total > len) return -1;
     }
     return (int64_t)total;
+}
+
+/* n strings stored as n u32 lengths, then their bytes padded to 4; `noun` names them in errors
+ * ("token": "token lengths", "token texts"). 0, or -1 with the error. */
+static int take_strings(const uint8_t *b, size_t len, uint64_t *pos, int32_t n, const char *noun,
+                        const uint8_t **lens, const uint8_t **bytes) {
+    char what[32];
+    snprintf(what, sizeof what, "%s lengths", noun);
+    *lens = take(b, len, pos, (uint64_t)n * 4, what);
+    if (!*lens) return -1;
+    const int64_t total = sum_lens((const uint32_t *)*lens, n, len);
+    if (total < 0) {
+        pi2_set_error("vocab blob: %s lengths add up to more than the blob holds", noun);
+        return -1;
+    }
+    snprintf(what, sizeof what, "%s texts", noun);
+    *bytes = take(b, len, pos, pad4((uint64_t)total), what);
+    return *bytes ? 0 : -1;
 }
 
 /* Point ptrs[i] at consecutive strings of lens[i] bytes starting at bytes. */
@@ -138,15 +157,8 @@ int pi2_vocab_blob_parse(const void *blob, size_t len, pi2_vocab_desc *out) {
         pi2_set_error("vocab blob: pre-tokenizer name is not a clean NUL-terminated string");
         return -1;
     }
-    const uint8_t *tok_lens = take(b, len, &pos, (uint64_t)n_vocab * 4, "token lengths");
-    if (!tok_lens) return -1;
-    int64_t tok_bytes_n = sum_lens((const uint32_t *)tok_lens, n_vocab, len);
-    if (tok_bytes_n < 0) {
-        pi2_set_error("vocab blob: token lengths add up to more than the blob holds");
-        return -1;
-    }
-    const uint8_t *tok_bytes = take(b, len, &pos, pad4((uint64_t)tok_bytes_n), "token texts");
-    if (!tok_bytes) return -1;
+    const uint8_t *tok_lens, *tok_bytes;
+    if (take_strings(b, len, &pos, n_vocab, "token", &tok_lens, &tok_bytes)) return -1;
     const uint8_t *scores = NULL, *types = NULL;
     if (flags & PI2_VOCAB_FLAG_HAS_SCORES) {
         scores = take(b, len, &pos, (uint64_t)n_vocab * 4, "scores");
@@ -156,15 +168,8 @@ int pi2_vocab_blob_parse(const void *blob, size_t len, pi2_vocab_desc *out) {
         types = take(b, len, &pos, (uint64_t)n_vocab * 4, "token types");
         if (!types) return -1;
     }
-    const uint8_t *merge_lens = take(b, len, &pos, (uint64_t)n_merges * 4, "merge lengths");
-    if (!merge_lens) return -1;
-    int64_t merge_bytes_n = sum_lens((const uint32_t *)merge_lens, n_merges, len);
-    if (merge_bytes_n < 0) {
-        pi2_set_error("vocab blob: merge lengths add up to more than the blob holds");
-        return -1;
-    }
-    const uint8_t *merge_bytes = take(b, len, &pos, pad4((uint64_t)merge_bytes_n), "merge texts");
-    if (!merge_bytes) return -1;
+    const uint8_t *merge_lens, *merge_bytes;
+    if (take_strings(b, len, &pos, n_merges, "merge", &merge_lens, &merge_bytes)) return -1;
     if (pos != len) {
         pi2_set_error("vocab blob: %llu stray bytes after the merges", (unsigned long long)(len - pos));
         return -1;
