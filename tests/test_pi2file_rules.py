@@ -42,6 +42,26 @@ def _section(raw, s):
     return struct.unpack_from("<QQ", raw, 128 + 24 * s)
 
 
+def with_table(raw: bytearray, table: bytes, n: int) -> bytes:
+    """The .pi2 `raw` with its tensor table replaced by `table` (n entries): the tokenizer and metadata
+    sections move after it (page-aligned) and every offset, size and checksum is redone."""
+    t_off, _ = _section(raw, SEC_TABLE)
+    out = bytearray(raw[:t_off]) + table
+    out += b"\0" * (-len(out) % 4096)
+    tail = []
+    for s in (3, 4):  # tokenizer and metadata move after the longer table
+        off, size = _section(raw, s)
+        tail.append((len(out), size, raw[off : off + size]))
+        out += raw[off : off + size] + b"\0" * (-size % 4096)
+    struct.pack_into("<QQI", out, 128 + 24 * SEC_TABLE, t_off, len(table), zlib.crc32(table))
+    for s, (off, size, data) in zip((3, 4), tail, strict=True):
+        struct.pack_into("<QQI", out, 128 + 24 * s, off, size, zlib.crc32(bytes(data)))
+    struct.pack_into("<I", out, 112, n)
+    struct.pack_into("<Q", out, 120, len(out))
+    _header_crc(out)
+    return bytes(out)
+
+
 def _table_crc(raw: bytearray) -> None:
     off, size = _section(raw, SEC_TABLE)
     struct.pack_into("<I", raw, 128 + 24 * SEC_TABLE + 16, zlib.crc32(bytes(raw[off : off + size])))
@@ -273,24 +293,10 @@ def _many_tensors(base, path, n, duplicate=True):
     """The base model with its table replaced by n small F32 entries (all valid, all at resident offset 0)
     whose last one repeats the first name: only the duplicate check can refuse it."""
     raw = bytearray(base.read_bytes())
-    t_off, _ = _section(raw, SEC_TABLE)
     entry = struct.Struct("<64sII4QIIQQ")
     names = [f"t{i}".encode() for i in range(n - 1)] + [b"t0" if duplicate else b"last"]
     table = b"".join(entry.pack(name, 0, 1, 1, 1, 1, 1, SEC_RESIDENT, 0, 0, 4) for name in names)
-    out = bytearray(raw[:t_off]) + table
-    out += b"\0" * (-len(out) % 4096)
-    tail = []
-    for s in (3, 4):  # tokenizer and metadata move after the longer table
-        off, size = _section(raw, s)
-        tail.append((len(out), size, raw[off : off + size]))
-        out += raw[off : off + size] + b"\0" * (-size % 4096)
-    struct.pack_into("<QQI", out, 128 + 24 * SEC_TABLE, t_off, len(table), zlib.crc32(table))
-    for s, (off, size, data) in zip((3, 4), tail, strict=True):
-        struct.pack_into("<QQI", out, 128 + 24 * s, off, size, zlib.crc32(bytes(data)))
-    struct.pack_into("<I", out, 112, n)
-    struct.pack_into("<Q", out, 120, len(out))
-    _header_crc(out)
-    path.write_bytes(bytes(out))
+    path.write_bytes(with_table(raw, table, n))
     return path
 
 
