@@ -139,6 +139,16 @@ def tiny_model(synth_model) -> Path:
     return synth_model("tiny")
 
 
+@pytest.fixture(scope="session")
+def plain_gguf(tmp_path_factory) -> Path:
+    """A small llama GGUF with no predictors and the usual down layout: the base the convert tests break."""
+    from test_convert_powerinfer import write_gguf
+
+    path = tmp_path_factory.mktemp("gguf") / "plain.gguf"
+    write_gguf(path, transposed_down=False, predictors=False)
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _unsaved_results_in_tmp(tmp_path_factory, monkeypatch):
     """Runs a test cannot store (deliberately bad ones included) are kept here, not in ~/.cache/pi2."""
