@@ -111,10 +111,16 @@ def _magic(raw):
     return raw
 
 
-def _version(raw):
-    struct.pack_into("<I", raw, 8, 2)
-    _header_crc(raw)
-    return raw
+def _header_u32(offset, value):
+    """An edit setting the header's u32 at `offset` with the header checksum redone, so only the rule
+    on that field can refuse the file."""
+
+    def edit(raw):
+        struct.pack_into("<I", raw, offset, value)
+        _header_crc(raw)
+        return raw
+
+    return edit
 
 
 def _header_checksum(raw):
@@ -122,22 +128,10 @@ def _header_checksum(raw):
     return raw
 
 
-def _n_embd(raw):
-    struct.pack_into("<I", raw, 28, 65)
-    _header_crc(raw)
-    return raw
-
-
 def _gate_predictor_alone(raw):
     """flags bit3 (the CATS gate predictor) without bit2 (predictors present)."""
     (flags,) = struct.unpack_from("<I", raw, 76)
     struct.pack_into("<I", raw, 76, (flags & ~4) | 8)
-    _header_crc(raw)
-    return raw
-
-
-def _n_tensors(raw):
-    struct.pack_into("<I", raw, 112, 0)
     _header_crc(raw)
     return raw
 
@@ -215,11 +209,11 @@ CASES = [
     ("short", _short, 1, "truncated"),
     ("truncated", _truncated, 6, "truncated"),
     ("bad magic", _magic, 2, "bad magic"),
-    ("bad version", _version, 3, "format version 2"),
+    ("bad version", _header_u32(8, 2), 3, "format version 2"),
     ("header checksum", _header_checksum, 4, "header checksum"),
-    ("n_embd", _n_embd, 8, "n_embd 65"),
+    ("n_embd", _header_u32(28, 65), 8, "n_embd 65"),
     ("gate predictor without predictors", _gate_predictor_alone, 8, "gate predictor"),
-    ("n_tensors 0", _n_tensors, 10, "n_tensors 0"),
+    ("n_tensors 0", _header_u32(112, 0), 10, "n_tensors 0"),
     ("section past EOF", _section_past_eof, 11, "beyond the end of the file"),
     ("overflowing shape", _overflowing_shape, 17, "its shape needs"),
     ("threshold out of bounds", _threshold_out_of_bounds, 17, "its shape needs"),
