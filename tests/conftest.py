@@ -139,6 +139,14 @@ def tiny_model(synth_model) -> Path:
     return synth_model("tiny")
 
 
+@pytest.fixture
+def bench_env(monkeypatch, tmp_path, llamacpp_bindir) -> Path:
+    """A results directory for `pi2 bench` runs, with the llama.cpp build found and pi2's cache apart."""
+    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "results"
+
+
 @pytest.fixture(scope="session")
 def plain_gguf(tmp_path_factory) -> Path:
     """A small llama GGUF with no predictors and the usual down layout: the base the convert tests break."""
