@@ -232,16 +232,22 @@ def summarize(
     return rows
 
 
+def print_rows(rows: list[dict], columns: list) -> None:
+    """One markdown row per thread count: its threads, then each column, (key, *fmt args) or a function of
+    the row; a missing value prints as "-"."""
+    for r in rows:
+        cells = [f"{r['threads']}{' (oversubscribed)' if r['oversubscribed'] else ''}"]
+        cells += [c(r) if callable(c) else fmt(r.get(c[0]), *c[1:]) for c in columns]
+        print("| " + " | ".join(cells) + " |")
+
+
 def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, how: dict) -> None:
     print(f"\nin memory (pi2 decode: whole-decode average; bounds: membw / bytes a token reads)\n"
           f"| threads | llama.cpp pp{p} tok/s | pi2 prefill | llama.cpp tg{n} | pi2 decode | decode ratio | "
           f"prefill ratio | membw GB/s | pi2 bound | llama.cpp bound |\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    for r in rows:
-        mark = " (oversubscribed)" if r["oversubscribed"] else ""
-        print(f"| {r['threads']}{mark} | {fmt(r['llama_pp_tps'], '.1f')} | {fmt(r['pi2_prefill_tps'], '.1f')} | "
-              f"{fmt(r['llama_tg_tps'])} | {fmt(r['pi2_decode_tps'])} | {fmt(r['decode_ratio'], '.2f', 'x')} | "
-              f"{fmt(r['prefill_ratio'], '.2f', 'x')} | {r['membw_gb_per_s']:.1f} | {r['pi2_bound_tps']:.1f} | "
-              f"{r['dense_bound_tps']:.1f} |")  # fmt: skip
+    print_rows(rows, [("llama_pp_tps", ".1f"), ("pi2_prefill_tps", ".1f"), ("llama_tg_tps",), ("pi2_decode_tps",),
+                      ("decode_ratio", ".2f", "x"), ("prefill_ratio", ".2f", "x"), ("membw_gb_per_s", ".1f"),
+                      ("pi2_bound_tps", ".1f"), ("dense_bound_tps", ".1f")])  # fmt: skip
     print("bytes a token could read at the measured rate and bandwidth (pi2 / llama.cpp; the model's: "
           f"{rows[0]['pi2_bytes_per_token'] / 1e6:.0f} / {rows[0]['dense_bytes_per_token'] / 1e6:.0f} MB): "
           + ", ".join(f"{r['threads']} threads {fmt(mb(r['pi2_bytes_per_token_ceiling']), '.0f')} / "
@@ -252,14 +258,10 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
           f"io_wait and FFN time: pi2's whole run\n"
           f"| threads | pi2 prefill | pi2 decode | llama.cpp pp{p} | llama.cpp tg{nb} | decode ratio | io_wait s | "
           f"FFN s | reads/token | hit rate | bound tok/s (storage) |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    for r in rows:
-        mark = " (oversubscribed)" if r["oversubscribed"] else ""
-        print(f"| {r['threads']}{mark} | {fmt(r.get('budget_pi2_prefill_tps'), '.1f')} | "
-              f"{fmt(r.get('budget_pi2_decode_tps'))} | {fmt(r.get('budget_llama_pp_tps'), '.1f')} | "
-              f"{fmt(r.get('budget_llama_tg_tps'))} | {fmt(r.get('budget_decode_ratio'), '.2f', 'x')} | "
-              f"{fmt(r.get('budget_io_wait_s'))} | {fmt(r.get('budget_ffn_s'))} | "
-              f"{fmt(r.get('budget_reads_per_token'), '.0f')} | {fmt(r.get('budget_hit_rate'), '.3f')} | "
-              f"{fmt(r.get('budget_bound_tps'))} ({fmt(r.get('budget_storage_bound_tps'))}) |")  # fmt: skip
+    print_rows(rows, [("budget_pi2_prefill_tps", ".1f"), ("budget_pi2_decode_tps",), ("budget_llama_pp_tps", ".1f"),
+                      ("budget_llama_tg_tps",), ("budget_decode_ratio", ".2f", "x"), ("budget_io_wait_s",),
+                      ("budget_ffn_s",), ("budget_reads_per_token", ".0f"), ("budget_hit_rate", ".3f"),
+                      lambda r: f"{fmt(r.get('budget_bound_tps'))} ({fmt(r.get('budget_storage_bound_tps'))})"])  # fmt: skip
 
 
 def budget_how(runs: dict, engine_how: str) -> dict:

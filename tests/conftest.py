@@ -139,6 +139,24 @@ def tiny_model(synth_model) -> Path:
     return synth_model("tiny")
 
 
+@pytest.fixture
+def bench_env(monkeypatch, tmp_path, llamacpp_bindir) -> Path:
+    """A results directory for `pi2 bench` runs, with the llama.cpp build found and pi2's cache apart."""
+    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
+    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "results"
+
+
+@pytest.fixture(scope="session")
+def plain_gguf(tmp_path_factory) -> Path:
+    """A small llama GGUF with no predictors and the usual down layout: the base the convert tests break."""
+    from test_convert_powerinfer import write_gguf
+
+    path = tmp_path_factory.mktemp("gguf") / "plain.gguf"
+    write_gguf(path, transposed_down=False, predictors=False)
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _unsaved_results_in_tmp(tmp_path_factory, monkeypatch):
     """Runs a test cannot store (deliberately bad ones included) are kept here, not in ~/.cache/pi2."""

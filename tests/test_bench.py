@@ -25,20 +25,13 @@ from pi2cli.results import store
 from pi2cli.units import parse_size
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer  # noqa: E402
+from adbd.harness import private_device  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model_dir(smollm2_dir) -> Path:
     """SmolLM2 as DIR/model.pi2 + DIR/model.gguf (the same weights), as `pi2 convert` writes them."""
     return smollm2_dir
-
-
-@pytest.fixture
-def env(monkeypatch, tmp_path, llamacpp_bindir):
-    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
-    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "results"
 
 
 def bench_json(args: list[str]) -> dict:
@@ -61,9 +54,9 @@ def check_row(row: dict, engine: str, workload: str, n_turns: int) -> dict:
 
 @pytest.mark.slow
 @needs_engine
-def test_bench_code_both_engines_locally(env, model_dir):
+def test_bench_code_both_engines_locally(bench_env, model_dir):
     out = bench_json(["-m", str(model_dir / "model.pi2"), "-e", "pi2", "-e", "llama.cpp", "-w", "code",
-                      "--limit", "1", "-n", "8", "--memory-budget", "1G", "--results-dir", str(env)])  # fmt: skip
+                      "--limit", "1", "-n", "8", "--memory-budget", "1G", "--results-dir", str(bench_env)])  # fmt: skip
     assert [r["engine"] for r in out["runs"]] == ["pi2", "llama.cpp"]
     cgroups = detect_cgroup()
     for row in out["runs"]:
@@ -84,14 +77,14 @@ def test_bench_code_both_engines_locally(env, model_dir):
         # ... and it is the kernel's high-water mark, never a poll
         source = {"pi2": "engine VmHWM at exit", "llama.cpp": "VmHWM before stop"}[row["engine"]]
         assert run["counters"]["peak_rss_source"] == row["peak_rss_source"] == source
-    assert len(store.list_runs(env)) == 2
+    assert len(store.list_runs(bench_env)) == 2
 
 
 @pytest.mark.slow
 @needs_engine
-def test_multi_turn_keeps_the_kv_cache_and_the_models_own_answers(env, model_dir):
+def test_multi_turn_keeps_the_kv_cache_and_the_models_own_answers(bench_env, model_dir):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["multi-turn"], limit=1,
-                      n_gen=6, results_dir=str(env))  # fmt: skip
+                      n_gen=6, results_dir=str(bench_env))  # fmt: skip
     (outcome,) = run_bench(cfg)
     turns = outcome.run["turns"]
     assert len(turns) >= 3 and all(t["status"] == "ok" for t in turns)
@@ -103,9 +96,9 @@ def test_multi_turn_keeps_the_kv_cache_and_the_models_own_answers(env, model_dir
 
 @pytest.mark.slow
 @needs_engine
-def test_context_full_fails_the_turn_not_the_run(env, model_dir):
+def test_context_full_fails_the_turn_not_the_run(bench_env, model_dir):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["code"], limit=2, n_gen=4,
-                      ctx=64, results_dir=str(env))  # fmt: skip
+                      ctx=64, results_dir=str(bench_env))  # fmt: skip
     (outcome,) = run_bench(cfg)
     assert [t["status"] for t in outcome.run["turns"]] == ["failed", "failed"]
     assert outcome.run["status"] == "failed" and "every turn failed" in outcome.run["error"]
@@ -137,28 +130,28 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @needs_engine
-def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(env, model_dir, chat_pids):
+def test_ctrl_c_stops_the_engine_and_saves_an_aborted_run(bench_env, model_dir, chat_pids):
     started = chat_pids
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2", "llama.cpp"], workloads=["code"],
-                      limit=3, n_gen=4, results_dir=str(env))  # fmt: skip
+                      limit=3, n_gen=4, results_dir=str(bench_env))  # fmt: skip
     with pytest.raises(BenchInterrupted) as info:
         run_bench(cfg, InterruptAfter(2))
     run = store.load_run(info.value.outcome.path)
     assert run["status"] == "aborted" and "Ctrl-C" in run["error"]
     assert len(run["turns"]) == 2  # the finished turns are kept
     assert started and not alive(started[0])  # no orphan engine
-    assert [r["status"] for r in store.list_runs(env)] == ["aborted"]  # llama.cpp never started
+    assert [r["status"] for r in store.list_runs(bench_env)] == ["aborted"]  # llama.cpp never started
 
 
 @pytest.mark.slow
 @needs_engine
-def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tmp_path):
+def test_sigint_to_the_command_exits_130_and_leaves_no_engine(bench_env, model_dir, tmp_path):
     """A real Ctrl-C (SIGINT to the pi2 process group) while pi2-engine is mid-conversation."""
     import signal
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "bench", "-m", str(model_dir / "model.pi2"),
-                             "-w", "multi-turn", "--limit", "3", "-n", "64", "--results-dir", str(env), "--json"],
+                             "-w", "multi-turn", "--limit", "3", "-n", "64", "--results-dir", str(bench_env), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     # (the default SIGINT in the child: a suite run in the background by a shell inherits it ignored)
@@ -177,12 +170,12 @@ def test_sigint_to_the_command_exits_130_and_leaves_no_engine(env, model_dir, tm
     assert proc.returncode == 130, err.decode()
     assert b"pi2: interrupted" in err and b"Traceback" not in err
     assert not alive(engine_pid)
-    (row,) = store.list_runs(env)
+    (row,) = store.list_runs(bench_env)
     assert row["status"] == "aborted"
 
 
 @pytest.mark.slow
-def test_bad_input_is_one_clear_error(env, model_dir, tmp_path, monkeypatch):
+def test_bad_input_is_one_clear_error(bench_env, model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("PI2_MLC_RUNNER", raising=False)
     runner = CliRunner()
     lone = tmp_path / "lone.pi2"
@@ -222,9 +215,9 @@ def test_bad_input_is_one_clear_error(env, model_dir, tmp_path, monkeypatch):
         (["-m", str(model_dir / "model.pi2"), "--limit", "0"], "--limit must be at least 1"),
     ]
     for args, needle in cases:
-        result = runner.invoke(cli, ["bench", *args, "--results-dir", str(env)])
+        result = runner.invoke(cli, ["bench", *args, "--results-dir", str(bench_env)])
         assert result.exit_code != 0 and needle in result.output, (args, result.output)
-    assert not env.exists()  # nothing half-written
+    assert not bench_env.exists()  # nothing half-written
 
 
 def test_parse_size_and_prompt_extension():
@@ -251,20 +244,15 @@ def test_gguf_model_is_converted_for_pi2(model_dir, tmp_path):
 # --------------------------------------------------------------------------------------------- adb
 @pytest.fixture
 def phone(tmp_path, monkeypatch):
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
-    try:
-        with server.device(tmp_path / "phone") as device:
-            yield device
-    finally:
-        server.stop()
+    with private_device(tmp_path, monkeypatch) as device:
+        yield device
 
 
 @pytest.mark.slow
 @needs_engine
-def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
+def test_pi2_through_the_test_adb_daemon(bench_env, model_dir, phone):
     out = bench_json(["-m", str(model_dir / "model.pi2"), "-e", "pi2", "-w", "code", "--limit", "1", "-n", "8",
-                      "--device", phone.serial, "--memory-budget", "1G", "--results-dir", str(env)])  # fmt: skip
+                      "--device", phone.serial, "--memory-budget", "1G", "--results-dir", str(bench_env)])  # fmt: skip
     run = check_row(out["runs"][0], "pi2", "code", 1)
     assert run["target"]["kind"] == "adb" and run["target"]["model"] == "pi2_test_adbd"
     assert run["memory"]["budget_bytes"] == 1 << 30 and run["memory"]["enforced"] is False
@@ -278,9 +266,9 @@ def test_pi2_through_the_test_adb_daemon(env, model_dir, phone):
 
 @pytest.mark.slow
 @needs_engine
-def test_device_that_vanishes_mid_run_is_a_failure_record(env, model_dir, phone):
+def test_device_that_vanishes_mid_run_is_a_failure_record(bench_env, model_dir, phone):
     cfg = BenchConfig(model=str(model_dir / "model.pi2"), engines=["pi2"], workloads=["code"], limit=3, n_gen=4,
-                      device=phone.serial, results_dir=str(env))  # fmt: skip
+                      device=phone.serial, results_dir=str(bench_env))  # fmt: skip
     with pytest.raises(DeviceVanished) as info:
         run_bench(cfg, InterruptAfter(1, action=phone.stop))
     run = store.load_run(info.value.outcome.path)
@@ -290,13 +278,13 @@ def test_device_that_vanishes_mid_run_is_a_failure_record(env, model_dir, phone)
 
 @pytest.mark.slow
 @needs_engine
-def test_engine_that_cannot_load_the_model_is_a_failed_run(env, model_dir, tmp_path):
+def test_engine_that_cannot_load_the_model_is_a_failed_run(bench_env, model_dir, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     shutil.copy(model_dir / "model.gguf", bad / "model.gguf")
     (bad / "model.pi2").write_bytes((model_dir / "model.pi2").read_bytes()[:100_000])  # cut short
     result = CliRunner().invoke(cli, ["bench", "-m", str(bad / "model.pi2"), "-w", "code", "--limit", "1", "-n", "4",
-                                      "--results-dir", str(env), "--json"])  # fmt: skip
+                                      "--results-dir", str(bench_env), "--json"])  # fmt: skip
     assert result.exit_code == 1 and "Traceback" not in result.output
     (row,) = json.loads(result.stdout)["runs"]
     assert row["status"] == "failed" and "pi2-engine exited" in row["error"] and "truncated" in row["error"]

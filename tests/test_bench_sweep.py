@@ -17,14 +17,7 @@ from pi2cli.errors import Pi2Error
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer  # noqa: E402
-
-
-@pytest.fixture
-def env(monkeypatch, tmp_path, llamacpp_bindir):
-    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
-    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "results"
+from adbd.harness import private_device  # noqa: E402
 
 
 def bench(*args):
@@ -47,10 +40,10 @@ def test_dry_run_prints_the_matrix_and_runs_nothing(tiny_model, tmp_path):
 
 @pytest.mark.slow
 @needs_engine
-def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tmp_path):
+def test_sweep_every_engine_locally_with_warmups_and_samples(bench_env, tiny_model, tmp_path):
     csv_path = tmp_path / "samples.csv"
     r = bench("-m", str(tiny_model), "-e", "pi2", "-e", "llmflash", "-e", "llama.cpp", "-p", "8,32", "-n", "5",
-              "-t", "1", "--repeat", "2", "--warmup", "1", "--results-dir", str(env), "--samples-csv",
+              "-t", "1", "--repeat", "2", "--warmup", "1", "--results-dir", str(bench_env), "--samples-csv",
               str(csv_path), "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
     runs = json.loads(r.stdout)["runs"]
@@ -94,35 +87,30 @@ def test_sweep_every_engine_locally_with_warmups_and_samples(env, tiny_model, tm
 
 @pytest.mark.slow
 @needs_engine
-def test_sweep_through_the_test_adb_daemon(env, tiny_model, tmp_path, monkeypatch):
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
-    try:
-        with server.device(tmp_path / "phone") as phone:
-            r = bench("-m", str(tiny_model), "-e", "pi2", "-e", "llama.cpp", "-p", "8", "-n", "4", "-t", "1,2",
-                      "--repeat", "1", "--warmup", "0", "--device", phone.serial, "--results-dir", str(env), "--json")  # fmt: skip
-            assert r.exit_code == 0, r.output
-            runs = [store.load_run(o["result_file"]) for o in json.loads(r.stdout)["runs"]]
-            assert [(run["engine"]["name"], run["settings"]["threads"]) for run in runs] == [
-                ("pi2", 1),
-                ("pi2", 2),
-                ("llama.cpp", 1),
-                ("llama.cpp", 2),
-            ]
-            for run in runs:
-                assert run["status"] == "ok" and run["target"]["kind"] == "adb"
-                if run["engine"]["name"] == "pi2":
-                    (t,) = run["turns"]
-                    assert t["n_prompt"] == 8 and len(t["samples_ns"]) == 3 and t["ttft_ns"] > 0
-                else:  # llama-bench ran on the device, on its clock there, under the pushed pi2-rusage
-                    assert [t["prompt_id"] for t in run["turns"]] == ["pp8", "tg4"]
-                    assert run["summary"]["avg_ts"] > 0 and run["counters"]["peak_rss_bytes"] > 0
-                    assert run["llama_bench"][1]["n_depth"] == 8 and "on the target" in run["measurement"]
-            runs_dir = phone.root / "pi2" / "runs"
-            assert not list(runs_dir.glob("*.events.jsonl")) and not list(runs_dir.glob("*.rusage.json"))
-            assert (phone.root / "pi2" / "bin" / "llama-bench").is_file()
-    finally:
-        server.stop()
+def test_sweep_through_the_test_adb_daemon(bench_env, tiny_model, tmp_path, monkeypatch):
+    with private_device(tmp_path, monkeypatch) as phone:
+        r = bench("-m", str(tiny_model), "-e", "pi2", "-e", "llama.cpp", "-p", "8", "-n", "4", "-t", "1,2",
+                  "--repeat", "1", "--warmup", "0", "--device", phone.serial, "--results-dir", str(bench_env), "--json")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        runs = [store.load_run(o["result_file"]) for o in json.loads(r.stdout)["runs"]]
+        assert [(run["engine"]["name"], run["settings"]["threads"]) for run in runs] == [
+            ("pi2", 1),
+            ("pi2", 2),
+            ("llama.cpp", 1),
+            ("llama.cpp", 2),
+        ]
+        for run in runs:
+            assert run["status"] == "ok" and run["target"]["kind"] == "adb"
+            if run["engine"]["name"] == "pi2":
+                (t,) = run["turns"]
+                assert t["n_prompt"] == 8 and len(t["samples_ns"]) == 3 and t["ttft_ns"] > 0
+            else:  # llama-bench ran on the device, on its clock there, under the pushed pi2-rusage
+                assert [t["prompt_id"] for t in run["turns"]] == ["pp8", "tg4"]
+                assert run["summary"]["avg_ts"] > 0 and run["counters"]["peak_rss_bytes"] > 0
+                assert run["llama_bench"][1]["n_depth"] == 8 and "on the target" in run["measurement"]
+        runs_dir = phone.root / "pi2" / "runs"
+        assert not list(runs_dir.glob("*.events.jsonl")) and not list(runs_dir.glob("*.rusage.json"))
+        assert (phone.root / "pi2" / "bin" / "llama-bench").is_file()
 
 
 def test_bad_sweep_input_is_one_line(tiny_model, tmp_path):

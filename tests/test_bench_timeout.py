@@ -22,7 +22,7 @@ from pi2cli.results import schema as S
 from pi2cli.results import store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer  # noqa: E402
+from adbd.harness import private_device  # noqa: E402
 
 # a turn far longer than any limit here: only the limit ends it
 ENDLESS = ["-n", "100000", "--ctx", "200000"]
@@ -126,32 +126,27 @@ def test_a_limit_that_cannot_work_is_one_clear_error(tiny_model, tmp_path):
 @pytest.mark.slow
 @needs_engine
 def test_a_device_run_past_its_limit_is_stopped_on_the_device(tiny_model, tmp_path, monkeypatch):
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    try:
-        with server.device(tmp_path / "phone") as phone:
-            on_device = f"{phone.root}/pi2/bin/pi2-engine"
-            cfg = BenchConfig(model=str(tiny_model), engines=["pi2"], workloads=["code"], limit=1, n_gen=100000,
-                              ctx=200000, device=phone.serial, results_dir=str(tmp_path / "results"),
-                              run_timeout_s=3)  # fmt: skip
-            seen = []
+    with private_device(tmp_path, monkeypatch) as phone:
+        on_device = f"{phone.root}/pi2/bin/pi2-engine"
+        cfg = BenchConfig(model=str(tiny_model), engines=["pi2"], workloads=["code"], limit=1, n_gen=100000,
+                          ctx=200000, device=phone.serial, results_dir=str(tmp_path / "results"),
+                          run_timeout_s=3)  # fmt: skip
+        seen = []
 
-            class Watch(Reporter):
-                def turn_started(self, label, conversation, turn, n_turns):
-                    time.sleep(0.5)
-                    seen.extend(_engines_matching(on_device))
+        class Watch(Reporter):
+            def turn_started(self, label, conversation, turn, n_turns):
+                time.sleep(0.5)
+                seen.extend(_engines_matching(on_device))
 
-            (outcome,) = run_bench(cfg, Watch())
-            assert seen, "the engine never ran on the device: the check below proves nothing"
-            deadline = time.monotonic() + 10
-            while _engines_matching(on_device) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert _engines_matching(on_device) == []  # killed there, not left running
-            assert outcome.run["status"] == "timeout" and outcome.run["target"]["kind"] == "adb"
-            assert outcome.run["error"].startswith("timeout: the run passed its --run-timeout of 3 s")
-    finally:
-        server.stop()
+        (outcome,) = run_bench(cfg, Watch())
+        assert seen, "the engine never ran on the device: the check below proves nothing"
+        deadline = time.monotonic() + 10
+        while _engines_matching(on_device) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _engines_matching(on_device) == []  # killed there, not left running
+        assert outcome.run["status"] == "timeout" and outcome.run["target"]["kind"] == "adb"
+        assert outcome.run["error"].startswith("timeout: the run passed its --run-timeout of 3 s")
 
 
 @pytest.mark.slow

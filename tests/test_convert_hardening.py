@@ -5,23 +5,23 @@ import struct
 
 import pytest
 from click.testing import CliRunner
-from test_convert_powerinfer import write_gguf
 
 from pi2cli.cli import cli
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / "plain.gguf"
-    write_gguf(path, transposed_down=False, predictors=False)
-    return path
+def _set_scalar(raw: bytearray, key: str, gguf_type: int, fmt: str, value) -> None:
+    """Overwrite a scalar metadata value: the key (u64 length + bytes) is followed by its type and value."""
+    at = raw.index(key.encode()) + len(key)
+    assert struct.unpack_from("<I", raw, at)[0] == gguf_type
+    struct.pack_into(fmt, raw, at + 4, value)
 
 
 def _set_u32(raw: bytearray, key: str, value: int) -> None:
-    """Overwrite a u32 metadata value: the key (u64 length + bytes) is followed by its type and value."""
-    at = raw.index(key.encode()) + len(key)
-    assert struct.unpack_from("<I", raw, at)[0] == 4  # GGUF type u32
-    struct.pack_into("<I", raw, at + 4, value)
+    _set_scalar(raw, key, 4, "<I", value)  # GGUF type 4: u32
+
+
+def _set_f32(raw: bytearray, key: str, value: float) -> None:
+    _set_scalar(raw, key, 6, "<f", value)  # GGUF type 6: f32
 
 
 def _tensor_info(raw: bytearray, name: str) -> int:
@@ -56,9 +56,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_ggufs_are_one_line_and_leave_nothing(plain, tmp_path, case):
+def test_bad_ggufs_are_one_line_and_leave_nothing(plain_gguf, tmp_path, case):
     edit, words = CASES[case]
-    raw = bytearray(plain.read_bytes())
+    raw = bytearray(plain_gguf.read_bytes())
     edit(raw)
     src = tmp_path / "bad.gguf"
     src.write_bytes(bytes(raw))
@@ -69,19 +69,21 @@ def test_bad_ggufs_are_one_line_and_leave_nothing(plain, tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
 
 
-def test_the_unedited_gguf_converts(plain, tmp_path):
-    result = CliRunner().invoke(cli, ["convert", str(plain), "--out", str(tmp_path / "o.pi2")])
+def test_the_unedited_gguf_converts(plain_gguf, tmp_path):
+    result = CliRunner().invoke(cli, ["convert", str(plain_gguf), "--out", str(tmp_path / "o.pi2")])
     assert result.exit_code == 0, result.output
 
 
-def test_an_unsupported_architecture_is_refused_before_its_tensors_are_read(plain, tmp_path, monkeypatch):
+def test_an_unsupported_architecture_is_refused_before_its_tensors_are_read(
+    plain_gguf, tmp_path, monkeypatch
+):
     import pi2cli.models.convert as convert
 
     def must_not_open(src):
         raise AssertionError("the tensors were read before the architecture was checked")
 
     monkeypatch.setattr(convert, "open_gguf", must_not_open)
-    raw = bytearray(plain.read_bytes())
+    raw = bytearray(plain_gguf.read_bytes())
     at = raw.index(b"general.architecture") + len("general.architecture") + 4 + 8
     raw[at : at + 5] = b"gpt2x"  # "llama" -> "gpt2x", same length
     src = tmp_path / "gpt.gguf"
@@ -90,7 +92,7 @@ def test_an_unsupported_architecture_is_refused_before_its_tensors_are_read(plai
     assert result.exit_code == 1 and "architecture 'gpt2x' is not supported" in result.stderr
 
 
-def test_the_gguf_twin_is_never_written_through_a_planted_link(plain, tmp_path):
+def test_the_gguf_twin_is_never_written_through_a_planted_link(plain_gguf, tmp_path):
     """The twin's temp file is created exclusively under a random name: a link planted at the pid-named
     temp pi2 once used is never written through, and a link at the twin itself is refused, not replaced."""
     import os
@@ -99,7 +101,7 @@ def test_the_gguf_twin_is_never_written_through_a_planted_link(plain, tmp_path):
     victim.write_bytes(b"keep me\n")
     twin = tmp_path / "twin.gguf"
     (tmp_path / f".twin.gguf.partial-{os.getpid()}").symlink_to(victim)  # CliRunner runs in this process
-    args = ["convert", str(plain), "--out", str(tmp_path / "o.pi2"), "--gguf-twin", str(twin)]
+    args = ["convert", str(plain_gguf), "--out", str(tmp_path / "o.pi2"), "--gguf-twin", str(twin)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert victim.read_bytes() == b"keep me\n" and twin.read_bytes()[:4] == b"GGUF"

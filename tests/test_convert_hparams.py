@@ -3,30 +3,14 @@ range) before writing anything. A NaN rope_theta, a negative rms_eps or a contex
 with files both readers refuse."""
 
 import json
-import struct
 
 import pytest
 from click.testing import CliRunner
-from test_convert_hardening import _set_u32
-from test_convert_powerinfer import write_gguf
+from test_convert_hardening import _set_f32, _set_u32
 from test_models_convert_hf import make_checkpoint
 
 from pi2cli.cli import cli
 from pi2cli.models.pi2file import Pi2FormatError, Pi2Header
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / "plain.gguf"
-    write_gguf(path, transposed_down=False, predictors=False)
-    return path
-
-
-def _set_f32(raw: bytearray, key: str, value: float) -> None:
-    at = raw.index(key.encode()) + len(key)
-    assert struct.unpack_from("<I", raw, at)[0] == 6  # GGUF type f32
-    struct.pack_into("<f", raw, at + 4, value)
-
 
 GGUF_CASES = {
     "NaN rope_theta": (lambda r: _set_f32(r, "llama.rope.freq_base", float("nan")), "llama.rope.freq_base is nan"),
@@ -38,9 +22,9 @@ GGUF_CASES = {
 
 
 @pytest.mark.parametrize("case", list(GGUF_CASES))
-def test_bad_gguf_hparams_are_one_line_and_nothing_is_written(plain, tmp_path, case):
+def test_bad_gguf_hparams_are_one_line_and_nothing_is_written(plain_gguf, tmp_path, case):
     edit, words = GGUF_CASES[case]
-    raw = bytearray(plain.read_bytes())
+    raw = bytearray(plain_gguf.read_bytes())
     edit(raw)
     src = tmp_path / "bad.gguf"
     src.write_bytes(bytes(raw))

@@ -25,13 +25,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adbd.harness import AdbServer, TestDevice  # noqa: E402
 
 
-@pytest.fixture
-def env(monkeypatch, tmp_path, llamacpp_bindir):
-    monkeypatch.setenv("PI2_LLAMACPP_BIN_DIR", str(llamacpp_bindir))
-    monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "results"
-
-
 @pytest.fixture(scope="module")
 def adb(tmp_path_factory):
     """One private adb server for the module (starting one takes seconds); devices come and go."""
@@ -86,10 +79,10 @@ class Messages(Reporter):
 
 
 @pytest.mark.slow
-def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
+def test_bench_llamacpp_on_the_test_adb_daemon(bench_env, tiny_model, phone, adb):
     r = CliRunner().invoke(cli, ["bench", "--model", str(tiny_model), "--engine", "llama.cpp", "--workload",
                                  "multi-turn", "--limit", "1", "-n", "8", "--device", phone.serial,
-                                 "--results-dir", str(env), "--json"], catch_exceptions=False)  # fmt: skip
+                                 "--results-dir", str(bench_env), "--json"], catch_exceptions=False)  # fmt: skip
     assert r.exit_code == 0, r.output
     (row,) = json.loads(r.stdout)["runs"]
     assert row["engine"] == "llama.cpp" and row["status"] == "ok" and row["n_turns"] >= 2
@@ -118,16 +111,16 @@ def test_bench_llamacpp_on_the_test_adb_daemon(env, tiny_model, phone, adb):
     # A second bench pushes nothing (content hashes match) and runs again.
     msgs = Messages()
     cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=1, n_gen=4,
-                      device=phone.serial, results_dir=str(env))  # fmt: skip
+                      device=phone.serial, results_dir=str(bench_env))  # fmt: skip
     (outcome,) = run_bench(cfg, msgs)
     assert outcome.run["status"] == "ok"
     assert f"{phone.serial}: 0 copied, 2 already there" in msgs.lines
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_server_on_the_device_and_removes_the_forward(env, tiny_model, phone, adb):
+def test_ctrl_c_stops_the_server_on_the_device_and_removes_the_forward(bench_env, tiny_model, phone, adb):
     cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=3, n_gen=4,
-                      device=phone.serial, results_dir=str(env))  # fmt: skip
+                      device=phone.serial, results_dir=str(bench_env))  # fmt: skip
     seen = []
     msgs = Messages(stop_after=1, action=None)
     real = msgs.turn_done
@@ -147,9 +140,9 @@ def test_ctrl_c_stops_the_server_on_the_device_and_removes_the_forward(env, tiny
 
 
 @pytest.mark.slow
-def test_device_that_vanishes_mid_run_is_a_failure_record_and_no_orphan(env, tiny_model, phone, adb):
+def test_device_that_vanishes_mid_run_is_a_failure_record_and_no_orphan(bench_env, tiny_model, phone, adb):
     cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["code"], limit=3, n_gen=4,
-                      device=phone.serial, results_dir=str(env))  # fmt: skip
+                      device=phone.serial, results_dir=str(bench_env))  # fmt: skip
     start = time.monotonic()
     with pytest.raises(DeviceVanished) as info:
         run_bench(cfg, Messages(stop_after=1, action=phone.stop))  # the daemon dies: "unplugged"
@@ -163,14 +156,14 @@ def test_device_that_vanishes_mid_run_is_a_failure_record_and_no_orphan(env, tin
 
 
 @pytest.mark.slow
-def test_server_that_cannot_start_on_the_device_is_a_failed_run(env, tiny_model, phone, tmp_path):
+def test_server_that_cannot_start_on_the_device_is_a_failed_run(bench_env, tiny_model, phone, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     data = tiny_model.with_suffix(".gguf").read_bytes()
     (bad / "model.gguf").write_bytes(data[: len(data) * 9 // 10])  # header intact, tensor data cut short
     (bad / "model.pi2").write_bytes(b"")
     r = CliRunner().invoke(cli, ["bench", "-m", str(bad / "model.pi2"), "-e", "llama.cpp", "-w", "code",
-                                 "--limit", "1", "-n", "4", "--device", phone.serial, "--results-dir", str(env),
+                                 "--limit", "1", "-n", "4", "--device", phone.serial, "--results-dir", str(bench_env),
                                  "--json"])  # fmt: skip
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert r.stdout, r.output
@@ -266,7 +259,7 @@ def _turn_p50s_ms(run: dict) -> list[float]:
 
 
 @pytest.mark.slow
-def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_model, phone):
+def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(bench_env, tiny_model, phone):
     """The test daemon's forward delivers streamed tokens in bursts (stamped here they read TBT P50
     0.007 ms, 74524 tok/s); the server's own per-token stamps give the engine's time, the same as the
     same build on the same weights run here: every turn within 20%. Local and device runs alternate
@@ -278,7 +271,7 @@ def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_mode
     for _ in range(3):
         for where, device in (("local", None), ("adb", phone.serial)):
             cfg = BenchConfig(model=str(tiny_model), engines=["llama.cpp"], workloads=["math"], limit=1, n_gen=32,
-                              threads=1, device=device, results_dir=str(env))  # fmt: skip
+                              threads=1, device=device, results_dir=str(bench_env))  # fmt: skip
             (outcome,) = run_bench(cfg)
             run = outcome.run
             assert run["status"] == "ok", run["error"]
@@ -293,7 +286,7 @@ def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(env, tiny_mode
 
 
 @pytest.mark.slow
-def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(env, tiny_model, phone, adb,
+def test_nights_on_a_bursty_device_flag_nothing_and_hold_no_impossible_value(bench_env, tiny_model, phone, adb,
                                                                              monkeypatch, tmp_path):  # fmt: skip
     """Three farm nights of llama.cpp and pi2 on the test daemon (whose forward bursts): every run is
     valid, no series' nightly TBT is below its bandwidth floor, and the regression test flags nothing."""

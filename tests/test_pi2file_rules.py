@@ -42,6 +42,26 @@ def _section(raw, s):
     return struct.unpack_from("<QQ", raw, 128 + 24 * s)
 
 
+def with_table(raw: bytearray, table: bytes, n: int) -> bytes:
+    """The .pi2 `raw` with its tensor table replaced by `table` (n entries): the tokenizer and metadata
+    sections move after it (page-aligned) and every offset, size and checksum is redone."""
+    t_off, _ = _section(raw, SEC_TABLE)
+    out = bytearray(raw[:t_off]) + table
+    out += b"\0" * (-len(out) % 4096)
+    tail = []
+    for s in (3, 4):  # tokenizer and metadata move after the longer table
+        off, size = _section(raw, s)
+        tail.append((len(out), size, raw[off : off + size]))
+        out += raw[off : off + size] + b"\0" * (-size % 4096)
+    struct.pack_into("<QQI", out, 128 + 24 * SEC_TABLE, t_off, len(table), zlib.crc32(table))
+    for s, (off, size, data) in zip((3, 4), tail, strict=True):
+        struct.pack_into("<QQI", out, 128 + 24 * s, off, size, zlib.crc32(bytes(data)))
+    struct.pack_into("<I", out, 112, n)
+    struct.pack_into("<Q", out, 120, len(out))
+    _header_crc(out)
+    return bytes(out)
+
+
 def _table_crc(raw: bytearray) -> None:
     off, size = _section(raw, SEC_TABLE)
     struct.pack_into("<I", raw, 128 + 24 * SEC_TABLE + 16, zlib.crc32(bytes(raw[off : off + size])))
@@ -91,10 +111,16 @@ def _magic(raw):
     return raw
 
 
-def _version(raw):
-    struct.pack_into("<I", raw, 8, 2)
-    _header_crc(raw)
-    return raw
+def _header_u32(offset, value):
+    """An edit setting the header's u32 at `offset` with the header checksum redone, so only the rule
+    on that field can refuse the file."""
+
+    def edit(raw):
+        struct.pack_into("<I", raw, offset, value)
+        _header_crc(raw)
+        return raw
+
+    return edit
 
 
 def _header_checksum(raw):
@@ -102,22 +128,10 @@ def _header_checksum(raw):
     return raw
 
 
-def _n_embd(raw):
-    struct.pack_into("<I", raw, 28, 65)
-    _header_crc(raw)
-    return raw
-
-
 def _gate_predictor_alone(raw):
     """flags bit3 (the CATS gate predictor) without bit2 (predictors present)."""
     (flags,) = struct.unpack_from("<I", raw, 76)
     struct.pack_into("<I", raw, 76, (flags & ~4) | 8)
-    _header_crc(raw)
-    return raw
-
-
-def _n_tensors(raw):
-    struct.pack_into("<I", raw, 112, 0)
     _header_crc(raw)
     return raw
 
@@ -195,11 +209,11 @@ CASES = [
     ("short", _short, 1, "truncated"),
     ("truncated", _truncated, 6, "truncated"),
     ("bad magic", _magic, 2, "bad magic"),
-    ("bad version", _version, 3, "format version 2"),
+    ("bad version", _header_u32(8, 2), 3, "format version 2"),
     ("header checksum", _header_checksum, 4, "header checksum"),
-    ("n_embd", _n_embd, 8, "n_embd 65"),
+    ("n_embd", _header_u32(28, 65), 8, "n_embd 65"),
     ("gate predictor without predictors", _gate_predictor_alone, 8, "gate predictor"),
-    ("n_tensors 0", _n_tensors, 10, "n_tensors 0"),
+    ("n_tensors 0", _header_u32(112, 0), 10, "n_tensors 0"),
     ("section past EOF", _section_past_eof, 11, "beyond the end of the file"),
     ("overflowing shape", _overflowing_shape, 17, "its shape needs"),
     ("threshold out of bounds", _threshold_out_of_bounds, 17, "its shape needs"),
@@ -273,24 +287,10 @@ def _many_tensors(base, path, n, duplicate=True):
     """The base model with its table replaced by n small F32 entries (all valid, all at resident offset 0)
     whose last one repeats the first name: only the duplicate check can refuse it."""
     raw = bytearray(base.read_bytes())
-    t_off, _ = _section(raw, SEC_TABLE)
     entry = struct.Struct("<64sII4QIIQQ")
     names = [f"t{i}".encode() for i in range(n - 1)] + [b"t0" if duplicate else b"last"]
     table = b"".join(entry.pack(name, 0, 1, 1, 1, 1, 1, SEC_RESIDENT, 0, 0, 4) for name in names)
-    out = bytearray(raw[:t_off]) + table
-    out += b"\0" * (-len(out) % 4096)
-    tail = []
-    for s in (3, 4):  # tokenizer and metadata move after the longer table
-        off, size = _section(raw, s)
-        tail.append((len(out), size, raw[off : off + size]))
-        out += raw[off : off + size] + b"\0" * (-size % 4096)
-    struct.pack_into("<QQI", out, 128 + 24 * SEC_TABLE, t_off, len(table), zlib.crc32(table))
-    for s, (off, size, data) in zip((3, 4), tail, strict=True):
-        struct.pack_into("<QQI", out, 128 + 24 * s, off, size, zlib.crc32(bytes(data)))
-    struct.pack_into("<I", out, 112, n)
-    struct.pack_into("<Q", out, 120, len(out))
-    _header_crc(out)
-    path.write_bytes(bytes(out))
+    path.write_bytes(with_table(raw, table, n))
     return path
 
 

@@ -2,13 +2,11 @@
 format's limit) took 7.7 s entry by entry while the engine loads it in 0.43 s; checked with numpy it is
 a fraction of a second, and a bad entry anywhere in it is still reported as the engine reports it."""
 
-import struct
-import zlib
-
 import numpy as np
 import pytest
+from test_pi2file_rules import with_table
 
-from pi2cli.models.pi2file import HEADER_BYTES, MAX_TENSORS, SEC_RESIDENT, SEC_TABLE, Pi2File, Pi2FormatError
+from pi2cli.models.pi2file import MAX_TENSORS, SEC_RESIDENT, Pi2File, Pi2FormatError
 from pi2cli.models.randmodel import write_random_model
 
 
@@ -18,15 +16,10 @@ def base(tmp_path_factory):
                               extra_tensors={"extra.weight": np.ones((4, 32))})  # fmt: skip
 
 
-def _section(raw, s):
-    return struct.unpack_from("<QQ", raw, 128 + 24 * s)
-
-
 def big_table_file(base, path, n, edit=None):
     """The base model with its table replaced by n valid F32 [1] entries at resident offset 0
     (names t0..t{n-1}); edit(table) may break some entries first."""
     raw = bytearray(base.read_bytes())
-    t_off, _ = _section(raw, SEC_TABLE)
     dt = np.dtype([("name", "S64"), ("type", "<u4"), ("n_dims", "<u4"), ("ne", "<u8", (4,)), ("region", "<u4"),
                    ("reserved", "<u4"), ("offset", "<u8"), ("nbytes", "<u8")])  # fmt: skip
     table = np.zeros(n, dtype=dt)
@@ -34,21 +27,7 @@ def big_table_file(base, path, n, edit=None):
     table["n_dims"], table["ne"], table["region"], table["nbytes"] = 1, 1, SEC_RESIDENT, 4
     if edit:
         edit(table)
-    blob = table.tobytes()
-    out = bytearray(raw[:t_off]) + blob
-    out += b"\0" * (-len(out) % 4096)
-    tail = []
-    for s in (3, 4):  # tokenizer and metadata move after the longer table
-        off, size = _section(raw, s)
-        tail.append((len(out), size, raw[off : off + size]))
-        out += raw[off : off + size] + b"\0" * (-size % 4096)
-    struct.pack_into("<QQI", out, 128 + 24 * SEC_TABLE, t_off, len(blob), zlib.crc32(blob))
-    for s, (off, size, data) in zip((3, 4), tail, strict=True):
-        struct.pack_into("<QQI", out, 128 + 24 * s, off, size, zlib.crc32(bytes(data)))
-    struct.pack_into("<I", out, 112, n)
-    struct.pack_into("<Q", out, 120, len(out))
-    struct.pack_into("<I", out, HEADER_BYTES - 4, zlib.crc32(bytes(out[: HEADER_BYTES - 4])))
-    path.write_bytes(bytes(out))
+    path.write_bytes(with_table(raw, table.tobytes(), n))
     return path
 
 

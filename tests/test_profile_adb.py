@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adbd.harness import AdbServer  # noqa: E402
+from adbd.harness import private_device  # noqa: E402
 from engine_helpers import built  # noqa: E402
 
 from pi2cli.cli import cli  # noqa: E402
@@ -26,14 +26,9 @@ def _probe_built():
 
 @pytest.fixture
 def device(tmp_path, monkeypatch):
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    try:
-        with server.device(tmp_path / "dev") as dev:
-            yield dev
-    finally:
-        server.stop()
+    with private_device(tmp_path, monkeypatch, "dev") as dev:
+        yield dev
 
 
 @pytest.mark.slow
@@ -67,22 +62,17 @@ def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores
     # The test daemon's --cpus serves /sys/devices/system/cpu of a Snapdragon 8 Gen 3-shaped phone: 2 little
     # (cpus 0-1), 5 mid (2-6), 1 big (7), each with cpufreq and cpu_capacity. The profile records the three
     # clusters; the plan computes on the big and mid cores and reads on one mid core.
-    server = AdbServer(tmp_path / "adbhome")
-    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
     monkeypatch.setenv("PI2_CACHE", str(tmp_path / "cache"))
-    try:
-        with server.device(tmp_path / "dev", "--cpus", str(tmp_path / "sys_cpu")) as dev:
-            store = tmp_path / "store.bin"
-            store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
-            get_target(dev.serial).push(store, f"{WORKDIR}/models/store.bin")
-            out = tmp_path / "phone.json"
-            result = CliRunner().invoke(cli, ["profile", "--device", dev.serial, "--file",
-                                              f"{WORKDIR}/models/store.bin", "--seconds", "0.1", "--membw-mib", "4",
-                                              "--out", str(out)])  # fmt: skip
-            assert result.exit_code == 0, result.output
-            assert "1x 3302 MHz" in result.output and "capacity 1024" in result.output
-    finally:
-        server.stop()
+    with private_device(tmp_path, monkeypatch, "dev", "--cpus", str(tmp_path / "sys_cpu")) as dev:
+        store = tmp_path / "store.bin"
+        store.write_bytes(bytes(range(256)) * (16 * 1024))  # 4 MiB
+        get_target(dev.serial).push(store, f"{WORKDIR}/models/store.bin")
+        out = tmp_path / "phone.json"
+        result = CliRunner().invoke(cli, ["profile", "--device", dev.serial, "--file",
+                                          f"{WORKDIR}/models/store.bin", "--seconds", "0.1", "--membw-mib", "4",
+                                          "--out", str(out)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "1x 3302 MHz" in result.output and "capacity 1024" in result.output
     data = json.loads(out.read_text())
     validate_profile(data)
     assert data["cores"]["count"] == 8

@@ -238,6 +238,18 @@ def _split_at(ids: list[int], sep: int) -> list[list[int]]:
     return parts
 
 
+def _assert_same_ids(ours: list[int], ref: list[int], sep: int, label) -> None:
+    """pi2's ids equal llama.cpp's; on a difference, name each differing part between `sep` tokens
+    (label(i) says which text part i was) rather than dumping two long lists."""
+    bad = [
+        (i, o, r)
+        for i, (o, r) in enumerate(zip(_split_at(ours, sep), _split_at(ref, sep), strict=False))
+        if o != r
+    ]
+    assert not bad, "\n".join(f"{label(i)}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
+    assert ours == ref
+
+
 @pytest.mark.slow
 def test_smollm2_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, tmp_path):
     texts = [t.encode() for t in TEXTS + random_texts(1)] + [b"bad utf-8 \xff\xfe and a cut \xe6\x9d"]
@@ -247,11 +259,8 @@ def test_smollm2_matches_llamacpp(smollm2_blob, smollm2_gguf, llamacpp_bindir, t
     joined = b"<|endoftext|>".join(texts)
     ours = pi2_tokenize(smollm2_blob, joined)
     ref = llama_tokenize(llamacpp_bindir, smollm2_gguf, joined, tmp_path)
-    ours_parts, ref_parts = _split_at(ours, 0), _split_at(ref, 0)
-    assert len(ref_parts) >= len(texts)
-    bad = [(i, o, r) for i, (o, r) in enumerate(zip(ours_parts, ref_parts, strict=False)) if o != r]
-    assert not bad, "\n".join(f"part {i}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
-    assert ours == ref
+    assert len(_split_at(ref, 0)) >= len(texts)
+    _assert_same_ids(ours, ref, 0, lambda i: f"part {i}")
     # a long text in one piece (no special-token parsing: the sources contain "<|...|>"-free text anyway)
     data = big_text()
     ours = pi2_tokenize(smollm2_blob, data, "--no-special")
@@ -316,13 +325,7 @@ def test_other_pre_tokenizers_match_llamacpp(pre, smollm2_reader, llamacpp_bindi
     ours = pi2_tokenize(blob, joined)
     ref = llama_tokenize(llamacpp_bindir, gguf_path, joined, tmp_path)
     assert (ref[0] == 1) == (pre == "llama3")
-    bad = [
-        (i, o, r)
-        for i, (o, r) in enumerate(zip(_split_at(ours, 0), _split_at(ref, 0), strict=False))
-        if o != r
-    ]
-    assert not bad, "\n".join(f"{texts[i]!r}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
-    assert ours == ref
+    _assert_same_ids(ours, ref, 0, lambda i: repr(texts[i]))
 
 
 # ---------- SentencePiece BPE: a model trained here ----------
@@ -413,13 +416,7 @@ def test_spm_matches_llamacpp(spm_model, space_prefix, llamacpp_bindir, tmp_path
     for args in ((), ("--no-bos",)):
         ours = pi2_tokenize(blob, joined, *args)
         ref = llama_tokenize(llamacpp_bindir, gguf_path, joined, tmp_path, *args)
-        bad = [
-            (i, o, r)
-            for i, (o, r) in enumerate(zip(_split_at(ours, 2), _split_at(ref, 2), strict=False))
-            if o != r
-        ]
-        assert not bad, "\n".join(f"part {i} {args}:\n  pi2   {o}\n  llama {r}" for i, o, r in bad)
-        assert ours == ref
+        _assert_same_ids(ours, ref, 2, lambda i, args=args: f"part {i} {args}")
     for data in texts[:3]:
         assert pi2_tokenize(blob, data) == llama_tokenize(llamacpp_bindir, gguf_path, data, tmp_path)
     data = big_text()

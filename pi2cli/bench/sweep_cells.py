@@ -29,6 +29,22 @@ def timed_out(what: str, timeout_s: float) -> Pi2Error:
     return Pi2Error(f"{what} did not finish within {timeout_s:.0f} s (stopped)")
 
 
+def communicate_followed(proc: subprocess.Popen, stop, what: str, timeout_s: float) -> tuple[str, str]:
+    """proc.communicate() for a process the recorder follows (`stop` ends the following): on a timeout
+    or an interrupt the whole process group is killed and reaped, so no engine outlives its cell."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, 9)
+        proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise timed_out(what, timeout_s) from None
+        raise
+    finally:
+        stop()
+
+
 # -------------------------------------------------------------------------------------------- pi2 runs
 @dataclass
 class GenerateSample:
@@ -98,18 +114,7 @@ def run_generate_once(target, prepared, cell: Cell, ids: list[str], budget_bytes
             with Budget(local_budget, evict=[prepared.model_local] if local_budget else []) as budget:
                 proc = budget.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                     errors="replace", start_new_session=True)  # fmt: skip
-                stop = rec.follow(proc.pid)
-                try:
-                    _, err = proc.communicate(timeout=timeout_s)
-                except BaseException as exc:
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, 9)
-                    proc.communicate()
-                    if isinstance(exc, subprocess.TimeoutExpired):
-                        raise timed_out("pi2-engine generate", timeout_s) from None
-                    raise
-                finally:
-                    stop()
+                _, err = communicate_followed(proc, rec.follow(proc.pid), "pi2-engine generate", timeout_s)
                 rec.budget_record = budget.record() if local_budget else None
             if proc.returncode != 0:
                 raise Pi2Error(f"pi2-engine generate failed (code {proc.returncode}): "
@@ -215,18 +220,7 @@ def run_llama_bench_here(cmd: list[str], cell: Cell, gguf: Path, rec: RunRecorde
     with Measured(cmd) as measured, Budget(cell.budget, evict=[gguf] if cell.budget else []) as budget:
         proc = budget.popen(measured.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-        stop = rec.follow(proc.pid, wrapper=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, 9)
-            proc.communicate()
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise timed_out("llama-bench", timeout_s) from None
-            raise
-        finally:
-            stop()
+        out, err = communicate_followed(proc, rec.follow(proc.pid, wrapper=True), "llama-bench", timeout_s)
         rec.budget_record = budget.record() if cell.budget else None
         return out, err, measured.usage()
 

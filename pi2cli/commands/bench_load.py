@@ -8,36 +8,28 @@ import time
 
 import click
 
+from pi2cli.commands.live import LiveDisplay
 from pi2cli.errors import Pi2Error
 
 PLAIN_EVERY_S = 5.0  # progress lines when stderr is not a terminal: one every this many seconds
 
 
-class Progress:
+class Progress(LiveDisplay):
     """A live line on a terminal (rich); a plain line every few seconds otherwise; nothing with --json
     when stderr is not a terminal (as the other modes)."""
 
     def __init__(self, console, duration_s: float, live: bool, plain: bool):
         self.console, self.duration_s, self.plain = console, duration_s, plain
-        self.status = console.status("starting the clients") if live else None
+        self.live = console.status("starting the clients") if live else None
         self.last_plain = time.monotonic()
-
-    def __enter__(self):
-        if self.status:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status:
-            self.status.__exit__(*exc)
 
     def __call__(self, elapsed_s: float, counts: dict, tokens: int) -> None:
         phase = "load" if elapsed_s < self.duration_s else "finishing the requests in flight"
         text = (f"{phase} {min(elapsed_s, self.duration_s):.0f}/{self.duration_s:g} s: {counts['completed']} "
                 f"completed, {counts['rejected']} rejected, {counts['failed']} failed, {counts['timed_out']} "
                 f"timed out, {tokens / elapsed_s if elapsed_s > 0 else 0:.1f} tok/s")  # fmt: skip
-        if self.status:
-            self.status.update(text)
+        if self.live:
+            self.live.update(text)
         elif self.plain and time.monotonic() - self.last_plain >= PLAIN_EVERY_S:
             self.last_plain = time.monotonic()
             click.echo(text, err=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pi2cli.commands.options import input_file_option
 from pi2cli.errors import Pi2Error
 from pi2cli.models.convert_any import convert_any, runs_dense_note
 from pi2cli.models.pi2file import Pi2FormatError
@@ -31,10 +32,8 @@ from pi2cli.models.pi2file import Pi2FormatError
     "PowerInfer bamboo: drelu; safetensors: from config.json]. Plain GGUFs do not record it: "
     "ReLU-Llama/ProSparse GGUFs need relu.",
 )
-@click.option(
+@input_file_option(
     "--profile",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
     help="Activation profile (.npz from `pi2 models profile`): each layer's bundles hottest first.",
 )
 @click.option(
@@ -43,10 +42,8 @@ from pi2cli.models.pi2file import Pi2FormatError
     default=None,
     help="Safetensors only: weight type [default: q4_0]. GGUF weights keep their own types.",
 )
-@click.option(
+@input_file_option(
     "--tokenizer-gguf",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
     help="Safetensors only (required there): a GGUF with the same vocabulary, whose tokenizer is reused.",
 )
 @click.option(

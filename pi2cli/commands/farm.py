@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from pi2cli.commands.live import LiveDisplay
 from pi2cli.errors import Pi2Error
 
 FARM_FILE = click.argument("farm_file", type=click.Path(dir_okay=False, path_type=Path))
@@ -45,7 +46,7 @@ def check(farm_file) -> None:
     click.echo(f"{farm_file}: ok ({len(farm.devices)} devices, results in {farm.results_dir})")
 
 
-class Display:
+class Display(LiveDisplay):
     """Worker events as a rich progress bar per device on a terminal, else one plain line each."""
 
     def __init__(self, console):
@@ -57,15 +58,7 @@ class Display:
 
             self.progress = Progress(TextColumn("[bold]{task.fields[device]}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.fields[now]}"), TimeElapsedColumn(), console=console)  # fmt: skip
-
-    def __enter__(self):
-        if self.progress:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
+            self.live = self.progress
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pi2cli.commands.options import input_file_option
 from pi2cli.errors import Pi2Error
 from pi2cli.models import info
 from pi2cli.models.registry import QUANT_BYTES_PER_ELEMENT, all_models, get_model
@@ -60,10 +61,8 @@ def list_cmd(as_json: bool) -> None:
     show_default=True,
     help="--measure: tokens of real text (multi-turn's evaluation part) for the activation statistics.",
 )
-@click.option(
+@input_file_option(
     "--beside",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
     help="--measure: another .pi2 (e.g. a synthetic model) measured the same way, printed beside it.",
 )
 def show_cmd(name_or_file: str, as_json: bool, verify: bool, measure: bool, tokens: int, text_tokens: int,
@@ -164,12 +163,8 @@ def pull_cmd(name: str, out: Path | None) -> None:
     help="Also store the dense down matrix in the .pi2 (lossless GGUF copy, +~22% size) "
     "[default: for dense FFNs only; MoE FFNs are read as bundles].",
 )
-@click.option(
-    "--tokenizer",
-    "tokenizer_gguf",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="GGUF whose tokenizer to reuse [default: SmolLM2-135M's].",
+@input_file_option(
+    "--tokenizer", "tokenizer_gguf", help="GGUF whose tokenizer to reuse [default: SmolLM2-135M's]."
 )
 @click.option(
     "--out",
@@ -285,8 +280,9 @@ def profile_cmd(model_path, workload, limit, max_tokens, tokenizer_bin, out, as_
 )
 @click.option("--activation", type=click.Choice(["silu", "relu", "drelu"]), default=None,
               help="FFN activation [default: from config.json's model_type / hidden_act].")  # fmt: skip
-@click.option("--profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Activation profile (.npz from `pi2 models profile`): bundles hottest first.")  # fmt: skip
+@input_file_option(
+    "--profile", help="Activation profile (.npz from `pi2 models profile`): bundles hottest first."
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory: writes model.pi2 and model.gguf.")  # fmt: skip
 def convert_hf_cmd(src, tokenizer_gguf, quant, activation, profile, out_dir) -> None:

@@ -93,6 +93,10 @@ class TurnMetrics:
         )  # fmt: skip
 
 
+def _from_turn(name: str) -> property:
+    return property(lambda self: getattr(self.turn, name), doc=f"The turn's {name}.")
+
+
 @dataclass
 class GenerateResult:
     """What `pi2 generate` produced and how fast: its one turn (the TurnMetrics a bench turn is) and
@@ -109,33 +113,17 @@ class GenerateResult:
     how: str = ""
     extra: dict = field(default_factory=dict)
 
-    @property
-    def text(self) -> str:
-        return self.turn.text
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.turn.token_ids
-
-    @property
-    def n_prompt(self) -> int:
-        return self.turn.n_prompt
+    # the turn's own figures, read through (a GenerateResult is its turn plus the process around it)
+    text = _from_turn("text")
+    token_ids = _from_turn("token_ids")
+    n_prompt = _from_turn("n_prompt")
+    prefill_tps = _from_turn("prefill_tps")
+    decode_tps = _from_turn("decode_tps")
+    token_times_s = _from_turn("token_times_s")
 
     @property
     def ttft_s(self) -> float:
         return self.turn.ttft_s or 0.0  # an engine that reports no TTFT (rates only) prints 0
-
-    @property
-    def prefill_tps(self) -> float:
-        return self.turn.prefill_tps
-
-    @property
-    def decode_tps(self) -> float:
-        return self.turn.decode_tps
-
-    @property
-    def token_times_s(self) -> list[float]:
-        return self.turn.token_times_s
 
     def to_json(self) -> dict:
         """`pi2 generate --json`: the turn's figures flat, with the run's beside them."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from pi2cli import safe_write
 from pi2cli.errors import Pi2Error
+from pi2cli.models.pi2file import encode_rows
 
 GGML_TYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -33,13 +34,9 @@ FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}  # llama_ftyp
 
 
 def encode(values: np.ndarray, quant: str) -> np.ndarray:
-    """Float rows -> bytes (uint8, rows x row_bytes) in `quant` (ggml's reference quantization)."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    if quant == "f32":
-        return values.view(np.uint8).reshape(*values.shape[:-1], -1)
-    if quant == "f16":
-        return values.astype(np.float16).view(np.uint8).reshape(*values.shape[:-1], -1)
-    return gguf.quants.quantize(values, GGML_TYPES[quant])
+    """Float rows -> bytes (uint8, rows x row_bytes) in `quant` (ggml's reference quantization): the
+    .pi2 writer's encoding, so twin and .pi2 hold the same bytes."""
+    return encode_rows(values, GGML_TYPES[quant].name)
 
 
 def decode(raw: np.ndarray, quant: str, n: int) -> np.ndarray:

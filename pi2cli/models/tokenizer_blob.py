@@ -353,11 +353,14 @@ def _bpe_pre_name(pre_tokenizer: dict | None) -> str:
     )
 
 
-def _special_ids(model_dir, n_vocab: int) -> tuple[dict, dict]:
+def _special_fields(model_dir, n_vocab: int) -> dict:
+    """The special token ids and add-BOS flag of a Hugging Face directory, as vocab_blob_from_fields'
+    keyword arguments (None where the directory names none)."""
     import gguf
 
     special = gguf.SpecialVocab(model_dir, load_merges=False, n_vocab=n_vocab)
-    return special.special_token_ids, special.add_special_token
+    ids, add = special.special_token_ids, special.add_special_token
+    return {f"{k}_id": ids.get(k) for k in ("bos", "eos", "unk", "pad")} | {"add_bos": add.get("bos")}
 
 
 def _config_vocab_size(model_dir) -> int | None:
@@ -405,19 +408,14 @@ def vocab_blob_from_hf_dir(model_dir) -> bytes:
                     text = text.replace("\u2581", " ")
                     types[tid] = TYPE_USER_DEFINED
                 tokens[tid], scores[tid] = text.encode(), -1000.0
-        ids, add = _special_ids(model_dir, len(tokens))
         return vocab_blob_from_fields(
             model="llama",
             tokens=tokens,
             scores=scores,
             token_types=types,
             pre="default",
-            bos_id=ids.get("bos"),
-            eos_id=ids.get("eos"),
-            unk_id=ids.get("unk"),
-            pad_id=ids.get("pad"),
-            add_bos=add.get("bos"),
             add_space_prefix=add_dummy_prefix,
+            **_special_fields(model_dir, len(tokens)),
         )
 
     tj_path = model_dir / "tokenizer.json"
@@ -444,16 +442,11 @@ def vocab_blob_from_hf_dir(model_dir) -> bytes:
         tokens[tok["id"]] = text.encode()
         types[tok["id"]] = TYPE_CONTROL if tok.get("special") or _looks_special(text) else TYPE_USER_DEFINED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    ids, add = _special_ids(model_dir, len(tokens))
     return vocab_blob_from_fields(
         model="gpt2",
         tokens=tokens,
         token_types=types,
         merges=merges,
         pre=pre,
-        bos_id=ids.get("bos"),
-        eos_id=ids.get("eos"),
-        unk_id=ids.get("unk"),
-        pad_id=ids.get("pad"),
-        add_bos=add.get("bos"),
+        **_special_fields(model_dir, len(tokens)),
     )

@@ -194,21 +194,15 @@ def list_runs(
     results_dir: str | os.PathLike | None = None,
     *,
     index: str | os.PathLike | None = None,
-    model: str | None = None,
-    engine: str | None = None,
-    workload: str | None = None,
-    since: str | None = None,
-    status: str | None = None,
-    limit: int | None = None,
-    device: str | None = None,
-    threads: int | None = None,
     on_bad_file: Callable[[str], None] | None = warn_bad_file,
+    **filters,
 ) -> list[dict]:
     """Index rows (flat dicts: run_id, created_at, engine, engine_label, model, workload, budget_bytes,
-    device, threads, decode_ts, tbt_p50_ns, ...), newest first, filtered as Index.query describes. Entries
-    of runs/ that are not usable run files (unreadable, special, too large, breaking the schema) are
-    skipped, each reported once through `on_bad_file` (a stderr warning)."""
-    if since:
+    device, threads, decode_ts, tbt_p50_ns, ...), newest first, filtered by Index.query's keywords (model,
+    engine, workload, since, status, limit, device, threads). Entries of runs/ that are not usable run
+    files (unreadable, special, too large, breaking the schema) are skipped, each reported once through
+    `on_bad_file` (a stderr warning)."""
+    if since := filters.get("since"):
         try:
             schema.parse_time(since)
         except ValueError:
@@ -223,8 +217,7 @@ def list_runs(
                 print(f"pi2: warning: {idx.notice}", file=sys.stderr)
             for warning in idx.warnings:
                 on_bad_file(warning)
-        return idx.query(model=model, engine=engine, workload=workload, since=since, status=status, limit=limit,
-                         device=device, threads=threads)  # fmt: skip
+        return idx.query(**filters)
 
 
 def load_run(ref: str | os.PathLike, results_dir: str | os.PathLike | None = None,

@@ -4,7 +4,16 @@ The page loads nothing from outside: styles are inline and plots are data: URIs.
 on <body> how many images decoded and any script error, so a headless browser can check the page.
 """
 
-HTML_TEMPLATE = """<!DOCTYPE html>
+HTML_TEMPLATE = """{#- one titled table per group (runs, comparison): the same markup so the same styles apply -#}
+{% macro group_tables(groups, headers, kind) %}{% for group, rows in groups %}
+<h3 class="group">{{ group }}</h3>
+<div class="scroll"><table class="{{ kind }}">
+<thead><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table></div>
+{% endfor %}{% endmacro -%}
+<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -44,25 +53,11 @@ so their speed says nothing about output quality.</p>
 
 <h2>Runs</h2>
 <p class="meta">One table per group: model · workload · memory budget · device · threads.</p>
-{% for group, rows in run_groups %}
-<h3 class="group">{{ group }}</h3>
-<div class="scroll"><table class="runs">
-<thead><tr>{% for h in run_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
-{% endfor %}</tbody>
-</table></div>
-{% endfor %}
+{{ group_tables(run_groups, run_headers, "runs") }}
 
 {% if compare_groups %}
 <h2>Comparison</h2>
-{% for group, rows in compare_groups %}
-<h3 class="group">{{ group }}</h3>
-<div class="scroll"><table class="comparison">
-<thead><tr>{% for h in compare_headers %}<th>{{ h }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
-{% endfor %}</tbody>
-</table></div>
-{% endfor %}
+{{ group_tables(compare_groups, compare_headers, "comparison") }}
 <p>{{ compare_note }}</p>
 {% endif %}
 {% if notes %}<ul class="notes">{% for note in notes %}<li>{{ note }}</li>{% endfor %}</ul>{% endif %}

@@ -103,3 +103,16 @@ class AdbServer:
     def stop(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             self.call("kill-server", timeout=10)
+
+
+@contextlib.contextmanager
+def private_device(tmp_path: Path, monkeypatch, name: str = "phone", *flags: str):
+    """One TestDevice on an adb server of its own, pi2's adb client pointed at that server (through
+    monkeypatch) for the block; the server is stopped after it, however the block ends."""
+    server = AdbServer(tmp_path / "adbhome")
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(server.port))
+    try:
+        with server.device(tmp_path / name, *flags) as dev:
+            yield dev
+    finally:
+        server.stop()
