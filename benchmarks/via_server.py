@@ -86,4 +86,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pi2cli.errors import Pi2Error
+
+    try:
+        main()
+    except Pi2Error as exc:  # a model without a chat template, a missing build: one line, as pi2 says it
+        sys.exit(f"via_server: error: {exc}")
