@@ -590,3 +590,12 @@ def test_pi2_driver_puts_the_plan_between_policy_and_budget(tmp_path, heavy, mon
     assert driver.policy == "cache"  # the plan's policy is what the result records
     assert sparse_flags(**driver.engine_options(1 << 30)) == ["--policy", "cache", "--plan", str(plan_path.resolve()),
                                            "--memory-budget", str(1 << 30)]  # fmt: skip
+
+
+@needs_engine
+def test_a_plan_key_that_is_not_utf8_is_one_error_line(tmp_path):
+    # the engine quotes the unknown key as the file has it; the host reads that line, bytes and all
+    bad = tmp_path / "p.json"
+    bad.write_bytes(b'{"format": "pi2-plan", "version": 1, "\xf3(": 1}')
+    with pytest.raises(Pi2Error, match="unknown key"):
+        load_plan(bad)

@@ -27,7 +27,7 @@ def capabilities(binary: Path) -> dict:
     if key not in _cache:
         try:
             done = subprocess.run([str(binary), "capabilities", "--json"], stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+                                  capture_output=True, text=True, errors="replace", timeout=60)  # fmt: skip
             caps = json.loads(done.stdout) if done.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
             caps = None
@@ -86,7 +86,7 @@ def check_plan(path: str | Path, binary: Path | None = None) -> dict:
     binary = host_engine(binary, "pi2 asks it whether a plan file is valid")
     try:
         done = subprocess.run([str(binary), "size", "--plan", str(path), "--json"], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+                              capture_output=True, text=True, errors="replace", timeout=60)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Pi2Error(f"plan {path}: pi2-engine could not check it ({exc})") from None
     if done.returncode != 0:
@@ -109,7 +109,7 @@ def engine_size(facts: dict, flags: list[str], binary: Path | None = None) -> di
         json.dump(facts, f)
         f.flush()
         done = subprocess.run([str(binary), "size", "--facts", f.name, *flags, "--json"], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+                              capture_output=True, text=True, errors="replace", timeout=120)  # fmt: skip
     try:
         out = json.loads(done.stdout)
     except json.JSONDecodeError:

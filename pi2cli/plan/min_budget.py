@@ -38,7 +38,7 @@ def _size(args: list[str], binary: Path | None) -> dict:
                        exit_code=2)  # fmt: skip
     try:
         done = subprocess.run([str(binary), "size", *args, "--json"], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+                              capture_output=True, text=True, errors="replace", timeout=300)  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
         raise Pi2Error(f"pi2-engine size failed: {exc}") from None
     return _parse(done.stdout, done.stderr, "")
