@@ -31,7 +31,7 @@ def main() -> int:
     status = 0
     for name, target in TARGETS.items():
         run_one = target.hypothesis.fuzz_one_input
-        runs, end = 0, time.monotonic() + share
+        runs, end, found = 0, time.monotonic() + share, False
         while time.monotonic() < end:
             buf = rng.randbytes(rng.choice((16, 64, 256, 1024, 4096)))
             try:
@@ -42,12 +42,11 @@ def main() -> int:
                 path.write_bytes(buf)
                 print(f"fuzz-host {name}: FAILED on input {path}", file=sys.stderr)
                 traceback.print_exc(limit=6)
-                status = 1
+                status, found = 1, True
                 break
             runs += 1
         print(
-            f"fuzz-host {name}: {runs} inputs in {share:.0f} s"
-            + (" (stopped at a finding)" if status else "")
+            f"fuzz-host {name}: {runs} inputs in {share:.0f} s" + (" (stopped at a finding)" if found else "")
         )
     return status
 
