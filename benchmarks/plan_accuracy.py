@@ -4,7 +4,8 @@
         [--budgets 7G,15G] [--warmup 32] [-n 16] [--out results/benchmarks/plan-accuracy.json]
 
 DIR holds model.pi2 (issue 33's acceptance: the 47B shape, `pi2 models synth --like
-turbosparse-mixtral-47b --out DIR`); PROFILE.json is this machine's `pi2 profile --file DIR/model.pi2`.
+turbosparse-mixtral-47b --out DIR`); PROFILE.json is this machine's `pi2 profile --file DIR/model.pi2`
+(with its decode calibration of the model: the profile runs the engine on it at its own budget).
 For each budget, in one invocation:
   1. `pi2 plan -m DIR/model.pi2 --profile PROFILE.json --memory-budget B --out plan.json --json`, the
      command a user runs (its predicted_tok_s), and the same command without --json: its text must show
@@ -116,6 +117,7 @@ def main() -> None:
     model = a.model_dir / "model.pi2"
     if not model.is_file() or not a.profile.is_file():
         sys.exit(f"plan_accuracy: need {model} and {a.profile} (see --help)")
+    profile_data = json.loads(a.profile.read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,6 +134,8 @@ def main() -> None:
                    "predicted_memory_ms": plan.get("predicted_memory_ms"),
                    "predicted_storage_ms": plan.get("predicted_storage_ms"),
                    "predicted_overlap_ms": plan.get("predicted_overlap_ms"),
+                   "predicted_named_source": plan.get("predicted_named_source"),
+                   "predicted_compute_source": plan.get("predicted_compute_source"),
                    "plan": {k: plan[k] for k in ("threads", "hot_fraction", "hot_share", "cluster", "two_phase")
                             if k in plan},
                    "measured": run}  # fmt: skip
@@ -156,6 +160,9 @@ def main() -> None:
         "note": a.note,
         "target_abs_error": TARGET,
         "target_met": ok,
+        # the profile's decode calibration (pi2 profile --file MODEL): what the prediction's compute side and
+        # hit rate came from, at its own budget (its named curve left out: 64 bins)
+        "calibration": {k: v for k, v in (profile_data.get("decode") or {}).items() if k != "named"} or None,
         "points": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "convert": "Convert GGUF / PowerInfer GGUF / safetensors checkpoints to .pi2 (plus a GGUF twin).",
     "generate": "Generate text with pi2-engine or llama.cpp on this machine.",
     "workloads": "The dialogue, code, math and role-play workloads: list and show statistics.",
-    "profile": "Measure a device's CPU, memory and storage throughput with pi2-probe.",
+    "profile": "Measure a device's CPU, memory and storage throughput with pi2-probe (and the engine on a model).",
     "plan": "Choose cache sizes, hot set, threads and load strategy for a model, device and budget.",
     "serve": "Serve a model over OpenAI's API here or on a phone (adb forward) until Ctrl-C.",
     "bench": "Run engines x workloads on a device and record TTFT, TBT and memory.",

@@ -452,6 +452,37 @@ def test_plan_command_bad_input(heavy, profile_file, tmp_path, args, message):
 
 
 @pytest.mark.slow
+def test_profile_of_a_model_calibrates_decode_and_the_plan_predicts_with_it(heavy, synth_model, tmp_path):
+    out = tmp_path / "profile.json"
+    probes = ("--seconds", "0.05", "--membw-mib", "4")
+    r = invoke("profile", "--file", heavy, "--out", out, *probes, "--calibrate-budget", "56M")
+    assert r.exit_code == 0, r.output
+    assert "decode calibration (" in r.output
+    d = load_profile(out)["decode"]
+    assert d["model"] == {"file_bytes": heavy.stat().st_size, "blocks": model_facts(heavy).n_blocks}
+    assert d["budget_bytes"] == 56 * MiB and d["timed_steps"] == 31 and 0 < d["compute_s"] <= d["tbt_s"]
+    assert sum(d["named"]["by_rank"]) > 0 and d["named"]["decode_steps"] > 0
+    plan = invoke("plan", "-m", heavy, "-b", "56M", "--profile", out, "--ctx", "16", "--json")
+    assert plan.exit_code == 0, plan.output
+    data = json.loads(plan.stdout)
+    assert data["predicted_compute_source"].startswith("the profile's decode calibration (31 steps")
+    assert data["predicted_named_source"].startswith("measured")
+    # another model: the bandwidth probe and the design's curve
+    other = json.loads(invoke("plan", "-m", synth_model("sparse-1k"), "-b", "64M", "--profile", out, "--ctx", "16",
+                              "--json").stdout)  # fmt: skip
+    assert other["predicted_compute_source"] == "the bandwidth probe"
+    # a calibration the engine refuses (a budget below its smallest): one line, the probes' profile kept
+    kept = tmp_path / "kept.json"
+    bad = invoke("profile", "--file", heavy, "--out", kept, *probes, "--calibrate-budget", "8M")
+    assert bad.exit_code == 1 and "decode calibration" in bad.output and "Traceback" not in bad.output
+    assert len(bad.output.strip().splitlines()) == 1 and "decode" not in load_profile(kept)
+    assert load_profile(kept)["storage"]["file_bytes"] == heavy.stat().st_size
+    # --no-calibrate: the probes only
+    r = invoke("profile", "--file", heavy, "--out", kept, *probes, "--no-calibrate")
+    assert r.exit_code == 0 and "decode" not in load_profile(kept)
+
+
+@pytest.mark.slow
 def test_plan_command_probes_this_machine_without_a_profile(heavy, tmp_path):
     result = invoke("plan", "-m", heavy, "-b", "56M", "--ctx", "16", "--seconds", "0.05", "--json")
     assert result.exit_code == 0, result.output

@@ -179,3 +179,78 @@ def test_the_plan_predicts_with_the_one_predictor():
         other = predict(m, device_from_probe(prof, threads=s["threads"]), budget, ctx=64,
                         two_phase=not s["two_phase"], split=split)  # fmt: skip
         assert p["tbt_ms"] <= other["tbt_ms"]  # the plan picked the faster kind of cold read
+
+
+# ------------------------------------------------------------------------------ the decode calibration
+def calibration(m, compute_s=0.5, position=100, threads=2, membw=18.9e9, file_bytes=5 << 30) -> dict:
+    """A profile's `decode` object as pi2cli.plan.calibrate writes it, for a model of `file_bytes`."""
+    by_rank = [0] * 64
+    by_rank[0], by_rank[32] = 3000 * 10, 1000 * 10
+    return {"model": {"file_bytes": file_bytes, "blocks": m.n_blocks}, "threads": threads, "membw_bytes_per_s": membw,
+            "budget_bytes": 4 << 30, "prompt_tokens": 20, "warmup_tokens": 8, "timed_steps": 31,
+            "position": position, "tbt_s": compute_s + 0.1, "io_wait_s": 0.1, "compute_s": compute_s,
+            "hit_rate": 0.7, "reads_per_token": 1000.0, "named": {"decode_steps": 10, "rank_bins": 64, "by_rank": by_rank}}  # fmt: skip
+
+
+@needs_engine
+def test_a_calibration_of_the_model_gives_its_compute_time_and_named_curve():
+    from dataclasses import replace
+
+    m = replace(mistral7b(), file_bytes=5 << 30)
+    cal = calibration(m, compute_s=0.5, position=512)
+    d = Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", decode=cal)
+    whole = predict(
+        m, d, 8 << 30, ctx=35
+    )  # nothing read: the step is the calibration's compute, at its position
+    assert whole["storage_ms"] == 0 and whole["tbt_ms"] == pytest.approx(500, rel=1e-3)
+    assert whole["memory_ms"] == pytest.approx(500, rel=1e-3) and whole["compute_source"].startswith(
+        "the profile's"
+    )
+    assert whole["named_source"].startswith("measured (10 decode steps)")
+    # the bandwidth probe alone would have said much less for the same bytes
+    probe = predict(m, device(), 8 << 30, ctx=35)
+    assert probe["compute_source"] == "the bandwidth probe" and probe["memory_ms"] < 200
+    # under a budget: the calibration's compute plus the reads its named curve leaves, less the overlap
+    part = predict(m, d, 2651 * MiB, ctx=35)
+    assert part["hit_rate"] == pytest.approx(0.75, abs=1e-3) and part["storage_ms"] > 0
+    assert part["tbt_ms"] == pytest.approx(
+        part["memory_ms"] + part["storage_ms"] - part["overlap_ms"], abs=0.05
+    )
+    # other threads: scaled as the probe's bandwidth is (twice the bandwidth, half the compute time)
+    fast = predict(m, Device("fake", 37.8e9, REQUEST_BOUND, 4, "test", decode=cal), 8 << 30, ctx=35)
+    assert fast["tbt_ms"] == pytest.approx(250, rel=1e-3)
+
+
+@needs_engine
+def test_a_calibration_of_another_model_is_not_used():
+    from dataclasses import replace
+
+    m = replace(mistral7b(), file_bytes=5 << 30)
+    for other in (calibration(m, file_bytes=4 << 30), calibration(replace(m, n_layer=16))):
+        pr = predict(m, Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", decode=other), 8 << 30, ctx=35)
+        assert pr["compute_source"] == "the bandwidth probe" and pr["named_source"] == "the design's curve"
+    # a model known only by its shapes (no file) never matches
+    pr = predict(mistral7b(), Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", decode=calibration(m, file_bytes=0)),
+                 8 << 30, ctx=35)  # fmt: skip
+    assert pr["compute_source"] == "the bandwidth probe"
+
+
+def test_the_calibration_section_comes_from_the_runs_events():
+    import json
+
+    from pi2cli.errors import Pi2Error
+    from pi2cli.plan.calibrate import WARMUP, decode_section
+
+    ev = [{"event": "start", "n_prompt": 12}]
+    for i in range(WARMUP + 5):  # steps of 100 ms, 30 of them waiting on reads (the last one 60)
+        ev.append({"event": "token", "t": 0.1 * i, "io_wait_s": 0.06 if i == WARMUP + 4 else 0.03, "hits": 90,
+                   "misses": 10, "reads": 10})  # fmt: skip
+    ev += [{"event": "named", "decode_steps": 12, "rank_bins": 4, "by_rank": [5, 3, 1, 1], "by_block": [1, 2, 3]},
+           {"event": "summary", "model_bytes": 12345}]  # fmt: skip
+    d = decode_section([json.dumps(e) for e in ev], 1 << 30, 2, 1e10)
+    assert d["model"] == {"file_bytes": 12345, "blocks": 3} and d["timed_steps"] == 4
+    assert d["tbt_s"] == pytest.approx(0.1) and d["io_wait_s"] == pytest.approx(0.03)
+    assert d["compute_s"] == pytest.approx(0.07) and d["hit_rate"] == pytest.approx(0.9)
+    assert d["position"] == 12 + WARMUP + 2 and d["named"]["by_rank"] == [5, 3, 1, 1]
+    with pytest.raises(Pi2Error, match="no sparse decode"):  # a dense run: no named event, no io_wait
+        decode_section([json.dumps(e) for e in ev if e["event"] != "named"], 1 << 30, 2, 1e10)

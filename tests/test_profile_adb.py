@@ -93,3 +93,22 @@ def test_a_1_5_2_phone_is_profiled_by_cluster_and_planned_onto_big_and_mid_cores
     assert not {0, 1} & {
         int(c) for c in (p["affinity"] + "," + p["io_affinity"]).split(",")
     }  # little cores idle
+
+
+@pytest.mark.slow
+def test_a_model_on_the_device_is_calibrated_there(device, tmp_path, synth_model):
+    # The engine is pushed beside the probe and decodes the model on the device; its events come back over
+    # adb and the file it wrote there is removed.
+    built("pi2-engine")
+    model = synth_model("sparse-1k")
+    remote = f"{WORKDIR}/models/sparse.pi2"
+    get_target(device.serial).push(model, remote)
+    out = tmp_path / "phone.json"
+    result = CliRunner().invoke(cli, ["profile", "--device", device.serial, "--file", remote, "--seconds", "0.05",
+                                      "--membw-mib", "4", "--calibrate-budget", "64M", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    d = json.loads(out.read_text())["decode"]
+    assert d["model"]["file_bytes"] == model.stat().st_size and d["budget_bytes"] == 64 << 20
+    assert d["compute_s"] > 0 and sum(d["named"]["by_rank"]) > 0
+    assert (device.root / "pi2" / "bin" / "pi2-engine").is_file()
+    assert not (device.root / "pi2" / "calibrate-events.jsonl").exists()

@@ -45,7 +45,8 @@ def format_prediction(d: dict) -> str:
             f"(TBT {d['tbt_ms']:.0f} ms: memory {d['memory_ms']:.0f} ms + storage {d['storage_ms']:.0f} ms, "
             f"{d['overlap_ms']:.0f} ms of them overlapped)\n"
             f"  cache {d['cache_bytes'] / 2**30:.2f} GiB after a fixed region of {d['fixed_bytes'] / 2**30:.2f} GiB, "
-            f"{100 * d['cached_fraction']:.0f}% of the FFN cached, hit rate {100 * d['hit_rate']:.1f}%\n"
+            f"{100 * d['cached_fraction']:.0f}% of the FFN cached, hit rate {100 * d['hit_rate']:.1f}% ({d['named_source']})\n"
+            f"  compute from {d['compute_source']}: {d['compute_bytes_per_s'] / 1e9:.1f} GB a second\n"
             f"  per token: {mem}; {d['misses_per_token']} cache misses, {d['storage_reads_per_token']} storage reads "
             f"({'two-phase' if d['two_phase'] else 'whole bundles'}, {d['storage_bytes_per_token'] / 2**20:.0f} MiB)\n"
             f"  {d['assumptions']}")  # fmt: skip
@@ -59,7 +60,7 @@ def format_prediction(d: dict) -> str:
               help="The whole process's memory budget, e.g. 2651M or 8G (what pi2-engine --memory-budget takes).")  # fmt: skip
 @click.option("--profile", "-P", "profile_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Hardware profile from `pi2 profile` [default: probe this machine now, reading the model "
-                   "file for the storage curve].")  # fmt: skip
+                   "file for the storage curve and decoding 40 tokens of it for the compute side].")  # fmt: skip
 @click.option("--threads", "-t", type=click.IntRange(1), default=None,
               help="Compute threads [default: every core when the cores are alike, else all but the slowest "
                    "cluster].")  # fmt: skip
@@ -120,8 +121,12 @@ def command(model, budget, profile_path, threads, ctx, pred_threshold, seconds, 
         profile = load_profile(profile_path)
     else:
         console = Console(stderr=True)
-        with console.status("probing this machine (memory bandwidth, storage over the model file)..."):
+        with console.status("probing this machine (memory bandwidth, storage over the model file, a 40-token "
+                            "decode of it)..."):  # fmt: skip
             profile = profile_target("local", str(model), seconds=seconds)
+        failed = profile.pop("decode_error", None)
+        if failed:
+            console.print(f"pi2: warning: {failed}: predicting from the bandwidth probe", highlight=False)
     plan = make_plan(facts, profile, budget_bytes, threads=threads, ctx=ctx, pred_threshold=pred_threshold,
                      model_path=str(model))  # fmt: skip
     data = plan.to_json()

@@ -49,6 +49,8 @@ class ModelFacts:
     )  # precision, recall, sparsity, hot_coverage, predicted_fraction
     profiled_hot_fraction: float | None = None  # the hot set that hot_coverage was measured for
     synthetic: bool = False
+    # the .pi2's size (0: known only by its shapes); a profile's decode calibration matches on it
+    file_bytes: int = 0
 
     @property
     def n_blocks(self) -> int:
@@ -110,7 +112,7 @@ def model_facts(path: str | Path) -> ModelFacts:
         n_expert=h.n_expert, n_expert_used=h.n_expert_used, dense_down=h.dense_down,
         measured={k: float(v) for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)},
         profiled_hot_fraction=float(hot) if isinstance(hot, int | float) and 0 < hot < 1 else None,
-        synthetic=bool(meta.get("synthetic")),
+        synthetic=bool(meta.get("synthetic")), file_bytes=path.stat().st_size,
     )  # fmt: skip
 
 

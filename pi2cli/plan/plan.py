@@ -312,11 +312,14 @@ def make_plan(
         info["predicted_overlap_ms"] = p["overlap_ms"]
         info["predicted_tbt_ms"] = p["tbt_ms"]
         info["predicted_tok_s"] = p["tok_s"]
+        info["predicted_named_source"] = p["named_source"]
+        info["predicted_compute_source"] = p["compute_source"]
         why.append(f"prediction: {p['tok_s']} tok/s, {p['tbt_ms']:.0f} ms a token = memory {p['memory_ms']:.0f} ms "
                    f"+ storage {p['storage_ms']:.0f} ms ({p['misses_per_token']} cold misses, "
                    f"{p['storage_reads_per_token']} reads) - {p['overlap_ms']:.0f} ms overlapped (a block's reads "
                    f"fly while its cached neurons' gate and up rows are computed); hit rate {p['hit_rate']} "
-                   f"({p['named_source']}); pi2cli/plan/predict.py, docs/PLAN.md")  # fmt: skip
+                   f"({p['named_source']}); compute from {p['compute_source']}; pi2cli/plan/predict.py, "
+                   f"docs/PLAN.md")  # fmt: skip
     else:
         # dense: the page cache keeps what the budget leaves of the FFN, the rest is paged in every token
         mem_bytes = m.per_token_resident_bytes + m.ffn_bytes

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from pi2cli.builds.capabilities import engine_default
 from pi2cli.errors import Pi2Error
+from pi2cli.plan.calibrate import applies
 from pi2cli.plan.facts import ModelFacts, engine_sizing, predicted_fraction, read_align, round_up
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -105,6 +106,7 @@ class Device:
     source: str  # the profile file, or "pi2 profile" (measured)
     deep: list[dict] = field(default_factory=list)  # the curve at the engine's queue depth, when measured
     waves: list[dict] = field(default_factory=list)  # reads in sorted waves within one span (storage.waves)
+    decode: dict | None = None  # the engine's decode calibration on one model (pi2cli.plan.calibrate)
 
 
 def shipped_profiles() -> list[str]:
@@ -161,8 +163,10 @@ def device_from_probe(profile: dict, source: str = "pi2 profile", threads: int |
     waves = [
         p for p in profile["storage"].get("waves") or [] if p.get("iops", 0) > 0 and p.get("wave", 0) > 0
     ]
+    decode = profile.get("decode")
+    decode = decode if isinstance(decode, dict) and float(decode.get("compute_s") or 0) > 0 else None
     return Device(
-        name, pick_membw(profile, threads), profile["storage"]["curve"], threads, source, deep, waves
+        name, pick_membw(profile, threads), profile["storage"]["curve"], threads, source, deep, waves, decode
     )
 
 
@@ -331,8 +335,10 @@ def predict(
     ctx = ctx or default_ctx()
     if pred_bytes_per_block is None:
         pred_bytes_per_block = predictor_bytes(m)
+    cal = device.decode if applies(device.decode, m.file_bytes, m.n_blocks) else None
+    if cal and not m.measured.get("named"):  # the calibration's named curve, where no other was given
+        m = replace(m, measured=m.measured | {"named": named_profile(cal["named"], m)})
     sz = engine_split(m, budget, ctx, device.threads, split)
-    mem = per_token_memory_bytes(m, pred_bytes_per_block, position)
     pf = predicted_fraction(m)
     precision = float(m.measured.get("precision", 0.5))
     blocks = m.blocks_per_token
@@ -341,6 +347,18 @@ def predict(
     ffn_mem = (
         blocks * per_block * m.part_bytes * (1 + 2 * precision)
     )  # gate rows; up/down where the gate fires
+
+    def memory_bytes(pos: int) -> dict:
+        return per_token_memory_bytes(m, pred_bytes_per_block, pos) | {"ffn": ffn_mem}
+
+    mem = memory_bytes(position)
+    # The compute side's rate: bytes a decode step gets through a second. The calibration's (its step's
+    # time less its wait on reads, over the bytes this count gives its step; at other thread counts
+    # scaled as the probe's bandwidth), else the bandwidth probe's.
+    rate = device.membw_bytes_per_s
+    if cal:
+        rate = sum(memory_bytes(int(cal["position"])).values()) / float(cal["compute_s"])
+        rate *= device.membw_bytes_per_s / float(cal.get("membw_bytes_per_s") or device.membw_bytes_per_s)
     # steady state: the hot set and the cold neurons ranked just after it (the admit limit) stay cached
     frac = 1.0 if sz["whole"] else min(1.0, (sz["hot"] + sz["cold"] / m.n_blocks) / m.n_ff)
     hit = 1.0 if frac >= 1 else coverage(m, frac)
@@ -356,12 +374,12 @@ def predict(
         two = bool(two_phase)
     per_miss = t_gate + precision * t_rest if two else t_whole
     reads = blocks * misses * ((1 + precision) if two else 1)
-    t_mem = (sum(mem.values()) + ffn_mem) / device.membw_bytes_per_s
+    t_mem = sum(mem.values()) / rate
     t_io = blocks * misses * per_miss
     # powerinfer2's pipeline: a block's wave issues its misses first, then computes the gate/up rows of its
     # cached neurons while they fly (sparse_ffn.c); the misses' rows and the down pass come after the last
     # read lands. The other policies read a wave whole before computing it.
-    t_hits = blocks * per_block * hit * m.part_bytes * (1 + precision) / device.membw_bytes_per_s
+    t_hits = blocks * per_block * hit * m.part_bytes * (1 + precision) / rate
     hidden = min(t_io, t_hits) if policy == "powerinfer2" else 0.0
     t = t_mem + t_io - hidden
     return {
@@ -380,7 +398,10 @@ def predict(
         "hit_rate": round(hit, 4),
         "predicted_neurons_per_token": round(blocks * per_block),
         "named_source": f"measured ({named['decode_steps']} decode steps)" if named else "the design's curve",
-        "memory_bytes_per_token": {k: int(v) for k, v in mem.items()} | {"ffn": int(ffn_mem)},
+        "compute_source": (f"the profile's decode calibration ({cal['timed_steps']} steps, {cal['threads']} threads, "
+                           f"{cal['compute_s'] * 1e3:.1f} ms a step)") if cal else "the bandwidth probe",
+        "compute_bytes_per_s": round(rate),
+        "memory_bytes_per_token": {k: int(v) for k, v in mem.items()},
         "misses_per_token": round(blocks * misses),
         "two_phase": two,
         "storage_reads_per_token": round(reads),

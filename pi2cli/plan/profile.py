@@ -180,24 +180,30 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- targets
-def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> ProbeRunner:
-    """A runner for pi2-probe on `target`: the host build here, the arm64 build under qemu, or the binary
-    pushed (content-checked, skipped when already there) to WORKDIR/bin on an adb device."""
+def target_exe(target, name: str, push_reporter: Callable[[str], None] | None = None) -> list[str]:
+    """The command that runs the engine build's binary `name` (pi2-probe, pi2-engine) on `target`: the host
+    build here, the arm64 build under qemu, or the binary pushed (content-checked, skipped when already
+    there) to WORKDIR/bin on an adb device."""
     from pi2cli.hw.push import collect_items, engine_files, push_files
-    from pi2cli.targets import TargetError
 
-    found = [p for p in engine_files(target) if p.name == "pi2-probe"]
+    found = [p for p in engine_files(target) if p.name == name]
     if not found:
-        raise Pi2Error(f"the engine build for {target.name} has no pi2-probe: rebuild it (make engine)")
+        raise Pi2Error(f"the engine build for {target.name} has no {name}: rebuild it (make engine)")
     local = found[0]
     if target.on_this_machine:
-        exe = [*target.command_prefix(), str(local)]
-    else:
-        items = collect_items(target, target.workdir, engine=[local])
-        if push_reporter:
-            push_reporter(f"making sure {local.name} is on {target.name}")
-        push_files(target, items, target.workdir)
-        exe = [items[0].remote]
+        return [*target.command_prefix(), str(local)]
+    items = collect_items(target, target.workdir, engine=[local])
+    if push_reporter:
+        push_reporter(f"making sure {local.name} is on {target.name}")
+    push_files(target, items, target.workdir)
+    return [items[0].remote]
+
+
+def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> ProbeRunner:
+    """A runner for pi2-probe on `target` (target_exe)."""
+    from pi2cli.targets import TargetError
+
+    exe = target_exe(target, "pi2-probe", push_reporter)
 
     def run(args: list[str]) -> str:
         seconds = float(args[args.index("--seconds") + 1]) if "--seconds" in args else 0.0
@@ -234,8 +240,14 @@ def profile_target(
     membw_mib: int = DEFAULT_MEMBW_MIB,
     step: StepCallback | None = None,
     message: Callable[[str], None] | None = None,
+    calibrate: bool | None = None,
+    calibrate_budget: int | None = None,
 ) -> dict:
-    """Probe `device` (local, qemu-arm64 or an adb serial) and return its profile."""
+    """Probe `device` (local, qemu-arm64 or an adb serial) and return its profile. With a model as the file
+    (calibrate None: a .pi2 name), the engine's decode calibration on it too (pi2cli.plan.calibrate); a
+    calibration that fails leaves the probes' profile with `decode_error` set, for the caller to write
+    before it reports the error."""
+    from pi2cli.plan import calibrate as cal
     from pi2cli.targets import TargetError, get_target
 
     try:
@@ -246,8 +258,26 @@ def profile_target(
     check_file(target, file)
     run = probe_runner(target, message)
     planned = default_compute_threads(facts.get("clusters") or [])
-    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, step, planned)
-    return build_profile(facts, measured)
+    calibrate = file.endswith(".pi2") if calibrate is None else calibrate
+
+    def probe_step(i: int, total: int, desc: str) -> None:
+        if step:
+            step(i, total + int(calibrate), desc)
+
+    measured = measure(run, file, int(facts.get("cores") or 1), seconds, membw_mib, probe_step, planned)
+    profile = build_profile(facts, measured)
+    if calibrate:
+        threads = planned or int(profile["cores"]["count"])
+        total = len(probe_steps(max(1, int(facts.get("cores") or 1)), threads_planned=planned)) + 1
+        if step:
+            step(total - 1, total, f"decode calibration: pi2-engine on {Path(file).name}, {threads} threads")
+        try:
+            exe = target_exe(target, "pi2-engine", message)
+            profile["decode"] = cal.calibrate(target, exe, file, threads, facts.get("ram_bytes"),
+                                              pick_membw(profile, threads), budget=calibrate_budget)  # fmt: skip
+        except Pi2Error as exc:
+            profile["decode_error"] = str(exc)
+    return profile
 
 
 # --------------------------------------------------------------------------------------------- reading

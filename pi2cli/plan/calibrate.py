@@ -1,0 +1,128 @@
+"""The decode calibration `pi2 profile` takes when its --file is a model: the engine itself on the model.
+
+The probes (pi2cli.plan.profile) measure the memory and the storage; two things the prediction needs are
+neither, and only a run of the engine on the model shows them (docs/PLAN.md "The decode calibration"):
+  - the named curve: which of a block's neurons the predictors name a step, by hotness rank (the engine's
+    `named` event). The hit rate at a cache size is the share of the named neurons on the ranks the cache
+    holds; without it the prediction takes the synthetic design's activation curve, which misses the
+    predictors' false positives further down the ranks (the 47B shape: a 0.60 hit rate predicted where
+    the engine hit 0.44, 1.36x the reads);
+  - the compute side of a decode step: the step's time less the time it waited on reads (each token
+    event's io_wait_s). The bandwidth probe streams memory with every thread; a decode step gathers
+    neuron rows, runs the predictors, the router and attention between barriers, and shares the cores
+    with the reads' completions. On 2 vCPUs the step's compute ran ~2x the probe's time for its bytes.
+The run is one `pi2-engine generate` on the target under an engine-enforced budget (half the target's
+memory, at most the model: the cache then holds part of the FFN, as in the runs the planner plans),
+sampled text, its first WARMUP tokens untimed. The budget changes the reads, not the compute or the
+named curve, so the prediction at other budgets keeps these two and predicts the reads from the storage
+curve. The calibration belongs to the model it ran (matched by file size and FFN block count) and to the
+compute threads it ran with (other thread counts: scaled by the probe's bandwidth at each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import statistics
+import tempfile
+from pathlib import Path
+
+from pi2cli.errors import Pi2Error
+
+PROMPT = "The history of the lighthouse on the northern cape begins with a storm that"
+TEMPERATURE, SEED = 0.8, 2  # sampled: greedy decoding of a synthetic model loops over a few tokens
+WARMUP, TOKENS = 8, 32  # untimed, then timed decode steps
+BUDGET_SHARE = 0.5  # of the target's memory
+
+
+def calibration_budget(model_bytes: int, ram_bytes: int | None) -> int:
+    """Half the target's memory, at most the model file (then it runs whole in memory)."""
+    share = int(BUDGET_SHARE * ram_bytes) if ram_bytes else model_bytes
+    return max(1, min(model_bytes, share))
+
+
+def engine_command(
+    exe: list[str], model: str, budget: int, threads: int, events: str, tokens: int
+) -> list[str]:
+    return [*exe, "generate", "-m", model, "--policy", "powerinfer2", "-p", PROMPT, "-n", str(WARMUP + tokens), "--ignore-eos",
+            "--temperature", str(TEMPERATURE), "--seed", str(SEED), "--threads", str(threads),
+            "--memory-budget", str(budget), "--events", events]  # fmt: skip
+
+
+def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_s: float) -> dict:
+    """The profile's `decode` object from a calibration run's events (JSONL lines)."""
+    events = [json.loads(x) for x in lines if x.strip().startswith("{")]
+    tokens = [e for e in events if e.get("event") == "token"]
+    named = next((e for e in reversed(events) if e.get("event") == "named"), None)
+    start = next((e for e in events if e.get("event") == "start"), {})
+    summary = next((e for e in reversed(events) if e.get("event") == "summary"), {})
+    timed = tokens[WARMUP:]
+    if len(timed) < 3 or named is None or "io_wait_s" not in timed[0]:
+        raise Pi2Error("the decode calibration run gave no sparse decode to time (a model without "
+                       f"predictors runs dense: {len(tokens)} tokens, named event {'present' if named else 'absent'})")  # fmt: skip
+    steps = [(b["t"] - a["t"], b["io_wait_s"]) for a, b in zip(timed, timed[1:], strict=False)]
+    lookups = sum(t.get("hits", 0) + t.get("misses", 0) for t in timed[1:])
+    n_prompt = int(start.get("n_prompt") or 0)
+    return {
+        "model": {
+            "file_bytes": int(summary.get("model_bytes") or 0),
+            "blocks": len(named.get("by_block") or []),
+        },
+        "threads": threads,
+        "membw_bytes_per_s": membw_bytes_per_s,  # the probe's at these threads, to scale to other counts
+        "budget_bytes": budget,
+        "prompt_tokens": n_prompt,
+        "warmup_tokens": WARMUP,
+        "timed_steps": len(steps),
+        "position": n_prompt + WARMUP + len(timed) // 2,  # the timed steps' middle KV position
+        "tbt_s": statistics.median(dt for dt, _ in steps),
+        "io_wait_s": statistics.median(w for _, w in steps),
+        "compute_s": statistics.median(dt - w for dt, w in steps),
+        "hit_rate": (sum(t.get("hits", 0) for t in timed[1:]) / lookups) if lookups else None,
+        "reads_per_token": sum(t.get("reads", 0) for t in timed[1:]) / len(steps),
+        "named": {k: named[k] for k in ("decode_steps", "rank_bins", "by_rank")},
+    }
+
+
+def calibrate(target, exe: list[str], model: str, threads: int, ram_bytes: int | None,
+              membw_bytes_per_s: float, budget: int | None = None, tokens: int = TOKENS) -> dict:  # fmt: skip
+    """Run the engine on `model` on `target` and return the profile's `decode` object."""
+    from pi2cli.targets import TargetError
+
+    try:
+        size = int(target.sh(f"stat -c %s {shlex.quote(model)}").stdout.strip() or 0)
+    except (TargetError, ValueError):
+        size = 0
+    budget = budget or calibration_budget(size or (1 << 40), ram_bytes)
+    with tempfile.TemporaryDirectory(prefix="pi2-calibrate-") as tmp:
+        events = (
+            str(Path(tmp) / "events.jsonl")
+            if target.on_this_machine
+            else f"{target.workdir}/calibrate-events.jsonl"
+        )
+        argv = engine_command(exe, model, budget, threads, events, tokens)
+        try:
+            done = target.sh(" ".join(shlex.quote(a) for a in argv), timeout=1800)
+            if done.returncode != 0:
+                lines = (done.stderr or done.stdout).strip().splitlines()
+                why = lines[-1] if lines else f"exit {done.returncode}"
+                raise Pi2Error(f"decode calibration on {target.name}: pi2-engine failed: "
+                               f"{why.removeprefix('pi2-engine: ').removeprefix('error: ')}")  # fmt: skip
+            if target.on_this_machine:
+                text = Path(events).read_text()
+            else:
+                text = target.sh(f"cat {shlex.quote(events)}").stdout
+        except (TargetError, OSError) as exc:
+            raise Pi2Error(f"decode calibration on {target.name}: {exc}") from None
+        finally:
+            if not target.on_this_machine:
+                with contextlib.suppress(TargetError):
+                    target.sh(f"rm -f {shlex.quote(events)}")
+    return decode_section(text.splitlines(), budget, threads, membw_bytes_per_s)
+
+
+def applies(decode: dict | None, file_bytes: int, n_blocks: int) -> bool:
+    """Whether a profile's calibration was measured on this model (same file size and FFN blocks)."""
+    model = (decode or {}).get("model") or {}
+    return bool(file_bytes) and model.get("file_bytes") == file_bytes and model.get("blocks") == n_blocks
