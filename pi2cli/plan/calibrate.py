@@ -1,7 +1,7 @@
 """The decode calibration `pi2 profile` takes when its --file is a model: the engine itself on the model.
 
 The probes (pi2cli.plan.profile) measure the memory and the storage; two things the prediction needs are
-neither, and only a run of the engine on the model shows them (docs/PLAN.md "The decode calibration"):
+neither, and only a run of the engine on the model shows them (docs/PLAN.md, the profile's `decode`):
   - the named curve: which of a block's neurons the predictors name a step, by hotness rank (the engine's
     `named` event). The hit rate at a cache size is the share of the named neurons on the ranks the cache
     holds; without it the prediction takes the synthetic design's activation curve, which misses the
@@ -85,16 +85,13 @@ def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_
     }
 
 
-def calibrate(target, exe: list[str], model: str, threads: int, ram_bytes: int | None,
+def calibrate(target, exe: list[str], model: str, model_bytes: int, threads: int, ram_bytes: int | None,
               membw_bytes_per_s: float, budget: int | None = None, tokens: int = TOKENS) -> dict:  # fmt: skip
-    """Run the engine on `model` on `target` and return the profile's `decode` object."""
+    """Run the engine on `model` (`model_bytes` long, as the storage probe found it) on `target` and return
+    the profile's `decode` object."""
     from pi2cli.targets import TargetError
 
-    try:
-        size = int(target.sh(f"stat -c %s {shlex.quote(model)}").stdout.strip() or 0)
-    except (TargetError, ValueError):
-        size = 0
-    budget = budget or calibration_budget(size or (1 << 40), ram_bytes)
+    budget = budget or calibration_budget(model_bytes, ram_bytes)
     with tempfile.TemporaryDirectory(prefix="pi2-calibrate-") as tmp:
         events = (
             str(Path(tmp) / "events.jsonl")

@@ -273,8 +273,9 @@ def profile_target(
             step(total - 1, total, f"decode calibration: pi2-engine on {Path(file).name}, {threads} threads")
         try:
             exe = target_exe(target, "pi2-engine", message)
-            profile["decode"] = cal.calibrate(target, exe, file, threads, facts.get("ram_bytes"),
-                                              pick_membw(profile, threads), budget=calibrate_budget)  # fmt: skip
+            profile["decode"] = cal.calibrate(target, exe, file, profile["storage"]["file_bytes"], threads,
+                                              facts.get("ram_bytes"), pick_membw(profile, threads),
+                                              budget=calibrate_budget)  # fmt: skip
         except Pi2Error as exc:
             profile["decode_error"] = str(exc)
     return profile
