@@ -482,6 +482,21 @@ def test_profile_of_a_model_calibrates_decode_and_the_plan_predicts_with_it(heav
     assert r.exit_code == 0 and "decode" not in load_profile(kept)
 
 
+@needs_engine
+def test_calibrating_a_model_smaller_than_its_fixed_region_runs_at_the_engines_least(tiny_model, tmp_path):
+    # the default budget is at most the file; a 16 MB model's KV cache and scratch need twice that
+    out = tmp_path / "profile.json"
+    r = invoke("profile", "--file", tiny_model, "--out", out, "--seconds", "0.05", "--membw-mib", "4")
+    assert r.exit_code == 0, r.output
+    d = load_profile(out)["decode"]
+    assert d["budget_bytes"] > tiny_model.stat().st_size and d["timed_steps"] == 31
+    size = subprocess.run([str(engine_bin()), "size", "-m", str(tiny_model), "--policy", "powerinfer2", "--threads",
+                           str(d["threads"]), "--memory-budget", str(d["budget_bytes"]), "--json"],
+                          capture_output=True, text=True)  # fmt: skip
+    answer = json.loads(size.stdout)
+    assert "error" not in answer and d["budget_bytes"] <= answer["min_budget_bytes"] + (1 << 20), answer
+
+
 @pytest.mark.slow
 def test_plan_command_probes_this_machine_without_a_profile(heavy, tmp_path):
     result = invoke("plan", "-m", heavy, "-b", "56M", "--ctx", "16", "--seconds", "0.05", "--json")

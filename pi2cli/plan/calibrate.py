@@ -12,7 +12,8 @@ neither, and only a run of the engine on the model shows them (docs/PLAN.md, the
     neuron rows, runs the predictors, the router and attention between barriers, and shares the cores
     with the reads' completions. On 2 vCPUs the step's compute ran ~2x the probe's time for its bytes.
 The run is one `pi2-engine generate` on the target under an engine-enforced budget (half the target's
-memory, at most the model: the cache then holds part of the FFN, as in the runs the planner plans),
+memory, at most the model: the cache then holds part of the FFN, as in the runs the planner plans; at
+least the engine's smallest budget for the run, which a small model's fixed region can make the larger),
 sampled text, its first WARMUP tokens untimed. The budget changes the reads, not the compute or the
 named curve, so the prediction at other budgets keeps these two and predicts the reads from the storage
 curve. The calibration belongs to the model it ran (matched by file size and FFN block count) and to the
@@ -40,6 +41,21 @@ def calibration_budget(model_bytes: int, ram_bytes: int | None) -> int:
     """Half the target's memory, at most the model file (then it runs whole in memory)."""
     share = int(BUDGET_SHARE * ram_bytes) if ram_bytes else model_bytes
     return max(1, min(model_bytes, share))
+
+
+def fitted_budget(target, exe: list[str], model: str, threads: int, budget: int) -> int:
+    """`budget`, raised to the engine's own smallest budget for the calibration's settings where it is below
+    it: a small model's fixed region (KV cache, scratch) can outweigh its file. Asked on the target
+    (`pi2-engine size` there); the smallest moves a little with the budget asked, as the scratch follows
+    it, so it is asked again at the raised one."""
+    from pi2cli.plan.min_budget import size_on_target
+
+    for _ in range(3):
+        least, fits = size_on_target(target, exe, model, "powerinfer2", None, threads, budget)
+        if fits:
+            return budget
+        budget = least
+    return budget  # the engine's own error line says what does not fit
 
 
 def engine_command(
@@ -91,7 +107,8 @@ def calibrate(target, exe: list[str], model: str, model_bytes: int, threads: int
     the profile's `decode` object."""
     from pi2cli.targets import TargetError
 
-    budget = budget or calibration_budget(model_bytes, ram_bytes)
+    if budget is None:  # the default; a budget the user named is run as named
+        budget = fitted_budget(target, exe, model, threads, calibration_budget(model_bytes, ram_bytes))
     with tempfile.TemporaryDirectory(prefix="pi2-calibrate-") as tmp:
         events = (
             str(Path(tmp) / "events.jsonl")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -221,9 +222,8 @@ def check_on_target(
     pushed there: its answer, not this machine's, is what the engine will hold to when it opens. The
     test daemon and x86-64 emulators run this machine's build on the same file: the answer above holds."""
     import platform
-    import shlex
 
-    from pi2cli.targets.base import TargetError, normalize_arch
+    from pi2cli.targets.base import normalize_arch
 
     given = [b for b in budgets if b is not None]
     engine = next((p for p in prepared if p.driver.name in ("pi2", "llmflash")), None)
@@ -236,23 +236,25 @@ def check_on_target(
     else:
         exe = [f"{engine.binary_dir}/pi2-engine"]
     for budget in given:
-        answers = {}
-        for policy in policies:
-            argv = [
-                *exe,
-                "size",
-                "-m",
-                engine.model_remote,
-                *_settings(policy, ctx, threads, budget),
-                "--json",
-            ]
-            try:
-                done = target.sh(" ".join(shlex.quote(a) for a in argv), timeout=600)
-            except TargetError as exc:
-                raise Pi2Error(str(exc)) from None
-            answers[policy] = _answer(_parse(done.stdout, done.stderr, f" on {target.name}"))
+        answers = {
+            p: size_on_target(target, exe, engine.model_remote, p, ctx, threads, budget) for p in policies
+        }
         line = refusal(
             budget, answers, f"{name or Path(engine.model_local).name} on {target.name}", ctx, threads
         )
         if line:
             raise Pi2Error(line)
+
+
+def size_on_target(target, exe: list[str], model: str, policy: str, ctx: int | None, threads: int | None,
+                   budget: int | None) -> tuple[int, bool]:  # fmt: skip
+    """The engine's answer on `target` itself (`exe`: its pi2-engine command there, `model`: the file there):
+    (min_budget_bytes, whether `budget` fits)."""
+    from pi2cli.targets.base import TargetError
+
+    argv = [*exe, "size", "-m", model, *_settings(policy, ctx, threads, budget), "--json"]
+    try:
+        done = target.sh(" ".join(shlex.quote(a) for a in argv), timeout=600)
+    except TargetError as exc:
+        raise Pi2Error(str(exc)) from None
+    return _answer(_parse(done.stdout, done.stderr, f" on {target.name}"))
