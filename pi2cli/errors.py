@@ -13,3 +13,12 @@ class Pi2Error(Exception):
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def failure_line(output: str, default: str, program: str = "") -> str:
+    """What a failed tool of ours said: the last line of its output (its one-line error), without the
+    `PROGRAM: ` and `error: ` it starts with, so the line can be wrapped in the host's own words;
+    `default` when it printed nothing."""
+    lines = (output or "").strip().splitlines()
+    line = lines[-1].strip() if lines else default
+    return line.removeprefix(f"{program}: " if program else "").removeprefix("error: ")

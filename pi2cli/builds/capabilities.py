@@ -12,7 +12,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 from pi2cli.paths import host_build_dir
 
 _cache: dict[tuple, dict] = {}
@@ -90,7 +90,7 @@ def check_plan(path: str | Path, binary: Path | None = None) -> dict:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Pi2Error(f"plan {path}: pi2-engine could not check it ({exc})") from None
     if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["refused"])[-1].removeprefix("pi2-engine: error: ")
+        why = failure_line(done.stderr, "refused", "pi2-engine")
         raise Pi2Error(why if str(path) in why else f"plan {path}: {why}")
     try:
         return json.loads(done.stdout)
@@ -113,10 +113,8 @@ def engine_size(facts: dict, flags: list[str], binary: Path | None = None) -> di
     try:
         out = json.loads(done.stdout)
     except json.JSONDecodeError:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        why = failure_line(done.stderr, "no output", "pi2-engine")
         raise Pi2Error(f"pi2-engine size failed: {why}") from None
     if done.returncode != 0 and "error" not in out:
-        out["error"] = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix(
-            "pi2-engine: error: "
-        )
+        out["error"] = failure_line(done.stderr, "failed", "pi2-engine")
     return out

@@ -29,7 +29,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 
 PROMPT = "The history of the lighthouse on the northern cape begins with a storm that"
 TEMPERATURE, SEED = 0.8, 2  # sampled: greedy decoding of a synthetic model loops over a few tokens
@@ -119,10 +119,8 @@ def calibrate(target, exe: list[str], model: str, model_bytes: int, threads: int
         try:
             done = target.sh(" ".join(shlex.quote(a) for a in argv), timeout=1800)
             if done.returncode != 0:
-                lines = (done.stderr or done.stdout).strip().splitlines()
-                why = lines[-1] if lines else f"exit {done.returncode}"
-                raise Pi2Error(f"decode calibration on {target.name}: pi2-engine failed: "
-                               f"{why.removeprefix('pi2-engine: ').removeprefix('error: ')}")  # fmt: skip
+                why = failure_line(done.stderr or done.stdout, f"exit {done.returncode}", "pi2-engine")
+                raise Pi2Error(f"decode calibration on {target.name}: pi2-engine failed: {why}")
             if target.on_this_machine:
                 text = Path(events).read_text()
             else:

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from pi2cli import safe_write
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 from pi2cli.units import describe_size
 
 SPARSE = ("powerinfer2", "llmflash", "cache", "bundle")
@@ -50,7 +50,7 @@ def _parse(stdout: str, stderr: str, where: str) -> dict:
     try:
         out = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        why = (stderr.strip().splitlines() or ["no output"])[-1].removeprefix("pi2-engine: error: ")
+        why = failure_line(stderr, "no output", "pi2-engine")
         raise Pi2Error(f"pi2-engine size{where} failed: {why}") from None
     if not isinstance(out, dict) or not out.get("min_budget_bytes"):
         why = out.get("error") if isinstance(out, dict) else None

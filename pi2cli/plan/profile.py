@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pi2cli import __version__
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 
 PROFILE_FORMAT = "pi2-profile"
 PROFILE_VERSION = 1
@@ -212,9 +212,8 @@ def probe_runner(target, push_reporter: Callable[[str], None] | None = None) -> 
         except TargetError as exc:
             raise Pi2Error(str(exc)) from None
         if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            raise Pi2Error(f"pi2-probe {args[0]} on {target.name} failed: "
-                           f"{(lines[-1] if lines else f'exit {done.returncode}').removeprefix('pi2-probe: ')}")  # fmt: skip
+            why = failure_line(done.stderr or done.stdout, f"exit {done.returncode}", "pi2-probe")
+            raise Pi2Error(f"pi2-probe {args[0]} on {target.name} failed: {why}")
         return done.stdout
 
     return run

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pi2cli.engines.pi2.driver import engine_binary
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 from pi2cli.quality import metrics, text
 
 DEFAULT_CTX = 256
@@ -44,8 +44,7 @@ def _eval(model: Path, ids: np.ndarray, out: Path, flags: list[str]) -> np.ndarr
            "--logits-out", str(out), "--all", "--no-verify-neurons", *flags]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise Pi2Error(f"pi2-engine eval failed: {last.removeprefix('pi2-engine: error: ')}")
+        raise Pi2Error(f"pi2-engine eval failed: {failure_line(done.stderr, 'no output', 'pi2-engine')}")
     return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
 
 

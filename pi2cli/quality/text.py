@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2cli.errors import Pi2Error
+from pi2cli.errors import Pi2Error, failure_line
 from pi2cli.models.pi2file import Pi2File, Pi2FormatError
 from pi2cli.paths import host_build_dir
 from pi2cli.workloads import read_workload
@@ -66,7 +66,7 @@ def tokenize(model: Path, text: str) -> Tokenized:
             done = subprocess.run([str(tool), "--vocab", f.name, "--no-special", *flags], input=txt,
                                   capture_output=True, text=True)  # fmt: skip
             if done.returncode != 0:
-                raise Pi2Error(f"pi2-tokenize failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+                raise Pi2Error(f"pi2-tokenize failed: {failure_line(done.stderr, '?', 'pi2-tokenize')}")
             return [int(x) for x in done.stdout.split()]
 
         ids = run(text)
