@@ -254,3 +254,40 @@ def test_the_calibration_section_comes_from_the_runs_events():
     assert d["position"] == 12 + WARMUP + 2 and d["named"]["by_rank"] == [5, 3, 1, 1]
     with pytest.raises(Pi2Error, match="no sparse decode"):  # a dense run: no named event, no io_wait
         decode_section([json.dumps(e) for e in ev if e["event"] != "named"], 1 << 30, 2, 1e10)
+
+
+def test_the_step_fit_is_the_steps_line_in_their_reads():
+    from pi2cli.plan.calibrate import step_fit
+
+    reads = [10000, 40000, 20000, 80000, 15000, 60000, 30000, 50000, 25000]
+    fit = step_fit(reads, [0.15 + 8e-6 * r for r in reads])
+    assert fit["base_s"] == pytest.approx(0.15) and fit["per_read_s"] == pytest.approx(8e-6)
+    assert fit["r2"] == pytest.approx(1.0) and fit["steps"] == 9
+    assert (fit["reads_min"], fit["reads_max"]) == (10000, 80000)
+    assert step_fit([30000] * 9, [0.4] * 9) is None  # reads that do not spread: no slope to fit
+    assert step_fit(reads[:5], [0.15 + 8e-6 * r for r in reads[:5]]) is None  # too few steps
+    assert step_fit(reads, [0.5 - 1e-6 * r for r in reads]) is None  # the time is not the reads'
+
+
+@needs_engine
+def test_a_calibrated_step_line_predicts_the_step_at_the_runs_reads():
+    from dataclasses import replace
+
+    m = replace(mistral7b(), file_bytes=5 << 30)
+    fit = {"base_s": 0.2, "per_read_s": 10e-6, "r2": 0.97, "steps": 31, "reads_min": 500, "reads_max": 3000}
+    cal = calibration(m, compute_s=0.5, position=512) | {"step_fit": fit, "two_phase": False}
+    d = Device("fake", 18.9e9, REQUEST_BOUND, 2, "test", decode=cal)
+    part = predict(m, d, 2651 * MiB, ctx=35, two_phase=False)
+    assert part["tbt_fitted"]
+    assert part["tbt_source"].startswith("the profile's decode calibration: a step = 200.0 ms")
+    # the request-bound disk costs the same a read at any wave: the line as it was drawn, at the run's reads
+    reads = part["storage_reads_per_token"]
+    assert part["tbt_ms"] == pytest.approx(1e3 * (0.2 + 10e-6 * reads), rel=0.02)
+    device_model = part["memory_ms"] + part["storage_ms"] - part["overlap_ms"]
+    assert part["model_tbt_ms"] == pytest.approx(device_model, abs=0.05)
+    # other threads or the other kind of read: the line does not apply, the device model does
+    four = Device("fake", 37.8e9, REQUEST_BOUND, 4, "test", decode=cal)
+    pr = predict(m, four, 2651 * MiB, ctx=35, two_phase=False)
+    assert not pr["tbt_fitted"] and pr["tbt_ms"] == pr["model_tbt_ms"]
+    two = predict(m, d, 2651 * MiB, ctx=35, two_phase=True)
+    assert not two["tbt_fitted"] and two["tbt_ms"] == two["model_tbt_ms"]

@@ -42,8 +42,8 @@ def format_prediction(d: dict) -> str:
     mem = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in d["memory_bytes_per_token"].items())
     return (f"{d['model']}{' (synthetic shape)' if d['synthetic'] else ''} on {d['device']} at "
             f"{d['memory_budget_bytes'] / 2**30:.1f} GiB: predicted {d['tok_s']} tok/s "
-            f"(TBT {d['tbt_ms']:.0f} ms: memory {d['memory_ms']:.0f} ms + storage {d['storage_ms']:.0f} ms, "
-            f"{d['overlap_ms']:.0f} ms of them overlapped)\n"
+            f"(TBT {d['tbt_ms']:.0f} ms from {d['tbt_source']}; the device model: memory {d['memory_ms']:.0f} ms + "
+            f"storage {d['storage_ms']:.0f} ms, {d['overlap_ms']:.0f} ms of them overlapped = {d['model_tbt_ms']:.0f} ms)\n"
             f"  cache {d['cache_bytes'] / 2**30:.2f} GiB after a fixed region of {d['fixed_bytes'] / 2**30:.2f} GiB, "
             f"{100 * d['cached_fraction']:.0f}% of the FFN cached, hit rate {100 * d['hit_rate']:.1f}% ({d['named_source']})\n"
             f"  compute from {d['compute_source']}: {d['compute_bytes_per_s'] / 1e9:.1f} GB a second\n"

@@ -1,6 +1,6 @@
 """The decode calibration `pi2 profile` takes when its --file is a model: the engine itself on the model.
 
-The probes (pi2cli.plan.profile) measure the memory and the storage; two things the prediction needs are
+The probes (pi2cli.plan.profile) measure the memory and the storage; three things the prediction needs are
 neither, and only a run of the engine on the model shows them (docs/PLAN.md, the profile's `decode`):
   - the named curve: which of a block's neurons the predictors name a step, by hotness rank (the engine's
     `named` event). The hit rate at a cache size is the share of the named neurons on the ranks the cache
@@ -10,7 +10,10 @@ neither, and only a run of the engine on the model shows them (docs/PLAN.md, the
   - the compute side of a decode step: the step's time less the time it waited on reads (each token
     event's io_wait_s). The bandwidth probe streams memory with every thread; a decode step gathers
     neuron rows, runs the predictors, the router and attention between barriers, and shares the cores
-    with the reads' completions. On 2 vCPUs the step's compute ran ~2x the probe's time for its bytes.
+    with the reads' completions. On 2 vCPUs the step's compute ran ~2x the probe's time for its bytes;
+  - a step's time as a line in its reads (step_fit): the engine's own cost of a read on this device,
+    wait, completion, copy and the missed neuron's rows together, which the storage curve and the
+    memory side, each right on its own, add up wrong (docs/PLAN.md, "the step line").
 The run is one `pi2-engine generate` on the target under an engine-enforced budget (half the target's
 memory, at most the model: the cache then holds part of the FFN, as in the runs the planner plans; at
 least the engine's smallest budget for the run, which a small model's fixed region can make the larger),
@@ -78,6 +81,7 @@ def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_
         raise Pi2Error("the decode calibration run gave no sparse decode to time (a model without "
                        f"predictors runs dense: {len(tokens)} tokens, named event {'present' if named else 'absent'})")  # fmt: skip
     steps = [(b["t"] - a["t"], b["io_wait_s"]) for a, b in zip(timed, timed[1:], strict=False)]
+    reads = [float(b.get("reads", 0)) for b in timed[1:]]
     lookups = sum(t.get("hits", 0) + t.get("misses", 0) for t in timed[1:])
     n_prompt = int(start.get("n_prompt") or 0)
     return {
@@ -97,8 +101,30 @@ def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_
         "compute_s": statistics.median(dt - w for dt, w in steps),
         "hit_rate": (sum(t.get("hits", 0) for t in timed[1:]) / lookups) if lookups else None,
         "reads_per_token": sum(t.get("reads", 0) for t in timed[1:]) / len(steps),
+        "two_phase": summary.get("two_phase"),
+        "step_fit": step_fit(reads, [dt for dt, _ in steps]),
         "named": {k: named[k] for k in ("decode_steps", "rank_bins", "by_rank")},
     }
+
+
+def step_fit(reads: list[float], step_s: list[float]) -> dict | None:
+    """A decode step's time as a line in its storage reads, least squares over the timed steps: the
+    engine's own cost of a read on this device (the wait, the completion, the copy into the cache and the
+    missed neuron's rows, with whatever of it overlaps) and of a step without one. Sampled text routes
+    each step to other experts, so the reads of a step spread (the 47B shape: 12k to 108k a step, r2 0.96);
+    None where they do not spread enough to fit a slope."""
+    import numpy as np
+
+    r, y = np.asarray(reads, float), np.asarray(step_s, float)
+    if len(r) < 8 or r.std() < 0.1 * max(r.mean(), 1.0):
+        return None
+    per_read, base = np.polyfit(r, y, 1)
+    if per_read <= 0 or base <= 0:  # the fit runs backwards: the steps' time is not the reads'
+        return None
+    fitted = base + per_read * r
+    r2 = 1.0 - float(((y - fitted) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30))
+    return {"base_s": float(base), "per_read_s": float(per_read), "r2": round(r2, 4), "steps": len(r),
+            "reads_min": int(r.min()), "reads_max": int(r.max())}  # fmt: skip
 
 
 def calibrate(target, exe: list[str], model: str, model_bytes: int, threads: int, ram_bytes: int | None,

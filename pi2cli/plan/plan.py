@@ -280,9 +280,10 @@ def make_plan(
             why.append(f"two_phase not set: it does not apply to this model ({m.ffn_act} activation, "
                        f"{m.neuron_type} neurons; it needs ReLU-family and Q4 bundles): cold bundles are read whole")  # fmt: skip
         else:
-            # the choice the prediction makes faster (the same per-read times it predicts with)
+            # the choice the device model makes faster (the same per-read times it predicts with; a
+            # calibration's line knows one kind of read only)
             whole, two = predicted(False), predicted(True)
-            wins = two["tbt_ms"] < whole["tbt_ms"]
+            wins = two["model_tbt_ms"] < whole["model_tbt_ms"]
             p = two if wins else whole
             settings["two_phase"] = wins
             prec = float(m.measured.get("precision", 0.5))
@@ -292,7 +293,7 @@ def make_plan(
             why.append(f"two_phase {str(wins).lower()}: a cold miss costs t({m.full_len} B) = "
                        f"{us(whole['whole_bundle_us'] / 1e6)} read whole vs t({m.gate_len} B) + precision {prec:.2f} "
                        f"x t({m.rest_len} B) = {us(two['two_phase_us'] / 1e6)} in two phases, at the queue depth a "
-                       f"block's misses keep: {whole['tbt_ms']:.0f} against {two['tbt_ms']:.0f} ms a token; {verdict}"
+                       f"block's misses keep: {whole['model_tbt_ms']:.0f} against {two['model_tbt_ms']:.0f} ms a token; {verdict}"
                        + ("; moot while everything is preloaded" if split.preload else ""))  # fmt: skip
         why.extend(split.why)
         if not split.preload and m.arch != "moe":  # the engine looks ahead only where the next layer is known
@@ -310,14 +311,18 @@ def make_plan(
         info["predicted_memory_ms"] = p["memory_ms"]
         info["predicted_storage_ms"] = p["storage_ms"]
         info["predicted_overlap_ms"] = p["overlap_ms"]
+        info["predicted_model_tbt_ms"] = p["model_tbt_ms"]
         info["predicted_tbt_ms"] = p["tbt_ms"]
+        info["predicted_tbt_source"] = p["tbt_source"]
         info["predicted_tok_s"] = p["tok_s"]
         info["predicted_named_source"] = p["named_source"]
         info["predicted_compute_source"] = p["compute_source"]
-        why.append(f"prediction: {p['tok_s']} tok/s, {p['tbt_ms']:.0f} ms a token = memory {p['memory_ms']:.0f} ms "
-                   f"+ storage {p['storage_ms']:.0f} ms ({p['misses_per_token']} cold misses, "
-                   f"{p['storage_reads_per_token']} reads) - {p['overlap_ms']:.0f} ms overlapped (a block's reads "
-                   f"fly while its cached neurons' gate and up rows are computed); hit rate {p['hit_rate']} "
+        model = (f"memory {p['memory_ms']:.0f} ms + storage {p['storage_ms']:.0f} ms ({p['misses_per_token']} cold "
+                 f"misses, {p['storage_reads_per_token']} reads) - {p['overlap_ms']:.0f} ms overlapped (a block's "
+                 f"reads fly while its cached neurons' gate and up rows are computed)")  # fmt: skip
+        step = (f"from {p['tbt_source']} at {p['storage_reads_per_token']} reads (the device model: {model} = "
+                f"{p['model_tbt_ms']:.0f} ms)" if p["tbt_fitted"] else f"= {model}")  # fmt: skip
+        why.append(f"prediction: {p['tok_s']} tok/s, {p['tbt_ms']:.0f} ms a token {step}; hit rate {p['hit_rate']} "
                    f"({p['named_source']}); compute from {p['compute_source']}; pi2cli/plan/predict.py, "
                    f"docs/PLAN.md")  # fmt: skip
     else:

@@ -381,7 +381,27 @@ def predict(
     # read lands. The other policies read a wave whole before computing it.
     t_hits = blocks * per_block * hit * m.part_bytes * (1 + precision) / rate
     hidden = min(t_io, t_hits) if policy == "powerinfer2" else 0.0
-    t = t_mem + t_io - hidden
+    t_model = t = t_mem + t_io - hidden
+    # Where the profile calibrated this model with these threads and this kind of read, a step is its
+    # calibration's line in the reads (calibrate.step_fit: the engine's own cost of a read here, overlap
+    # and completions included, which the device model above misses by 20-30% on the 47B shape either
+    # way), moved by the memory side between the calibration's KV position and this one. A read's cost
+    # falls as a block's wave grows (storage.waves); the line was drawn at the calibration's waves, so
+    # its cost a read is scaled by the device's read time at this wave over that at the calibration's.
+    fit = (cal or {}).get("step_fit")
+    fitted = bool(fit) and policy == "powerinfer2" and not two and not cal.get("two_phase") \
+        and int(cal["threads"]) == int(device.threads)  # fmt: skip
+    if fitted:
+        shift = (sum(mem.values()) - sum(memory_bytes(int(cal["position"])).values())) / rate
+        cal_wave = float(cal["reads_per_token"]) / blocks
+        per_read = fit["per_read_s"] * t_whole / wave_read_time(device, m, m.full_len, cal_wave)
+        t = fit["base_s"] + per_read * reads + shift
+        tbt_source = (f"the profile's decode calibration: a step = {fit['base_s'] * 1e3:.1f} ms + "
+                      f"{fit['per_read_s'] * 1e6:.2f} us a read at its waves of {cal_wave:.0f} reads "
+                      f"({per_read * 1e6:.2f} us at {misses:.0f}; fit over {fit['steps']} steps of "
+                      f"{fit['reads_min']}-{fit['reads_max']} reads, r2 {fit['r2']:.2f})")  # fmt: skip
+    else:
+        tbt_source = "memory + storage - overlap"
     return {
         "model": m.name,
         "synthetic": m.synthetic,
@@ -412,7 +432,10 @@ def predict(
         "memory_ms": round(t_mem * 1e3, 2),
         "storage_ms": round(t_io * 1e3, 2),
         "overlap_ms": round(hidden * 1e3, 2),
+        "model_tbt_ms": round(t_model * 1e3, 2),  # memory + storage - overlap
         "tbt_ms": round(t * 1e3, 2),
+        "tbt_source": tbt_source,
+        "tbt_fitted": fitted,  # tbt_ms from the calibration's line, not the device model
         "tok_s": round(1.0 / t, 3) if t > 0 else math.inf,
         "assumptions": f"decode at position {position}, context {ctx}; predicted fraction {per_block / m.n_ff:.3f}, precision "
         f"{precision:.2f}; steady-state cache (hot set + cold neurons up to the admit rank); "
