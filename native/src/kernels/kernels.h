@@ -7,7 +7,7 @@
  * within rounding of llama.cpp's on the same weights.
  *
  * Kernels are single-threaded; callers split rows across the thread pool. Every kernel has a scalar
- * reference; SIMD paths (AVX2/FMA, AVX-512, NEON, NEON dotprod, i8mm) are chosen once at run time from
+ * reference; SIMD paths (AVX2/FMA, AVX-512, AMX, NEON, NEON dotprod, i8mm) are chosen once at run time from
  * the CPU's features, and tests compare each with the scalar path. */
 #ifndef PI2_KERNELS_H
 #define PI2_KERNELS_H
@@ -180,9 +180,10 @@ typedef enum {
     PI2_KERNELS_NEON,
     PI2_KERNELS_DOTPROD,
     PI2_KERNELS_I8MM,
+    PI2_KERNELS_AMX, /* x86-64: avx512 plus prefill's Q4_0 batch GEMM on AMX tiles (last: the ids above stay) */
 } pi2_kernel_level;
 
-#define PI2_KERNEL_LEVELS (PI2_KERNELS_I8MM + 1)
+#define PI2_KERNEL_LEVELS (PI2_KERNELS_AMX + 1)
 
 void pi2_kernels_init(void);
 int pi2_kernels_compiled(pi2_kernel_level level); /* this build has the level's kernels */
