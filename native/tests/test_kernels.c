@@ -730,9 +730,10 @@ static void test_batch(pi2_kernel_level level) {
     pi2_kernels_force(level);
 }
 
-/* AMX's batch GEMM (16 tokens x 16 rows a tile, one block per tile dot) against the scalar reference bit
- * for bit, on the shapes its tiles cut unevenly: rows not a multiple of 16 (a single row, 15, 17, 52),
- * tokens not a multiple of 16 nor of the batch's 8 (a 16-token tile of one record, padded tiles),
+/* AMX's batch GEMM (16 tokens x 16 rows a step, one block per tile dot) against the scalar reference
+ * bit for bit, each over its own level's batch (amx's quants go token by token), on the shapes its
+ * tiles cut unevenly: rows not a multiple of 16 (a single row, 15, 17, 52), tokens not a multiple of
+ * 16 nor of the batch's 8 (a step of one record, padded records),
  * widths of one block to 4096, plain rows in records and rows interleaved by four. Skipped with a line
  * where the CPU (or the build) lacks it. */
 static void test_batch_amx(void) {
@@ -761,11 +762,14 @@ static void test_batch_amx(void) {
             if (rows % 4 == 0) pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4);
             for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
                 const int64_t tokens = token_counts[ti];
-                void *batch = aligned_alloc(64, pi2_batch_size(PI2_Q4_0, n, tokens));
-                pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch);
+                const size_t bytes = pi2_batch_size(PI2_Q4_0, n, tokens);
+                void *batch = aligned_alloc(64, bytes), *ref = aligned_alloc(64, bytes);
+                pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch); /* amx's layout: token by token */
                 for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = -555.0f;
                 pi2_kernels_force(PI2_KERNELS_SCALAR);
-                pi2_batch_gemm(PI2_Q4_0, ws, stride, 0, rows, n, batch, tokens, ya, ldy);
+                pi2_batch_pack(PI2_Q4_0, acts, n, tokens, ref);
+                pi2_batch_gemm(PI2_Q4_0, ws, stride, 0, rows, n, ref, tokens, ya, ldy);
+                free(ref);
                 pi2_kernels_force(PI2_KERNELS_AMX);
                 for (int layout = 0; layout < (rows % 4 ? 1 : 2); layout++, cases++) {
                     for (int64_t i = 0; i < ldy * tokens; i++) yb[i] = -555.0f;

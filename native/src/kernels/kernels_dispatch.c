@@ -368,13 +368,15 @@ size_t pi2_batch_size(pi2_type wt, int64_t n, int64_t tokens) {
     return (size_t)((tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE * (n / PI2_QK)) * sizeof(pi2_batch_block);
 }
 
-/* The same bytes at every level: the kernels differ only in how they go through them. */
+/* The same bytes at every level but amx, whose quants go token by token (kernels.h): the kernels
+ * differ only in how they go through them. */
 void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, void *out) {
     check_weight("batch_pack", wt, n);
     if (wt != PI2_Q4_0 || tokens < 1) die("batch_pack", wt, n);
     const int64_t nb = n / PI2_QK, tiles = (tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE;
     const size_t ab = pi2_row_size(PI2_Q8_0, n);
     pi2_batch_block *rec = out;
+    const int by_token = pi2_kernels_table()->batch_by_token;
     memset(out, 0, (size_t)(tiles * nb) * sizeof *rec); /* the last tile's padding: zero tokens */
     for (int64_t t = 0; t < tokens; t++) {
         const pi2_block_q8_0 *a = (const pi2_block_q8_0 *)((const uint8_t *)acts + (size_t)t * ab);
@@ -383,7 +385,8 @@ void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, vo
         for (int64_t b = 0; b < nb; b++) {
             int32_t sum = 0;
             for (int k = 0; k < PI2_QK; k++) sum += a[b].qs[k];
-            for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
+            if (by_token) memcpy((int8_t *)r[b].qs + PI2_QK * i, a[b].qs, PI2_QK);
+            else for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
             r[b].nib_off[i] = -8 * sum;
             r[b].d[i] = pi2_f16_to_f32(a[b].d);
         }

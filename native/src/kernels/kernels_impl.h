@@ -49,6 +49,7 @@ typedef struct {
     /* optional: the GEMM over a packed batch (kernels.h, pi2_batch_gemm); NULL: the level keeps gemm */
     void (*batch_gemm[PI2_N_TYPES])(const void *w, size_t row_stride, int x4, int64_t rows, int64_t n,
                                     const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy);
+    int batch_by_token; /* the batch's quants token by token (kernels.h, pi2_batch_block): amx */
     pi2_att_f16_fn att_f16; /* kernels_att.h over the level's dot_f16, axpy_f16 */
 } pi2_kernel_table;
 
