@@ -1,8 +1,10 @@
 /* Prefill's Q4_0 batch GEMM timed at every runnable kernel level that has one: a 4096 x 4096 matrix by
- * 128 tokens (a 7B model's attention matrix over a prompt), on 1 and 2 threads. Two timings per level:
- * "kernel", pi2_batch_gemm alone over a batch packed beforehand, its rows split in equal parts of 16s
- * between the threads; "matmul", pi2_par_matmul as the engine calls it (the batch packed on every call,
- * rows in chunks that threads take). Levels alternate rep by rep so a change in the machine's load hits
+ * 128 tokens (a 7B model's attention matrix over a prompt), on 1 and 2 threads. Timings per level:
+ * "kernel", pi2_batch_gemm alone over a batch packed beforehand (at that level: amx's layout differs),
+ * its rows split in equal parts of 16s between the threads; "kernel16", the same in calls of 16 rows
+ * on one thread (each thread's chunk at high thread counts, so a call's fixed costs show); "matmul",
+ * pi2_par_matmul as the engine calls it (the batch packed on every call, rows in chunks that threads
+ * take). Levels alternate rep by rep so a change in the machine's load hits
  * them alike; each line is the median of the reps in GMAC/s, and amx/avx512 their ratio. A benchmark,
  * not a test: built, not run by ctest.
  * Usage: bench_batch_gemm [reps (7)] [max threads (2)] [rows cols tokens (4096 4096 128)] */
@@ -66,36 +68,45 @@ int main(int argc, char **argv) {
     const double macs = (double)rows * (double)n * (double)tokens;
     printf("batch GEMM Q4_0 %lld x %lld x %lld tokens, median of %d reps\n", (long long)rows, (long long)n,
            (long long)tokens, reps);
-    void *batch = aligned_alloc(64, pi2_batch_size(PI2_Q4_0, n, tokens)); /* the same bytes at every level */
-    pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch);
-    kernel_job kj = {w, rs, rows, n, tokens, batch, y};
+    void *batch[PI2_KERNEL_LEVELS]; /* each level's own (amx's quants go token by token) */
+    for (int k = 0; k < nl; k++) {
+        pi2_kernels_force((pi2_kernel_level)levels[k]);
+        batch[k] = aligned_alloc(64, pi2_batch_size(PI2_Q4_0, n, tokens));
+        pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch[k]);
+    }
     for (int th = 1; th <= max_threads; th++) {
         pi2_pool *pool = th > 1 ? pi2_pool_create(th, NULL) : NULL;
-        for (int how = 0; how < 2; how++) {
+        for (int how = 0; how < 3; how++) {
+            if (how == 1 && th > 1) continue; /* kernel16: one thread */
             double *sec = malloc(sizeof(double) * (size_t)(reps * nl)), med[PI2_KERNEL_LEVELS] = {0};
             for (int rep = -1; rep < reps; rep++) /* rep -1: a warm-up */
                 for (int k = 0; k < nl; k++) {
                     pi2_kernels_force((pi2_kernel_level)levels[k]);
+                    kernel_job kj = {w, rs, rows, n, tokens, batch[k], y};
                     const uint64_t t0 = pi2_now_ns();
                     if (how == 0) pi2_pool_run_or_inline(pool, kernel_worker, &kj);
+                    else if (how == 1)
+                        for (int64_t r = 0; r < rows; r += 16)
+                            pi2_batch_gemm(PI2_Q4_0, w + (size_t)r * rs, rs, 0, rows - r < 16 ? rows - r : 16, n,
+                                           batch[k], tokens, y + r, rows);
                     else pi2_par_matmul(pool, &m, acts, tokens, y, rows);
                     if (rep >= 0) sec[k * reps + rep] = (double)(pi2_now_ns() - t0) * 1e-9;
                 }
-            const char *what = how == 0 ? "kernel" : "matmul";
+            const char *what = how == 0 ? "kernel" : how == 1 ? "kernel16" : "matmul";
             for (int k = 0; k < nl; k++) {
                 qsort(sec + k * reps, (size_t)reps, sizeof(double), cmp_double);
                 med[levels[k]] = sec[k * reps + reps / 2];
-                printf("threads %d  %s  %-7s %8.1f GMAC/s  (%.2f ms)\n", th, what,
+                printf("threads %d  %-8s  %-7s %8.1f GMAC/s  (%.2f ms)\n", th, what,
                        pi2_kernel_level_name((pi2_kernel_level)levels[k]), macs / med[levels[k]] * 1e-9,
                        med[levels[k]] * 1e3);
             }
             if (med[PI2_KERNELS_AMX] > 0 && med[PI2_KERNELS_AVX512] > 0)
-                printf("threads %d  %s  amx/avx512 %.2fx\n", th, what, med[PI2_KERNELS_AVX512] / med[PI2_KERNELS_AMX]);
+                printf("threads %d  %-8s  amx/avx512 %.2fx\n", th, what, med[PI2_KERNELS_AVX512] / med[PI2_KERNELS_AMX]);
             free(sec);
         }
         if (pool) pi2_pool_free(pool);
     }
-    free(batch);
+    for (int k = 0; k < nl; k++) free(batch[k]);
     free(w), free(acts), free(x), free(y);
     return 0;
 }
