@@ -3,9 +3,9 @@
  * cpuid, XCR0 and the kernel's permission said yes (kernels_dispatch.c).
  *
  * The avx512 batch GEMM (kernels_lanes_avx512.c) spends 8 VPDPBUSD per 16 rows, token and block on
- * the integer dots, which keeps its one 512-bit multiply port busy most of the time. Here one TDPBSSD
- * does the dots of 16 tokens x 16 rows x one block (8192 products), and the vector ports are left with
- * the float steps only (a conversion, two multiplies and an add per 16 results and block).
+ * the integer dots, two thirds of its vector instructions. Here one TDPBSSD does the dots of 8 tokens
+ * x 16 rows x one block (4096 products), and the vector ports are left with the float steps only (a
+ * conversion, two multiplies and an add per 16 results and block), which now bound the kernel.
  *
  * Per row and token the floats are the avx512 kernel's and the scalar reference's
  * (kernels_scalar.c, batch_gemm_q4_0): sum += (float)isum * (d_w * d_a) block after block, no FMA,
