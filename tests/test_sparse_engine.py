@@ -55,7 +55,7 @@ def test_repacked_attention_rows_give_the_batched_floats(dense_arch, tmp_path):
     # passes give the same bits as without it, both below PI2_LANES_MIN_TOKENS (batches of 3: gemm512's
     # order) and from it (batches of 16: rows as lanes), and single tokens give the small batches' bits
     # (the plain GEMV rounds otherwise). Elsewhere --no-repack changes nothing.
-    x4 = _kernel_level(dense_arch, tmp_path) == "avx512"
+    x4 = _kernel_level(dense_arch, tmp_path) in ("avx512", "amx")  # amx has avx512's layouts
     plain = {
         b: engine_logits(dense_arch, TOKENS, tmp_path, "--batch", b, "--no-repack") for b in ("16", "3", "1")
     }
@@ -65,6 +65,34 @@ def test_repacked_attention_rows_give_the_batched_floats(dense_arch, tmp_path):
     assert np.array_equal(packed["1"][:15], plain["3"][:15] if x4 else plain["1"][:15])
     if x4:
         assert not np.array_equal(plain["1"], plain["3"])  # so the line above tells the layouts apart
+
+
+def _greedy_ids(model: Path, tmp: Path, *extra: str) -> list[int]:
+    events = tmp / "greedy.jsonl"
+    run_engine("generate", "-m", model, "--tokens", ",".join(map(str, TOKENS)), "-n", "8", "--temperature", "0",
+               "--ignore-eos", "--events", events, *extra)  # fmt: skip
+    return [e["id"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "token"]
+
+
+def test_amx_prefill_gives_the_avx512_floats(dense_arch, tmp_path, monkeypatch):
+    # The amx level's batch GEMM (prefill's Q4_0 matrices on AMX tiles) keeps every block's integer dot
+    # exact and the avx512 kernel's float order: a 16-token prefill gives the same logits bit for bit,
+    # dense and sparse, and so the same greedy tokens after it.
+    runnable = json.loads(run_engine("capabilities").stdout)["kernel_levels"]["runnable"]
+    if "amx" not in runnable:
+        pytest.skip("no amx kernel level here (the CPU lacks AMX-INT8, or the build its compiler flags)")
+    logits, ids = {}, {}
+    for level in ("avx512", "amx"):
+        monkeypatch.setenv("PI2_KERNELS", level)
+        assert _kernel_level(dense_arch, tmp_path) == level
+        logits[level] = [
+            engine_logits(dense_arch, TOKENS, tmp_path, "--batch", "16", *policy)
+            for policy in ((), ("--policy", "powerinfer2"))
+        ]
+        ids[level] = _greedy_ids(dense_arch, tmp_path, "--policy", "powerinfer2")
+    for amx, avx512 in zip(logits["amx"], logits["avx512"], strict=True):
+        assert np.array_equal(amx, avx512)
+    assert ids["amx"] == ids["avx512"] and len(ids["amx"]) == 8
 
 
 @pytest.mark.parametrize("policy", SPARSE_POLICIES)

@@ -148,7 +148,7 @@ static void test_act_rounding(void) {
     pi2_block_q8_0 act, ref;
     pi2_block_q8_1 act1;
     int fails = 0;
-    for (int level = 0; level <= PI2_KERNELS_I8MM; level++) {
+    for (int level = 0; level < PI2_KERNEL_LEVELS; level++) {
         if (pi2_kernels_force((pi2_kernel_level)level) != 0) continue;
         pi2_prepare_act(PI2_Q4_0, x, &act, 32);
         pi2_prepare_act(PI2_Q4_1, x, &act1, 32);
@@ -672,7 +672,8 @@ static void test_batch(pi2_kernel_level level) {
         return;
     }
     CHECK(pi2_batch_size(PI2_Q4_0, 64, min_tokens - 1) == 0); /* below the threshold: pi2_gemm */
-    const int exact = level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX2 || level == PI2_KERNELS_AVX512;
+    const int exact = level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX2 || level == PI2_KERNELS_AVX512 ||
+                      level == PI2_KERNELS_AMX;
     const int64_t ns[] = {32, 96, 4096};
     const int64_t token_counts[] = {12, 13, 16, 19, 33};
     int bad = 0;
@@ -727,6 +728,63 @@ static void test_batch(pi2_kernel_level level) {
     if (bad) fprintf(stderr, "%s: batch gemm %d mismatches with the scalar level\n", pi2_kernel_level_name(level), bad);
     CHECK(bad == 0);
     pi2_kernels_force(level);
+}
+
+/* AMX's batch GEMM (16 tokens x 16 rows a step, one block per tile dot) against the scalar reference
+ * bit for bit, each over its own level's batch (amx's quants go token by token), on the shapes its
+ * tiles cut unevenly: rows not a multiple of 16 (a single row, 15, 17, 52), tokens not a multiple of
+ * 16 nor of the batch's 8 (a step of one record, padded records),
+ * widths of one block to 4096, plain rows in records and rows interleaved by four. Skipped with a line
+ * where the CPU (or the build) lacks it. */
+static void test_batch_amx(void) {
+    if (pi2_kernels_force(PI2_KERNELS_AMX) != 0) {
+        printf("amx: not %s here, its batch GEMM is not tested\n",
+               pi2_kernels_compiled(PI2_KERNELS_AMX) ? "runnable" : "built");
+        return;
+    }
+    const int64_t ns[] = {32, 64, 160, 4096};
+    const int64_t rows_list[] = {1, 15, 17, 52};
+    const int64_t token_counts[] = {12, 16, 17, 24, 31, 33, 40, 65};
+    int bad = 0, cases = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+            const int64_t rows = rows_list[ri], n = ns[k], maxt = 65, ldy = rows + 3;
+            struct case_data c;
+            make_case(&c, PI2_Q4_0, n, rows);
+            const size_t rs = pi2_row_size(PI2_Q4_0, n), stride = rs + 10, as = pi2_row_size(PI2_Q8_0, n);
+            uint8_t *ws = malloc(stride * rows), *acts = malloc(as * maxt), *x4 = malloc(rs * rows);
+            float *x = malloc(sizeof(float) * n * maxt), *ya = malloc(sizeof(float) * ldy * maxt),
+                  *yb = malloc(sizeof(float) * ldy * maxt);
+            memset(ws, 0x5a, stride * rows);
+            for (int64_t r = 0; r < rows; r++) memcpy(ws + r * stride, c.w + r * rs, rs);
+            fill_gauss(x, n * maxt, 1.0f);
+            for (int64_t t = 0; t < maxt; t++) pi2_prepare_act(PI2_Q4_0, x + t * n, acts + t * as, n);
+            if (rows % 4 == 0) pi2_x4_pack(PI2_Q4_0, c.w, rows, n, x4);
+            for (size_t ti = 0; ti < sizeof token_counts / sizeof token_counts[0]; ti++) {
+                const int64_t tokens = token_counts[ti];
+                const size_t bytes = pi2_batch_size(PI2_Q4_0, n, tokens);
+                void *batch = aligned_alloc(64, bytes), *ref = aligned_alloc(64, bytes);
+                pi2_batch_pack(PI2_Q4_0, acts, n, tokens, batch); /* amx's layout: token by token */
+                for (int64_t i = 0; i < ldy * tokens; i++) ya[i] = -555.0f;
+                pi2_kernels_force(PI2_KERNELS_SCALAR);
+                pi2_batch_pack(PI2_Q4_0, acts, n, tokens, ref);
+                pi2_batch_gemm(PI2_Q4_0, ws, stride, 0, rows, n, ref, tokens, ya, ldy);
+                free(ref);
+                pi2_kernels_force(PI2_KERNELS_AMX);
+                for (int layout = 0; layout < (rows % 4 ? 1 : 2); layout++, cases++) {
+                    for (int64_t i = 0; i < ldy * tokens; i++) yb[i] = -555.0f;
+                    if (layout) pi2_batch_gemm(PI2_Q4_0, x4, rs, 1, rows, n, batch, tokens, yb, ldy);
+                    else pi2_batch_gemm(PI2_Q4_0, ws, stride, 0, rows, n, batch, tokens, yb, ldy);
+                    if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++; /* padding columns included */
+                }
+                free(batch);
+            }
+            free(ws), free(acts), free(x4), free(x), free(ya), free(yb);
+            free_case(&c);
+        }
+    printf("amx: batch gemm %d cases against the scalar reference, %d mismatches\n", cases, bad);
+    CHECK(bad == 0);
+    pi2_kernels_force(pi2_kernels_best());
 }
 
 /* pi2_axpy_batch (prefill's down pass) gives one pi2_axpy per token and column in list order, bit for
@@ -832,7 +890,7 @@ int main(void) {
     test_scalar_semantics();
     printf("kernel levels: best %s\n", pi2_kernel_level_name(pi2_kernels_best()));
     int levels_tested = 0;
-    for (int level = 0; level <= PI2_KERNELS_I8MM; level++) {
+    for (int level = 0; level < PI2_KERNEL_LEVELS; level++) {
         if (pi2_kernels_force((pi2_kernel_level)level) != 0) continue;
         printf("testing level %s against scalar\n", pi2_kernel_level_name((pi2_kernel_level)level));
         test_level((pi2_kernel_level)level);
@@ -841,12 +899,14 @@ int main(void) {
         test_x4((pi2_kernel_level)level);
         test_batch((pi2_kernel_level)level);
         test_axpy_batch((pi2_kernel_level)level);
-        /* where pi2_gemm has the batch's floats: the reference, and AVX-512 (rows as lanes from 12 tokens) */
-        if (level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX512) test_par_batch();
+        /* where pi2_gemm has the batch's floats: the reference, and AVX-512 (rows as lanes from 12 tokens)
+         * and AMX (whose pi2_gemm is AVX-512's) */
+        if (level == PI2_KERNELS_SCALAR || level == PI2_KERNELS_AVX512 || level == PI2_KERNELS_AMX) test_par_batch();
         levels_tested++;
     }
     CHECK(levels_tested >= 1);
     test_gemm_lanes();
+    test_batch_amx();
     CHECK(pi2_kernels_force((pi2_kernel_level)99) == -1);
     CHECK(pi2_kernels_force(pi2_kernels_best()) == 0 && pi2_kernels_current() == pi2_kernels_best());
     return pi2_test_summary("test_kernels");

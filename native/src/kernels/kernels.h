@@ -7,7 +7,7 @@
  * within rounding of llama.cpp's on the same weights.
  *
  * Kernels are single-threaded; callers split rows across the thread pool. Every kernel has a scalar
- * reference; SIMD paths (AVX2/FMA, AVX-512, NEON, NEON dotprod, i8mm) are chosen once at run time from
+ * reference; SIMD paths (AVX2/FMA, AVX-512, AMX, NEON, NEON dotprod, i8mm) are chosen once at run time from
  * the CPU's features, and tests compare each with the scalar path. */
 #ifndef PI2_KERNELS_H
 #define PI2_KERNELS_H
@@ -121,8 +121,11 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
  * tile and block, the tile's tokens side by side, padded with zero tokens. Within a record the quants
  * go by token pairs in 8-byte chunks (qs[pair][chunk][token of the pair][8]: element 8c + k of token
  * 2p + i at qs[p][c][i][k]), the operand of an i8mm SMMLA as it stands, while AVX-512 and SDOT read
- * a token's 4-byte groups at fixed offsets all the same. The layout is the same at every kernel
- * level; a level without a batch kernel reports size 0 and callers keep pi2_gemm.
+ * a token's 4-byte groups at fixed offsets all the same. One rule differs by level: at amx the
+ * quants of a record go token by token instead (element k of token i at byte 32 i + k of qs), the
+ * rows of an AMX A tile as they stand, so no call regroups them (a per-call regroup cost more than
+ * the kernel at 16 rows a call); sizes, records and the rest are the same. So pack and multiply at the
+ * same level. A level without a batch kernel reports size 0 and callers keep pi2_gemm.
  *
  * pi2_batch_size: bytes of the batch of `tokens` activations of n elements for weights wt, 0 where
  * this level has no batch kernel for wt or `tokens` is below PI2_BATCH_MIN_TOKENS; pi2_batch_pack:
@@ -133,7 +136,8 @@ void pi2_x4_gemm(pi2_type wt, const void *w, int64_t rows, int64_t n, const void
 #define PI2_BATCH_TILE 8
 #define PI2_BATCH_MIN_TOKENS 12
 typedef struct {
-    int8_t qs[PI2_BATCH_TILE / 2][PI2_QK / 8][2][8]; /* [token pair][8-byte chunk][token of the pair] */
+    int8_t qs[PI2_BATCH_TILE / 2][PI2_QK / 8][2][8]; /* [token pair][8-byte chunk][token of the pair];
+                                                        * amx: [token][32] */
     int32_t nib_off[PI2_BATCH_TILE]; /* -8 * sum(qs[t]): the offset of Q4_0 nibbles taken as unsigned */
     float d[PI2_BATCH_TILE];
 } pi2_batch_block; /* 320 bytes */
@@ -180,9 +184,10 @@ typedef enum {
     PI2_KERNELS_NEON,
     PI2_KERNELS_DOTPROD,
     PI2_KERNELS_I8MM,
+    PI2_KERNELS_AMX, /* x86-64: avx512 plus prefill's Q4_0 batch GEMM on AMX tiles (last: the ids above stay) */
 } pi2_kernel_level;
 
-#define PI2_KERNEL_LEVELS (PI2_KERNELS_I8MM + 1)
+#define PI2_KERNEL_LEVELS (PI2_KERNELS_AMX + 1)
 
 void pi2_kernels_init(void);
 int pi2_kernels_compiled(pi2_kernel_level level); /* this build has the level's kernels */

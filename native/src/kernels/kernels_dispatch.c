@@ -25,6 +25,28 @@
 #endif
 #endif
 
+#if defined(__x86_64__) && defined(__linux__) && defined(PI2_HAVE_AMX)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* AMX: the CPU has the tiles and their int8 dot (cpuid leaf 7: EDX bits 24, 25), the OS saves the
+ * tile state (XCR0 bits 17, 18), and Linux lets this process use it: the tile data is 8 KiB of state
+ * that the kernel gives only to processes that ask, once (every thread, later ones too, has it then);
+ * a process that runs a tile instruction without it is killed. */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE: xgetbv is there */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#endif
+
 #define PI2_HAVE_SIMD_FILES 1
 #define N_LEVELS PI2_KERNEL_LEVELS
 
@@ -56,6 +78,14 @@ static void detect_and_fill(void) {
         tables[PI2_KERNELS_AVX512] = tables[PI2_KERNELS_AVX2];
         pi2_kernels_fill_avx512(&tables[PI2_KERNELS_AVX512]);
         best_level = PI2_KERNELS_AVX512;
+#if defined(__x86_64__) && defined(__linux__) && defined(PI2_HAVE_AMX)
+        if (amx_usable()) {
+            supported[PI2_KERNELS_AMX] = 1;
+            tables[PI2_KERNELS_AMX] = tables[PI2_KERNELS_AVX512];
+            pi2_kernels_fill_amx(&tables[PI2_KERNELS_AMX]);
+            best_level = PI2_KERNELS_AMX;
+        }
+#endif
     }
 #elif defined(__aarch64__) && PI2_HAVE_SIMD_FILES
     unsigned long hw = 0, hw2 = 0;
@@ -113,6 +143,9 @@ int pi2_kernels_compiled(pi2_kernel_level level) {
     case PI2_KERNELS_SCALAR: return 1;
 #if (defined(__x86_64__) || defined(__i386__)) && PI2_HAVE_SIMD_FILES
     case PI2_KERNELS_AVX2: case PI2_KERNELS_AVX512: return 1;
+#if defined(__x86_64__) && defined(__linux__) && defined(PI2_HAVE_AMX)
+    case PI2_KERNELS_AMX: return 1;
+#endif
 #elif defined(__aarch64__) && PI2_HAVE_SIMD_FILES
     case PI2_KERNELS_NEON: case PI2_KERNELS_DOTPROD: case PI2_KERNELS_I8MM: return 1;
 #endif
@@ -138,6 +171,7 @@ const char *pi2_kernel_level_name(pi2_kernel_level level) {
     case PI2_KERNELS_NEON: return "neon";
     case PI2_KERNELS_DOTPROD: return "dotprod";
     case PI2_KERNELS_I8MM: return "i8mm";
+    case PI2_KERNELS_AMX: return "amx";
     }
     return "unknown";
 }
@@ -334,13 +368,15 @@ size_t pi2_batch_size(pi2_type wt, int64_t n, int64_t tokens) {
     return (size_t)((tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE * (n / PI2_QK)) * sizeof(pi2_batch_block);
 }
 
-/* The same bytes at every level: the kernels differ only in how they go through them. */
+/* The same bytes at every level but amx, whose quants go token by token (kernels.h): the kernels
+ * differ only in how they go through them. */
 void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, void *out) {
     check_weight("batch_pack", wt, n);
     if (wt != PI2_Q4_0 || tokens < 1) die("batch_pack", wt, n);
     const int64_t nb = n / PI2_QK, tiles = (tokens + PI2_BATCH_TILE - 1) / PI2_BATCH_TILE;
     const size_t ab = pi2_row_size(PI2_Q8_0, n);
     pi2_batch_block *rec = out;
+    const int by_token = pi2_kernels_table()->batch_by_token;
     memset(out, 0, (size_t)(tiles * nb) * sizeof *rec); /* the last tile's padding: zero tokens */
     for (int64_t t = 0; t < tokens; t++) {
         const pi2_block_q8_0 *a = (const pi2_block_q8_0 *)((const uint8_t *)acts + (size_t)t * ab);
@@ -349,7 +385,8 @@ void pi2_batch_pack(pi2_type wt, const void *acts, int64_t n, int64_t tokens, vo
         for (int64_t b = 0; b < nb; b++) {
             int32_t sum = 0;
             for (int k = 0; k < PI2_QK; k++) sum += a[b].qs[k];
-            for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
+            if (by_token) memcpy((int8_t *)r[b].qs + PI2_QK * i, a[b].qs, PI2_QK);
+            else for (int c = 0; c < PI2_QK / 8; c++) memcpy(r[b].qs[i / 2][c][i % 2], a[b].qs + 8 * c, 8);
             r[b].nib_off[i] = -8 * sum;
             r[b].d[i] = pi2_f16_to_f32(a[b].d);
         }

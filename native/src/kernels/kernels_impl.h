@@ -49,6 +49,7 @@ typedef struct {
     /* optional: the GEMM over a packed batch (kernels.h, pi2_batch_gemm); NULL: the level keeps gemm */
     void (*batch_gemm[PI2_N_TYPES])(const void *w, size_t row_stride, int x4, int64_t rows, int64_t n,
                                     const pi2_batch_block *batch, int64_t tokens, float *y, int64_t ldy);
+    int batch_by_token; /* the batch's quants token by token (kernels.h, pi2_batch_block): amx */
     pi2_att_f16_fn att_f16; /* kernels_att.h over the level's dot_f16, axpy_f16 */
 } pi2_kernel_table;
 
@@ -84,6 +85,12 @@ void pi2_lanes_gemm_q4_0(const void *w, size_t row_bytes, int64_t rows, int64_t 
                          int64_t tokens, float *y, int64_t ldy);
 void pi2_lanes_x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *acts, int64_t tokens, float *y,
                             int64_t ldy);
+/* nr (1..16) rows of a Q4_0 matrix (row_bytes apart; x4: pi2_x4_pack's layout from a group boundary)
+ * unpacked for nb blocks: u (nb * 512 bytes, 64-byte aligned) holds per block 8 x 64 bytes, 64-byte
+ * chunk j holding each row's nibbles 4j..4j+3 of the block's 32 elements (0..15, unsigned) at 4 * row;
+ * dw[b * 16 + row] its scale. Rows past nr are zero, scale 0. */
+void pi2_lanes_unpack_q4_0(const uint8_t *w, size_t row_bytes, int x4, int nr, int64_t nb, void *u, float *dw);
+void pi2_kernels_fill_amx(pi2_kernel_table *t); /* kernels_amx.c */
 #endif
 #if defined(__aarch64__)
 void pi2_kernels_fill_neon(pi2_kernel_table *t);

@@ -241,6 +241,12 @@ static void batch_gemm_q4_0(const void *w, size_t row_bytes, int x4, int64_t row
     free(dw);
 }
 
+/* The batch GEMM's unpack for other levels on this core (kernels_amx.c): rows r0.. of a Q4_0 matrix as
+ * unpack_lanes lays them out, the same bytes the avx512 batch GEMM reads. */
+void pi2_lanes_unpack_q4_0(const uint8_t *w, size_t row_bytes, int x4, int nr, int64_t nb, void *u, float *dw) {
+    unpack_lanes(x4 ? LK_Q4_0_X4 : LK_Q4_0, w, row_bytes, nr, nb, u, dw, NULL);
+}
+
 /* Q4_1 and Q8_0 take it for every GEMM (attention, a dense down copy, the output matrix): no
  * interleaved layout has to agree with their plain GEMM. Q4_0's plain GEMM and its x4 layout take it
  * from PI2_LANES_MIN_TOKENS tokens (pi2_lanes_gemm_q4_0 above). */
