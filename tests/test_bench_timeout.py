@@ -57,6 +57,7 @@ def test_a_run_past_its_limit_is_stopped_and_saved_as_timeout(tiny_model, tmp_pa
     assert proc.returncode == 1, err.decode()  # as for any run that is not ok
     assert b"Traceback" not in err
     assert engines and not any(_alive(pid) for pid in engines)  # nothing left running
+    assert out.strip(), err.decode()  # the runs' rows, whatever their status
     rows = json.loads(out)["runs"]
     assert [(r["workload"], r["status"]) for r in rows] == [("multi-turn", "timeout"), ("code", "timeout")]
     for row in rows:  # the second run went ahead after the first timed out
