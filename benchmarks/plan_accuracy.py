@@ -39,6 +39,7 @@ from pathlib import Path
 
 from pi2cli.builds.capabilities import host_engine
 from pi2cli.hw.cgroup import run_budgeted
+from pi2cli.plan.calibrate import decode_steps
 from pi2cli.units import parse_size
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -95,7 +96,7 @@ def run_plan(
     summary = ev.get("summary", {})
     # a step's time split as the prediction splits it: the wait on reads (io_wait_s: blocked with nothing
     # to compute, predicted storage - overlap) and the rest (predicted memory side)
-    steps = [(b["t"] - a["t"], b.get("io_wait_s", 0.0)) for a, b in zip(timed, timed[1:], strict=False)]
+    steps = decode_steps(timed)
     return {
         "tok_s": round((len(t) - 1) / (t[-1] - t[0]), 3),
         "timed_tokens": len(t),

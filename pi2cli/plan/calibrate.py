@@ -80,7 +80,7 @@ def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_
     if len(timed) < 3 or named is None or "io_wait_s" not in timed[0]:
         raise Pi2Error("the decode calibration run gave no sparse decode to time (a model without "
                        f"predictors runs dense: {len(tokens)} tokens, named event {'present' if named else 'absent'})")  # fmt: skip
-    steps = [(b["t"] - a["t"], b["io_wait_s"]) for a, b in zip(timed, timed[1:], strict=False)]
+    steps = decode_steps(timed)
     reads = [float(b.get("reads", 0)) for b in timed[1:]]
     lookups = sum(t.get("hits", 0) + t.get("misses", 0) for t in timed[1:])
     n_prompt = int(start.get("n_prompt") or 0)
@@ -105,6 +105,11 @@ def decode_section(lines: list[str], budget: int, threads: int, membw_bytes_per_
         "step_fit": step_fit(reads, [dt for dt, _ in steps]),
         "named": {k: named[k] for k in ("decode_steps", "rank_bins", "by_rank")},
     }
+
+
+def decode_steps(tokens: list[dict]) -> list[tuple[float, float]]:
+    """Each decode step of a run's token events (from the second on): (its time, its wait on reads)."""
+    return [(b["t"] - a["t"], b.get("io_wait_s", 0.0)) for a, b in zip(tokens, tokens[1:], strict=False)]
 
 
 def step_fit(reads: list[float], step_s: list[float]) -> dict | None:

@@ -356,8 +356,9 @@ def predict(
     # time less its wait on reads, over the bytes this count gives its step; at other thread counts
     # scaled as the probe's bandwidth), else the bandwidth probe's.
     rate = device.membw_bytes_per_s
+    cal_mem = sum(memory_bytes(int(cal["position"])).values()) if cal else 0.0  # a calibration step's bytes
     if cal:
-        rate = sum(memory_bytes(int(cal["position"])).values()) / float(cal["compute_s"])
+        rate = cal_mem / float(cal["compute_s"])
         rate *= device.membw_bytes_per_s / float(cal.get("membw_bytes_per_s") or device.membw_bytes_per_s)
     # steady state: the hot set and the cold neurons ranked just after it (the admit limit) stay cached
     frac = 1.0 if sz["whole"] else min(1.0, (sz["hot"] + sz["cold"] / m.n_blocks) / m.n_ff)
@@ -392,7 +393,7 @@ def predict(
     fitted = bool(fit) and policy == "powerinfer2" and not two and not cal.get("two_phase") \
         and int(cal["threads"]) == int(device.threads)  # fmt: skip
     if fitted:
-        shift = (sum(mem.values()) - sum(memory_bytes(int(cal["position"])).values())) / rate
+        shift = (sum(mem.values()) - cal_mem) / rate
         cal_wave = float(cal["reads_per_token"]) / blocks
         per_read = fit["per_read_s"] * t_whole / wave_read_time(device, m, m.full_len, cal_wave)
         t = fit["base_s"] + per_read * reads + shift
