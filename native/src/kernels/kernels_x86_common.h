@@ -142,6 +142,15 @@ static float dot_f32(int64_t n, const void *row, const void *act) {
 
 static inline __m256 load_h8(const pi2_f16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+/* dot_f16's last step, one place for it and rows_f16: the four accumulators' sum, then the
+ * elements past the last 8 (i..n) */
+static inline __attribute__((always_inline)) float f16_finish(const __m256 *acc, const pi2_f16 *w, const pi2_f16 *a,
+                                                             int64_t i, int64_t n) {
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) s += _cvtsh_ss(w[i]) * _cvtsh_ss(a[i]);
+    return s;
+}
+
 static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void *row, const void *act) {
     const pi2_f16 *w = row, *a = act;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -149,9 +158,45 @@ static inline __attribute__((always_inline)) float dot_f16(int64_t n, const void
     for (; i + 32 <= n; i += 32)
         for (int k = 0; k < 4; k++) acc[k] = _mm256_fmadd_ps(load_h8(w + i + 8 * k), load_h8(a + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_h8(w + i), load_h8(a + i), acc[0]);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; i++) s += _cvtsh_ss(w[i]) * _cvtsh_ss(a[i]);
-    return s;
+    return f16_finish(acc, w, a, i, n);
+}
+
+/* F16 rows against one F16 activation, four rows a step: the activation's pieces are converted once
+ * for the four, and each row keeps dot_f16's accumulators and order, so the floats are dot_f16's
+ * whichever rows share a step. The predictors' second matrix has rows as short as the predictor's
+ * rank (32 on the synthetic shapes, 14336 rows a layer): a call and a conversion of the activation
+ * per row cost more than the row's arithmetic. */
+static void rows_f16(const void *w, size_t rb, const int32_t *idx, int64_t count, int64_t n, const void *act, float *y) {
+    const pi2_f16 *a = act;
+    int64_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        const pi2_f16 *row[4];
+        __m256 acc[4][4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            row[k] = (const pi2_f16 *)((const uint8_t *)w + (size_t)(idx ? idx[r + k] : r + k) * rb);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) acc[k][q] = _mm256_setzero_ps();
+        }
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m256 x[4];
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) x[q] = load_h8(a + i + 8 * q);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) acc[k][q] = _mm256_fmadd_ps(load_h8(row[k] + i + 8 * q), x[q], acc[k][q]);
+        }
+        for (; i + 8 <= n; i += 8) {
+            const __m256 x = load_h8(a + i);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) acc[k][0] = _mm256_fmadd_ps(load_h8(row[k] + i), x, acc[k][0]);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) y[r + k] = f16_finish(acc[k], row[k], a, i, n);
+    }
+    for (; r < count; r++) y[r] = dot_f16(n, (const uint8_t *)w + (size_t)(idx ? idx[r] : r) * rb, act);
 }
 
 /* ---- axpy: y += a * dequant(row) ---- */
@@ -468,7 +513,6 @@ static inline __attribute__((always_inline)) void gemm_row_micro(int kind, int n
 
 
 PI2_ROWS_VIA_DOT(f32)
-PI2_ROWS_VIA_DOT(f16)
 PI2_ROWS_VIA_DOT(q4_0)
 PI2_ROWS_VIA_DOT(q4_1)
 PI2_ROWS_VIA_DOT(q8_0)
