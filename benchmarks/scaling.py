@@ -142,7 +142,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         if done.returncode != 0:
             return out | {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
         ev = parse_events(events.read_text().splitlines())
-    s, turn, tokens = ev["summary"], ev["turn"], ev["token"]
+    s, turn, tokens, named = ev["summary"], ev["turn"], ev["token"], ev.get("named") or {}
     times = [e["t"] for e in tokens][warmup:]
     after = tokens[1:]  # the first token's reads and time belong to the prefill
     return out | {
@@ -154,6 +154,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         "peak_rss_bytes": s.get("peak_rss_bytes"), "io_method": s.get("io_method"),
         "threads": s.get("threads"), "load_s": ev["start"].get("load_s"),
         "memory_budget_source": s.get("memory_budget_source"), "decode_profile": s.get("decode_profile"),
+        "named_per_token": sum(named["by_block"]) / named["decode_steps"] if named.get("decode_steps") else None,
     }  # fmt: skip
 
 
@@ -215,8 +216,11 @@ def summarize(
         # the other way round: the most bytes a token could read at the measured rate and this bandwidth
         for key, tps in (("pi2", row["pi2_decode_tps"]), ("llama", row["llama_tg_tps"])):
             row[f"{key}_bytes_per_token_ceiling"] = gbs * 1e9 / tps if tps else None
+        n_neurons = facts["n_layer"] * facts["n_ff"]
+        row |= {f"split_{k}": v for k, v in time_split(pm, n_neurons).items()}
         if f"pi2@budget t={t}" in runs:
             pb, lb = runs[f"pi2@budget t={t}"], runs[f"llama.cpp@budget t={t}"]
+            row |= {f"budget_split_{k}": v for k, v in time_split(pb, n_neurons).items()}
             reads = med(pb, "reads_per_token")
             io_s = reads / storage["iops"] if storage and reads is not None else None
             mem_s = pi2_bytes / (gbs * 1e9)
@@ -230,6 +234,30 @@ def summarize(
                     "budget_storage_bound_tps": 1 / io_s if io_s else None}  # fmt: skip
         rows.append(row)
     return rows
+
+
+# decode_profile's parts a token (ms), in the order the split table prints them
+SPLIT = ("attention_ms", "ffn_predict_ms", "ffn_wave_ms", "ffn_other_ms", "output_ms", "rest_ms", "io_wait_ms",
+         "pool_jobs", "worker_sleeps")  # fmt: skip
+
+
+def time_split(runs: list[dict], n_neurons: int) -> dict:
+    """Where a decode token's time goes, medians over the runs of their summaries' decode_profile: the
+    profile's parts, the FFN's time outside its predictor and waves (the active list, the wave's setup),
+    and the rest of the token's wall time (sampling, norms, the gaps between pool jobs); with the share
+    of the FFN's neurons the predictor named a token (its reads: gate rows for every named neuron)."""
+    per_run = []
+    for r in runs:
+        d, tps = r.get("decode_profile") or {}, r.get("decode_tps")
+        if not d or not tps:
+            continue
+        x = {k: d.get(k) for k in ("attention_ms", "ffn_predict_ms", "ffn_wave_ms", "output_ms", "io_wait_ms",
+                                   "pool_jobs", "worker_sleeps")}  # fmt: skip
+        x["ffn_other_ms"] = d["ffn_ms"] - d["ffn_predict_ms"] - d["ffn_wave_ms"]
+        x["rest_ms"] = 1000 / tps - d["attention_ms"] - d["ffn_ms"] - d["output_ms"]
+        x["named_share"] = r["named_per_token"] / n_neurons if r.get("named_per_token") else None
+        per_run.append(x)
+    return {k: med(per_run, k) for k in (*SPLIT, "named_share")}
 
 
 def print_rows(rows: list[dict], columns: list) -> None:
@@ -252,6 +280,7 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
           f"{rows[0]['pi2_bytes_per_token'] / 1e6:.0f} / {rows[0]['dense_bytes_per_token'] / 1e6:.0f} MB): "
           + ", ".join(f"{r['threads']} threads {fmt(mb(r['pi2_bytes_per_token_ceiling']), '.0f')} / "
                       f"{fmt(mb(r['llama_bytes_per_token_ceiling']), '.0f')} MB" for r in rows))  # fmt: skip
+    print_split(rows, "split_", "in memory")
     if not budget:
         return
     print(f"\nunder a budget of {budget / MiB:.0f} MiB (pi2: {how['pi2']}; llama.cpp: {how['llama.cpp']}); "
@@ -262,6 +291,18 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
                       ("budget_llama_tg_tps",), ("budget_decode_ratio", ".2f", "x"), ("budget_io_wait_s",),
                       ("budget_ffn_s",), ("budget_reads_per_token", ".0f"), ("budget_hit_rate", ".3f"),
                       lambda r: f"{fmt(r.get('budget_bound_tps'))} ({fmt(r.get('budget_storage_bound_tps'))})"])  # fmt: skip
+    print_split(rows, "budget_split_", "under the budget")
+
+
+def print_split(rows: list[dict], prefix: str, where: str) -> None:
+    """The time_split table: one row per thread count."""
+    print(f"\nwhere pi2's decode time goes {where} (ms a token, medians of the runs' decode_profile; rest: the "
+          f"token's time outside attention, FFN and output head: sampling, norms, gaps between pool jobs; "
+          f"named: the FFN neurons the predictor named, whose gate rows are read)\n"
+          f"| threads | attention | predictor | FFN waves | FFN other | output head | rest | io_wait | "
+          f"pool jobs | worker sleeps | named |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    print_rows(rows, [(prefix + k, ".1f" if k in ("pool_jobs", "worker_sleeps") else ".2f") for k in SPLIT]
+               + [(prefix + "named_share", ".1%")])  # fmt: skip
 
 
 def budget_how(runs: dict, engine_how: str) -> dict:
