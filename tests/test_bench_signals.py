@@ -33,6 +33,14 @@ def _engine_child(pid: int, timeout: float = 60.0) -> int:
     raise AssertionError("pi2-engine never started")
 
 
+def _signals_at_default() -> None:
+    """The CLI under test starts with SIGTERM and SIGHUP at their defaults. A suite run under `nohup`
+    hands every child SIGHUP ignored, which pi2 rightly keeps ignored (signals.install): the signal
+    then never arrived and the test waited out its timeout (a CI run, 2026-11-27)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @needs_engine
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -44,7 +52,8 @@ def test_a_signal_stops_the_engine_stores_the_run_and_leaves_no_temp_dir(tiny_mo
     proc = subprocess.Popen([sys.executable, "-c", "from pi2cli.cli import main; main()", "bench", "-m",
                              str(tiny_model), "-w", "multi-turn", "--limit", "1", "-n", "100000", "--ctx", "200000",
                              "--results-dir", str(results), "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, env=env, start_new_session=True,
+                            preexec_fn=_signals_at_default)  # fmt: skip
     try:
         engine = _engine_child(proc.pid)
         time.sleep(1.0)
