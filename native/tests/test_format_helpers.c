@@ -1,10 +1,41 @@
 /* CRC-32 against zlib's known values, and the sampler: greedy is argmax, sampling is reproducible
- * from its seed and top-p keeps only the nucleus. */
+ * from its seed, top-p keeps only the nucleus, and a thread pool draws the same tokens as one thread. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "crc32.h"
 #include "sampler.h"
+#include "threadpool.h"
+
+/* A vocabulary of SmolLM2's size and 3 threads: the draws with the pool are the draws without it,
+ * with and without top-p (the pool only splits passes whose values do not depend on the split). */
+static void check_pool_draws_alike(void) {
+    enum { N = 49152, DRAWS = 300 };
+    float *logits = malloc(sizeof(float) * N);
+    uint32_t st = 7;
+    for (int i = 0; i < N; i++) st = st * 1664525u + 1013904223u, logits[i] = (float)(st >> 8) / (1 << 24) * 12.0f;
+    pi2_pool *pool = pi2_pool_create(3, NULL);
+    CHECK(logits && pool);
+    const float top_ps[2] = {1.0f, 0.9f};
+    for (int k = 0; k < 2; k++) {
+        pi2_sampler a, b;
+        CHECK(pi2_sampler_init(&a, N, 0.8f, top_ps[k], 11) == 0 && pi2_sampler_init(&b, N, 0.8f, top_ps[k], 11) == 0);
+        b.pool = pool;
+        int differ = 0, distinct = 0, prev = -1;
+        for (int i = 0; i < DRAWS; i++) {
+            const int32_t x = pi2_sample(&a, logits), y = pi2_sample(&b, logits);
+            differ += x != y || memcmp(a.probs, b.probs, sizeof(float) * N) != 0; /* every probability too */
+            distinct += x != prev, prev = x;
+        }
+        CHECK(differ == 0);
+        CHECK(distinct > DRAWS / 2); /* a real draw over many tokens, not one token again and again */
+        pi2_sampler_free(&a);
+        pi2_sampler_free(&b);
+    }
+    pi2_pool_free(pool);
+    free(logits);
+}
 
 int main(void) {
     CHECK(pi2_crc32(0, "", 0) == 0);
@@ -41,5 +72,6 @@ int main(void) {
     CHECK(outside == 0);
     pi2_sampler_free(&s);
     CHECK(pi2_sampler_init(&s, 6, -1.0f, 1.0f, 3) == -1);
+    check_pool_draws_alike();
     return pi2_test_summary("test_format_helpers");
 }

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "threadpool.h"
+
 typedef struct {
     float temperature; /* 0: greedy */
     float top_p;       /* (0, 1]; 1 keeps every token */
@@ -12,6 +14,7 @@ typedef struct {
     float *probs;      /* scratch [n_vocab] */
     int32_t *idx;      /* scratch [n_vocab] */
     int32_t n_vocab;
+    pi2_pool *pool;    /* NULL (pi2_sampler_init's): the vocabulary's elementwise passes on the caller alone */
 } pi2_sampler;
 
 int pi2_sampler_init(pi2_sampler *s, int32_t n_vocab, float temperature, float top_p, uint64_t seed);

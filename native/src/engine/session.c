@@ -59,6 +59,7 @@ int pi2_session_start(pi2_session *s, const pi2_options *o, int n_ctx, int n_bat
         pi2_ctx_set_ffn(s->ctx, pi2_sparse_backend(s->sparse)); /* the FFN from flash, below forward.c */
     }
     if (pi2_sampler_init(&s->sampler, (int32_t)s->m.h.n_vocab, o->temperature, o->top_p, o->seed) != 0) return -1;
+    s->sampler.pool = s->pool; /* the draw's passes over the vocabulary, between tokens */
     if (pi2_events_open(&s->ev, o->events) != 0) return -1;
     return 0;
 }
