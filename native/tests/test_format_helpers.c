@@ -1,5 +1,6 @@
 /* CRC-32 against zlib's known values, and the sampler: greedy is argmax, sampling is reproducible
  * from its seed, top-p keeps only the nucleus, and a thread pool draws the same tokens as one thread. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +8,33 @@
 #include "crc32.h"
 #include "sampler.h"
 #include "threadpool.h"
+
+/* pi2_argmax against the one-chain loop it replaced (best moves on a strictly larger value only), on
+ * lengths around its 16 lanes, ties, signed zeros and NaNs (passed over; a NaN first value wins). */
+static int32_t argmax_reference(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void check_argmax_is_the_first_strict_maximum(void) {
+    enum { MAX = 100 };
+    float x[MAX];
+    uint32_t st = 3;
+    int bad = 0;
+    for (int n = 1; n <= MAX; n++)
+        for (int trial = 0; trial < 40; trial++) {
+            for (int i = 0; i < n; i++) { /* few distinct values: ties everywhere */
+                st = st * 1664525u + 1013904223u;
+                const uint32_t r = st >> 24;
+                x[i] = r < 8 ? NAN : r < 16 ? -0.0f : r < 24 ? 0.0f : (float)(r % 5) - 2.0f;
+            }
+            if (trial % 4 == 0) x[0] = NAN;
+            bad += pi2_argmax(x, n) != argmax_reference(x, n);
+        }
+    CHECK(bad == 0);
+}
 
 /* A vocabulary of SmolLM2's size and 3 threads: the draws with the pool are the draws without it,
  * with and without top-p (the pool only splits passes whose values do not depend on the split). */
@@ -47,6 +75,7 @@ int main(void) {
 
     float logits[6] = {0.1f, 2.0f, -1.0f, 1.9f, 0.0f, 2.0f};
     CHECK(pi2_argmax(logits, 6) == 1); /* first of the tied maxima */
+    check_argmax_is_the_first_strict_maximum();
     pi2_sampler s, s2;
     CHECK(pi2_sampler_init(&s, 6, 0.0f, 1.0f, 1) == 0);
     CHECK(pi2_sample(&s, logits) == 1);
