@@ -111,28 +111,35 @@ static void normalize_worker(void *p, int ith, int nth) {
         for (int64_t i = b; i < e; i++) j->probs[i] = (float)(j->probs[i] / j->sum);
 }
 
+/* One of the first `keep` tokens (idx[i], or i itself without a list), each as likely as its share of
+ * their mass, summed in list order. */
+static int32_t draw(pi2_sampler *s, const int32_t *idx, int32_t keep) {
+    double mass = 0;
+    for (int32_t i = 0; i < keep; i++) mass += s->probs[idx ? idx[i] : i];
+    double r = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    for (int32_t i = 0; i < keep; i++) {
+        const int32_t t = idx ? idx[i] : i;
+        r -= s->probs[t];
+        if (r < 0) return t;
+    }
+    return idx ? idx[keep - 1] : keep - 1;
+}
+
+/* One elementwise pass over the vocabulary, split over the pool's threads (or run here without one). */
+static void over_vocab(pi2_sampler *s, vocab_job *j, pi2_pool_fn fn) {
+    pi2_chunks_init(&j->tokens, s->n_vocab, 64, s->pool ? pi2_pool_size(s->pool) : 1);
+    pi2_pool_run_chunks(s->pool, fn, j);
+}
+
 int32_t pi2_sample(pi2_sampler *s, const float *logits) {
     test_delay();
     const int32_t n = s->n_vocab;
     if (s->temperature == 0.0f) return pi2_argmax(logits, n);
-    const int nth = s->pool ? pi2_pool_size(s->pool) : 1;
     vocab_job j = {.logits = logits, .probs = s->probs, .mx = logits[pi2_argmax(logits, n)], .temperature = s->temperature};
-    pi2_chunks_init(&j.tokens, n, 64, nth);
-    pi2_pool_run_chunks(s->pool, exp_worker, &j);
+    over_vocab(s, &j, exp_worker);
     for (int32_t i = 0; i < n; i++) j.sum += s->probs[i];
-    pi2_chunks_init(&j.tokens, n, 64, nth);
-    pi2_pool_run_chunks(s->pool, normalize_worker, &j);
-    /* The whole vocabulary's mass, in token order: the draw below over every token needs no index list. */
-    double mass = 0;
-    for (int32_t i = 0; i < n; i++) mass += s->probs[i];
-    if (s->top_p >= 1.0f) {
-        double r = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * mass;
-        for (int32_t i = 0; i < n; i++) {
-            r -= s->probs[i];
-            if (r < 0) return i;
-        }
-        return n - 1;
-    }
+    over_vocab(s, &j, normalize_worker);
+    if (s->top_p >= 1.0f) return draw(s, NULL, n); /* every token, in token order: no index list */
     /* Nucleus: the smallest set of most likely tokens whose mass reaches top_p. */
     for (int32_t i = 0; i < n; i++) s->idx[i] = i;
     sort_probs = s->probs;
@@ -143,12 +150,5 @@ int32_t pi2_sample(pi2_sampler *s, const float *logits) {
         cum += s->probs[s->idx[keep++]];
         if (cum >= s->top_p) break;
     }
-    mass = 0;
-    for (int32_t i = 0; i < keep; i++) mass += s->probs[s->idx[i]];
-    double r = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * mass;
-    for (int32_t i = 0; i < keep; i++) {
-        r -= s->probs[s->idx[i]];
-        if (r < 0) return s->idx[i];
-    }
-    return s->idx[keep - 1];
+    return draw(s, s->idx, keep);
 }
