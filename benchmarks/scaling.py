@@ -251,8 +251,7 @@ def time_split(runs: list[dict], n_neurons: int) -> dict:
         d, tps = r.get("decode_profile") or {}, r.get("decode_tps")
         if not d or not tps:
             continue
-        x = {k: d.get(k) for k in ("attention_ms", "ffn_predict_ms", "ffn_wave_ms", "output_ms", "io_wait_ms",
-                                   "pool_jobs", "worker_sleeps")}  # fmt: skip
+        x = {k: d.get(k) for k in SPLIT if k not in ("ffn_other_ms", "rest_ms")}  # the profile's own parts
         x["ffn_other_ms"] = d["ffn_ms"] - d["ffn_predict_ms"] - d["ffn_wave_ms"]
         x["rest_ms"] = 1000 / tps - d["attention_ms"] - d["ffn_ms"] - d["output_ms"]
         x["named_share"] = r["named_per_token"] / n_neurons if r.get("named_per_token") else None
