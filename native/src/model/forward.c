@@ -18,6 +18,7 @@ struct pi2_ctx {
     int64_t q_dim, kv_dim, n_embd, n_ff;
     pi2_f16 *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
     float *x, *xn, *q, *k, *v, *att, *tmp; /* [n_batch][...] */
+    float *rope_cs;                        /* [n_batch][head_dim]: cos, sin of each pair's angle (rope_table) */
     float *g, *u, *h;                      /* [n_batch][n_ff] */
     float *ffn_in, *ffn_out;               /* moe: gathered rows [n_batch][n_embd] */
     float *router, *expert_w;              /* [n_batch][n_expert] */
@@ -80,6 +81,7 @@ static void ctx_buffers(pi2_ctx *c, const pi2_header *h, int count_only, int *ok
     c->att = xcalloc(B * (size_t)c->q_dim, sizeof(float), ok, n, k);
     c->k = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
     c->v = xcalloc(B * (size_t)c->kv_dim, sizeof(float), ok, n, k);
+    c->rope_cs = xcalloc(B * (size_t)h->head_dim, sizeof(float), ok, n, k);
     /* The dense FFN's batch buffers (3 x n_batch x n_ff floats: 11 MiB for a 7B shape at 64 tokens)
      * only where this context computes FFNs: the sparse engine keeps its own, and under a budget
      * every byte held here is taken from the neuron cache. */
@@ -150,7 +152,7 @@ pi2_ctx *pi2_ctx_create(const pi2_model *m, int n_ctx, int n_batch, int dense_ff
 
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
-    void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->g, c->u, c->h,
+    void *ptrs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->tmp, c->q, c->att, c->k, c->v, c->rope_cs, c->g, c->u, c->h,
                     c->ffn_in, c->ffn_out, c->router, c->expert_w, c->expert_sel, c->expert_tokens,
                     c->scores, c->qf16, c->att_out, c->att_m, c->att_l, c->acc, c->act, c->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
@@ -229,15 +231,55 @@ static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float 
 
 /* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
 
-/* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does. */
-static void rope(float *x, int64_t head_dim, int pos, float theta_scale) {
+/* x[t] += add[t] (add may be NULL), then xn[t] = rmsnorm(x[t]) * w (w may be NULL: no norm), for every
+ * token: a batch's rows go
+ * to the pool (128 prompt tokens' adds and norms were ~0.1 ms a layer on the calling thread alone, a
+ * serial stretch that grows with the batch while the matrices shrink with the threads); a single
+ * token's is quicker here than a wake-up of the pool. Each element's operations are the same either way. */
+typedef struct {
+    pi2_ctx *c;
+    const float *add, *w;
+    int tokens;
+} add_norm_job;
+
+static void add_norm_worker(void *p, int ith, int nth) {
+    const add_norm_job *j = p;
+    pi2_ctx *c = j->c;
+    const int64_t E = c->n_embd;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) {
+        float *x = c->x + t * E;
+        if (j->add)
+            for (int64_t i = 0; i < E; i++) x[i] += j->add[t * E + i];
+        if (j->w) pi2_rmsnorm(c->xn + t * E, x, j->w, E, c->m->h.rms_eps);
+    }
+}
+
+static void add_norm(pi2_ctx *c, const float *add, const float *w, int tokens) {
+    add_norm_job j = {c, add, w, tokens};
+    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, add_norm_worker, &j);
+}
+
+/* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does.
+ * The angles depend on the position and the pair alone, not on the head or the layer, so each pass
+ * computes their cosines and sines once per token (rope_table): every head of every layer then costs
+ * four multiplies a pair. Computed per head, the 2 x 2560 cosf/sinf a layer of a 7B shape took were a
+ * serial stretch of the token that the other threads waited through. */
+static void rope_table(float *cs, int64_t head_dim, int pos, float theta_scale) {
     float theta = (float)pos;
     for (int64_t i = 0; i < head_dim; i += 2) {
-        const float cs = cosf(theta), sn = sinf(theta);
-        const float x0 = x[i], x1 = x[i + 1];
-        x[i] = x0 * cs - x1 * sn;
-        x[i + 1] = x0 * sn + x1 * cs;
+        cs[i] = cosf(theta);
+        cs[i + 1] = sinf(theta);
         theta *= theta_scale;
+    }
+}
+
+static void rope(float *x, int64_t head_dim, const float *cs) {
+    for (int64_t i = 0; i < head_dim; i += 2) {
+        const float x0 = x[i], x1 = x[i + 1];
+        x[i] = x0 * cs[i] - x1 * cs[i + 1];
+        x[i + 1] = x0 * cs[i + 1] + x1 * cs[i];
     }
 }
 
@@ -273,10 +315,36 @@ static void att_worker(void *p, int ith, int nth) {
         }
 }
 
+/* Each token's Q and K heads rotated, and its K and V rows into the layer's cache as F16. */
+typedef struct {
+    pi2_ctx *c;
+    int layer, tokens;
+} rope_kv_job;
+
+static void rope_kv_worker(void *p, int ith, int nth) {
+    const rope_kv_job *j = p;
+    pi2_ctx *c = j->c;
+    const pi2_header *h = &c->m->h;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) {
+        const int64_t pos = c->n_past + t;
+        const float *cs = c->rope_cs + (size_t)t * h->head_dim;
+        for (uint32_t hh = 0; hh < h->n_head; hh++) rope(c->q + t * c->q_dim + hh * h->head_dim, h->head_dim, cs);
+        for (uint32_t hh = 0; hh < h->n_head_kv; hh++) rope(c->k + t * c->kv_dim + hh * h->head_dim, h->head_dim, cs);
+        pi2_f16 *kc = c->k_cache + ((size_t)j->layer * c->n_ctx + pos) * c->kv_dim;
+        pi2_f16 *vc = c->v_cache + ((size_t)j->layer * c->n_ctx + pos) * c->kv_dim;
+        for (int64_t i = 0; i < c->kv_dim; i++) {
+            kc[i] = pi2_f32_to_f16(c->k[t * c->kv_dim + i]);
+            vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
+        }
+    }
+}
+
 static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     const pi2_header *h = &c->m->h;
     const int64_t E = c->n_embd;
-    for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, h->rms_eps);
+    add_norm(c, NULL, L->attn_norm, tokens);
     prepare(c, L->wq.type, c->xn, E, E, tokens);
     if (pi2_act_type(L->wk.type) == pi2_act_type(L->wq.type) && pi2_act_type(L->wv.type) == pi2_act_type(L->wq.type)) {
         /* one job for the three: no barrier between them */
@@ -292,18 +360,8 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
         matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
     }
 
-    const float theta_scale = powf(h->rope_theta, -2.0f / (float)h->head_dim);
-    for (int t = 0; t < tokens; t++) {
-        const int pos = c->n_past + t;
-        for (uint32_t hh = 0; hh < h->n_head; hh++) rope(c->q + t * c->q_dim + hh * h->head_dim, h->head_dim, pos, theta_scale);
-        for (uint32_t hh = 0; hh < h->n_head_kv; hh++) rope(c->k + t * c->kv_dim + hh * h->head_dim, h->head_dim, pos, theta_scale);
-        pi2_f16 *kc = c->k_cache + ((size_t)layer * c->n_ctx + pos) * c->kv_dim;
-        pi2_f16 *vc = c->v_cache + ((size_t)layer * c->n_ctx + pos) * c->kv_dim;
-        for (int64_t i = 0; i < c->kv_dim; i++) {
-            kc[i] = pi2_f32_to_f16(c->k[t * c->kv_dim + i]);
-            vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
-        }
-    }
+    rope_kv_job rk = {c, layer, tokens};
+    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, rope_kv_worker, &rk); /* see add_norm */
     att_job j = {.c = c, .layer = layer, .tokens = tokens, .parts = att_parts(c, h, tokens, c->n_past + 1)};
     pi2_chunks_init(&j.units, (int64_t)tokens * h->n_head_kv * j.parts, 1, c->nth);
     run_chunks(c, att_worker, &j);
@@ -314,8 +372,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
             pi2_att_merge(hd, j.parts, c->att_out + (u0 * group + g) * hd, group * hd, c->att_m + u0 * group + g,
                           c->att_l + u0 * group + g, group, c->att + t * c->q_dim + hh * hd);
         }
-    matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E);
-    for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
+    matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E); /* added to x by ffn() */
 }
 
 /* ---- FFN --------------------------------------------------------------------------------------- */
@@ -484,12 +541,11 @@ static int moe(pi2_ctx *c, int layer, int tokens) {
 }
 
 static int ffn(pi2_ctx *c, int layer, int tokens) {
-    const int64_t E = c->n_embd;
     const pi2_layer *L = &c->m->layers[layer];
-    for (int t = 0; t < tokens; t++) pi2_rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, c->m->h.rms_eps);
+    add_norm(c, c->tmp, L->ffn_norm, tokens); /* attention's output */
     int rc = c->m->h.arch == PI2_ARCH_MOE ? moe(c, layer, tokens) : ffn_block(c, layer, 0, c->xn, tokens, c->tmp);
     if (rc != 0) return -1;
-    for (int64_t i = 0; i < tokens * E; i++) c->x[i] += c->tmp[i];
+    add_norm(c, c->tmp, NULL, tokens); /* x is whole again before the next layer's layer_begin sees it */
     return 0;
 }
 
@@ -516,6 +572,8 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
         pi2_dequantize_row(emb->type, emb->data + (size_t)tokens[t] * emb->stride, c->x + t * E, E);
         if (c->ffn && emb->data != m->output.data) release_row(emb, tokens[t]);
     }
+    const float theta_scale = powf(m->h.rope_theta, -2.0f / (float)m->h.head_dim);
+    for (int t = 0; t < n; t++) rope_table(c->rope_cs + (size_t)t * m->h.head_dim, m->h.head_dim, c->n_past + t, theta_scale);
     const uint64_t t_emb = pi2_now_ns();
     uint64_t t = t_emb, t1; /* the embedding rows are counted with the head, below */
     for (uint32_t l = 0; l < m->h.n_layer; l++) {
