@@ -353,6 +353,10 @@ static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 lo[4], hi[4];
     for (int r = 0; r < NR; r++) lo[r] = hi[r] = _mm512_setzero_ps();
+    /* The loop's prefetches run PF_DIST ahead; the lines before that are asked for here, all rows at
+     * once: the sparse FFN's rows start at scattered places, where each first line waits for DRAM. */
+    for (int r = 0; r < NR; r++)
+        for (int l = 64; l < PF_DIST && l < nb * (int64_t)sizeof(pi2_block_q4_0); l += 64) __builtin_prefetch(wr[r] + l, 0, 3);
     for (int64_t b = 0; b < nb; b += 4, aq++) {
         const int nblk = nb - b < 4 ? (int)(nb - b) : 4;
         /* bytes of this step: 72, or 18 per block of a partial last step (masked: nothing past the row) */
