@@ -22,8 +22,8 @@ TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
 # The runs: engine flags, and the `when` conditions under which the table's conditional fields appear.
 SPARSE = ["--policy", "powerinfer2", "--check-predictor", "--read-cap", "4", "--pred-threshold", "0.1"]
 RUNS = {
-    "dense": ([], {None, "decoded"}),
-    "sparse": (SPARSE, {None, "decoded", "sparse", "--check-predictor", "--read-cap", "--pred-threshold"}),
+    "dense": ([], {None, "decoded", "prefilled"}),
+    "sparse": (SPARSE, {None, "decoded", "prefilled", "sparse", "--check-predictor", "--read-cap", "--pred-threshold"}),
 }
 
 

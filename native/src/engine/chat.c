@@ -138,13 +138,15 @@ int pi2_chat_main(int argc, char **argv) {
         if (turn_rc != 0 || pi2_events_check(&s.ev) != 0) goto done; /* events lost: the run failed */
     }
     pi2_sparse_named_json(s.sparse, s.ev.f);
-    char sparse_json[4096], sparse_line[400], prof_json[800];
+    char sparse_json[4096], sparse_line[400], prof_json[800], prefill_json[800];
     pi2_sparse_summary_json(s.sparse, &o.sparse, sparse_json, sizeof sparse_json);
     pi2_prof_json(&s.prof, s.sparse != NULL, prof_json, sizeof prof_json);
+    pi2_prof_json(&s.prefill_prof, s.sparse != NULL, prefill_json, sizeof prefill_json);
     pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);
     const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = turn, .peak_rss_bytes = pi2_peak_rss_bytes(),
                                         .bytes_read = pi2_io_read_bytes(), .model_bytes = s.m.file.size,
-                                        .threads = s.n_threads, .decode_profile = prof_json[0] ? prof_json : NULL};
+                                        .threads = s.n_threads, .decode_profile = prof_json[0] ? prof_json : NULL,
+                                        .prefill_profile = prefill_json[0] ? prefill_json : NULL};
     (void)pi2_event_summary(&s.ev, PI2_CMD_CHAT, &summary, sparse_json);
     if (pi2_events_close(&s.ev) != 0) goto done;
     fprintf(stderr, "pi2-engine chat: %d turns, peak RSS %.0f MiB; %s\n", turn, pi2_peak_rss_bytes() / 1048576.0,

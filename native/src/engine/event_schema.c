@@ -78,6 +78,8 @@ const pi2_event_field pi2_event_fields[] = {
     {"summary", "threads", PI2_EV_INT, AT(pi2_summary_record, threads), "integer", BOTH, NULL, "compute threads"},
     {"summary", "decode_profile", PI2_EV_OBJ, AT(pi2_summary_record, decode_profile), "object", BOTH, "decoded",
      "per decoded token: phase times, pool jobs and sleeps, the sparse FFN's parts (docs/ENGINE.md)"},
+    {"summary", "prefill_profile", PI2_EV_OBJ, AT(pi2_summary_record, prefill_profile), "object", BOTH, "prefilled",
+     "decode_profile's fields per prompt token, over the prompts' forward passes"},
     /* the sparse engine's figures (docs/SPARSE.md#events) */
     SPARSE("summary", "policy", "string", NULL, "the FFN policy"),
     SPARSE("summary", "predictor", "string", NULL, "model or oracle"),

@@ -65,7 +65,8 @@ typedef struct {
     double t;
     int turns, threads;
     uint64_t peak_rss_bytes, bytes_read, model_bytes;
-    const char *decode_profile; /* session_profile.c's object; NULL when no token was decoded */
+    const char *decode_profile;  /* session_profile.c's object; NULL when no token was decoded */
+    const char *prefill_profile; /* the same per prompt token; NULL when no prompt was processed */
 } pi2_summary_record;
 
 /* The JSON object of a `kind` record (its table rows for `cmd`, then `sparse`: the sparse engine's

@@ -117,14 +117,19 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
     pi2_sparse_stats st_prev = {0}, st_cur = {0};
     char tok_json[400], piece[256];
     pi2_sparse_snapshot(s->sparse, &st_prev);
+    pi2_prof_snap pa, pb;
+    pi2_prof_take(&pa, s->ctx, s->sparse, s->pool);
     for (int t = 0; t < n_new; t += s->n_batch) {
         int nb = n_new - t < s->n_batch ? n_new - t : s->n_batch;
         if (pi2_forward(s->ctx, s->ids + t, nb, NULL) != 0) return -1;
     }
+    if (n_new > 0) {
+        pi2_prof_take(&pb, s->ctx, s->sparse, s->pool);
+        pi2_prof_add(&s->prefill_prof, &pa, &pb, (uint64_t)n_new);
+    }
     pi2_sparse_snapshot(s->sparse, &st_cur);
     uint64_t t_prefill = pi2_now_ns(), t_first = 0, t_last = 0;
     int n_gen = 0, n_dec = 0;
-    pi2_prof_snap pa, pb;
     while (n_gen < n_predict) {
         int32_t next = pi2_sample(&s->sampler, pi2_ctx_logits(s->ctx));
         uint64_t now = pi2_now_ns();

@@ -39,6 +39,7 @@ typedef struct {
     int has_pending;    /* chat: the last generated token is not in the KV cache yet */
     int32_t pending;
     pi2_decode_profile prof; /* decode's passes, for the summary's "decode_profile" (session_profile.h) */
+    pi2_decode_profile prefill_prof; /* the prompts' passes, per prompt token: "prefill_profile" */
     int stop_turn;      /* set by emit to end the turn after this token (serve: a stop string, a client gone) */
     /* when set, called as each token is sampled, emitted or not (serve's metrics and its prompt cache) */
     void (*on_sample)(uint64_t t_ns, int32_t id);

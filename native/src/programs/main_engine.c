@@ -208,14 +208,16 @@ static int cmd_generate(const pi2_options *o) {
     if (pi2_session_turn(&ss, n_prompt, o->n_predict, o->ignore_eos, 0, t0, emit_stdout, &turn) != 0) goto done;
     (void)pi2_event_turn(ev, PI2_CMD_GENERATE, &turn, NULL); /* a failure sticks: pi2_events_close reports it */
     pi2_sparse_named_json(sp, ev->f);
-    char sparse_json[4096], sparse_line[400], prof_json[800];
+    char sparse_json[4096], sparse_line[400], prof_json[800], prefill_json[800];
     pi2_sparse_summary_json(sp, &o->sparse, sparse_json, sizeof sparse_json);
     pi2_prof_json(&ss.prof, sp != NULL, prof_json, sizeof prof_json);
+    pi2_prof_json(&ss.prefill_prof, sp != NULL, prefill_json, sizeof prefill_json);
     pi2_sparse_summary_line(sp, &o->sparse, sparse_line, sizeof sparse_line);
     const uint64_t peak = pi2_peak_rss_bytes();
     const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = 1, .peak_rss_bytes = peak,
                                         .bytes_read = pi2_io_read_bytes(), .model_bytes = mp->file.size,
-                                        .threads = n_threads, .decode_profile = prof_json[0] ? prof_json : NULL};
+                                        .threads = n_threads, .decode_profile = prof_json[0] ? prof_json : NULL,
+                                        .prefill_profile = prefill_json[0] ? prefill_json : NULL};
     (void)pi2_event_summary(ev, PI2_CMD_GENERATE, &summary, sparse_json);
     if (pi2_events_close(ev) != 0) goto done; /* the events are the run's record: lost, it failed */
     fflush(stdout);
