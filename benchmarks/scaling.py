@@ -2,7 +2,8 @@
 with the memory bandwidth at each thread count as the bound. Issue 31's table, for any thread list.
 
     .venv/bin/python benchmarks/scaling.py --model-dir DIR [--threads 1,2,4] [--budget 60%] [--reps 2]
-        [-p 128] [-n 32] [--budget-n 32] [--llama-budget-n 8] [--skip-budget] [--note TEXT] [--json OUT]
+        [-p 128] [-n 32] [--budget-n 32] [--llama-budget-n 8] [--skip-budget] [--engine-b PATH]
+        [--note TEXT] [--json OUT]
 
 DIR holds model.pi2 and its GGUF twin model.gguf (the same weights), e.g. issue 31's model:
     pi2 models synth --like turbosparse-mistral-7b --layers 8 --no-dense-down --predictor-rank 32 --out DIR
@@ -24,6 +25,9 @@ machine does not favour one end of the list), every figure a minute apart on the
   llama.cpp budget  llama-bench -p P -n N' --repack 0 -lm mmap -t T -r 1 inside the cgroup of B (the
                     weights paged from the file through the page cache), the GGUF evicted first; without
                     a cgroup the run happens but is marked "not enforced": its figures are in-memory ones
+  pi2 B memory      with --engine-b: that engine (another build: the one before a change), the same run
+                    right after pi2 memory, and the ratios pi2 / B per repetition (a before/after
+                    figure from one run of one machine)
 Prefill = P / time to the first token (pi2) or llama-bench's pp; decode = pi2's whole-decode average (the
 turn's decode_tps over every generated token, as llama-bench's tg averages its N) and, in the JSON, its
 steady state after --warmup tokens. Ratios are medians of the per-repetition ratios. pi2 samples
@@ -154,6 +158,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         "peak_rss_bytes": s.get("peak_rss_bytes"), "io_method": s.get("io_method"),
         "threads": s.get("threads"), "load_s": ev["start"].get("load_s"),
         "memory_budget_source": s.get("memory_budget_source"), "decode_profile": s.get("decode_profile"),
+        "prefill_profile": s.get("prefill_profile"),
         "named_per_token": sum(named["by_block"]) / named["decode_steps"] if named.get("decode_steps") else None,
     }  # fmt: skip
 
@@ -216,8 +221,13 @@ def summarize(
         # the other way round: the most bytes a token could read at the measured rate and this bandwidth
         for key, tps in (("pi2", row["pi2_decode_tps"]), ("llama", row["llama_tg_tps"])):
             row[f"{key}_bytes_per_token_ceiling"] = gbs * 1e9 / tps if tps else None
+        if f"pi2 B@memory t={t}" in runs:  # the other build, run right after pi2's own each repetition
+            bm = runs[f"pi2 B@memory t={t}"]
+            row |= {"b_prefill_tps": med(bm, "prefill_tps"), "b_decode_tps": med(bm, "decode_tps"),
+                    "ab_decode_ratio": ratio(pm, bm, "decode_tps"), "ab_prefill_ratio": ratio(pm, bm, "prefill_tps")}  # fmt: skip
         n_neurons = facts["n_layer"] * facts["n_ff"]
         row |= {f"split_{k}": v for k, v in time_split(pm, n_neurons).items()}
+        row |= {f"prefill_split_{k}": v for k, v in time_split(pm, n_neurons, "prefill").items()}
         if f"pi2@budget t={t}" in runs:
             pb, lb = runs[f"pi2@budget t={t}"], runs[f"llama.cpp@budget t={t}"]
             row |= {f"budget_split_{k}": v for k, v in time_split(pb, n_neurons).items()}
@@ -241,20 +251,22 @@ SPLIT = ("attention_ms", "ffn_predict_ms", "ffn_wave_ms", "ffn_other_ms", "outpu
          "pool_jobs", "worker_sleeps")  # fmt: skip
 
 
-def time_split(runs: list[dict], n_neurons: int) -> dict:
+def time_split(runs: list[dict], n_neurons: int, phase: str = "decode") -> dict:
     """Where a decode token's time goes, medians over the runs of their summaries' decode_profile: the
     profile's parts, the FFN's time outside its predictor and waves (the active list, the wave's setup),
     and the rest of the token's wall time (sampling, norms, the gaps between pool jobs); with the share
-    of the FFN's neurons the predictor named a token (its reads: gate rows for every named neuron)."""
+    of the FFN's neurons the predictor named a token (its reads: gate rows for every named neuron).
+    phase "prefill": the same of a prompt token, from prefill_profile (its FFN is dense: no share)."""
     per_run = []
     for r in runs:
-        d, tps = r.get("decode_profile") or {}, r.get("decode_tps")
+        d, tps = r.get(f"{phase}_profile") or {}, r.get(f"{phase}_tps")
         if not d or not tps:
             continue
         x = {k: d.get(k) for k in SPLIT if k not in ("ffn_other_ms", "rest_ms")}  # the profile's own parts
         x["ffn_other_ms"] = d["ffn_ms"] - d["ffn_predict_ms"] - d["ffn_wave_ms"]
         x["rest_ms"] = 1000 / tps - d["attention_ms"] - d["ffn_ms"] - d["output_ms"]
-        x["named_share"] = r["named_per_token"] / n_neurons if r.get("named_per_token") else None
+        named = r.get("named_per_token") if phase == "decode" else None
+        x["named_share"] = named / n_neurons if named else None
         per_run.append(x)
     return {k: med(per_run, k) for k in (*SPLIT, "named_share")}
 
@@ -279,7 +291,13 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
           f"{rows[0]['pi2_bytes_per_token'] / 1e6:.0f} / {rows[0]['dense_bytes_per_token'] / 1e6:.0f} MB): "
           + ", ".join(f"{r['threads']} threads {fmt(mb(r['pi2_bytes_per_token_ceiling']), '.0f')} / "
                       f"{fmt(mb(r['llama_bytes_per_token_ceiling']), '.0f')} MB" for r in rows))  # fmt: skip
+    if any("ab_decode_ratio" in r for r in rows):
+        print("\nthe engine against --engine-b (B), in memory (medians; ratios: per repetition, engine / B)\n"
+              "| threads | prefill | B prefill | prefill ratio | decode | B decode | decode ratio |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        print_rows(rows, [("pi2_prefill_tps", ".1f"), ("b_prefill_tps", ".1f"), ("ab_prefill_ratio", ".3f", "x"),
+                          ("pi2_decode_tps",), ("b_decode_tps",), ("ab_decode_ratio", ".3f", "x")])  # fmt: skip
     print_split(rows, "split_", "in memory")
+    print_split(rows, "prefill_split_", "in memory", "prefill")
     if not budget:
         return
     print(f"\nunder a budget of {budget / MiB:.0f} MiB (pi2: {how['pi2']}; llama.cpp: {how['llama.cpp']}); "
@@ -293,10 +311,11 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
     print_split(rows, "budget_split_", "under the budget")
 
 
-def print_split(rows: list[dict], prefix: str, where: str) -> None:
+def print_split(rows: list[dict], prefix: str, where: str, phase: str = "decode") -> None:
     """The time_split table: one row per thread count."""
-    print(f"\nwhere pi2's decode time goes {where} (ms a token, medians of the runs' decode_profile; rest: the "
-          f"token's time outside attention, FFN and output head: sampling, norms, gaps between pool jobs; "
+    token = "a token" if phase == "decode" else "a prompt token"
+    print(f"\nwhere pi2's {phase} time goes {where} (ms {token}, medians of the runs' {phase}_profile; rest: the "
+          f"time outside attention, FFN and output head: sampling, norms, gaps between pool jobs; "
           f"named: the FFN neurons the predictor named, whose gate rows are read)\n"
           f"| threads | attention | predictor | FFN waves | FFN other | output head | rest | io_wait | "
           f"pool jobs | worker sleeps | named |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
@@ -355,6 +374,9 @@ def main() -> None:
     ap.add_argument("--llama-budget-n", type=int, default=8,
                     help="tokens llama.cpp generates under the budget (it pages its weights: slow)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=8, help="pi2 tokens before the steady state (JSON only)")
+    ap.add_argument("--engine-b", type=Path,
+                    help="a second pi2-engine (e.g. the build before a change) run after pi2's own in memory: "
+                    "its figures and the ratios engine / B")  # fmt: skip
     ap.add_argument("--note", default="", help="recorded with the machine, e.g. 'shared with other jobs'")
     ap.add_argument("--json", type=Path, help="default: results/benchmarks/scaling-<cores>core.json")
     a = ap.parse_args()
@@ -364,6 +386,9 @@ def main() -> None:
         sys.exit("scaling: --reps, -p and --llama-budget-n must be at least 1, -n and --budget-n at least 2")
     threads = parse_threads(a.threads) if a.threads else default_threads(len(os.sched_getaffinity(0)))
     engine, llama = engine_path(), llama_bench_path()
+    engine_b = a.engine_b
+    if engine_b and not engine_b.is_file():
+        sys.exit(f"scaling: --engine-b {engine_b}: no such engine")
     probe_exe = probe_path(engine)
     pi2, gguf = model_pair(a.model_dir, "scaling")
     facts = model_facts(pi2)
@@ -411,7 +436,7 @@ def main() -> None:
     def save(rows: list[dict] | None, how: dict) -> None:
         out.write_text(json.dumps({
             "benchmark": "benchmarks/scaling.py", "argv": sys.argv[1:], "machine": host, "pi2": commit,
-            "engine": str(engine), "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
+            "engine": str(engine), "engine_b": str(engine_b) if engine_b else None, "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
             "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
             "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n,
             "llama_budget_n": a.llama_budget_n, "reps": a.reps, "threads": threads, "storage": storage,
@@ -424,6 +449,9 @@ def main() -> None:
             membw.setdefault(t, []).append(probe(probe_exe, ["membw", "--threads", str(t), "--passes", "3"]))
             steps = [("llama.cpp@memory", lambda t=t: run_llama(llama, gguf, t, None, a.p, a.n)),
                      ("pi2@memory", lambda t=t, rep=rep: run_pi2(engine, pi2, t, None, a.p, a.n, rep + 1, vocab, a.warmup))]  # fmt: skip
+            if engine_b:
+                steps += [("pi2 B@memory", lambda t=t, rep=rep: run_pi2(engine_b, pi2, t, None, a.p, a.n, rep + 1, vocab,
+                                                                a.warmup))]  # fmt: skip
             if budget:
                 steps += [("pi2@budget", lambda t=t, rep=rep: run_pi2(engine, pi2, t, budget, a.p, a.budget_n, rep + 1, vocab,
                                                              a.warmup)),
