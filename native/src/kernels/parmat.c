@@ -67,14 +67,20 @@ void *pi2_par_batch(pi2_pool *pool, pi2_type wt, const uint8_t *acts, int64_t n,
 }
 
 /* One job over up to PI2_PAR_MULTI matrices, their rows laid end to end in one range of "slots": part
- * m's rows are slots [first[m], first[m] + rows), and each part starts on a multiple of MM_ALIGN (x4
- * groups, and the kernels' row blocks, then never straddle a chunk). Threads take chunks of slots that
- * shrink as the range drains (guided self-scheduling): a chunk is MM_SHARE-th of what is left per
- * thread, never under MM_ALIGN rows. Fixed chunks of a quarter of a thread's share left every thread
- * but the last idle for half a chunk on average at the end of each matrix: at 16 threads, 15-30 us of
- * a 120-180 us attention matrix, and ~0.2 ms of the output head's 1.5 ms. Here the last chunks are 16
- * rows (37 KiB of a 4096-wide Q4_0 matrix), so the threads finish within a few microseconds. */
+ * m's rows are slots [first[m], first[m] + rows), and each part starts on a multiple of the job's
+ * alignment (x4 groups, and the kernels' row blocks, then never straddle a chunk). Threads take chunks
+ * of slots that shrink as the range drains (guided self-scheduling): a chunk is MM_SHARE-th of what is
+ * left per thread, never under MM_MIN_BYTES of weights. Fixed chunks of a quarter of a thread's share
+ * left every thread but the last idle for half a chunk on average at the end of each matrix: at 16
+ * threads, 15-30 us of a 120-180 us attention matrix, and ~0.2 ms of the output head's 1.5 ms. Here the
+ * last chunks are 16 rows (37 KiB of a 4096-wide Q4_0 matrix), so the threads finish within a few
+ * microseconds of each other.
+ * Quantized rows go in multiples of MM_ALIGN (16); F16 rows (the predictors) in multiples of 4, the
+ * group rows_f16 computes, whose floats are the single row's: a predictor's fc1 (64 x 4096 F16, 512 KiB)
+ * was four 16-row chunks, so at most 4 of 16 threads shared it. */
 #define MM_ALIGN 16
+#define MM_ALIGN_F16 4
+#define MM_MIN_BYTES 16384
 #define MM_SHARE 2
 
 typedef struct {
@@ -87,7 +93,7 @@ typedef struct {
     int n;
     mm_part part[PI2_PAR_MULTI];
     const uint8_t *acts, *batch; /* batch: prefill's packed activations, shared by every part, or NULL */
-    int64_t tokens, slots, per, min; /* per: MM_SHARE x the threads; min: the smallest chunk */
+    int64_t tokens, slots, per, min, align; /* per: MM_SHARE x the threads; min: the smallest chunk */
     _Atomic int64_t next;
 } mm_job;
 
@@ -118,7 +124,7 @@ static int mm_take(mm_job *j, int64_t *b, int64_t *e) {
     for (;;) {
         const int64_t left = j->slots - at;
         if (left <= 0) return 0;
-        int64_t size = (left / j->per + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN;
+        int64_t size = (left / j->per + j->align - 1) / j->align * j->align;
         if (size < j->min) size = j->min;
         if (size > left) size = left;
         if (atomic_compare_exchange_weak_explicit(&j->next, &at, at + size, memory_order_relaxed, memory_order_relaxed)) {
@@ -147,21 +153,26 @@ static void mm_worker(void *arg, int ith, int nth) {
 
 void pi2_par_matmul_n(pi2_pool *pool, int n, const pi2_mat *const *w, const uint8_t *acts, int64_t tokens,
                       float *const *y, const int64_t *ldy) {
-    mm_job j = {.n = n, .acts = acts, .tokens = tokens};
+    mm_job j = {.n = n, .acts = acts, .tokens = tokens, .align = MM_ALIGN_F16};
     int64_t macs = 0;
+    size_t row_bytes = 0; /* the widest part's */
+    for (int i = 0; i < n; i++) {
+        if (w[i]->type != PI2_F16 || w[i]->x4) j.align = MM_ALIGN;
+        if (w[i]->row_bytes > row_bytes) row_bytes = w[i]->row_bytes;
+    }
     for (int i = 0; i < n; i++) {
         macs += w[i]->rows * w[i]->cols * tokens;
         j.part[i] = (mm_part){.w = w[i], .y = y[i], .ldy = ldy[i], .first = j.slots};
-        j.slots += (w[i]->rows + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN;
+        j.slots += (w[i]->rows + j.align - 1) / j.align * j.align;
     }
     pi2_pool *run = macs <= PAR_MIN_MACS ? NULL : pool;
     const int nth = run ? pi2_pool_size(run) : 1;
     j.per = (int64_t)MM_SHARE * nth;
     /* A batch (prefill) re-reads its packed activations for every chunk and is bound by arithmetic, not
      * by memory: its chunks stay at least a quarter of a thread's share, as before the guided split. */
-    j.min = MM_ALIGN;
-    if (tokens > 1) j.min = (j.slots / (4 * nth) + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN;
-    if (j.min < MM_ALIGN) j.min = MM_ALIGN;
+    j.min = (int64_t)((MM_MIN_BYTES + row_bytes - 1) / (row_bytes ? row_bytes : 1));
+    if (tokens > 1 && j.min < j.slots / (4 * nth)) j.min = j.slots / (4 * nth);
+    j.min = (j.min + j.align - 1) / j.align * j.align;
     atomic_init(&j.next, 0);
     /* One packed batch serves every part when they share the input's type and width (Q, K and V do). */
     int same = 1;

@@ -332,12 +332,9 @@ static void rope_kv_worker(void *p, int ith, int nth) {
         const float *cs = c->rope_cs + (size_t)t * h->head_dim;
         for (uint32_t hh = 0; hh < h->n_head; hh++) rope(c->q + t * c->q_dim + hh * h->head_dim, h->head_dim, cs);
         for (uint32_t hh = 0; hh < h->n_head_kv; hh++) rope(c->k + t * c->kv_dim + hh * h->head_dim, h->head_dim, cs);
-        pi2_f16 *kc = c->k_cache + ((size_t)j->layer * c->n_ctx + pos) * c->kv_dim;
-        pi2_f16 *vc = c->v_cache + ((size_t)j->layer * c->n_ctx + pos) * c->kv_dim;
-        for (int64_t i = 0; i < c->kv_dim; i++) {
-            kc[i] = pi2_f32_to_f16(c->k[t * c->kv_dim + i]);
-            vc[i] = pi2_f32_to_f16(c->v[t * c->kv_dim + i]);
-        }
+        const size_t at = ((size_t)j->layer * c->n_ctx + (size_t)pos) * (size_t)c->kv_dim;
+        pi2_prepare_act(PI2_F16, c->k + t * c->kv_dim, c->k_cache + at, c->kv_dim); /* the level's converter */
+        pi2_prepare_act(PI2_F16, c->v + t * c->kv_dim, c->v_cache + at, c->kv_dim);
     }
 }
 
