@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "threadpool.h"
 
 /* ---- memory bandwidth ---- */
 
@@ -129,6 +130,57 @@ done:
 }
 
 /* ---- storage ---- */
+
+/* ---- the pool's fixed cost ---- */
+
+static void empty_job(void *ctx, int ith, int nth) { (void)ctx, (void)ith, (void)nth; }
+
+static double pctl(double *v, int n, double q) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[(int)(q * (n - 1) + 0.5)];
+}
+
+int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out) {
+    if (n_threads < 1 || jobs < 10 || !(gap_us >= 0)) {
+        pi2_set_error("pool: bad arguments (threads %d, jobs %d, gap %.0f us)", n_threads, jobs, gap_us);
+        return -1;
+    }
+    pi2_pool *pool = pi2_pool_create(n_threads, NULL);
+    double *t = malloc(sizeof(double) * (size_t)jobs);
+    if (!pool || !t) {
+        pi2_pool_free(pool);
+        free(t);
+        if (!pool) return -1;
+        pi2_set_error("pool: out of memory");
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    out->threads = n_threads, out->jobs = jobs, out->gap_us = gap_us;
+    for (int i = 0; i < 100; i++) pi2_pool_run(pool, empty_job, NULL); /* every worker started and spinning */
+    for (int i = 0; i < jobs; i++) {
+        const uint64_t t0 = pi2_now_ns();
+        pi2_pool_run(pool, empty_job, NULL);
+        t[i] = (pi2_now_ns() - t0) / 1e3;
+    }
+    out->job_us_p90 = pctl(t, jobs, 0.9), out->job_us_p50 = pctl(t, jobs, 0.5);
+    pi2_pool_counters c0, c1;
+    pi2_pool_counters_get(pool, &c0);
+    const int n_gap = jobs / 10;
+    for (int i = 0; i < n_gap; i++) {
+        const uint64_t until = pi2_now_ns() + (uint64_t)(gap_us * 1e3);
+        while (pi2_now_ns() < until) { /* the calling thread's serial work */
+        }
+        const uint64_t t0 = pi2_now_ns();
+        pi2_pool_run(pool, empty_job, NULL);
+        t[i] = (pi2_now_ns() - t0) / 1e3;
+    }
+    pi2_pool_counters_get(pool, &c1);
+    out->gap_job_us_p90 = pctl(t, n_gap, 0.9), out->gap_job_us_p50 = pctl(t, n_gap, 0.5);
+    out->worker_sleeps = c1.worker_sleeps - c0.worker_sleeps;
+    pi2_pool_free(pool);
+    free(t);
+    return 0;
+}
 
 static uint64_t next_random(uint64_t *state) { /* xorshift64*: plenty for picking offsets */
     uint64_t x = *state;

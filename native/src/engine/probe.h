@@ -21,6 +21,20 @@ typedef struct {
  * in that thread's memory node) passes times, all threads at once. 0 or -1 + pi2_set_error. */
 int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_membw_result *out);
 
+/* The thread pool's fixed cost (threadpool.c): every thread of a pool of n_threads runs an empty job,
+ * `jobs` times back to back, then `jobs` / 10 times after the calling thread has spun gap_us alone (a
+ * serial stretch of a token: past the pool's spin time the workers sleep, and the next job wakes them
+ * through the kernel). Decode runs ~50 jobs a token of a 7B shape; at 16 threads a token is ~9 ms. */
+typedef struct {
+    int threads, jobs;
+    double gap_us;
+    double job_us_p50, job_us_p90;         /* back to back: one job's dispatch and barrier */
+    double gap_job_us_p50, gap_job_us_p90; /* the job after each gap */
+    uint64_t worker_sleeps;                /* over the gapped jobs */
+} pi2_pool_result;
+
+int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out);
+
 typedef struct {
     const char *path;
     size_t block;          /* bytes per read; a multiple of the O_DIRECT alignment when direct */

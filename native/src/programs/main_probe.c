@@ -1,9 +1,11 @@
 /* pi2-probe: the hardware profiler the planner reads (pi2 profile runs it on the target).
  *   membw    memory read bandwidth, GB/s, with N threads
- *   storage  random reads of one block size and queue depth through the engine's reader, MB/s and IOPS */
+ *   storage  random reads of one block size and queue depth through the engine's reader, MB/s and IOPS
+ *   pool     the thread pool's cost a job, back to back and after a serial gap */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "events.h"
@@ -24,6 +26,10 @@ static void usage(FILE *out) {
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
             "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
             "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
+            "  pool [--threads N] [--jobs J] [--gap-us G] [--json]\n"
+            "      the engine's thread pool: N threads (default: online CPUs) run an empty job J times back\n"
+            "      to back (default 20000), then J/10 times each after the calling thread spun G us alone\n"
+            "      (default 500: the workers fall asleep after 250): us a job, median and p90\n"
             "  --version\n");
 }
 
@@ -108,6 +114,31 @@ static int run_storage(int argc, char **argv) {
     return 0;
 }
 
+static int run_pool(int argc, char **argv) {
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), jobs = 20000, gap = 500, json = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--threads")) { if (pi2_parse_int_arg(a, v, 1, 1024, &threads)) return -1; i++; }
+        else if (!strcmp(a, "--jobs")) { if (pi2_parse_int_arg(a, v, 10, 10000000, &jobs)) return -1; i++; }
+        else if (!strcmp(a, "--gap-us")) { if (pi2_parse_int_arg(a, v, 0, 1000000, &gap)) return -1; i++; }
+        else return pi2_set_error("pool: unknown option '%s' (pi2-probe --help)", a), -1;
+    }
+    pi2_pool_result r;
+    if (pi2_probe_pool(threads, jobs, gap, &r)) return -1;
+    if (json)
+        printf("{\"probe\": \"pool\", \"threads\": %d, \"jobs\": %d, \"job_us_p50\": %.2f, \"job_us_p90\": %.2f, "
+               "\"gap_us\": %d, \"gap_job_us_p50\": %.2f, \"gap_job_us_p90\": %.2f, \"worker_sleeps\": %llu}\n",
+               threads, jobs, r.job_us_p50, r.job_us_p90, gap, r.gap_job_us_p50, r.gap_job_us_p90,
+               (unsigned long long)r.worker_sleeps);
+    else
+        printf("thread pool, %d threads: %.2f us a job back to back (p90 %.2f); after %d us alone %.2f (p90 %.2f), "
+               "%llu worker sleeps in %d jobs\n",
+               threads, r.job_us_p50, r.job_us_p90, gap, r.gap_job_us_p50, r.gap_job_us_p90,
+               (unsigned long long)r.worker_sleeps, jobs / 10);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *cmd = argc > 1 ? argv[1] : NULL;
     if (!cmd || !strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
@@ -120,6 +151,7 @@ int main(int argc, char **argv) {
     int rc;
     if (!strcmp(cmd, "membw")) rc = run_membw(argc, argv);
     else if (!strcmp(cmd, "storage")) rc = run_storage(argc, argv);
+    else if (!strcmp(cmd, "pool")) rc = run_pool(argc, argv);
     else {
         fprintf(stderr, "pi2-probe: unknown command '%s'\n", cmd);
         usage(stderr);
