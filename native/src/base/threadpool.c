@@ -1,24 +1,37 @@
 /* Persistent pthread pool: a generation counter announces each job; workers spin on it for a short
- * while, then sleep on a condition variable. The caller runs part 0 itself, then waits (spin, then
- * sleep) for the remaining-workers count to reach zero. A dynamic job is closed when the caller
- * finishes its part: a worker that had not started it by then (its core busy elsewhere) skips it, so
- * the caller never waits for a thread that was not running. */
+ * while, then sleep on a futex on the generation (Linux and Android: the engine's platforms). The
+ * caller runs part 0 itself, then waits (spin, then sleep on a condition variable) for the
+ * remaining-workers count to reach zero. A dynamic job is closed when the caller finishes its part: a
+ * worker that had not started it by then (its core busy elsewhere) skips it, so the caller never waits
+ * for a thread that was not running.
+ *
+ * Why a futex and not a condition variable for the workers: a broadcast wakes every sleeper, and each
+ * must then take the mutex back before it returns, one after another, every hand-over a wake-up
+ * through the kernel of its own; with 15 sleepers the last one joined the job ~15 wake-ups late. One
+ * FUTEX_WAKE releases them all at once, with no lock to pass around. */
 #include "threadpool.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common.h"
 
-/* How long a thread spins for the next event before sleeping. Long enough to bridge the gap between
- * consecutive kernels in a token, short enough not to burn a core while the engine waits on I/O. */
-#define SPIN_NS 100000ull
+/* How long a thread spins for the next event before sleeping. Long enough to bridge the gaps of a
+ * decode: between two tokens the calling thread alone samples, writes the token's event and starts the
+ * next pass, 75-100 us with events on (this VM, 2 threads; ~200 us with the sampler's two pool jobs in
+ * between), and at 100 us every worker slept once or twice a token (16 threads: 32 sleeps a token), each
+ * sleep a wake-up through the kernel of 25-110 us before the next job (pi2-probe pool). Short enough
+ * not to burn a core for long while the engine waits on input or I/O. */
+#define SPIN_NS 250000ull
 
 #define JOB_DYNAMIC (1ull << 31)
 #define JOB_SLOTS 0x7fffffffull
@@ -37,7 +50,11 @@ struct pi2_pool {
     int n;
     struct worker *workers; /* n - 1 workers; index i has ith = i + 1 */
     pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
+    pthread_cond_t done_cv; /* the caller's sleep until the workers finish */
+    /* The job's generation again, alone in a 32-bit word for the futex the workers sleep on, and how
+     * many sleep there (the caller makes the wake-up call only when one does). */
+    _Atomic uint32_t gen;
+    _Atomic int sleepers;
     /* The current job: generation (bumped once per job) << 32 | JOB_DYNAMIC | open worker slots. One
      * word, so a worker takes a slot of exactly the job it saw. */
     _Atomic uint64_t job;
@@ -63,6 +80,20 @@ static int spun_out(int i, uint64_t *t0) {
     }
     pi2_cpu_relax();
     return 0;
+}
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t expect) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, expect, NULL, NULL, 0);
+}
+static void futex_wake_all(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0); }
+
+/* Sleep until the generation moves past `seen` or the pool stops. The sleeper count goes up before the
+ * generation is read again, and the caller publishes the generation before it reads the count (both
+ * sequentially consistent): either this thread sees the new generation, or the caller sees it asleep. */
+static void sleep_until_job(pi2_pool *p, unsigned seen) {
+    atomic_fetch_add(&p->sleepers, 1);
+    while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) futex_wait(&p->gen, seen);
+    atomic_fetch_sub(&p->sleepers, 1);
 }
 
 static void pin_self(int cpu, int ith) {
@@ -92,10 +123,7 @@ static void *worker_main(void *arg) {
             if (atomic_load(&p->stop)) return NULL;
             if (spun_out(i, &t0)) {
                 bump(&w->sleeps);
-                pthread_mutex_lock(&p->mu);
-                while (job_gen(atomic_load(&p->job)) == seen && !atomic_load(&p->stop))
-                    pthread_cond_wait(&p->work_cv, &p->mu);
-                pthread_mutex_unlock(&p->mu);
+                sleep_until_job(p, seen);
                 break;
             }
         }
@@ -134,7 +162,6 @@ pi2_pool *pi2_pool_create(int n_threads, const int *cpu_affinity) {
     }
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
     if (cpu_affinity) pin_self(cpu_affinity[0], 0);
     const size_t wbytes = (size_t)n_threads * sizeof *p->workers;
@@ -198,11 +225,11 @@ static void pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx, int dynamic) {
     p->ctx = ctx;
     bump(&p->jobs);
     atomic_store(&p->remaining, p->n - 1);
-    const uint64_t gen = (uint64_t)(job_gen(atomic_load(&p->job)) + 1u) << 32;
-    pthread_mutex_lock(&p->mu); /* orders the bump with sleeping workers' check: no lost wake-up */
+    const unsigned g = job_gen(atomic_load(&p->job)) + 1u;
+    const uint64_t gen = (uint64_t)g << 32;
     atomic_store_explicit(&p->job, gen | (dynamic ? JOB_DYNAMIC : 0) | (uint64_t)(p->n - 1), memory_order_release);
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->gen, g); /* then the sleepers: see sleep_until_job */
+    if (atomic_load(&p->sleepers)) futex_wake_all(&p->gen);
 
     fn(ctx, 0, p->n);
 
@@ -227,13 +254,11 @@ void pi2_pool_run_dynamic(pi2_pool *p, pi2_pool_fn fn, void *ctx) { pool_run(p, 
 
 void pi2_pool_free(pi2_pool *p) {
     if (!p) return;
-    pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->mu);
+    atomic_fetch_add(&p->gen, 1); /* a sleeper woken by this sees stop */
+    futex_wake_all(&p->gen);
     for (int i = 0; i < p->n - 1; i++) pthread_join(p->workers[i].thread, NULL);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->work_cv);
     pthread_cond_destroy(&p->done_cv);
     free(p->workers);
     free(p);
