@@ -18,7 +18,8 @@ int pi2_sampler_init(pi2_sampler *s, int32_t n_vocab, float temperature, float t
     s->pool = NULL;
     s->probs = malloc((size_t)n_vocab * sizeof(float));
     s->idx = malloc((size_t)n_vocab * sizeof(int32_t));
-    if (!s->probs || !s->idx) {
+    s->block_sum = malloc((size_t)(n_vocab / PI2_SAMPLER_BLOCK + 1) * sizeof(double));
+    if (!s->probs || !s->idx || !s->block_sum) {
         pi2_sampler_free(s);
         pi2_set_error("out of memory for the sampler");
         return -1;
@@ -29,8 +30,10 @@ int pi2_sampler_init(pi2_sampler *s, int32_t n_vocab, float temperature, float t
 void pi2_sampler_free(pi2_sampler *s) {
     free(s->probs);
     free(s->idx);
+    free(s->block_sum);
     s->probs = NULL;
     s->idx = NULL;
+    s->block_sum = NULL;
 }
 
 /* The maximum in 16 lanes, each its own chain of compares, then the maximum's first index: one chain
@@ -83,51 +86,89 @@ static void test_delay(void) {
     }
 }
 
-/* The vocabulary's elementwise passes (exp, then division by the sum) go to the pool's threads while
- * they would otherwise wait for the next token: each value is computed alone, so the split changes no
- * float. The sums stay on the calling thread, in token order. 49152 tokens on one thread: expf ~125 us,
- * the division ~55 us of a ~285 us draw, and all of it serial at any thread count. */
+/* The vocabulary's passes (exp, then division by the sum) go to the pool's threads while they would
+ * otherwise wait for the next token, block by block of PI2_SAMPLER_BLOCK tokens: each value is computed
+ * alone, and each block's sum in token order, so the floats depend on neither the split nor the thread
+ * count. The calling thread adds the blocks' sums in block order. Summed over the whole vocabulary on
+ * the calling thread, in one chain of dependent double adds, the two sums and draw's scan took ~150 us
+ * a token of SmolLM2's 49152 (at 16 threads, where a token is ~9 ms): long enough for the pool's
+ * workers to fall asleep before the next token's first job. */
 typedef struct {
     const float *logits;
     float *probs;
+    double *block_sum;
+    int32_t n;
     float mx, temperature;
     double sum; /* the normalisation's divisor (its pass only) */
-    pi2_chunks tokens;
+    pi2_chunks blocks;
 } vocab_job;
 
 static void exp_worker(void *p, int ith, int nth) {
     (void)ith, (void)nth;
     vocab_job *j = p;
     int64_t b, e;
-    while (pi2_chunks_take(&j->tokens, &b, &e))
-        for (int64_t i = b; i < e; i++) j->probs[i] = expf((j->logits[i] - j->mx) / j->temperature);
+    while (pi2_chunks_take(&j->blocks, &b, &e))
+        for (int64_t k = b; k < e; k++) {
+            const int64_t i1 = (k + 1) * PI2_SAMPLER_BLOCK < j->n ? (k + 1) * PI2_SAMPLER_BLOCK : j->n;
+            double sum = 0;
+            for (int64_t i = k * PI2_SAMPLER_BLOCK; i < i1; i++) sum += j->probs[i] = expf((j->logits[i] - j->mx) / j->temperature);
+            j->block_sum[k] = sum;
+        }
 }
 
 static void normalize_worker(void *p, int ith, int nth) {
     (void)ith, (void)nth;
     vocab_job *j = p;
     int64_t b, e;
-    while (pi2_chunks_take(&j->tokens, &b, &e))
-        for (int64_t i = b; i < e; i++) j->probs[i] = (float)(j->probs[i] / j->sum);
+    while (pi2_chunks_take(&j->blocks, &b, &e))
+        for (int64_t k = b; k < e; k++) {
+            const int64_t i1 = (k + 1) * PI2_SAMPLER_BLOCK < j->n ? (k + 1) * PI2_SAMPLER_BLOCK : j->n;
+            double sum = 0;
+            for (int64_t i = k * PI2_SAMPLER_BLOCK; i < i1; i++) sum += j->probs[i] = (float)(j->probs[i] / j->sum);
+            j->block_sum[k] = sum;
+        }
 }
 
-/* One of the first `keep` tokens (idx[i], or i itself without a list), each as likely as its share of
- * their mass, summed in list order. */
-static int32_t draw(pi2_sampler *s, const int32_t *idx, int32_t keep) {
+static int32_t n_blocks(const pi2_sampler *s) { return (s->n_vocab + PI2_SAMPLER_BLOCK - 1) / PI2_SAMPLER_BLOCK; }
+
+/* The blocks' sums, in block order. */
+static double blocks_total(const pi2_sampler *s) {
+    double t = 0;
+    for (int32_t k = 0; k < n_blocks(s); k++) t += s->block_sum[k];
+    return t;
+}
+
+static double uniform(pi2_sampler *s) { return (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* One of the first `keep` tokens of idx, each as likely as its share of their mass, summed in list order. */
+static int32_t draw_listed(pi2_sampler *s, const int32_t *idx, int32_t keep) {
     double mass = 0;
-    for (int32_t i = 0; i < keep; i++) mass += s->probs[idx ? idx[i] : i];
-    double r = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    for (int32_t i = 0; i < keep; i++) mass += s->probs[idx[i]];
+    double r = uniform(s) * mass;
     for (int32_t i = 0; i < keep; i++) {
-        const int32_t t = idx ? idx[i] : i;
-        r -= s->probs[t];
-        if (r < 0) return t;
+        r -= s->probs[idx[i]];
+        if (r < 0) return idx[i];
     }
-    return idx ? idx[keep - 1] : keep - 1;
+    return idx[keep - 1];
 }
 
-/* One elementwise pass over the vocabulary, split over the pool's threads (or run here without one). */
+/* One token of the whole vocabulary, each as likely as its probability: the block holding the draw is
+ * found from the blocks' sums (normalize_worker's), then the token within it. */
+static int32_t draw_all(pi2_sampler *s) {
+    double r = uniform(s) * blocks_total(s);
+    int32_t k = 0;
+    while (k + 1 < n_blocks(s) && r - s->block_sum[k] >= 0) r -= s->block_sum[k++];
+    const int32_t i0 = k * PI2_SAMPLER_BLOCK, i1 = i0 + PI2_SAMPLER_BLOCK < s->n_vocab ? i0 + PI2_SAMPLER_BLOCK : s->n_vocab;
+    for (int32_t i = i0; i < i1; i++) {
+        r -= s->probs[i];
+        if (r < 0) return i;
+    }
+    return i1 - 1;
+}
+
+/* One pass over the vocabulary's blocks, split over the pool's threads (or run here without one). */
 static void over_vocab(pi2_sampler *s, vocab_job *j, pi2_pool_fn fn) {
-    pi2_chunks_init(&j->tokens, s->n_vocab, 64, s->pool ? pi2_pool_size(s->pool) : 1);
+    pi2_chunks_init(&j->blocks, n_blocks(s), 1, s->pool ? pi2_pool_size(s->pool) : 1);
     pi2_pool_run_chunks(s->pool, fn, j);
 }
 
@@ -135,11 +176,12 @@ int32_t pi2_sample(pi2_sampler *s, const float *logits) {
     test_delay();
     const int32_t n = s->n_vocab;
     if (s->temperature == 0.0f) return pi2_argmax(logits, n);
-    vocab_job j = {.logits = logits, .probs = s->probs, .mx = logits[pi2_argmax(logits, n)], .temperature = s->temperature};
+    vocab_job j = {.logits = logits, .probs = s->probs, .block_sum = s->block_sum, .n = n,
+                   .mx = logits[pi2_argmax(logits, n)], .temperature = s->temperature};
     over_vocab(s, &j, exp_worker);
-    for (int32_t i = 0; i < n; i++) j.sum += s->probs[i];
+    j.sum = blocks_total(s);
     over_vocab(s, &j, normalize_worker);
-    if (s->top_p >= 1.0f) return draw(s, NULL, n); /* every token, in token order: no index list */
+    if (s->top_p >= 1.0f) return draw_all(s); /* every token, in token order: no index list */
     /* Nucleus: the smallest set of most likely tokens whose mass reaches top_p. */
     for (int32_t i = 0; i < n; i++) s->idx[i] = i;
     sort_probs = s->probs;
@@ -150,5 +192,5 @@ int32_t pi2_sample(pi2_sampler *s, const float *logits) {
         cum += s->probs[s->idx[keep++]];
         if (cum >= s->top_p) break;
     }
-    return draw(s, s->idx, keep);
+    return draw_listed(s, s->idx, keep);
 }
