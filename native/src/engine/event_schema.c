@@ -225,7 +225,7 @@ static int emit(pi2_events *ev, const char *kind, unsigned cmd, const void *reco
     if (!ev->f && !keep) return 0;
     char *json = pi2_event_json(kind, cmd, record, sparse);
     if (!json) return -1;
-    const int rc = pi2_events_emit(ev, "%s", json);
+    const int rc = pi2_events_line(ev, json, strcmp(kind, "token") != 0);
     if (keep) *keep = json;
     else free(json);
     return rc;

@@ -31,6 +31,20 @@ int pi2_events_check(pi2_events *ev) {
     return -1;
 }
 
+int pi2_events_line(pi2_events *ev, const char *line, int urgent) {
+    if (!ev->f) return 0;
+    if (ev->err) return pi2_events_check(ev);
+    errno = 0;
+    fputs(line, ev->f);
+    fputc('\n', ev->f);
+    const uint64_t now = pi2_now_ns();
+    if (urgent || now - ev->flushed_ns >= (uint64_t)PI2_EVENTS_FLUSH_MS * 1000000) {
+        if (fflush(ev->f) != 0 && !ev->err) ev->err = errno ? errno : EIO;
+        ev->flushed_ns = now;
+    }
+    return pi2_events_check(ev);
+}
+
 int pi2_events_emit(pi2_events *ev, const char *fmt, ...) {
     if (!ev->f) return 0;
     if (ev->err) return pi2_events_check(ev); /* the run is failing: write nothing more */

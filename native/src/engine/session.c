@@ -139,7 +139,8 @@ int pi2_session_turn(pi2_session *s, int n_new, int n_predict, int ignore_eos, i
         /* with the sparse engine: what the forward pass that produced this token's logits cost */
         pi2_sparse_token_json(s->sparse, &st_prev, &st_cur, tok_json, sizeof tok_json);
         /* events that cannot be written end the run now, not after hours of tokens nobody recorded */
-        const pi2_token_record tr = {.t = pi2_seconds(now), .cpu_s = pi2_cpu_ns() / 1e9, .turn = turn_index,
+        /* CPU time (all threads): a system call that sums them, ~15 us here: only when it is recorded */
+        const pi2_token_record tr = {.t = pi2_seconds(now), .cpu_s = s->ev.f ? pi2_cpu_ns() / 1e9 : 0, .turn = turn_index,
                                      .i = n_gen, .id = next};
         if (pi2_event_token(&s->ev, PI2_CMD_GENERATE | PI2_CMD_CHAT, &tr, tok_json) != 0) return -1;
         n_gen++;
