@@ -338,6 +338,22 @@ static void rope_kv_worker(void *p, int ith, int nth) {
     }
 }
 
+/* Each head of each token from its parts (pi2_att_merge), split by token. */
+static void merge_worker(void *p, int ith, int nth) {
+    const att_job *j = p;
+    pi2_ctx *c = j->c;
+    const pi2_header *h = &c->m->h;
+    const int64_t hd = h->head_dim, group = h->n_head / h->n_head_kv;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++)
+        for (int64_t hh = 0; hh < h->n_head; hh++) {
+            const int64_t u0 = (t * h->n_head_kv + hh / group) * j->parts, g = hh % group;
+            pi2_att_merge(hd, j->parts, c->att_out + (u0 * group + g) * hd, group * hd, c->att_m + u0 * group + g,
+                          c->att_l + u0 * group + g, group, c->att + t * c->q_dim + hh * hd);
+        }
+}
+
 static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     const pi2_header *h = &c->m->h;
     const int64_t E = c->n_embd;
@@ -362,13 +378,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     att_job j = {.c = c, .layer = layer, .tokens = tokens, .parts = att_parts(c, h, tokens, c->n_past + 1)};
     pi2_chunks_init(&j.units, (int64_t)tokens * h->n_head_kv * j.parts, 1, c->nth);
     run_chunks(c, att_worker, &j);
-    const int64_t hd = h->head_dim, group = h->n_head / h->n_head_kv;
-    for (int64_t t = 0; t < tokens; t++) /* each head from its parts */
-        for (int64_t hh = 0; hh < h->n_head; hh++) {
-            const int64_t u0 = (t * h->n_head_kv + hh / group) * j.parts, g = hh % group;
-            pi2_att_merge(hd, j.parts, c->att_out + (u0 * group + g) * hd, group * hd, c->att_m + u0 * group + g,
-                          c->att_l + u0 * group + g, group, c->att + t * c->q_dim + hh * hd);
-        }
+    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, merge_worker, &j); /* see add_norm */
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E); /* added to x by ffn() */
 }
 
