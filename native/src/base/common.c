@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -223,6 +224,25 @@ uint64_t pi2_available_memory(const char **source) {
 }
 
 uint64_t pi2_available_memory_bytes(void) { return pi2_available_memory(NULL); }
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void pi2_huge_advise(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, e = ((uintptr_t)p + bytes) / HUGE_PAGE * HUGE_PAGE;
+    if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE); /* advice only: EINVAL without THP is fine */
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
+void *pi2_huge_alloc(size_t bytes) {
+    if (bytes < HUGE_PAGE) return malloc(bytes ? bytes : 1);
+    void *p = NULL; /* `bytes` from a 2 MiB boundary: the last partial huge page stays on 4 KiB pages */
+    if (posix_memalign(&p, HUGE_PAGE, bytes) != 0) return NULL;
+    pi2_huge_advise(p, bytes); /* before the first touch: the faults then take whole huge pages */
+    return p;
+}
 
 int pi2_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t first) {
     if (n < *cap) return 0;

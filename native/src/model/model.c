@@ -193,7 +193,7 @@ int pi2_model_pack_ffn(pi2_model *m) {
             const uint8_t *src = read_block(m, b, tmp, block_bytes, fd);
             pi2_mat *mats[2] = {&b->gate, &b->up};
             for (int k = 0; k < 2; k++) {
-                uint8_t *buf = malloc(n_ff * part);
+                uint8_t *buf = pi2_huge_alloc(n_ff * part);
                 if (!buf) {
                     free(tmp);
                     if (fd >= 0) close(fd);
@@ -218,7 +218,7 @@ int pi2_model_pack_ffn(pi2_model *m) {
 static int repack_mat(pi2_model *m, pi2_mat *w) {
     if (w->x4 || w->rows % 4 || w->stride != w->row_bytes || !pi2_x4_supported(w->type)) return 0;
     const size_t bytes = (size_t)w->rows * w->row_bytes;
-    void *buf = malloc(bytes);
+    void *buf = pi2_huge_alloc(bytes);
     if (!buf) {
         pi2_set_error("%s: out of memory repacking the attention weights (run with --no-repack)", m->file.path);
         return -1;

@@ -55,6 +55,7 @@ static int region_init(region *r, int64_t n, size_t slot_bytes) {
         r->mem = NULL;
         return -1;
     }
+    pi2_huge_advise(r->mem, (size_t)n * slot_bytes); /* bundles at scattered places: a TLB miss each */
     r->prev = malloc(sizeof(int32_t) * (size_t)n);
     r->next = malloc(sizeof(int32_t) * (size_t)n);
     r->free_stack = malloc(sizeof(int32_t) * (size_t)n);

@@ -107,7 +107,7 @@ int pi2_predictors_own(pi2_predictors *p) {
     for (int b = 0; b < p->n_blocks && p->fc1; b++)
         total += (size_t)p->fc1[b].rows * p->fc1[b].stride + (size_t)p->fc2[b].rows * p->fc2[b].stride;
     if (!total) return 0;
-    if (!(p->owned = malloc(total))) {
+    if (!(p->owned = pi2_huge_alloc(total))) {
         pi2_set_error("out of memory for the predictors' weights (%.1f MiB)", total / 1048576.0);
         return -1;
     }
