@@ -9,6 +9,10 @@ void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
     else fn(job, 0, 1);
 }
 
+void pi2_pool_run_tokens(pi2_pool *pool, int64_t tokens, pi2_pool_fn fn, void *job) {
+    pi2_pool_run_or_inline(tokens > 1 ? pool : NULL, fn, job);
+}
+
 void pi2_pool_run_chunks(pi2_pool *pool, pi2_pool_fn fn, void *job) {
     if (pool) pi2_pool_run_dynamic(pool, fn, job);
     else fn(job, 0, 1);
@@ -205,6 +209,5 @@ static void prep_worker(void *p, int ith, int nth) {
 void pi2_par_prepare(pi2_pool *pool, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens, uint8_t *out,
                      size_t out_row) {
     prep_job j = {wt, x, n, ldx, tokens, out, out_row};
-    /* One row (decode) is quicker here than a wake-up of the pool. */
-    pi2_pool_run_or_inline(tokens > 1 ? pool : NULL, prep_worker, &j);
+    pi2_pool_run_tokens(pool, tokens, prep_worker, &j);
 }

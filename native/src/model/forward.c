@@ -232,10 +232,9 @@ static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float 
 /* ---- elementwise pieces, written to round like ggml's CPU ops -------------------------------- */
 
 /* x[t] += add[t] (add may be NULL), then xn[t] = rmsnorm(x[t]) * w (w may be NULL: no norm), for every
- * token: a batch's rows go
- * to the pool (128 prompt tokens' adds and norms were ~0.1 ms a layer on the calling thread alone, a
- * serial stretch that grows with the batch while the matrices shrink with the threads); a single
- * token's is quicker here than a wake-up of the pool. Each element's operations are the same either way. */
+ * token, a batch's by token on the pool (pi2_pool_run_tokens): 128 prompt tokens' adds and norms were
+ * ~0.1 ms a layer on the calling thread alone, a serial stretch that grows with the batch while the
+ * matrices shrink with the threads. Each element's operations are the same either way. */
 typedef struct {
     pi2_ctx *c;
     const float *add, *w;
@@ -258,7 +257,7 @@ static void add_norm_worker(void *p, int ith, int nth) {
 
 static void add_norm(pi2_ctx *c, const float *add, const float *w, int tokens) {
     add_norm_job j = {c, add, w, tokens};
-    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, add_norm_worker, &j);
+    pi2_pool_run_tokens(c->pool, tokens, add_norm_worker, &j);
 }
 
 /* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does.
@@ -374,11 +373,11 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
     }
 
     rope_kv_job rk = {c, layer, tokens};
-    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, rope_kv_worker, &rk); /* see add_norm */
+    pi2_pool_run_tokens(c->pool, tokens, rope_kv_worker, &rk);
     att_job j = {.c = c, .layer = layer, .tokens = tokens, .parts = att_parts(c, h, tokens, c->n_past + 1)};
     pi2_chunks_init(&j.units, (int64_t)tokens * h->n_head_kv * j.parts, 1, c->nth);
     run_chunks(c, att_worker, &j);
-    pi2_pool_run_or_inline(tokens > 1 ? c->pool : NULL, merge_worker, &j); /* see add_norm */
+    pi2_pool_run_tokens(c->pool, tokens, merge_worker, &j);
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E); /* added to x by ffn() */
 }
 

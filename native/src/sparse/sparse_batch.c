@@ -95,7 +95,7 @@ static void compact_worker(void *p, int ith, int nth) {
 
 static void compact_live(pi2_sparse *s, int n) {
     compact_job j = {s, n};
-    pi2_pool_run_or_inline(s->wave.tokens > 1 ? s->pool : NULL, compact_worker, &j);
+    pi2_pool_run_tokens(s->pool, s->wave.tokens, compact_worker, &j);
 }
 
 /* s->scratch.out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
