@@ -23,7 +23,10 @@ TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
 SPARSE = ["--policy", "powerinfer2", "--check-predictor", "--read-cap", "4", "--pred-threshold", "0.1"]
 RUNS = {
     "dense": ([], {None, "decoded", "prefilled"}),
-    "sparse": (SPARSE, {None, "decoded", "prefilled", "sparse", "--check-predictor", "--read-cap", "--pred-threshold"}),
+    "sparse": (
+        SPARSE,
+        {None, "decoded", "prefilled", "sparse", "--check-predictor", "--read-cap", "--pred-threshold"},
+    ),
 }
 
 
