@@ -156,6 +156,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         "reads_per_token": statistics.mean(e.get("reads", 0) for e in after) if after else None,
         "storage_bytes_read": s.get("storage_bytes_read"), "hit_rate": s.get("hit_rate"),
         "peak_rss_bytes": s.get("peak_rss_bytes"), "io_method": s.get("io_method"),
+        "anon_huge_bytes": s.get("anon_huge_bytes"),
         "threads": s.get("threads"), "load_s": ev["start"].get("load_s"),
         "memory_budget_source": s.get("memory_budget_source"), "decode_profile": s.get("decode_profile"),
         "prefill_profile": s.get("prefill_profile"),
@@ -463,7 +464,9 @@ def main() -> None:
                 print(f"  rep {rep + 1} t={t:<3d} {name:17s} " + (f"error: {r['error']}" if "error" in r else
                       f"prefill {fmt(r.get('prefill_tps'), '.1f')}, decode {fmt(r.get('decode_tps'))} tok/s"
                       + (f", io_wait {r['io_wait_s']:.2f} s, FFN {r['ffn_s']:.2f} s" if r.get("io_wait_s") is not None
-                         and "budget" in name else "") + f" ({r['wall_s']:.0f} s)"), flush=True)  # fmt: skip
+                         and "budget" in name else "")
+                      + (f", {r['anon_huge_bytes'] / MiB:.0f} MiB on huge pages" if r.get("anon_huge_bytes") is not None
+                         else "") + f" ({r['wall_s']:.0f} s)"), flush=True)  # fmt: skip
             print(f"  rep {rep + 1} t={t:<3d} membw {membw[t][-1]['gb_per_s']:.1f} GB/s", flush=True)
     host["loadavg_end"] = list(os.getloadavg())
     rows = summarize(threads, runs, membw, facts, storage, cores)

@@ -135,8 +135,9 @@ uint64_t pi2_now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 uint64_t pi2_cpu_ns(void) { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
 
-static uint64_t status_kib(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
+/* The kiB figure after `key` in a /proc file, in bytes; 0 if unknown. */
+static uint64_t proc_kib(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
     if (!f) return 0;
     char line[256];
     const size_t n = strlen(key);
@@ -151,7 +152,10 @@ static uint64_t status_kib(const char *key) {
     return kb * 1024;
 }
 
+static uint64_t status_kib(const char *key) { return proc_kib("/proc/self/status", key); }
+
 uint64_t pi2_peak_rss_bytes(void) { return status_kib("VmHWM:"); }
+uint64_t pi2_anon_huge_bytes(void) { return proc_kib("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 int pi2_usable_cpus(void) {
     cpu_set_t set;

@@ -34,6 +34,9 @@ uint64_t pi2_cpu_ns(void);
 
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t pi2_peak_rss_bytes(void);
+/* Anonymous memory of this process on transparent huge pages now (smaps_rollup), 0 if none or unknown:
+ * whether the kernel gave pi2_huge_alloc's weights 2 MiB pages. */
+uint64_t pi2_anon_huge_bytes(void);
 /* CPUs this process may run on (its affinity mask), at least 1 */
 int pi2_usable_cpus(void);
 /* Resident set size now (VmRSS), 0 if unknown. */

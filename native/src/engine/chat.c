@@ -145,6 +145,7 @@ int pi2_chat_main(int argc, char **argv) {
     pi2_sparse_summary_line(s.sparse, &o.sparse, sparse_line, sizeof sparse_line);
     const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = turn, .peak_rss_bytes = pi2_peak_rss_bytes(),
                                         .bytes_read = pi2_io_read_bytes(), .model_bytes = s.m.file.size,
+                                        .anon_huge_bytes = pi2_anon_huge_bytes(),
                                         .threads = s.n_threads, .decode_profile = prof_json[0] ? prof_json : NULL,
                                         .prefill_profile = prefill_json[0] ? prefill_json : NULL};
     (void)pi2_event_summary(&s.ev, PI2_CMD_CHAT, &summary, sparse_json);

@@ -75,6 +75,8 @@ const pi2_event_field pi2_event_fields[] = {
     {"summary", "peak_rss_bytes", PI2_EV_U64, AT(pi2_summary_record, peak_rss_bytes), "integer", BOTH, NULL, "the process's VmHWM"},
     {"summary", "bytes_read", PI2_EV_U64, AT(pi2_summary_record, bytes_read), "integer", BOTH, NULL, "storage reads (/proc/self/io)"},
     {"summary", "model_bytes", PI2_EV_U64, AT(pi2_summary_record, model_bytes), "integer", BOTH, NULL, "the .pi2 file's size"},
+    {"summary", "anon_huge_bytes", PI2_EV_U64, AT(pi2_summary_record, anon_huge_bytes), "integer", BOTH, NULL,
+     "anonymous memory on 2 MiB pages at the end (smaps_rollup AnonHugePages): whether the kernel gave the weights huge pages"},
     {"summary", "threads", PI2_EV_INT, AT(pi2_summary_record, threads), "integer", BOTH, NULL, "compute threads"},
     {"summary", "decode_profile", PI2_EV_OBJ, AT(pi2_summary_record, decode_profile), "object", BOTH, "decoded",
      "per decoded token: phase times, pool jobs and sleeps, the sparse FFN's parts (docs/ENGINE.md)"},

@@ -64,7 +64,7 @@ typedef struct {
 typedef struct {
     double t;
     int turns, threads;
-    uint64_t peak_rss_bytes, bytes_read, model_bytes;
+    uint64_t peak_rss_bytes, bytes_read, model_bytes, anon_huge_bytes;
     const char *decode_profile;  /* session_profile.c's object; NULL when no token was decoded */
     const char *prefill_profile; /* the same per prompt token; NULL when no prompt was processed */
 } pi2_summary_record;

@@ -216,6 +216,7 @@ static int cmd_generate(const pi2_options *o) {
     const uint64_t peak = pi2_peak_rss_bytes();
     const pi2_summary_record summary = {.t = pi2_seconds(pi2_now_ns()), .turns = 1, .peak_rss_bytes = peak,
                                         .bytes_read = pi2_io_read_bytes(), .model_bytes = mp->file.size,
+                                        .anon_huge_bytes = pi2_anon_huge_bytes(),
                                         .threads = n_threads, .decode_profile = prof_json[0] ? prof_json : NULL,
                                         .prefill_profile = prefill_json[0] ? prefill_json : NULL};
     (void)pi2_event_summary(ev, PI2_CMD_GENERATE, &summary, sparse_json);
