@@ -142,7 +142,9 @@ def test_ctrl_c_stops_the_load_and_keeps_what_was_measured(tiny_model, tmp_path)
         proc = subprocess.Popen([sys.executable, "-m", "pi2cli", "bench", "--mode", "load", "--url", srv.url, "-c",
                                  "2", "--duration", "600", "--max-tokens", "40", "--limit", "2", "--results-dir",
                                  str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+                                stdin=subprocess.DEVNULL, text=True,
+                                # Ctrl-C's signal at its default even when the suite runs in the background
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         try:
             deadline = time.monotonic() + 30
             while not srv.get("/health")[1]["busy"] and time.monotonic() < deadline:  # the load has begun

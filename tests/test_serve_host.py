@@ -26,9 +26,12 @@ CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
 def pi2(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """`pi2 ARGS` in a session of its own, SIGINT at its default: a suite started in the background by a
+    shell without job control inherits SIGINT ignored, and Python then keeps ignoring it (stop() below)."""
     return subprocess.Popen([sys.executable, "-c", "from pi2cli.cli import main; main()", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
+                            env={**os.environ, **(env or {})}, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def ready_json(proc: subprocess.Popen, timeout: float = 120) -> dict:
