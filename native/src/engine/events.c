@@ -1,7 +1,6 @@
 #include "events.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +32,7 @@ int pi2_events_check(pi2_events *ev) {
 
 int pi2_events_line(pi2_events *ev, const char *line, int urgent) {
     if (!ev->f) return 0;
-    if (ev->err) return pi2_events_check(ev);
+    if (ev->err) return pi2_events_check(ev); /* the run is failing: write nothing more */
     errno = 0;
     fputs(line, ev->f);
     fputc('\n', ev->f);
@@ -42,19 +41,6 @@ int pi2_events_line(pi2_events *ev, const char *line, int urgent) {
         if (fflush(ev->f) != 0 && !ev->err) ev->err = errno ? errno : EIO;
         ev->flushed_ns = now;
     }
-    return pi2_events_check(ev);
-}
-
-int pi2_events_emit(pi2_events *ev, const char *fmt, ...) {
-    if (!ev->f) return 0;
-    if (ev->err) return pi2_events_check(ev); /* the run is failing: write nothing more */
-    va_list ap;
-    va_start(ap, fmt);
-    errno = 0;
-    vfprintf(ev->f, fmt, ap);
-    va_end(ap);
-    fputc('\n', ev->f);
-    if (fflush(ev->f) != 0 && !ev->err) ev->err = errno ? errno : EIO;
     return pi2_events_check(ev);
 }
 

@@ -20,10 +20,8 @@ int pi2_events_open(pi2_events *ev, const char *path);
 /* Flush, fsync and close; -1 with an error when any write failed (a run whose events were lost must
  * not exit 0). */
 int pi2_events_close(pi2_events *ev);
-/* printf-style line; the caller writes the JSON object body, the newline and flush happen here.
- * -1 with an error "--events PATH: write failed: REASON" when this or an earlier write failed. */
-int pi2_events_emit(pi2_events *ev, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* One line (a JSON object, without its newline). An urgent line (every kind but token) goes out at
+/* One line (a JSON object, without its newline; the newline and flush happen here); -1 with an error
+ * "--events PATH: write failed: REASON" when this or an earlier write failed. An urgent line (every kind but token) goes out at
  * once; a token line waits in the stream's buffer until PI2_EVENTS_FLUSH_MS have passed since the last
  * write went out, or until the next urgent line: a write per token cost ~30 us of the calling thread's
  * time between two forward passes (this VM), while the host tails the file for turns, not tokens. */
