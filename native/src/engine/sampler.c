@@ -93,39 +93,39 @@ static void test_delay(void) {
  * the calling thread, in one chain of dependent double adds, the two sums and draw's scan took ~150 us
  * a token of SmolLM2's 49152 (at 16 threads, where a token is ~9 ms): long enough for the pool's
  * workers to fall asleep before the next token's first job. */
-typedef struct {
+typedef struct vocab_job vocab_job;
+struct vocab_job {
     const float *logits;
     float *probs;
     double *block_sum;
     int32_t n;
     float mx, temperature;
     double sum; /* the normalisation's divisor (its pass only) */
+    /* the pass: tokens [i0, i1) of one block computed, their sum returned */
+    double (*block)(const vocab_job *j, int64_t i0, int64_t i1);
     pi2_chunks blocks;
-} vocab_job;
+};
 
-static void exp_worker(void *p, int ith, int nth) {
-    (void)ith, (void)nth;
-    vocab_job *j = p;
-    int64_t b, e;
-    while (pi2_chunks_take(&j->blocks, &b, &e))
-        for (int64_t k = b; k < e; k++) {
-            const int64_t i1 = (k + 1) * PI2_SAMPLER_BLOCK < j->n ? (k + 1) * PI2_SAMPLER_BLOCK : j->n;
-            double sum = 0;
-            for (int64_t i = k * PI2_SAMPLER_BLOCK; i < i1; i++) sum += j->probs[i] = expf((j->logits[i] - j->mx) / j->temperature);
-            j->block_sum[k] = sum;
-        }
+static double exp_block(const vocab_job *j, int64_t i0, int64_t i1) {
+    double sum = 0;
+    for (int64_t i = i0; i < i1; i++) sum += j->probs[i] = expf((j->logits[i] - j->mx) / j->temperature);
+    return sum;
 }
 
-static void normalize_worker(void *p, int ith, int nth) {
+static double normalize_block(const vocab_job *j, int64_t i0, int64_t i1) {
+    double sum = 0;
+    for (int64_t i = i0; i < i1; i++) sum += j->probs[i] = (float)(j->probs[i] / j->sum);
+    return sum;
+}
+
+static void blocks_worker(void *p, int ith, int nth) {
     (void)ith, (void)nth;
     vocab_job *j = p;
     int64_t b, e;
     while (pi2_chunks_take(&j->blocks, &b, &e))
         for (int64_t k = b; k < e; k++) {
-            const int64_t i1 = (k + 1) * PI2_SAMPLER_BLOCK < j->n ? (k + 1) * PI2_SAMPLER_BLOCK : j->n;
-            double sum = 0;
-            for (int64_t i = k * PI2_SAMPLER_BLOCK; i < i1; i++) sum += j->probs[i] = (float)(j->probs[i] / j->sum);
-            j->block_sum[k] = sum;
+            const int64_t i0 = k * PI2_SAMPLER_BLOCK, i1 = i0 + PI2_SAMPLER_BLOCK < j->n ? i0 + PI2_SAMPLER_BLOCK : j->n;
+            j->block_sum[k] = j->block(j, i0, i1);
         }
 }
 
@@ -153,7 +153,7 @@ static int32_t draw_listed(pi2_sampler *s, const int32_t *idx, int32_t keep) {
 }
 
 /* One token of the whole vocabulary, each as likely as its probability: the block holding the draw is
- * found from the blocks' sums (normalize_worker's), then the token within it. */
+ * found from the blocks' sums (normalize_block's), then the token within it. */
 static int32_t draw_all(pi2_sampler *s) {
     double r = uniform(s) * blocks_total(s);
     int32_t k = 0;
@@ -167,9 +167,10 @@ static int32_t draw_all(pi2_sampler *s) {
 }
 
 /* One pass over the vocabulary's blocks, split over the pool's threads (or run here without one). */
-static void over_vocab(pi2_sampler *s, vocab_job *j, pi2_pool_fn fn) {
+static void over_vocab(pi2_sampler *s, vocab_job *j, double (*block)(const vocab_job *, int64_t, int64_t)) {
+    j->block = block;
     pi2_chunks_init(&j->blocks, n_blocks(s), 1, s->pool ? pi2_pool_size(s->pool) : 1);
-    pi2_pool_run_chunks(s->pool, fn, j);
+    pi2_pool_run_chunks(s->pool, blocks_worker, j);
 }
 
 int32_t pi2_sample(pi2_sampler *s, const float *logits) {
@@ -178,9 +179,9 @@ int32_t pi2_sample(pi2_sampler *s, const float *logits) {
     if (s->temperature == 0.0f) return pi2_argmax(logits, n);
     vocab_job j = {.logits = logits, .probs = s->probs, .block_sum = s->block_sum, .n = n,
                    .mx = logits[pi2_argmax(logits, n)], .temperature = s->temperature};
-    over_vocab(s, &j, exp_worker);
+    over_vocab(s, &j, exp_block);
     j.sum = blocks_total(s);
-    over_vocab(s, &j, normalize_worker);
+    over_vocab(s, &j, normalize_block);
     if (s->top_p >= 1.0f) return draw_all(s); /* every token, in token order: no index list */
     /* Nucleus: the smallest set of most likely tokens whose mass reaches top_p. */
     for (int32_t i = 0; i < n; i++) s->idx[i] = i;
