@@ -9,8 +9,22 @@ void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job) {
     else fn(job, 0, 1);
 }
 
-void pi2_pool_run_tokens(pi2_pool *pool, int64_t tokens, pi2_pool_fn fn, void *job) {
-    pi2_pool_run_or_inline(tokens > 1 ? pool : NULL, fn, job);
+typedef struct {
+    pi2_tokens_fn fn;
+    void *job;
+    int64_t tokens;
+} tokens_job;
+
+static void tokens_worker(void *p, int ith, int nth) {
+    const tokens_job *j = p;
+    int64_t b, e;
+    pi2_split_range(j->tokens, ith, nth, &b, &e);
+    if (b < e) j->fn(j->job, b, e);
+}
+
+void pi2_pool_run_tokens(pi2_pool *pool, int64_t tokens, pi2_tokens_fn fn, void *job) {
+    tokens_job j = {fn, job, tokens};
+    pi2_pool_run_or_inline(tokens > 1 ? pool : NULL, tokens_worker, &j);
 }
 
 void pi2_pool_run_chunks(pi2_pool *pool, pi2_pool_fn fn, void *job) {
@@ -194,20 +208,18 @@ void pi2_par_matmul(pi2_pool *pool, const pi2_mat *w, const uint8_t *acts, int64
 typedef struct {
     pi2_type wt;
     const float *x;
-    int64_t n, ldx, tokens;
+    int64_t n, ldx;
     uint8_t *out;
     size_t out_row;
 } prep_job;
 
-static void prep_worker(void *p, int ith, int nth) {
-    prep_job *j = p;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
+static void prep_tokens(void *p, int64_t b, int64_t e) {
+    const prep_job *j = p;
     for (int64_t t = b; t < e; t++) pi2_prepare_act(j->wt, j->x + t * j->ldx, j->out + t * j->out_row, j->n);
 }
 
 void pi2_par_prepare(pi2_pool *pool, pi2_type wt, const float *x, int64_t n, int64_t ldx, int64_t tokens, uint8_t *out,
                      size_t out_row) {
-    prep_job j = {wt, x, n, ldx, tokens, out, out_row};
-    pi2_pool_run_tokens(pool, tokens, prep_worker, &j);
+    prep_job j = {wt, x, n, ldx, out, out_row};
+    pi2_pool_run_tokens(pool, tokens, prep_tokens, &j);
 }

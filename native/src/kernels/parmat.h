@@ -17,9 +17,11 @@
 /* Run fn on every thread of pool, or once on this thread when pool is NULL. */
 void pi2_pool_run_or_inline(pi2_pool *pool, pi2_pool_fn fn, void *job);
 
-/* Per-token work of a batch (norms, rotations, cache rows, activations), split by token over the pool;
- * a single token's runs on this thread, where a wake-up of the pool costs more than the work. */
-void pi2_pool_run_tokens(pi2_pool *pool, int64_t tokens, pi2_pool_fn fn, void *job);
+/* Per-token work of a batch (norms, rotations, cache rows, activations): fn(job, t0, t1) for a share
+ * of tokens [0, tokens) on each thread of the pool; a single token's runs on this thread, where a
+ * wake-up of the pool costs more than the work. */
+typedef void (*pi2_tokens_fn)(void *job, int64_t t0, int64_t t1);
+void pi2_pool_run_tokens(pi2_pool *pool, int64_t tokens, pi2_tokens_fn fn, void *job);
 
 /* The same for a job whose threads take pi2_chunks until none is left: workers that have not started
  * when this thread is done are not waited for (pi2_pool_run_dynamic). */

@@ -238,15 +238,12 @@ static void matmul_prepared(pi2_ctx *c, const pi2_mat *w, int64_t tokens, float 
 typedef struct {
     pi2_ctx *c;
     const float *add, *w;
-    int tokens;
 } add_norm_job;
 
-static void add_norm_worker(void *p, int ith, int nth) {
+static void add_norm_tokens(void *p, int64_t b, int64_t e) {
     const add_norm_job *j = p;
     pi2_ctx *c = j->c;
     const int64_t E = c->n_embd;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
     for (int64_t t = b; t < e; t++) {
         float *x = c->x + t * E;
         if (j->add)
@@ -256,8 +253,8 @@ static void add_norm_worker(void *p, int ith, int nth) {
 }
 
 static void add_norm(pi2_ctx *c, const float *add, const float *w, int tokens) {
-    add_norm_job j = {c, add, w, tokens};
-    pi2_pool_run_tokens(c->pool, tokens, add_norm_worker, &j);
+    add_norm_job j = {c, add, w};
+    pi2_pool_run_tokens(c->pool, tokens, add_norm_tokens, &j);
 }
 
 /* llama.cpp's "normal" RoPE: rotate adjacent pairs; theta advances by a float product as ggml does.
@@ -317,15 +314,13 @@ static void att_worker(void *p, int ith, int nth) {
 /* Each token's Q and K heads rotated, and its K and V rows into the layer's cache as F16. */
 typedef struct {
     pi2_ctx *c;
-    int layer, tokens;
+    int layer;
 } rope_kv_job;
 
-static void rope_kv_worker(void *p, int ith, int nth) {
+static void rope_kv_tokens(void *p, int64_t b, int64_t e) {
     const rope_kv_job *j = p;
     pi2_ctx *c = j->c;
     const pi2_header *h = &c->m->h;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
     for (int64_t t = b; t < e; t++) {
         const int64_t pos = c->n_past + t;
         const float *cs = c->rope_cs + (size_t)t * h->head_dim;
@@ -338,13 +333,11 @@ static void rope_kv_worker(void *p, int ith, int nth) {
 }
 
 /* Each head of each token from its parts (pi2_att_merge), split by token. */
-static void merge_worker(void *p, int ith, int nth) {
+static void merge_tokens(void *p, int64_t b, int64_t e) {
     const att_job *j = p;
     pi2_ctx *c = j->c;
     const pi2_header *h = &c->m->h;
     const int64_t hd = h->head_dim, group = h->n_head / h->n_head_kv;
-    int64_t b, e;
-    pi2_split_range(j->tokens, ith, nth, &b, &e);
     for (int64_t t = b; t < e; t++)
         for (int64_t hh = 0; hh < h->n_head; hh++) {
             const int64_t u0 = (t * h->n_head_kv + hh / group) * j->parts, g = hh % group;
@@ -372,12 +365,12 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int layer, int tokens) {
         matmul_prepared(c, &L->wv, tokens, c->v, c->kv_dim);
     }
 
-    rope_kv_job rk = {c, layer, tokens};
-    pi2_pool_run_tokens(c->pool, tokens, rope_kv_worker, &rk);
+    rope_kv_job rk = {c, layer};
+    pi2_pool_run_tokens(c->pool, tokens, rope_kv_tokens, &rk);
     att_job j = {.c = c, .layer = layer, .tokens = tokens, .parts = att_parts(c, h, tokens, c->n_past + 1)};
     pi2_chunks_init(&j.units, (int64_t)tokens * h->n_head_kv * j.parts, 1, c->nth);
     run_chunks(c, att_worker, &j);
-    pi2_pool_run_tokens(c->pool, tokens, merge_worker, &j);
+    pi2_pool_run_tokens(c->pool, tokens, merge_tokens, &j);
     matmul(c, &L->wo, c->att, c->q_dim, tokens, c->tmp, E); /* added to x by ffn() */
 }
 

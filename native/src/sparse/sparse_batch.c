@@ -72,13 +72,11 @@ typedef struct {
     int n;
 } compact_job;
 
-static void compact_worker(void *p, int ith, int nth) {
+static void compact_tokens(void *p, int64_t t0, int64_t t1) {
     const compact_job *j = p;
     pi2_sparse *s = j->s;
     const int n = j->n;
     const uint32_t act = s->m->h.ffn_act;
-    int64_t t0, t1;
-    pi2_split_range(s->wave.tokens, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         float *h = s->scratch.gates + (size_t)t * n, *u = s->batch.up_out + (size_t)t * n;
         int32_t live = 0;
@@ -95,7 +93,7 @@ static void compact_worker(void *p, int ith, int nth) {
 
 static void compact_live(pi2_sparse *s, int n) {
     compact_job j = {s, n};
-    pi2_pool_run_tokens(s->pool, s->wave.tokens, compact_worker, &j);
+    pi2_pool_run_tokens(s->pool, s->wave.tokens, compact_tokens, &j);
 }
 
 /* s->scratch.out[t] += the FFN over neurons [0, n) of a span whose bundle k sits at base + k * stride. */
