@@ -67,14 +67,29 @@ float pi2_vec_dot(pi2_type wt, int64_t n, const void *row, const void *act);
  * has a faster layout for that (avx512), else the packed form is a copy. pi2_vec_dot_packed gives
  * pi2_vec_dot's float bit for bit. `packed` holds pi2_packed_act_size bytes, 64-byte aligned; pack
  * and dot at the same kernel level. */
+/* Rows the caller reads next (the sparse FFN's next neurons, at random places in memory). A row kernel
+ * given them asks for their lines a few per step while it computes, to L2, so the next call starts
+ * from cache instead of waiting for DRAM at every row start; what a kernel has not asked for by its
+ * end is asked for then. One core keeps only ~20 misses of its own loads in flight: issued all at
+ * once, the requests stall the kernel instead of overlapping it. pi2_ahead_init before the first
+ * call; the kernels keep their place in it. */
+typedef struct {
+    const uint8_t *const *rows; /* rows[0..count), `bytes` each */
+    int count, r;               /* r, at: the next line to ask for */
+    size_t bytes, at;
+    int per_step;               /* lines a kernel step asks for (set by the kernel) */
+} pi2_ahead;
+void pi2_ahead_init(pi2_ahead *a, const uint8_t *const *rows, int count, size_t bytes);
+
 size_t pi2_packed_act_size(pi2_type wt, int64_t n);
 void pi2_pack_act(pi2_type wt, const void *act, int64_t n, void *packed);
 float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *packed);
 /* y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed) for r < count (1..4): rows anywhere in memory (the
  * sparse FFN's neurons sit in random cache slots) go through the activation together, so it is read
- * once per pass and the rows' memory streams overlap. The same floats as one dot at a time. */
+ * once per pass and the rows' memory streams overlap. The same floats as one dot at a time. ahead:
+ * the rows read next (NULL: none). */
 void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
-                             float *y);
+                             float *y, pi2_ahead *ahead);
 
 /* y[r] = dot(W[r], act) for r in [0, rows); W is rows x n, row-major, rows of pi2_row_size(wt, n). */
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y);
@@ -88,8 +103,9 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y);
 
 /* y[0..n) += a[r] * dequant(rows[r]) for r = 0, 1, .. count-1 (1..4) in that order: the sparse FFN's
  * down columns of a group of neurons, y read and written once per group rather than once per row.
- * The same floats as count pi2_axpy calls in a row. */
-void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
+ * The same floats as count pi2_axpy calls in a row. ahead: the rows read next (NULL: none). */
+void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
+                   pi2_ahead *ahead);
 
 /* The down pass of a batch (prefill), whose down weights are columns stored as rows (the bundles'):
  * for every token t < tokens and k < count[t] in that order, y[t * ldy + j] += a[t][k] * dequant(column

@@ -45,16 +45,21 @@ static inline void unpack_q4(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
 }
 
 /* NR rows (1..4) against one activation, each row with the float steps of a single dot: rows going
- * through together share the activation loads and overlap their memory streams. */
+ * through together share the activation loads and overlap their memory streams. ahead: NULL, or the
+ * rows read next (kernels.h), paced over the steps. */
 static inline __attribute__((always_inline)) void dot_q4_0_rows(int NR, const uint8_t *const *rows, int64_t n,
-                                                               const void *act, float *y) {
+                                                               const void *act, float *y, pi2_ahead *ahead) {
     const pi2_block_q8_0 *a = act;
     float32x4_t acc0[4], acc1[4];
     const int8x16_t eight = vdupq_n_s8(8);
     const int64_t nb = n / PI2_QK;
     for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = vdupq_n_f32(0);
+    pi2_ahead none = {0};
+    if (!ahead) ahead = &none;
+    pi2_ahead_pace(ahead, nb / 2);
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
+        pi2_ahead_step(ahead);
         const int8x16_t a0l = vld1q_s8(a[i].qs), a0h = vld1q_s8(a[i].qs + 16);
         const int8x16_t a1l = vld1q_s8(a[i + 1].qs), a1h = vld1q_s8(a[i + 1].qs + 16);
         const float da0 = h2f(a[i].d), da1 = h2f(a[i + 1].d);
@@ -85,17 +90,18 @@ static inline __attribute__((always_inline)) void dot_q4_0_rows(int NR, const ui
 static float dot_q4_0(int64_t n, const void *row, const void *act) {
     const uint8_t *rows[1] = {row};
     float y;
-    dot_q4_0_rows(1, rows, n, act, &y);
+    dot_q4_0_rows(1, rows, n, act, &y, NULL);
     return y;
 }
 
 /* the packed activation is the activation itself at the arm levels */
-static void dot_packed_rows_q4_0(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y) {
+static void dot_packed_rows_q4_0(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y,
+                                 pi2_ahead *ahead) {
     switch (count) {
-    case 1: dot_q4_0_rows(1, rows, n, packed, y); break;
-    case 2: dot_q4_0_rows(2, rows, n, packed, y); break;
-    case 3: dot_q4_0_rows(3, rows, n, packed, y); break;
-    default: dot_q4_0_rows(4, rows, n, packed, y); break;
+    case 1: dot_q4_0_rows(1, rows, n, packed, y, ahead); break;
+    case 2: dot_q4_0_rows(2, rows, n, packed, y, ahead); break;
+    case 3: dot_q4_0_rows(3, rows, n, packed, y, ahead); break;
+    default: dot_q4_0_rows(4, rows, n, packed, y, ahead); break;
     }
 }
 
@@ -107,11 +113,11 @@ static void rows_q4_0(const void *w, size_t rb, const int32_t *idx, int64_t coun
     for (; i + 4 <= count; i += 4) {
         const uint8_t *rows[4];
         for (int r = 0; r < 4; r++) rows[r] = base + (size_t)(idx ? idx[i + r] : i + r) * rb;
-        dot_q4_0_rows(4, rows, n, act, y + i);
+        dot_q4_0_rows(4, rows, n, act, y + i, NULL);
     }
     for (; i < count; i++) {
         const uint8_t *rows[1] = {base + (size_t)(idx ? idx[i] : i) * rb};
-        dot_q4_0_rows(1, rows, n, act, y + i);
+        dot_q4_0_rows(1, rows, n, act, y + i, NULL);
     }
 }
 
@@ -207,10 +213,15 @@ static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
 
 /* y += a[0] * row 0 + ... (count <= 4 rows, in order), y kept in registers per block: the same floats
  * as axpy_q4_0 one row after another (y + (q * s + 0)), with y read and written once per group. */
-static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
+                           pi2_ahead *ahead) {
     const int8x16_t eight = vdupq_n_s8(8);
     const float32x4_t zero = vdupq_n_f32(0.0f);
+    pi2_ahead none = {0};
+    if (!ahead) ahead = &none;
+    pi2_ahead_pace(ahead, n / PI2_QK);
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        pi2_ahead_step(ahead);
         float32x4_t acc[8];
         for (int k = 0; k < 8; k++) acc[k] = vld1q_f32(y + 4 * k);
         for (int r = 0; r < count; r++) {

@@ -283,7 +283,8 @@ static inline float dot_packed512(int kind, int64_t n, const void *row, const vo
         return dot_packed512(K, n, row, packed);                                                          \
     }                                                                                                     \
     static void dot_packed_rows_##T(int64_t n, const uint8_t *const *rows, int count, const void *packed, \
-                                    float *y) {                                                           \
+                                    float *y, pi2_ahead *ahead) { /* ahead: asked for after the call */   \
+        (void)ahead;                                                                                      \
         dot_packed_rows512(K, n, rows, count, packed, y);                                                 \
     }
 PACKED(q4_1, KIND_Q4_1_512)
@@ -342,9 +343,9 @@ static void pack_quads(const pi2_block_q8_0 *a, int64_t nb, act_quad *out) {
     }
 }
 
-/* y[r] = dot(row r, activation) for NR rows of nb Q4_0 blocks */
+/* y[r] = dot(row r, activation) for NR rows of nb Q4_0 blocks; ahead (may be NULL) paced over the steps */
 static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_t *const *wr, int64_t nb,
-                                                           const act_quad *aq, float *y) {
+                                                           const act_quad *aq, float *y, pi2_ahead *ahead) {
     /* word m of the quant bytes: block m / 8's word 1 + m % 8 (a block is 9 words: scale, 8 of quants) */
     static const uint16_t qs_words[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                           19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
@@ -357,7 +358,11 @@ static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_
      * once: the sparse FFN's rows start at scattered places, where each first line waits for DRAM. */
     for (int r = 0; r < NR; r++)
         for (int l = 64; l < PF_DIST && l < nb * (int64_t)sizeof(pi2_block_q4_0); l += 64) __builtin_prefetch(wr[r] + l, 0, 3);
+    pi2_ahead none = {0};
+    if (!ahead) ahead = &none;
+    pi2_ahead_pace(ahead, (nb + 3) / 4);
     for (int64_t b = 0; b < nb; b += 4, aq++) {
+        pi2_ahead_step(ahead);
         const int nblk = nb - b < 4 ? (int)(nb - b) : 4;
         /* bytes of this step: 72, or 18 per block of a partial last step (masked: nothing past the row) */
         const __mmask64 m0 = nblk == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (18 * nblk)) - 1);
@@ -383,12 +388,13 @@ static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_
     }
 }
 
-static inline void quad_rows_n(int count, const uint8_t *const *wr, int64_t nb, const act_quad *aq, float *y) {
+static inline void quad_rows_n(int count, const uint8_t *const *wr, int64_t nb, const act_quad *aq, float *y,
+                               pi2_ahead *ahead) {
     switch (count) {
-    case 1: quad_rows(1, wr, nb, aq, y); break;
-    case 2: quad_rows(2, wr, nb, aq, y); break;
-    case 3: quad_rows(3, wr, nb, aq, y); break;
-    default: quad_rows(4, wr, nb, aq, y); break;
+    case 1: quad_rows(1, wr, nb, aq, y, ahead); break;
+    case 2: quad_rows(2, wr, nb, aq, y, ahead); break;
+    case 3: quad_rows(3, wr, nb, aq, y, ahead); break;
+    default: quad_rows(4, wr, nb, aq, y, ahead); break;
     }
 }
 
@@ -405,7 +411,7 @@ static void rows_q4_0_quad(const void *w, size_t rb, const int32_t *idx, int64_t
         const int nr = count - i < 4 ? (int)(count - i) : 4;
         const uint8_t *wr[4];
         for (int r = 0; r < nr; r++) wr[r] = (const uint8_t *)w + (size_t)(idx ? idx[i + r] : i + r) * rb;
-        quad_rows_n(nr, wr, nb, aq, y + i);
+        quad_rows_n(nr, wr, nb, aq, y + i, NULL);
     }
     if (aq != stack) free(aq);
 }
@@ -421,11 +427,12 @@ static void pack_q4_0_quad(const void *act, int64_t n, void *packed) { pack_quad
 static float dot_packed_q4_0_quad(int64_t n, const void *row, const void *packed) {
     const uint8_t *wr[1] = {row};
     float y;
-    quad_rows(1, wr, n / PI2_QK, packed, &y);
+    quad_rows(1, wr, n / PI2_QK, packed, &y, NULL);
     return y;
 }
-static void dot_packed_rows_q4_0_quad(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y) {
-    quad_rows_n(count, rows, n / PI2_QK, packed, y);
+static void dot_packed_rows_q4_0_quad(int64_t n, const uint8_t *const *rows, int count, const void *packed, float *y,
+                                      pi2_ahead *ahead) {
+    quad_rows_n(count, rows, n / PI2_QK, packed, y, ahead);
 }
 
 /* ---- gemm ----

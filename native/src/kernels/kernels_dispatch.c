@@ -240,12 +240,24 @@ float pi2_vec_dot_packed(pi2_type wt, int64_t n, const void *row, const void *pa
     return t->dot_packed[wt] ? t->dot_packed[wt](n, row, packed) : t->dot[wt](n, row, packed);
 }
 
+void pi2_ahead_init(pi2_ahead *a, const uint8_t *const *rows, int count, size_t bytes) {
+    *a = (pi2_ahead){.rows = rows, .count = bytes ? count : 0, .bytes = bytes};
+}
+
+/* what a kernel left of `ahead`, asked for now (a level whose kernel does not step it asks here) */
+static void ahead_rest(pi2_ahead *a) {
+    if (!a) return;
+    a->per_step = 1 << 30;
+    pi2_ahead_step(a);
+}
+
 void pi2_vec_dot_packed_rows(pi2_type wt, int64_t n, const uint8_t *const *rows, int count, const void *packed,
-                             float *y) {
+                             float *y, pi2_ahead *ahead) {
     check_rows("vec_dot_packed_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->dot_packed_rows[wt]) t->dot_packed_rows[wt](n, rows, count, packed, y);
+    if (t->dot_packed_rows[wt]) t->dot_packed_rows[wt](n, rows, count, packed, y, ahead);
     else for (int r = 0; r < count; r++) y[r] = pi2_vec_dot_packed(wt, n, rows[r], packed); /* a row at a time */
+    ahead_rest(ahead);
 }
 
 void pi2_gemv(pi2_type wt, const void *w, int64_t rows, int64_t n, const void *act, float *y) {
@@ -266,11 +278,13 @@ void pi2_axpy(pi2_type wt, int64_t n, float a, const void *row, float *y) {
     pi2_kernels_table()->axpy[wt](n, a, row, y);
 }
 
-void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+void pi2_axpy_rows(pi2_type wt, int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
+                   pi2_ahead *ahead) {
     check_rows("axpy_rows", wt, n, count);
     const pi2_kernel_table *t = pi2_kernels_table();
-    if (t->axpy_rows[wt]) t->axpy_rows[wt](n, a, rows, count, y);
+    if (t->axpy_rows[wt]) t->axpy_rows[wt](n, a, rows, count, y, ahead);
     else for (int r = 0; r < count; r++) t->axpy[wt](n, a[r], rows[r], y); /* a row at a time */
+    ahead_rest(ahead);
 }
 
 void pi2_axpy_batch(pi2_type wt, int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,

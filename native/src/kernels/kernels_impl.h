@@ -31,11 +31,12 @@ typedef struct {
     size_t (*packed_size[PI2_N_TYPES])(int64_t n);
     void (*pack[PI2_N_TYPES])(const void *act, int64_t n, void *packed);
     pi2_dot_fn dot_packed[PI2_N_TYPES];
-    /* optional (NULL: one dot_packed per row) */
+    /* optional (NULL: one dot_packed per row); ahead may be NULL, and a kernel may leave it be */
     void (*dot_packed_rows[PI2_N_TYPES])(int64_t n, const uint8_t *const *rows, int count, const void *packed,
-                                         float *y);
-    /* optional (NULL: one axpy per row) */
-    void (*axpy_rows[PI2_N_TYPES])(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y);
+                                         float *y, pi2_ahead *ahead);
+    /* optional (NULL: one axpy per row); ahead as above */
+    void (*axpy_rows[PI2_N_TYPES])(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
+                                   pi2_ahead *ahead);
     /* optional (NULL: one axpy per token and column; kernels.h pi2_axpy_batch) */
     void (*axpy_batch[PI2_N_TYPES])(int64_t n, const uint8_t *cols, size_t stride, int64_t tokens,
                                     const int32_t *const *idx, const float *const *a, const int32_t *count, float *y,
@@ -70,6 +71,22 @@ typedef struct {
         PI2_KERNELS_SET_TYPE(t, PI2_Q8_0, q8_0)    \
         (t)->att_f16 = att_f16;                    \
     } while (0)
+
+/* pi2_ahead (kernels.h) inside a kernel: pace it over the kernel's steps once, then step once per step.
+ * Locality 2 (L2): the next rows must not push the current ones out of L1. On the 2-vCPU AMD VM's FFN
+ * micro-benchmark (8 layers' decode waves, one thread) to L1 was slower than to L2. */
+static inline void pi2_ahead_pace(pi2_ahead *a, int64_t steps) {
+    if (!a || a->r >= a->count || steps <= 0) return;
+    const int64_t lines = (int64_t)(a->count - a->r) * (int64_t)((a->bytes + 63) / 64) - (int64_t)(a->at / 64);
+    a->per_step = (int)((lines + steps - 1) / steps);
+}
+static inline void pi2_ahead_step(pi2_ahead *a) {
+    for (int k = 0; k < a->per_step && a->r < a->count; k++) {
+        __builtin_prefetch(a->rows[a->r] + a->at, 0, 2);
+        a->at += 64;
+        if (a->at >= a->bytes) a->at = 0, a->r++;
+    }
+}
 
 /* Each level starts from the level below it and overrides what it does better. */
 void pi2_kernels_fill_scalar(pi2_kernel_table *t);

@@ -247,7 +247,8 @@ static void axpy_q4_0(int64_t n, float a, const void *row, float *y) {
  * convert-and-broadcast took ~15. Those two vector ports, not DRAM, bounded the kernel: 4 columns
  * of 4096 in L1, one thread of the 2-vCPU Sapphire Rapids VM, 1487 -> 778 ns a call. */
 static inline __attribute__((always_inline)) void axpy_rows_q4_0_nr(int NR, int64_t n, const float *a,
-                                                                   const uint8_t *const *rows, float *y) {
+                                                                   const uint8_t *const *rows, float *y,
+                                                                   pi2_ahead *ahead) {
     enum { AXPY_SPAN = 64 };
     const int64_t nb = n / PI2_QK;
     const __m512 q_minus_8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -255,6 +256,7 @@ static inline __attribute__((always_inline)) void axpy_rows_q4_0_nr(int NR, int6
     const __m512i d_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)sizeof(pi2_block_q4_0))); /* scale offsets */
     float sc[4][AXPY_SPAN];
+    pi2_ahead_pace(ahead, nb);
     for (int64_t i0 = 0; i0 < nb; i0 += AXPY_SPAN) {
         const int64_t span = nb - i0 < AXPY_SPAN ? nb - i0 : AXPY_SPAN;
         for (int r = 0; r < NR; r++) {
@@ -267,6 +269,7 @@ static inline __attribute__((always_inline)) void axpy_rows_q4_0_nr(int NR, int6
             }
         }
         for (int64_t i = 0; i < span; i++) {
+            pi2_ahead_step(ahead);
             float *yb = y + (i0 + i) * PI2_QK;
             __m512 y0 = _mm512_loadu_ps(yb), y1 = _mm512_loadu_ps(yb + 16);
 #pragma GCC unroll 4
@@ -288,18 +291,23 @@ static inline __attribute__((always_inline)) void axpy_rows_q4_0_nr(int NR, int6
 /* y += a[0] * row 0 + ... + a[count-1] * row count-1 (count <= 4), block by block with y held in
  * registers: the rows are added in order exactly as axpy_q4_0 adds them one call after another (y +
  * (q * s + 0) per row), so the floats are the same, but y is read and written once per group. */
-static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y) {
+static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
+                           pi2_ahead *ahead) {
+    pi2_ahead none = {0};
+    if (!ahead) ahead = &none;
 #if defined(__AVX512F__)
     switch (count) {
-    case 1: axpy_rows_q4_0_nr(1, n, a, rows, y); break;
-    case 2: axpy_rows_q4_0_nr(2, n, a, rows, y); break;
-    case 3: axpy_rows_q4_0_nr(3, n, a, rows, y); break;
-    default: axpy_rows_q4_0_nr(4, n, a, rows, y); break;
+    case 1: axpy_rows_q4_0_nr(1, n, a, rows, y, ahead); break;
+    case 2: axpy_rows_q4_0_nr(2, n, a, rows, y, ahead); break;
+    case 3: axpy_rows_q4_0_nr(3, n, a, rows, y, ahead); break;
+    default: axpy_rows_q4_0_nr(4, n, a, rows, y, ahead); break;
     }
 #else
     const __m256i eight = _mm256_set1_epi8(8);
     const __m256 zero = _mm256_setzero_ps();
+    pi2_ahead_pace(ahead, n / PI2_QK);
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
+        pi2_ahead_step(ahead);
         __m256 acc[4];
         for (int k = 0; k < 4; k++) acc[k] = _mm256_loadu_ps(y + 8 * k);
         for (int r = 0; r < count; r++) {

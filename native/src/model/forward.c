@@ -405,9 +405,9 @@ static void axpy_worker(void *p, int ith, int nth) {
             if (c->h[k] == 0.0f) continue;
             cols[n] = d->data + (size_t)k * d->stride;
             a[n++] = c->h[k];
-            if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc), n = 0;
+            if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc, NULL), n = 0;
         }
-        if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc);
+        if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc, NULL);
         return;
     }
     /* a batch: chunk by chunk of neurons (their columns stay in cache while the tokens go by), each
@@ -424,9 +424,9 @@ static void axpy_worker(void *p, int ith, int nth) {
                 if (h[k] == 0.0f) continue;
                 cols[n] = d->data + (size_t)k * d->stride;
                 a[n++] = h[k];
-                if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E), n = 0;
+                if (n == 4) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E, NULL), n = 0;
             }
-            if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E);
+            if (n) pi2_axpy_rows(d->type, E, a, cols, n, acc + t * E, NULL);
         }
     }
 }

@@ -56,10 +56,17 @@ static int compute_unit(pi2_sparse *s, int i) {
     return 0;
 }
 
+/* The row unit i reads first: its up row where its gate is known (phase two), else its gate row. */
+static const uint8_t *first_row(const pi2_sparse *s, int i) {
+    return pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + (s->wave.phase[i] ? s->part : 0);
+}
+
 /* Units units[0..cnt) (cnt <= 4) for a single token, their rows through the activation together
  * (pi2_vec_dot_packed_rows: the same floats as compute_unit's one-at-a-time dots, so results do not
- * depend on how units were grouped). rest[j] = 1 where compute_unit would have returned 1. */
-static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t *rest) {
+ * depend on how units were grouped). rest[j] = 1 where compute_unit would have returned 1. next[0..n_next):
+ * the rows this thread reads after these, asked for while these compute (pi2_ahead). */
+static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t *rest, const uint8_t *const *next,
+                               int n_next) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
     const uint32_t act = s->m->h.ffn_act;
     const uint8_t *bundle[4], *rows[4];
@@ -73,7 +80,9 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
         if (s->wave.phase[i]) g[j] = s->scratch.gates[(size_t)i * s->n_batch];
         else rows[n] = bundle[j], pick[n++] = j;
     }
-    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y);
+    pi2_ahead ahead;
+    pi2_ahead_init(&ahead, next, n_next, s->part);
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y, &ahead);
     for (int q = 0; q < n; q++) g[pick[q]] = y[q];
     n = 0;
     for (int j = 0; j < cnt; j++) {
@@ -87,7 +96,7 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
         s->scratch.live[i] = 0;
         if (act == PI2_ACT_SWIGLU || g[j] > 0.0f) rows[n] = bundle[j] + s->part, pick[n++] = j;
     }
-    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y);
+    if (n) pi2_vec_dot_packed_rows(wt, s->E, rows, n, s->scratch.pact, y, &ahead);
     for (int q = 0; q < n; q++) {
         const int j = pick[q], i = units[j];
         const float h = pi2_neuron_output(act, g[j], y[q]);
@@ -101,24 +110,32 @@ static void compute_units_1tok(pi2_sparse *s, const int *units, int cnt, uint8_t
 static int n_chunks(int len) { return (len + PI2_DOWN_CHUNK - 1) / PI2_DOWN_CHUNK; }
 
 /* Every unit of chunk c is computed: sum its live units' down columns into the chunk's partial, in unit
- * order, four columns a kernel call. */
+ * order, four columns a kernel call, each call asking for the next four's lines as it goes (pi2_ahead:
+ * the columns sit at random places, and the kernel's first pass over a column, its scales, would
+ * otherwise wait for DRAM line by line; the FFN micro-benchmark of 8 layers' waves, one thread of the
+ * 2-vCPU AMD VM: the down pass 6.9 -> 4.5 ms a token). */
 static void chunk_down(pi2_sparse *s, int c) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
     const size_t skip = 2 * s->part; /* the down column follows the gate and up rows */
     float *acc = s->wave.partial + (size_t)c * s->E;
     const int i1 = (c + 1) * PI2_DOWN_CHUNK < s->wave.len ? (c + 1) * PI2_DOWN_CHUNK : s->wave.len;
-    const uint8_t *cols[4];
-    float a[4];
-    int n = 0, live = 0;
+    const uint8_t *cols[PI2_DOWN_CHUNK];
+    float a[PI2_DOWN_CHUNK];
+    int n = 0;
     for (int i = c * PI2_DOWN_CHUNK; i < i1; i++) {
         if (!s->scratch.live[i]) continue;
-        if (!live) memset(acc, 0, (size_t)s->E * sizeof(float)), live = 1;
         cols[n] = pi2_ncache_bundle(s->cache, s->wave.h[i], s->wave.k[i]) + skip;
         a[n++] = s->scratch.hv[(size_t)i * s->n_batch];
-        if (n == 4) pi2_axpy_rows(wt, s->E, a, cols, n, acc), n = 0;
     }
-    if (n) pi2_axpy_rows(wt, s->E, a, cols, n, acc);
-    s->wave.chunk[c].live = live;
+    s->wave.chunk[c].live = n > 0;
+    if (!n) return;
+    memset(acc, 0, (size_t)s->E * sizeof(float));
+    for (int j = 0; j < n; j += 4) {
+        const int after = n - j - 4 < 0 ? 0 : n - j - 4 < 4 ? n - j - 4 : 4;
+        pi2_ahead next;
+        pi2_ahead_init(&next, cols + j + 4, after, pi2_row_size(wt, s->E));
+        pi2_axpy_rows(wt, s->E, a + j, cols + j, n - j < 4 ? n - j : 4, acc, &next);
+    }
 }
 
 /* Unit i is computed (hv and live written): the thread that finishes a chunk's last unit sums the chunk.
@@ -180,7 +197,7 @@ static void down_batch_worker(void *p, int ith, int nth) {
                 float a[4];
                 int any = 0;
                 for (int r = 0; r < n; r++) any |= (a[r] = hv[r][t]) != 0.0f;
-                if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0);
+                if (any) pi2_axpy_rows(wt, d1 - d0, a, cols, n, s->scratch.out + (size_t)t * s->E + d0, NULL);
             }
             n = 0;
         }
@@ -213,6 +230,17 @@ static void read_rest(pi2_sparse *s, int i) {
 
 #define TICKETS 4 /* claimed at once: fewer atomics bouncing between cores; compute_units_1tok takes up to 4 */
 
+/* The next TICKETS tickets, if all of them are filled already; else -1 (nothing claimed). Decode claims
+ * its next group this way before computing the current one, so that group's rows come from DRAM while
+ * the current ones compute; a group whose reads are still out is left to fetch_add, as before. */
+static int claim_filled(pi2_sparse *s) {
+    int t = atomic_load_explicit(&s->wave.next_ticket, memory_order_relaxed);
+    const int n_ready = atomic_load_explicit(&s->wave.n_ready, memory_order_acquire);
+    while (t + TICKETS <= n_ready)
+        if (atomic_compare_exchange_weak(&s->wave.next_ticket, &t, t + TICKETS)) return t;
+    return -1;
+}
+
 /* Every thread: claim tickets; a ticket is a position in the ready list; wait for it to be filled by
  * becoming the reaper (one thread at a time) while nothing else is ready. Thread 0 first issues the
  * wave's reads when the pipeline is on, so the other threads compute cached neurons meanwhile.
@@ -225,17 +253,22 @@ static void wave_worker(void *p, int ith, int nth) {
             if (pi2_sparse_submit(s, s->wave.to_read[r], s->wave.to_read_kind[r]) != 0) break;
         pi2_io_flush(s->io);
     }
-    int finished = 0;
+    int finished = 0, held = -1; /* held: tickets claimed ahead (claim_filled), this thread's next */
     unsigned spins = 0;
     for (;;) {
-        const int t0 = atomic_fetch_add(&s->wave.next_ticket, TICKETS);
+        const int t0 = held >= 0 ? held : atomic_fetch_add(&s->wave.next_ticket, TICKETS);
         int t = t0;
+        held = -1;
         if (s->wave.tokens == 1) { /* decode: the tickets already filled go through the kernel together */
             const int n_ready = atomic_load_explicit(&s->wave.n_ready, memory_order_acquire);
             const int cnt = n_ready - t0 < TICKETS ? n_ready - t0 : TICKETS;
             if (cnt > 1) {
                 uint8_t rest[TICKETS];
-                compute_units_1tok(s, s->wave.ready + t0, cnt, rest);
+                const uint8_t *next[TICKETS];
+                int n_next = 0;
+                if ((held = claim_filled(s)) >= 0)
+                    for (; n_next < TICKETS; n_next++) next[n_next] = first_row(s, s->wave.ready[held + n_next]);
+                compute_units_1tok(s, s->wave.ready + t0, cnt, rest, next, n_next);
                 for (int j = 0; j < cnt; j++) {
                     if (rest[j]) read_rest(s, s->wave.ready[t0 + j]);
                     else unit_done(s, s->wave.ready[t0 + j]), finished++;
