@@ -17,6 +17,10 @@ LLAMA_BENCH (llama-bench); without them, build/host's engine and pi2's own llama
 Per repetition, for each thread count T in turn (the order reversed on odd repetitions, so a drifting
 machine does not favour one end of the list), every figure a minute apart on the same machine state:
   membw             pi2-probe membw --threads T: read GB/s, the bound on decode in memory
+  gemv              pi2-probe gemv --threads T: the GB/s of pi2's dense decode GEMV (attention's and the
+                    output head's kernel, through its pool) over 512 MiB; beside membw and llama.cpp's
+                    effective rate (tg x the bytes a token reads), whether pi2's kernel or the memory
+                    bounds it
   llama.cpp memory  llama-bench -p P -n N -t T -r 1 (its defaults: repacked layout, warm-up run)
   pi2 memory        pi2-engine generate --policy powerinfer2 -t T, a P-token prompt (token ids), N tokens,
                     no budget (the whole model resident)
@@ -203,7 +207,13 @@ def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
 
 
 def summarize(
-    threads: list[int], runs: dict, membw: dict, facts: dict, storage: dict | None, cores: int
+    threads: list[int],
+    runs: dict,
+    membw: dict,
+    facts: dict,
+    storage: dict | None,
+    cores: int,
+    gemv: dict | None = None,
 ) -> list[dict]:
     pi2_bytes = facts["per_token_resident_bytes"] + (1 - facts["sparsity"]) * facts["ffn_bytes"]
     dense_bytes = facts["per_token_resident_bytes"] + facts["ffn_bytes"]
@@ -218,7 +228,10 @@ def summarize(
                "decode_ratio": ratio(pm, lm, "decode_tps"), "prefill_ratio": ratio(pm, lm, "prefill_tps"),
                "pi2_bytes_per_token": pi2_bytes, "dense_bytes_per_token": dense_bytes,
                "pi2_bound_tps": gbs * 1e9 / pi2_bytes, "dense_bound_tps": gbs * 1e9 / dense_bytes,
-               "pi2_ffn_s_memory": med(pm, "ffn_s")}  # fmt: skip
+               "pi2_ffn_s_memory": med(pm, "ffn_s"),
+               "gemv_gb_per_s": statistics.median(m["gb_per_s"] for m in gemv[t]) if gemv and gemv.get(t) else None}  # fmt: skip
+        tg = row["llama_tg_tps"]
+        row["llama_gb_per_s"] = tg * dense_bytes / 1e9 if tg else None  # what llama.cpp's decode streams
         # the other way round: the most bytes a token could read at the measured rate and this bandwidth
         for key, tps in (("pi2", row["pi2_decode_tps"]), ("llama", row["llama_tg_tps"])):
             row[f"{key}_bytes_per_token_ceiling"] = gbs * 1e9 / tps if tps else None
@@ -272,6 +285,12 @@ def time_split(runs: list[dict], n_neurons: int, phase: str = "decode") -> dict:
     return {k: med(per_run, k) for k in (*SPLIT, "named_share")}
 
 
+def per_thread(row: dict, key: str) -> str:
+    """A rate and, in brackets, its share per thread (a core's own rate where threads <= cores)."""
+    v = row.get(key)
+    return "-" if v is None else f"{v:.1f} ({v / row['threads']:.1f})"
+
+
 def print_rows(rows: list[dict], columns: list) -> None:
     """One markdown row per thread count: its threads, then each column, (key, *fmt args) or a function of
     the row; a missing value prints as "-"."""
@@ -292,6 +311,14 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
           f"{rows[0]['pi2_bytes_per_token'] / 1e6:.0f} / {rows[0]['dense_bytes_per_token'] / 1e6:.0f} MB): "
           + ", ".join(f"{r['threads']} threads {fmt(mb(r['pi2_bytes_per_token_ceiling']), '.0f')} / "
                       f"{fmt(mb(r['llama_bytes_per_token_ceiling']), '.0f')} MB" for r in rows))  # fmt: skip
+    print(
+        "\nthe dense decode kernels' rate (GB/s): memory (membw), pi2's GEMV alone (pi2-probe gemv), "
+        "llama.cpp's decode (tg x the bytes a token reads); per thread in brackets\n"
+        "| threads | membw | pi2 GEMV | llama.cpp decode |\n|---|---|---|---|"
+    )
+    print_rows(
+        rows, [lambda r, k=k: per_thread(r, k) for k in ("membw_gb_per_s", "gemv_gb_per_s", "llama_gb_per_s")]
+    )
     if any("ab_decode_ratio" in r for r in rows):
         print("\nthe engine against --engine-b (B), in memory (medians; ratios: per repetition, engine / B)\n"
               "| threads | prefill | B prefill | prefill ratio | decode | B decode | decode ratio |\n|---|---|---|---|---|---|---|")  # fmt: skip
@@ -429,6 +456,7 @@ def main() -> None:
               f"({storage['method']})", flush=True)  # fmt: skip
     runs: dict[str, list[dict]] = {}
     membw: dict[int, list[dict]] = {}
+    gemv: dict[int, list[dict]] = {}
     t_start = time.time()
     out = a.json or REPO_ROOT / "results" / "benchmarks" / f"scaling-{host['cores']}core.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -441,13 +469,14 @@ def main() -> None:
             "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
             "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n,
             "llama_budget_n": a.llama_budget_n, "reps": a.reps, "threads": threads, "storage": storage,
-            "membw": {str(k): v for k, v in membw.items()}, "table": rows, "complete": rows is not None,
+            "membw": {str(k): v for k, v in membw.items()}, "gemv": {str(k): v for k, v in gemv.items()}, "table": rows, "complete": rows is not None,
             "runs": runs,
         }, indent=1))  # fmt: skip
 
     for rep in range(a.reps):
         for t in threads if rep % 2 == 0 else threads[::-1]:
             membw.setdefault(t, []).append(probe(probe_exe, ["membw", "--threads", str(t), "--passes", "3"]))
+            gemv.setdefault(t, []).append(probe(probe_exe, ["gemv", "--threads", str(t), "--reps", "3"]))
             steps = [("llama.cpp@memory", lambda t=t: run_llama(llama, gguf, t, None, a.p, a.n)),
                      ("pi2@memory", lambda t=t, rep=rep: run_pi2(engine, pi2, t, None, a.p, a.n, rep + 1, vocab, a.warmup))]  # fmt: skip
             if engine_b:
@@ -467,9 +496,10 @@ def main() -> None:
                          and "budget" in name else "")
                       + (f", {r['anon_huge_bytes'] / MiB:.0f} MiB on huge pages" if r.get("anon_huge_bytes") is not None
                          else "") + f" ({r['wall_s']:.0f} s)"), flush=True)  # fmt: skip
-            print(f"  rep {rep + 1} t={t:<3d} membw {membw[t][-1]['gb_per_s']:.1f} GB/s", flush=True)
+            print(f"  rep {rep + 1} t={t:<3d} membw {membw[t][-1]['gb_per_s']:.1f} GB/s, pi2's decode GEMV "
+                  f"{gemv[t][-1]['gb_per_s']:.1f} GB/s", flush=True)  # fmt: skip
     host["loadavg_end"] = list(os.getloadavg())
-    rows = summarize(threads, runs, membw, facts, storage, cores)
+    rows = summarize(threads, runs, membw, facts, storage, cores, gemv)
     how = budget_how(runs, "engine-enforced") if budget else {}
     print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how)
     print(f"\n{a.reps} repetitions, {time.time() - t_start:.0f} s; load average {host['loadavg_start'][0]:.1f} at the "

@@ -39,6 +39,26 @@ def test_membw_text():
     assert done.stdout.startswith("memory read bandwidth: ") and "GB/s (1 thread x 2 MiB" in done.stdout
 
 
+def test_gemv_json():
+    """The decode GEMV through the engine's pool and kernels: 18 MiB is two 4096 x 4096 Q4_0 matrices."""
+    done = run_probe("gemv", "--threads", 2, "--mib", 18, "--reps", 3, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["probe"] == "gemv" and out["threads"] == 2 and out["matrices"] == 2
+    assert out["bytes"] == 2 * 4096 * 4096 // 32 * 18 and isinstance(out["x4"], bool) and out["level"]
+    assert len(out["passes_gb_per_s"]) == 3 and all(x > 0 for x in out["passes_gb_per_s"])
+    assert sorted(out["passes_gb_per_s"])[1] == out["gb_per_s"]
+
+
+def test_gemv_text():
+    done = run_probe("gemv", "--mib", 9, "--reps", 1)
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.startswith("decode GEMV (")
+        and "GB/s (1 thread, 1 matrices of 4096 x 4096 Q4_0" in done.stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("method", "expected"),
     [
@@ -98,6 +118,9 @@ def test_storage_text_says_whether_the_page_cache_is_bypassed(store):
         (["storage", "--file", "STORE", "--bogus", 1], "unknown option '--bogus'"),
         (["membw", "--threads"], "--threads needs an integer"),
         (["membw", "--mib", "lots"], "--mib needs an integer"),
+        (["gemv", "--mib", 8], "--mib needs an integer"),
+        (["gemv", "--reps", 0], "--reps needs an integer"),
+        (["gemv", "--bogus"], "unknown option '--bogus'"),
     ],
 )
 def test_bad_input_is_one_error_line(store, args, message):
@@ -116,5 +139,6 @@ def test_unaligned_block_with_o_direct(store):
 def test_help_and_unknown_command():
     assert run_probe("--help").returncode == 0
     assert "storage --file F" in run_probe("storage", "--help").stdout
+    assert "gemv [--threads N]" in run_probe("gemv", "--help").stdout
     done = run_probe("bogus")
     assert done.returncode == 2 and "unknown command 'bogus'" in done.stderr

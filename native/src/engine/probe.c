@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "kernels.h"
+#include "parmat.h"
 #include "threadpool.h"
 
 /* ---- memory bandwidth ---- */
@@ -316,5 +318,62 @@ summary:
 done:
     pi2_io_close(io);
     free(bufs), free(lat), free(sent);
+    return rc;
+}
+
+/* ---- the dense decode GEMV ---- */
+
+int pi2_probe_gemv(int n_threads, size_t bytes, int reps, pi2_gemv_result *out) {
+    enum { N = 4096 };
+    const size_t mat_bytes = pi2_row_size(PI2_Q4_0, N) * N;
+    const int n_mat = (int)(bytes / mat_bytes);
+    if (n_threads < 1 || n_threads > 1024 || n_mat < 1 || reps < 1 || reps > PI2_MEMBW_MAX_PASSES) {
+        pi2_set_error("gemv: bad arguments (threads %d, %zu bytes: at least one 4096 x 4096 Q4_0 matrix of %zu, "
+                      "%d reps)", n_threads, bytes, mat_bytes, reps);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    out->threads = n_threads, out->reps = reps, out->matrices = n_mat, out->bytes = mat_bytes * (size_t)n_mat;
+    out->x4 = pi2_x4_supported(PI2_Q4_0);
+    out->level = pi2_kernel_level_name(pi2_kernels_current());
+    uint8_t *rows = malloc(mat_bytes), *w = pi2_huge_alloc(out->bytes);
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    uint8_t *act = malloc(pi2_row_size(pi2_act_type(PI2_Q4_0), N));
+    pi2_mat *m = calloc((size_t)n_mat, sizeof *m);
+    pi2_pool *pool = pi2_pool_create(n_threads, NULL);
+    int rc = -1;
+    if (!rows || !w || !x || !y || !act || !m || !pool) {
+        if (pool || n_threads == 1) pi2_set_error("gemv: out of memory (%zu MiB of weights)", out->bytes >> 20);
+        goto done;
+    }
+    uint32_t r = 1;
+    for (size_t b = 0; b < mat_bytes / sizeof(pi2_block_q4_0); b++) { /* random nibbles, small scales */
+        pi2_block_q4_0 *blk = (pi2_block_q4_0 *)rows + b;
+        blk->d = pi2_f32_to_f16(0.01f);
+        for (int j = 0; j < PI2_QK / 2; j++) blk->qs[j] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
+    }
+    for (int i = 0; i < n_mat; i++) { /* every matrix its own copy: the pass reads DRAM, not a cache */
+        uint8_t *mi = w + mat_bytes * (size_t)i;
+        if (out->x4) pi2_x4_pack(PI2_Q4_0, rows, N, N, mi);
+        else memcpy(mi, rows, mat_bytes);
+        m[i] = (pi2_mat){.data = mi, .type = PI2_Q4_0, .rows = N, .cols = N, .row_bytes = mat_bytes / N,
+                         .stride = mat_bytes / N, .x4 = out->x4};
+    }
+    for (int i = 0; i < N; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    pi2_prepare_act(PI2_Q4_0, x, act, N);
+    for (int i = 0; i < n_mat; i++) pi2_par_matmul(pool, &m[i], act, 1, y, N); /* warm: pages, pool */
+    for (int p = 0; p < reps; p++) {
+        const uint64_t t0 = pi2_now_ns();
+        for (int i = 0; i < n_mat; i++) pi2_par_matmul(pool, &m[i], act, 1, y, N);
+        out->pass_gbps[p] = (double)out->bytes / ((double)(pi2_now_ns() - t0) * 1e-9) / 1e9;
+    }
+    double sorted[PI2_MEMBW_MAX_PASSES];
+    memcpy(sorted, out->pass_gbps, sizeof(double) * (size_t)reps);
+    qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
+    out->median_gbps = sorted[reps / 2];
+    rc = 0;
+done:
+    pi2_pool_free(pool);
+    free(m), free(act), free(y), free(x), free(w), free(rows);
     return rc;
 }

@@ -35,6 +35,22 @@ typedef struct {
 
 int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out);
 
+/* The dense decode GEMV as the engine runs it (pi2_par_matmul, one token): `bytes` of Q4_0 weights as
+ * 4096 x 4096 matrices (a 7B shape's attention), on 2 MiB pages and interleaved by four where the
+ * kernel level has that layout (pi2_model_repack does the same), multiplied one after another by a
+ * pool of n_threads, reps times. The weights' bytes over the wall time is the rate the engine's
+ * attention and output head can reach on this machine and thread count: beside membw's rate (a plain
+ * summing loop), it tells whether the kernel or the memory bounds decode. */
+typedef struct {
+    int threads, reps, matrices, x4;
+    size_t bytes;               /* the weights read per pass */
+    double pass_gbps[PI2_MEMBW_MAX_PASSES];
+    double median_gbps;
+    const char *level;          /* the kernel level */
+} pi2_gemv_result;
+
+int pi2_probe_gemv(int n_threads, size_t bytes, int reps, pi2_gemv_result *out);
+
 typedef struct {
     const char *path;
     size_t block;          /* bytes per read; a multiple of the O_DIRECT alignment when direct */

@@ -1,7 +1,8 @@
 /* pi2-probe: the hardware profiler the planner reads (pi2 profile runs it on the target).
  *   membw    memory read bandwidth, GB/s, with N threads
  *   storage  random reads of one block size and queue depth through the engine's reader, MB/s and IOPS
- *   pool     the thread pool's cost a job, back to back and after a serial gap */
+ *   pool     the thread pool's cost a job, back to back and after a serial gap
+ *   gemv     the dense decode GEMV's GB/s as the engine runs it, with N threads */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,11 @@ static void usage(FILE *out) {
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
             "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
             "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
+            "  gemv [--threads N] [--mib M] [--reps R] [--json]\n"
+            "      the dense decode GEMV as the engine runs it: M MiB (default 512) of Q4_0 4096 x 4096\n"
+            "      matrices (its layout: interleaved by four where the kernels have that), one token, one\n"
+            "      matrix after another on N threads (default 1), R passes (default 5): the weights' GB/s,\n"
+            "      median. Beside membw: whether the kernel or the memory bounds attention and the head.\n"
             "  pool [--threads N] [--jobs J] [--gap-us G] [--json]\n"
             "      the engine's thread pool: N threads (default: online CPUs) run an empty job J times back\n"
             "      to back (default 20000), then J/10 times each after the calling thread spun G us alone\n"
@@ -114,6 +120,31 @@ static int run_storage(int argc, char **argv) {
     return 0;
 }
 
+static int run_gemv(int argc, char **argv) {
+    int threads = 1, mib = 512, reps = 5, json = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--threads")) { if (pi2_parse_int_arg(a, v, 1, 1024, &threads)) return -1; i++; }
+        else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 9, 1 << 20, &mib)) return -1; i++; }
+        else if (!strcmp(a, "--reps")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &reps)) return -1; i++; }
+        else return pi2_set_error("gemv: unknown option '%s' (pi2-probe --help)", a), -1;
+    }
+    pi2_gemv_result r;
+    if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, &r)) return -1;
+    if (json) {
+        printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"matrices\": %d, "
+               "\"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level, r.x4 ? "true" : "false", r.matrices, r.bytes);
+        for (int p = 0; p < reps; p++) printf("%s%.3f", p ? ", " : "", r.pass_gbps[p]);
+        printf("], \"gb_per_s\": %.3f}\n", r.median_gbps);
+    } else {
+        printf("decode GEMV (%s%s): %.2f GB/s (%d thread%s, %d matrices of 4096 x 4096 Q4_0, %zu MiB, median of %d "
+               "passes)\n", r.level, r.x4 ? ", rows interleaved by four" : "", r.median_gbps, threads,
+               threads > 1 ? "s" : "", r.matrices, r.bytes >> 20, reps);
+    }
+    return 0;
+}
+
 static int run_pool(int argc, char **argv) {
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), jobs = 20000, gap = 500, json = 0;
     for (int i = 2; i < argc; i++) {
@@ -152,6 +183,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "membw")) rc = run_membw(argc, argv);
     else if (!strcmp(cmd, "storage")) rc = run_storage(argc, argv);
     else if (!strcmp(cmd, "pool")) rc = run_pool(argc, argv);
+    else if (!strcmp(cmd, "gemv")) rc = run_gemv(argc, argv);
     else {
         fprintf(stderr, "pi2-probe: unknown command '%s'\n", cmd);
         usage(stderr);
