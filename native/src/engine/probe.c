@@ -323,7 +323,7 @@ done:
 
 /* ---- the dense decode GEMV ---- */
 
-int pi2_probe_gemv(int n_threads, size_t bytes, int reps, pi2_gemv_result *out) {
+int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows_layout, pi2_gemv_result *out) {
     enum { N = 4096 };
     const size_t mat_bytes = pi2_row_size(PI2_Q4_0, N) * N;
     const int n_mat = (int)(bytes / mat_bytes);
@@ -334,7 +334,7 @@ int pi2_probe_gemv(int n_threads, size_t bytes, int reps, pi2_gemv_result *out) 
     }
     memset(out, 0, sizeof *out);
     out->threads = n_threads, out->reps = reps, out->matrices = n_mat, out->bytes = mat_bytes * (size_t)n_mat;
-    out->x4 = pi2_x4_supported(PI2_Q4_0);
+    out->x4 = !rows_layout && pi2_x4_supported(PI2_Q4_0);
     out->level = pi2_kernel_level_name(pi2_kernels_current());
     uint8_t *rows = malloc(mat_bytes), *w = pi2_huge_alloc(out->bytes);
     float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);

@@ -40,7 +40,8 @@ int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out)
  * kernel level has that layout (pi2_model_repack does the same), multiplied one after another by a
  * pool of n_threads, reps times. The weights' bytes over the wall time is the rate the engine's
  * attention and output head can reach on this machine and thread count: beside membw's rate (a plain
- * summing loop), it tells whether the kernel or the memory bounds decode. */
+ * summing loop), it tells whether the kernel or the memory bounds decode. rows = 1: the file's row
+ * layout instead (the engine's --no-repack), to compare the two kernels on a machine. */
 typedef struct {
     int threads, reps, matrices, x4;
     size_t bytes;               /* the weights read per pass */
@@ -49,7 +50,7 @@ typedef struct {
     const char *level;          /* the kernel level */
 } pi2_gemv_result;
 
-int pi2_probe_gemv(int n_threads, size_t bytes, int reps, pi2_gemv_result *out);
+int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows, pi2_gemv_result *out);
 
 typedef struct {
     const char *path;

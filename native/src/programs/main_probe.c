@@ -27,11 +27,12 @@ static void usage(FILE *out) {
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
             "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
             "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
-            "  gemv [--threads N] [--mib M] [--reps R] [--json]\n"
+            "  gemv [--threads N] [--mib M] [--reps R] [--layout x4|rows] [--json]\n"
             "      the dense decode GEMV as the engine runs it: M MiB (default 512) of Q4_0 4096 x 4096\n"
-            "      matrices (its layout: interleaved by four where the kernels have that), one token, one\n"
-            "      matrix after another on N threads (default 1), R passes (default 5): the weights' GB/s,\n"
-            "      median. Beside membw: whether the kernel or the memory bounds attention and the head.\n"
+            "      matrices (its layout: interleaved by four where the kernels have that; rows: the file's\n"
+            "      rows, as --no-repack), one token, one matrix after another on N threads (default 1), R\n"
+            "      passes (default 5): the weights' GB/s, median. Beside membw: whether the kernel or the\n"
+            "      memory bounds attention and the output head.\n"
             "  pool [--threads N] [--jobs J] [--gap-us G] [--json]\n"
             "      the engine's thread pool: N threads (default: online CPUs) run an empty job J times back\n"
             "      to back (default 20000), then J/10 times each after the calling thread spun G us alone\n"
@@ -121,17 +122,22 @@ static int run_storage(int argc, char **argv) {
 }
 
 static int run_gemv(int argc, char **argv) {
-    int threads = 1, mib = 512, reps = 5, json = 0;
+    int threads = 1, mib = 512, reps = 5, json = 0, rows = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--layout")) {
+            if (!v || (strcmp(v, "x4") && strcmp(v, "rows")))
+                return pi2_set_error("--layout needs x4 or rows, got '%s'", v ? v : ""), -1;
+            rows = !strcmp(v, "rows"), i++;
+        }
         else if (!strcmp(a, "--threads")) { if (pi2_parse_int_arg(a, v, 1, 1024, &threads)) return -1; i++; }
         else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 9, 1 << 20, &mib)) return -1; i++; }
         else if (!strcmp(a, "--reps")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &reps)) return -1; i++; }
         else return pi2_set_error("gemv: unknown option '%s' (pi2-probe --help)", a), -1;
     }
     pi2_gemv_result r;
-    if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, &r)) return -1;
+    if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, rows, &r)) return -1;
     if (json) {
         printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"matrices\": %d, "
                "\"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level, r.x4 ? "true" : "false", r.matrices, r.bytes);
