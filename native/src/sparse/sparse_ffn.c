@@ -112,8 +112,8 @@ static int n_chunks(int len) { return (len + PI2_DOWN_CHUNK - 1) / PI2_DOWN_CHUN
 /* Every unit of chunk c is computed: sum its live units' down columns into the chunk's partial, in unit
  * order, four columns a kernel call, each call asking for the next four's lines as it goes (pi2_ahead:
  * the columns sit at random places, and the kernel's first pass over a column, its scales, would
- * otherwise wait for DRAM line by line; the FFN micro-benchmark of 8 layers' waves, one thread of the
- * 2-vCPU AMD VM: the down pass 6.9 -> 4.5 ms a token). */
+ * otherwise wait for DRAM line by line. Issue 31's model on the 2-vCPU AMD VM: the FFN waves ~13.8 ->
+ * ~13.0 ms a token at one thread and ~9.0 -> ~8.5 at two, over the gates' ahead alone). */
 static void chunk_down(pi2_sparse *s, int c) {
     const pi2_type wt = (pi2_type)s->m->h.neuron_type;
     const size_t skip = 2 * s->part; /* the down column follows the gate and up rows */
