@@ -50,6 +50,13 @@ def test_gemv_json():
     assert sorted(out["passes_gb_per_s"])[1] == out["gb_per_s"]
 
 
+def test_gemv_prefetch():
+    done = run_probe("gemv", "--mib", 9, "--reps", 1, "--prefetch", 0, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["x4_prefetch"] == 0
+    assert json.loads(run_probe("gemv", "--mib", 9, "--reps", 1, "--json").stdout)["x4_prefetch"] == 512
+
+
 def test_gemv_rows_layout():
     done = run_probe("gemv", "--mib", 9, "--reps", 1, "--layout", "rows", "--json")
     assert done.returncode == 0, done.stderr
@@ -128,6 +135,7 @@ def test_storage_text_says_whether_the_page_cache_is_bypassed(store):
         (["gemv", "--reps", 0], "--reps needs an integer"),
         (["gemv", "--bogus"], "unknown option '--bogus'"),
         (["gemv", "--layout", "x8"], "--layout needs x4 or rows"),
+        (["gemv", "--prefetch", -64], "--prefetch needs an integer"),
     ],
 )
 def test_bad_input_is_one_error_line(store, args, message):

@@ -611,6 +611,14 @@ static void test_x4(pi2_kernel_level level) {
             pi2_gemm(PI2_Q4_0, c.w, rows, n, acts, tokens, ya, ldy);
             pi2_x4_gemm(PI2_Q4_0, packed, rows, n, acts, tokens, yb, ldy);
             if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
+            /* any prefetch distance (pi2-probe gemv --prefetch), none included, gives the same floats */
+            for (int pf = 0; pf <= 2048; pf += 2048) {
+                CHECK(pi2_kernels_set_x4_prefetch(pf) == 0 && pi2_kernels_x4_prefetch() == pf);
+                pi2_x4_gemm(PI2_Q4_0, packed, rows, n, acts, tokens, yb, ldy);
+                if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
+            }
+            CHECK(pi2_kernels_set_x4_prefetch(-1) == -1 && pi2_kernels_set_x4_prefetch(PI2_X4_PREFETCH_MAX + 1) == -1);
+            CHECK(pi2_kernels_set_x4_prefetch(PI2_X4_PREFETCH_DEFAULT) == 0);
             /* from a group boundary inside the matrix: the last 4 rows alone */
             pi2_x4_gemm(PI2_Q4_0, packed + (rows - 4) * rs, 4, n, acts, tokens, yb, ldy);
             for (int64_t t = 0; t < tokens; t++)

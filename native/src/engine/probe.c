@@ -335,6 +335,7 @@ int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows_layout, pi2_g
     memset(out, 0, sizeof *out);
     out->threads = n_threads, out->reps = reps, out->matrices = n_mat, out->bytes = mat_bytes * (size_t)n_mat;
     out->x4 = !rows_layout && pi2_x4_supported(PI2_Q4_0);
+    out->x4_prefetch = pi2_kernels_x4_prefetch();
     out->level = pi2_kernel_level_name(pi2_kernels_current());
     uint8_t *rows = malloc(mat_bytes), *w = pi2_huge_alloc(out->bytes);
     float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);

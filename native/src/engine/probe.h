@@ -43,7 +43,7 @@ int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out)
  * summing loop), it tells whether the kernel or the memory bounds decode. rows = 1: the file's row
  * layout instead (the engine's --no-repack), to compare the two kernels on a machine. */
 typedef struct {
-    int threads, reps, matrices, x4;
+    int threads, reps, matrices, x4, x4_prefetch; /* x4_prefetch: pi2_kernels_x4_prefetch during the passes */
     size_t bytes;               /* the weights read per pass */
     double pass_gbps[PI2_MEMBW_MAX_PASSES];
     double median_gbps;

@@ -213,4 +213,14 @@ int pi2_kernels_force(pi2_kernel_level level);          /* -1 if the CPU lacks i
 pi2_kernel_level pi2_kernels_current(void);
 const char *pi2_kernel_level_name(pi2_kernel_level level);
 
+/* How far ahead (bytes) the GEMV over rows interleaved by four asks for its stream (x4_gemm at one to
+ * a few tokens: decode's attention and output head); PI2_X4_PREFETCH_DEFAULT unless set, 0: none. One
+ * core's share of memory bandwidth depends on how many of its misses are in flight, which differs from
+ * machine to machine, so pi2-probe gemv --prefetch measures other distances on the machine at hand.
+ * The engine keeps the default. */
+#define PI2_X4_PREFETCH_DEFAULT 512
+#define PI2_X4_PREFETCH_MAX 65536
+int pi2_kernels_set_x4_prefetch(int bytes); /* -1 outside 0..PI2_X4_PREFETCH_MAX */
+int pi2_kernels_x4_prefetch(void);
+
 #endif

@@ -638,16 +638,16 @@ static void x4_pack_act(const pi2_block_q8_0 *a, int64_t nb, x4_act *out) {
 
 static inline __m512i bcast16(const void *p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)); }
 
-/* y[t * ldy + r] for the group's 4 rows and NT tokens */
+/* y[t * ldy + r] for the group's 4 rows and NT tokens; the stream asked for pf bytes ahead (0: not) */
 static inline __attribute__((always_inline)) void x4_tile(int NT, const uint8_t *g, int64_t nb,
                                                          const pi2_block_q8_0 *const *a, const x4_act *const *pa,
-                                                         float *y, int64_t ldy) {
+                                                         float *y, int64_t ldy, int pf) {
     __m512 lo[4], hi[4];
     for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t b = 0; b < nb; b++, g += X4_RECORD) {
-        __builtin_prefetch(g + PF_DIST, 0, 3);
+        if (pf) __builtin_prefetch(g + pf, 0, 3);
         const __m512i w = _mm512_loadu_si512(g);
         const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
         const __m512 dw = _mm512_permutexvar_ps(
@@ -686,6 +686,7 @@ static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *act
     x4_act stack[X4_STACK_BLOCKS], *pa = stack;
     if (tokens * nb > X4_STACK_BLOCKS && !(pa = malloc(sizeof(x4_act) * (size_t)(tokens * nb)))) abort();
     for (int64_t t = 0; t < tokens; t++) x4_pack_act((const pi2_block_q8_0 *)((const uint8_t *)acts + t * ab), nb, pa + t * nb);
+    const int pf = pi2_kernels_x4_prefetch();
     /* each group's records (nb * 72 bytes) stay in L1 while the tokens go by four at a time */
     for (int64_t r = 0; r < rows; r += 4) {
         const uint8_t *g = (const uint8_t *)w + (size_t)(r / 4) * nb * X4_RECORD;
@@ -697,10 +698,10 @@ static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *act
                 a[k] = (const pi2_block_q8_0 *)((const uint8_t *)acts + (t + k) * ab), p[k] = pa + (t + k) * nb;
             float *out = y + t * ldy + r;
             switch (nt) {
-            case 1: x4_tile(1, g, nb, a, p, out, ldy); break;
-            case 2: x4_tile(2, g, nb, a, p, out, ldy); break;
-            case 3: x4_tile(3, g, nb, a, p, out, ldy); break;
-            default: x4_tile(4, g, nb, a, p, out, ldy); break;
+            case 1: x4_tile(1, g, nb, a, p, out, ldy, pf); break;
+            case 2: x4_tile(2, g, nb, a, p, out, ldy, pf); break;
+            case 3: x4_tile(3, g, nb, a, p, out, ldy, pf); break;
+            default: x4_tile(4, g, nb, a, p, out, ldy, pf); break;
             }
         }
     }

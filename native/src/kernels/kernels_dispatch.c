@@ -125,6 +125,16 @@ static void detect_and_fill(void) {
 
 void pi2_kernels_init(void) { pthread_once(&init_once, detect_and_fill); }
 
+static _Atomic int x4_prefetch = PI2_X4_PREFETCH_DEFAULT;
+
+int pi2_kernels_set_x4_prefetch(int bytes) {
+    if (bytes < 0 || bytes > PI2_X4_PREFETCH_MAX) return -1;
+    atomic_store(&x4_prefetch, bytes);
+    return 0;
+}
+
+int pi2_kernels_x4_prefetch(void) { return atomic_load_explicit(&x4_prefetch, memory_order_relaxed); }
+
 pi2_kernel_level pi2_kernels_best(void) {
     pi2_kernels_init();
     return best_level;

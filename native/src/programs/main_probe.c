@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "events.h"
+#include "kernels.h"
 #include "probe.h"
 
 static void usage(FILE *out) {
@@ -27,12 +28,13 @@ static void usage(FILE *out) {
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
             "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
             "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
-            "  gemv [--threads N] [--mib M] [--reps R] [--layout x4|rows] [--json]\n"
+            "  gemv [--threads N] [--mib M] [--reps R] [--layout x4|rows] [--prefetch B] [--json]\n"
             "      the dense decode GEMV as the engine runs it: M MiB (default 512) of Q4_0 4096 x 4096\n"
             "      matrices (its layout: interleaved by four where the kernels have that; rows: the file's\n"
             "      rows, as --no-repack), one token, one matrix after another on N threads (default 1), R\n"
             "      passes (default 5): the weights' GB/s, median. Beside membw: whether the kernel or the\n"
-            "      memory bounds attention and the output head.\n"
+            "      memory bounds attention and the output head. B: how far ahead the interleaved\n"
+            "      kernel asks for its stream (default 512, the engine's; 0: not at all).\n"
             "  pool [--threads N] [--jobs J] [--gap-us G] [--json]\n"
             "      the engine's thread pool: N threads (default: online CPUs) run an empty job J times back\n"
             "      to back (default 20000), then J/10 times each after the calling thread spun G us alone\n"
@@ -122,7 +124,7 @@ static int run_storage(int argc, char **argv) {
 }
 
 static int run_gemv(int argc, char **argv) {
-    int threads = 1, mib = 512, reps = 5, json = 0, rows = 0;
+    int threads = 1, mib = 512, reps = 5, json = 0, rows = 0, prefetch = PI2_X4_PREFETCH_DEFAULT;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
@@ -134,18 +136,23 @@ static int run_gemv(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) { if (pi2_parse_int_arg(a, v, 1, 1024, &threads)) return -1; i++; }
         else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 9, 1 << 20, &mib)) return -1; i++; }
         else if (!strcmp(a, "--reps")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &reps)) return -1; i++; }
+        else if (!strcmp(a, "--prefetch")) { if (pi2_parse_int_arg(a, v, 0, PI2_X4_PREFETCH_MAX, &prefetch)) return -1; i++; }
         else return pi2_set_error("gemv: unknown option '%s' (pi2-probe --help)", a), -1;
     }
     pi2_gemv_result r;
+    pi2_kernels_set_x4_prefetch(prefetch);
     if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, rows, &r)) return -1;
     if (json) {
-        printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"matrices\": %d, "
-               "\"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level, r.x4 ? "true" : "false", r.matrices, r.bytes);
+        printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"x4_prefetch\": %d, "
+               "\"matrices\": %d, \"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level, r.x4 ? "true" : "false",
+               r.x4_prefetch, r.matrices, r.bytes);
         for (int p = 0; p < reps; p++) printf("%s%.3f", p ? ", " : "", r.pass_gbps[p]);
         printf("], \"gb_per_s\": %.3f}\n", r.median_gbps);
     } else {
-        printf("decode GEMV (%s%s): %.2f GB/s (%d thread%s, %d matrices of 4096 x 4096 Q4_0, %zu MiB, median of %d "
-               "passes)\n", r.level, r.x4 ? ", rows interleaved by four" : "", r.median_gbps, threads,
+        char pf[48] = "";
+        if (r.x4) snprintf(pf, sizeof pf, ", prefetch %d B ahead", r.x4_prefetch);
+        printf("decode GEMV (%s%s%s): %.2f GB/s (%d thread%s, %d matrices of 4096 x 4096 Q4_0, %zu MiB, median of %d "
+               "passes)\n", r.level, r.x4 ? ", rows interleaved by four" : "", pf, r.median_gbps, threads,
                threads > 1 ? "s" : "", r.matrices, r.bytes >> 20, reps);
     }
     return 0;
