@@ -3,7 +3,7 @@ with the memory bandwidth at each thread count as the bound. Issue 31's table, f
 
     .venv/bin/python benchmarks/scaling.py --model-dir DIR [--threads 1,2,4] [--budget 60%] [--reps 2]
         [-p 128] [-n 32] [--budget-n 32] [--llama-budget-n 8] [--skip-budget] [--engine-b PATH]
-        [--note TEXT] [--json OUT]
+        [--gemv-prefetch 0,512,1024,2048] [--note TEXT] [--json OUT]
 
 DIR holds model.pi2 and its GGUF twin model.gguf (the same weights), e.g. issue 31's model:
     pi2 models synth --like turbosparse-mistral-7b --layers 8 --no-dense-down --predictor-rank 32 --out DIR
@@ -285,6 +285,15 @@ def time_split(runs: list[dict], n_neurons: int, phase: str = "decode") -> dict:
     return {k: med(per_run, k) for k in (*SPLIT, "named_share")}
 
 
+def print_gemv_sweep(threads: list[int], distances: list[int], sweep: dict[str, list[dict]]) -> None:
+    """pi2's decode GEMV (GB/s, medians) by how far ahead its kernel asks for the stream."""
+    print("\npi2's decode GEMV by prefetch distance (GB/s, pi2-probe gemv --prefetch B; the engine uses 512)\n"
+          "| threads | " + " | ".join(f"{d} B" for d in distances) + " |\n|---|" + "---|" * len(distances))  # fmt: skip
+    for t in threads:
+        cells = [fmt(statistics.median(m["gb_per_s"] for m in sweep[f"{t}/{d}"]), ".1f") for d in distances]
+        print(f"| {t} | " + " | ".join(cells) + " |")
+
+
 def per_thread(row: dict, key: str) -> str:
     """A rate and, in brackets, its share per thread (a core's own rate where threads <= cores)."""
     v = row.get(key)
@@ -405,6 +414,9 @@ def main() -> None:
     ap.add_argument("--engine-b", type=Path,
                     help="a second pi2-engine (e.g. the build before a change) run after pi2's own in memory: "
                     "its figures and the ratios engine / B")  # fmt: skip
+    ap.add_argument("--gemv-prefetch", default="",
+                    help="comma-separated byte distances (e.g. 0,512,1024,2048): pi2-probe gemv at each of them too, "
+                    "per thread count and repetition, and a table of the GB/s by distance (the engine uses 512)")  # fmt: skip
     ap.add_argument("--note", default="", help="recorded with the machine, e.g. 'shared with other jobs'")
     ap.add_argument("--json", type=Path, help="default: results/benchmarks/scaling-<cores>core.json")
     a = ap.parse_args()
@@ -413,6 +425,12 @@ def main() -> None:
     if a.reps < 1 or a.p < 1 or a.n < 2 or a.budget_n < 2 or a.llama_budget_n < 1:
         sys.exit("scaling: --reps, -p and --llama-budget-n must be at least 1, -n and --budget-n at least 2")
     threads = parse_threads(a.threads) if a.threads else default_threads(len(os.sched_getaffinity(0)))
+    try:
+        distances = [int(x) for x in a.gemv_prefetch.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"scaling: --gemv-prefetch needs comma-separated byte counts, got '{a.gemv_prefetch}'")
+    if any(not 0 <= d <= 65536 for d in distances):
+        sys.exit("scaling: --gemv-prefetch distances must be 0..65536 bytes")
     engine, llama = engine_path(), llama_bench_path()
     engine_b = a.engine_b
     if engine_b and not engine_b.is_file():
@@ -457,6 +475,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     membw: dict[int, list[dict]] = {}
     gemv: dict[int, list[dict]] = {}
+    gemv_sweep: dict[str, list[dict]] = {}  # "T/B": pi2-probe gemv --threads T --prefetch B, per repetition
     t_start = time.time()
     out = a.json or REPO_ROOT / "results" / "benchmarks" / f"scaling-{host['cores']}core.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,7 +488,8 @@ def main() -> None:
             "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
             "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n,
             "llama_budget_n": a.llama_budget_n, "reps": a.reps, "threads": threads, "storage": storage,
-            "membw": {str(k): v for k, v in membw.items()}, "gemv": {str(k): v for k, v in gemv.items()}, "table": rows, "complete": rows is not None,
+            "membw": {str(k): v for k, v in membw.items()}, "gemv": {str(k): v for k, v in gemv.items()},
+            "gemv_prefetch": gemv_sweep, "table": rows, "complete": rows is not None,
             "runs": runs,
         }, indent=1))  # fmt: skip
 
@@ -477,6 +497,10 @@ def main() -> None:
         for t in threads if rep % 2 == 0 else threads[::-1]:
             membw.setdefault(t, []).append(probe(probe_exe, ["membw", "--threads", str(t), "--passes", "3"]))
             gemv.setdefault(t, []).append(probe(probe_exe, ["gemv", "--threads", str(t), "--reps", "3"]))
+            for d in distances:
+                gemv_sweep.setdefault(f"{t}/{d}", []).append(
+                    probe(probe_exe, ["gemv", "--threads", str(t), "--reps", "3", "--prefetch", str(d)])
+                )
             steps = [("llama.cpp@memory", lambda t=t: run_llama(llama, gguf, t, None, a.p, a.n)),
                      ("pi2@memory", lambda t=t, rep=rep: run_pi2(engine, pi2, t, None, a.p, a.n, rep + 1, vocab, a.warmup))]  # fmt: skip
             if engine_b:
@@ -502,6 +526,8 @@ def main() -> None:
     rows = summarize(threads, runs, membw, facts, storage, cores, gemv)
     how = budget_how(runs, "engine-enforced") if budget else {}
     print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how)
+    if distances:
+        print_gemv_sweep(threads, distances, gemv_sweep)
     print(f"\n{a.reps} repetitions, {time.time() - t_start:.0f} s; load average {host['loadavg_start'][0]:.1f} at the "
           f"start, {host['loadavg_end'][0]:.1f} at the end")  # fmt: skip
     save(rows, how)
