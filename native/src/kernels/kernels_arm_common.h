@@ -54,8 +54,6 @@ static inline __attribute__((always_inline)) void dot_q4_0_rows(int NR, const ui
     const int8x16_t eight = vdupq_n_s8(8);
     const int64_t nb = n / PI2_QK;
     for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = vdupq_n_f32(0);
-    pi2_ahead none = {0};
-    if (!ahead) ahead = &none;
     pi2_ahead_pace(ahead, nb / 2);
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
@@ -217,8 +215,6 @@ static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows
                            pi2_ahead *ahead) {
     const int8x16_t eight = vdupq_n_s8(8);
     const float32x4_t zero = vdupq_n_f32(0.0f);
-    pi2_ahead none = {0};
-    if (!ahead) ahead = &none;
     pi2_ahead_pace(ahead, n / PI2_QK);
     for (int64_t i = 0; i < n / PI2_QK; i++, y += PI2_QK) {
         pi2_ahead_step(ahead);

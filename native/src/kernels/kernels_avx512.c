@@ -358,8 +358,6 @@ static inline __attribute__((always_inline)) void quad_rows(int NR, const uint8_
      * once: the sparse FFN's rows start at scattered places, where each first line waits for DRAM. */
     for (int r = 0; r < NR; r++)
         for (int l = 64; l < PF_DIST && l < nb * (int64_t)sizeof(pi2_block_q4_0); l += 64) __builtin_prefetch(wr[r] + l, 0, 3);
-    pi2_ahead none = {0};
-    if (!ahead) ahead = &none;
     pi2_ahead_pace(ahead, (nb + 3) / 4);
     for (int64_t b = 0; b < nb; b += 4, aq++) {
         pi2_ahead_step(ahead);

@@ -256,8 +256,7 @@ void pi2_ahead_init(pi2_ahead *a, const uint8_t *const *rows, int count, size_t 
 
 /* what a kernel left of `ahead`, asked for now (a level whose kernel does not step it asks here) */
 static void ahead_rest(pi2_ahead *a) {
-    if (!a) return;
-    a->per_step = 1 << 30;
+    if (a) a->per_step = 1 << 30;
     pi2_ahead_step(a);
 }
 

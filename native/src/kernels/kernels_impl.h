@@ -72,7 +72,8 @@ typedef struct {
         (t)->att_f16 = att_f16;                    \
     } while (0)
 
-/* pi2_ahead (kernels.h) inside a kernel: pace it over the kernel's steps once, then step once per step.
+/* pi2_ahead (kernels.h) inside a kernel: pace it over the kernel's steps once, then step once per step;
+ * both take NULL (no rows named) and then do nothing.
  * Locality 2 (L2): the next rows must not push the current ones out of L1. On the 2-vCPU AMD VM's FFN
  * micro-benchmark (8 layers' decode waves, one thread) to L1 was slower than to L2. */
 static inline void pi2_ahead_pace(pi2_ahead *a, int64_t steps) {
@@ -81,6 +82,7 @@ static inline void pi2_ahead_pace(pi2_ahead *a, int64_t steps) {
     a->per_step = (int)((lines + steps - 1) / steps);
 }
 static inline void pi2_ahead_step(pi2_ahead *a) {
+    if (!a) return;
     for (int k = 0; k < a->per_step && a->r < a->count; k++) {
         __builtin_prefetch(a->rows[a->r] + a->at, 0, 2);
         a->at += 64;

@@ -293,8 +293,6 @@ static inline __attribute__((always_inline)) void axpy_rows_q4_0_nr(int NR, int6
  * (q * s + 0) per row), so the floats are the same, but y is read and written once per group. */
 static void axpy_rows_q4_0(int64_t n, const float *a, const uint8_t *const *rows, int count, float *y,
                            pi2_ahead *ahead) {
-    pi2_ahead none = {0};
-    if (!ahead) ahead = &none;
 #if defined(__AVX512F__)
     switch (count) {
     case 1: axpy_rows_q4_0_nr(1, n, a, rows, y, ahead); break;
