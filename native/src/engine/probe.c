@@ -344,7 +344,7 @@ int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows_layout, pi2_g
     pi2_pool *pool = pi2_pool_create(n_threads, NULL);
     int rc = -1;
     if (!rows || !w || !x || !y || !act || !m || !pool) {
-        if (pool || n_threads == 1) pi2_set_error("gemv: out of memory (%zu MiB of weights)", out->bytes >> 20);
+        if (pool) pi2_set_error("gemv: out of memory (%zu MiB of weights)", out->bytes >> 20);
         goto done;
     }
     uint32_t r = 1;
