@@ -213,7 +213,7 @@ def summarize(
     facts: dict,
     storage: dict | None,
     cores: int,
-    gemv: dict | None = None,
+    gemv: dict,
 ) -> list[dict]:
     pi2_bytes = facts["per_token_resident_bytes"] + (1 - facts["sparsity"]) * facts["ffn_bytes"]
     dense_bytes = facts["per_token_resident_bytes"] + facts["ffn_bytes"]
@@ -229,7 +229,7 @@ def summarize(
                "pi2_bytes_per_token": pi2_bytes, "dense_bytes_per_token": dense_bytes,
                "pi2_bound_tps": gbs * 1e9 / pi2_bytes, "dense_bound_tps": gbs * 1e9 / dense_bytes,
                "pi2_ffn_s_memory": med(pm, "ffn_s"),
-               "gemv_gb_per_s": statistics.median(m["gb_per_s"] for m in gemv[t]) if gemv and gemv.get(t) else None}  # fmt: skip
+               "gemv_gb_per_s": statistics.median(m["gb_per_s"] for m in gemv[t])}  # fmt: skip
         tg = row["llama_tg_tps"]
         row["llama_gb_per_s"] = tg * dense_bytes / 1e9 if tg else None  # what llama.cpp's decode streams
         # the other way round: the most bytes a token could read at the measured rate and this bandwidth
