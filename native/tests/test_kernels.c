@@ -595,7 +595,9 @@ static void test_x4(pi2_kernel_level level) {
     const int64_t tokens_list[] = {1, 2, 3, 5, 9, 13}; /* 13: past PI2_LANES_MIN_TOKENS */
     int bad = 0;
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-        const int64_t rows = 12 + 8 * (int64_t)k, n = ns[k];
+        /* 4096 wide: 35 groups of 9 KiB, so every stream count reads runs at least 32 KiB apart (8 runs
+         * of 4 groups and 3 left at 8 streams); the narrower ones merge their runs into one */
+        const int64_t n = ns[k], rows = n == 4096 ? 140 : 12 + 8 * (int64_t)k;
         struct case_data c;
         make_case(&c, PI2_Q4_0, n, rows);
         const size_t rs = pi2_row_size(PI2_Q4_0, n), as = pi2_row_size(PI2_Q8_0, n);
@@ -617,6 +619,15 @@ static void test_x4(pi2_kernel_level level) {
                 pi2_x4_gemm(PI2_Q4_0, packed, rows, n, acts, tokens, yb, ldy);
                 if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
             }
+            /* every stream count gives the same floats (decode reads S groups side by side) */
+            for (int st = 1; st <= 8; st++) {
+                if (pi2_kernels_set_x4_streams(st)) continue;
+                for (int64_t i = 0; i < ldy * tokens; i++) yb[i] = -555.0f; /* every row written again */
+                pi2_x4_gemm(PI2_Q4_0, packed, rows, n, acts, tokens, yb, ldy);
+                if (memcmp(ya, yb, sizeof(float) * ldy * tokens)) bad++;
+            }
+            CHECK(pi2_kernels_set_x4_streams(5) == -1 && pi2_kernels_set_x4_streams(0) == -1);
+            CHECK(pi2_kernels_set_x4_streams(PI2_X4_STREAMS_DEFAULT) == 0);
             CHECK(pi2_kernels_set_x4_prefetch(-1) == -1 && pi2_kernels_set_x4_prefetch(PI2_X4_PREFETCH_MAX + 1) == -1);
             CHECK(pi2_kernels_set_x4_prefetch(PI2_X4_PREFETCH_DEFAULT) == 0);
             /* from a group boundary inside the matrix: the last 4 rows alone */

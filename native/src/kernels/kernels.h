@@ -213,14 +213,20 @@ int pi2_kernels_force(pi2_kernel_level level);          /* -1 if the CPU lacks i
 pi2_kernel_level pi2_kernels_current(void);
 const char *pi2_kernel_level_name(pi2_kernel_level level);
 
-/* How far ahead (bytes) the GEMV over rows interleaved by four asks for its stream (x4_gemm at one to
- * a few tokens: decode's attention and output head); PI2_X4_PREFETCH_DEFAULT unless set, 0: none. One
- * core's share of memory bandwidth depends on how many of its misses are in flight, which differs from
- * machine to machine, so pi2-probe gemv --prefetch measures other distances on the machine at hand.
- * The engine keeps the default. */
+/* The decode GEMV over rows interleaved by four (x4_gemm at one token: attention and the output head)
+ * reads from DRAM at a rate set by how many of one core's misses are in flight, which differs from
+ * machine to machine; two settings shape that, and pi2-probe gemv measures them on the machine at hand:
+ * - prefetch: how far ahead (bytes) it asks for its stream (also at a few tokens); 0: not at all.
+ * - streams (1, 2, 4 or 8): a call's rows read as that many runs of groups side by side, a block of
+ *   each in turn, instead of one run after another (same floats). Runs under 32 KiB apart are merged:
+ *   on the Zen 4 VM, streams 4-9 KiB apart read DRAM at 60-70% of one stream's rate.
+ * The engine takes PI2_X4_PREFETCH and PI2_X4_STREAMS from the environment, else the defaults. */
 #define PI2_X4_PREFETCH_DEFAULT 512
 #define PI2_X4_PREFETCH_MAX 65536
+#define PI2_X4_STREAMS_DEFAULT 1
 int pi2_kernels_set_x4_prefetch(int bytes); /* -1 outside 0..PI2_X4_PREFETCH_MAX */
 int pi2_kernels_x4_prefetch(void);
+int pi2_kernels_set_x4_streams(int n); /* -1 unless 1, 2, 4 or 8 */
+int pi2_kernels_x4_streams(void);
 
 #endif

@@ -57,6 +57,8 @@ static _Atomic(const pi2_kernel_table *) current_table;
 static _Atomic int current_level;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+static void x4_tuning_from_env(void); /* below, beside the tuning it reads */
+
 static void detect_and_fill(void) {
     supported[PI2_KERNELS_SCALAR] = 1;
     pi2_kernels_fill_scalar(&tables[PI2_KERNELS_SCALAR]);
@@ -121,19 +123,51 @@ static void detect_and_fill(void) {
     }
     atomic_store(&current_level, (int)use);
     atomic_store(&current_table, &tables[use]);
+    x4_tuning_from_env();
 }
 
 void pi2_kernels_init(void) { pthread_once(&init_once, detect_and_fill); }
 
-static _Atomic int x4_prefetch = PI2_X4_PREFETCH_DEFAULT;
+/* The decode GEMV's tuning (kernels.h). Read from the environment once, with the level, so that an
+ * experiment can run the engine itself with other values; the setters (pi2-probe gemv) come after. */
+static _Atomic int x4_prefetch = PI2_X4_PREFETCH_DEFAULT, x4_streams = PI2_X4_STREAMS_DEFAULT;
+
+static int streams_ok(int n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+
+/* A value out of range is said once on stderr and the default kept (the start event records what ran). */
+static void x4_tuning_from_env(void) {
+    const char *v = getenv("PI2_X4_PREFETCH");
+    char *end;
+    if (v && *v) {
+        const long b = strtol(v, &end, 10);
+        if (*end || b < 0 || b > PI2_X4_PREFETCH_MAX)
+            fprintf(stderr, "pi2: PI2_X4_PREFETCH=%s ignored: give 0..%d bytes\n", v, PI2_X4_PREFETCH_MAX);
+        else atomic_store(&x4_prefetch, (int)b);
+    }
+    if ((v = getenv("PI2_X4_STREAMS")) && *v) {
+        const long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 8 || !streams_ok((int)n)) fprintf(stderr, "pi2: PI2_X4_STREAMS=%s ignored: give 1, 2, 4 or 8\n", v);
+        else atomic_store(&x4_streams, (int)n);
+    }
+}
 
 int pi2_kernels_set_x4_prefetch(int bytes) {
     if (bytes < 0 || bytes > PI2_X4_PREFETCH_MAX) return -1;
+    pi2_kernels_init();
     atomic_store(&x4_prefetch, bytes);
     return 0;
 }
 
 int pi2_kernels_x4_prefetch(void) { return atomic_load_explicit(&x4_prefetch, memory_order_relaxed); }
+
+int pi2_kernels_set_x4_streams(int n) {
+    if (!streams_ok(n)) return -1;
+    pi2_kernels_init();
+    atomic_store(&x4_streams, n);
+    return 0;
+}
+
+int pi2_kernels_x4_streams(void) { return atomic_load_explicit(&x4_streams, memory_order_relaxed); }
 
 pi2_kernel_level pi2_kernels_best(void) {
     pi2_kernels_init();
