@@ -57,6 +57,32 @@ def test_gemv_prefetch():
     assert json.loads(run_probe("gemv", "--mib", 9, "--reps", 1, "--json").stdout)["x4_prefetch"] == 512
 
 
+def test_gemv_streams(monkeypatch):
+    """The engine's stream count unless given (PI2_X4_STREAMS, else 1); the probe's flag wins over it."""
+    done = run_probe("gemv", "--mib", 9, "--reps", 1, "--streams", 4, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["x4_streams"] == 4
+    assert json.loads(run_probe("gemv", "--mib", 9, "--reps", 1, "--json").stdout)["x4_streams"] == 1
+    text = run_probe("gemv", "--mib", 9, "--reps", 1, "--streams", 4).stdout
+    assert ("prefetch 512 B ahead, 4 streams" in text) == json.loads(done.stdout)[
+        "x4"
+    ]  # said where it applies
+    monkeypatch.setenv("PI2_X4_STREAMS", "2")
+    assert json.loads(run_probe("gemv", "--mib", 9, "--reps", 1, "--json").stdout)["x4_streams"] == 2
+    assert (
+        json.loads(run_probe("gemv", "--mib", 9, "--reps", 1, "--streams", 8, "--json").stdout)["x4_streams"]
+        == 8
+    )
+
+
+def test_membw_streams():
+    done = run_probe("membw", "--mib", 4, "--passes", 1, "--streams", 3, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["streams"] == 3 and out["gb_per_s"] > 0
+    assert ", 3 streams each" in run_probe("membw", "--mib", 4, "--passes", 1, "--streams", 3).stdout
+
+
 def test_gemv_rows_layout():
     done = run_probe("gemv", "--mib", 9, "--reps", 1, "--layout", "rows", "--json")
     assert done.returncode == 0, done.stderr
@@ -136,6 +162,9 @@ def test_storage_text_says_whether_the_page_cache_is_bypassed(store):
         (["gemv", "--bogus"], "unknown option '--bogus'"),
         (["gemv", "--layout", "x8"], "--layout needs x4 or rows"),
         (["gemv", "--prefetch", -64], "--prefetch needs an integer"),
+        (["gemv", "--streams", 3], "--streams takes 1, 2, 4 or 8, got 3"),
+        (["gemv", "--streams", 16], "--streams needs an integer"),
+        (["membw", "--streams", 9], "--streams needs an integer"),
     ],
 )
 def test_bad_input_is_one_error_line(store, args, message):

@@ -10,14 +10,20 @@
 
 int main(void) {
     pi2_membw_result m;
-    CHECK(pi2_probe_membw(2, 1 << 20, 3, &m) == 0);
-    CHECK(m.threads == 2 && m.passes == 3 && m.bytes_per_thread == 1 << 20);
+    CHECK(pi2_probe_membw(2, 1 << 20, 3, 1, &m) == 0);
+    CHECK(m.threads == 2 && m.passes == 3 && m.streams == 1 && m.bytes_per_thread == 1 << 20);
     CHECK(m.pass_gbps[0] > 0 && m.pass_gbps[1] > 0 && m.pass_gbps[2] > 0);
     double lo = m.pass_gbps[0], hi = m.pass_gbps[0];
     for (int i = 1; i < 3; i++) lo = m.pass_gbps[i] < lo ? m.pass_gbps[i] : lo, hi = m.pass_gbps[i] > hi ? m.pass_gbps[i] : hi;
     CHECK(m.median_gbps >= lo && m.median_gbps <= hi);
-    CHECK(pi2_probe_membw(0, 1 << 20, 3, &m) == -1);
-    CHECK(pi2_probe_membw(1, 1 << 20, PI2_MEMBW_MAX_PASSES + 1, &m) == -1);
+    CHECK(pi2_probe_membw(0, 1 << 20, 3, 1, &m) == -1);
+    CHECK(pi2_probe_membw(1, 1 << 20, PI2_MEMBW_MAX_PASSES + 1, 1, &m) == -1);
+    /* streams: the runs read side by side; 3 does not divide 1 MiB into whole lines, so less is read */
+    CHECK(pi2_probe_membw(1, 1 << 20, 3, 3, &m) == 0);
+    CHECK(m.streams == 3 && m.bytes_per_thread == (1 << 20) / 64 / 3 * 64 * 3 && m.median_gbps > 0);
+    CHECK(pi2_probe_membw(1, 1 << 20, 3, PI2_MEMBW_MAX_STREAMS, &m) == 0 && m.bytes_per_thread == 1 << 20);
+    CHECK(pi2_probe_membw(1, 1 << 20, 3, 0, &m) == -1);
+    CHECK(pi2_probe_membw(1, 1 << 20, 3, PI2_MEMBW_MAX_STREAMS + 1, &m) == -1);
 
     const char *dir = getenv("TMPDIR");
     char path[512];

@@ -28,7 +28,7 @@ typedef struct {
 typedef struct {
     uint64_t *buf;
     size_t n; /* words, a multiple of 8 */
-    int passes;
+    int passes, streams;
     membw_shared *sh;
     volatile uint64_t sink; /* keeps the sums from being optimized away */
     uint64_t t0, t1;        /* this pass, stamped by the thread itself around its sum */
@@ -46,6 +46,21 @@ static uint64_t sum_words(const uint64_t *p, size_t n) {
     return s[0] + s[1];
 }
 
+/* The buffer as `streams` equal runs read side by side, a line of each in turn: how many sequential
+ * streams one core keeps going at once changes what it gets from DRAM on some machines (the dense
+ * GEMV's --streams). The runs are far apart (a buffer's share), as the GEMV keeps its own. */
+static uint64_t sum_streams(const uint64_t *p, size_t n, int streams) {
+    if (streams == 1) return sum_words(p, n);
+    const size_t run = n / (size_t)streams / 8 * 8; /* words per stream, whole lines */
+    const u64x2 *v[PI2_MEMBW_MAX_STREAMS];
+    for (int k = 0; k < streams; k++) v[k] = (const u64x2 *)(p + (size_t)k * run);
+    u64x2 s0 = {0, 0}, s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < run / 2; i += 4)
+        for (int k = 0; k < streams; k++) s0 += v[k][i], s1 += v[k][i + 1], s2 += v[k][i + 2], s3 += v[k][i + 3];
+    u64x2 s = s0 + s1 + s2 + s3;
+    return s[0] + s[1];
+}
+
 static void *membw_main(void *arg) {
     membw_thread *t = arg;
     for (size_t i = 0; i < t->n; i++) t->buf[i] = i; /* first touch: the pages land near this thread */
@@ -56,7 +71,7 @@ static void *membw_main(void *arg) {
     for (int p = 0; run && p < t->passes; p++) {
         pthread_barrier_wait(&t->sh->start);
         t->t0 = pi2_now_ns();
-        t->sink += sum_words(t->buf, t->n);
+        t->sink += sum_streams(t->buf, t->n, t->streams);
         t->t1 = pi2_now_ns();
         pthread_barrier_wait(&t->sh->end);
     }
@@ -68,11 +83,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_membw_result *out) {
+int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int streams, pi2_membw_result *out) {
     size_t n = bytes_per_thread / 64 * 8;
-    if (n_threads < 1 || n_threads > 1024 || n == 0 || passes < 1 || passes > PI2_MEMBW_MAX_PASSES) {
-        pi2_set_error("membw: bad arguments (threads %d, %zu bytes per thread, %d passes)", n_threads,
-                      bytes_per_thread, passes);
+    if (n_threads < 1 || n_threads > 1024 || n == 0 || passes < 1 || passes > PI2_MEMBW_MAX_PASSES || streams < 1 ||
+        streams > PI2_MEMBW_MAX_STREAMS || n / (size_t)streams < 8) {
+        pi2_set_error("membw: bad arguments (threads %d, %zu bytes per thread, %d passes, %d streams)", n_threads,
+                      bytes_per_thread, passes, streams);
         return -1;
     }
     memset(out, 0, sizeof *out);
@@ -88,7 +104,7 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_memb
     for (int i = 0; i < n_threads; i++) /* allocated here, touched by the threads */
         if (!(ts[i].buf = malloc(n * sizeof(uint64_t)))) goto done;
     for (; started < n_threads; started++) {
-        ts[started] = (membw_thread){.buf = ts[started].buf, .n = n, .passes = passes, .sh = &sh};
+        ts[started] = (membw_thread){.buf = ts[started].buf, .n = n, .passes = passes, .streams = streams, .sh = &sh};
         if (pthread_create(&th[started], NULL, membw_main, &ts[started])) break;
     }
     pthread_mutex_lock(&sh.mu);
@@ -118,7 +134,8 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_memb
     memcpy(sorted, out->pass_gbps, sizeof sorted);
     qsort(sorted, (size_t)passes, sizeof(double), cmp_double);
     out->median_gbps = passes % 2 ? sorted[passes / 2] : (sorted[passes / 2 - 1] + sorted[passes / 2]) / 2;
-    out->threads = n_threads, out->passes = passes, out->bytes_per_thread = n * sizeof(uint64_t);
+    out->threads = n_threads, out->passes = passes, out->streams = streams;
+    out->bytes_per_thread = n / (size_t)streams / 8 * 8 * (size_t)streams * sizeof(uint64_t); /* what was read */
     rc = 0;
 done:
     if (rc && sh.go == 0) pi2_set_error("membw: cannot allocate %d x %zu bytes", n_threads, n * sizeof(uint64_t));
@@ -336,6 +353,7 @@ int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows_layout, pi2_g
     out->threads = n_threads, out->reps = reps, out->matrices = n_mat, out->bytes = mat_bytes * (size_t)n_mat;
     out->x4 = !rows_layout && pi2_x4_supported(PI2_Q4_0);
     out->x4_prefetch = pi2_kernels_x4_prefetch();
+    out->x4_streams = pi2_kernels_x4_streams();
     out->level = pi2_kernel_level_name(pi2_kernels_current());
     uint8_t *rows = malloc(mat_bytes), *w = pi2_huge_alloc(out->bytes);
     float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);

@@ -9,17 +9,19 @@
 #include "neuron_io.h"
 
 #define PI2_MEMBW_MAX_PASSES 15
+#define PI2_MEMBW_MAX_STREAMS 8
 
 typedef struct {
-    int threads, passes;
+    int threads, passes, streams;
     size_t bytes_per_thread;
     double pass_gbps[PI2_MEMBW_MAX_PASSES]; /* all threads' bytes / wall time of the pass, 1e9 B/s */
     double median_gbps;
 } pi2_membw_result;
 
 /* Each of n_threads sums its own buffer of bytes_per_thread (touched first by that thread, so it sits
- * in that thread's memory node) passes times, all threads at once. 0 or -1 + pi2_set_error. */
-int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, pi2_membw_result *out);
+ * in that thread's memory node) passes times, all threads at once, as `streams` (1..8) equal runs read
+ * side by side. 0 or -1 + pi2_set_error. */
+int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int streams, pi2_membw_result *out);
 
 /* The thread pool's fixed cost (threadpool.c): every thread of a pool of n_threads runs an empty job,
  * `jobs` times back to back, then `jobs` / 10 times after the calling thread has spun gap_us alone (a
@@ -43,7 +45,7 @@ int pi2_probe_pool(int n_threads, int jobs, double gap_us, pi2_pool_result *out)
  * summing loop), it tells whether the kernel or the memory bounds decode. rows = 1: the file's row
  * layout instead (the engine's --no-repack), to compare the two kernels on a machine. */
 typedef struct {
-    int threads, reps, matrices, x4, x4_prefetch; /* x4_prefetch: pi2_kernels_x4_prefetch during the passes */
+    int threads, reps, matrices, x4, x4_prefetch, x4_streams; /* pi2_kernels_x4_* during the passes */
     size_t bytes;               /* the weights read per pass */
     double pass_gbps[PI2_MEMBW_MAX_PASSES];
     double median_gbps;

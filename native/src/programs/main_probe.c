@@ -17,9 +17,10 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: pi2-probe COMMAND [OPTIONS]\n"
             "commands:\n"
-            "  membw [--threads N] [--mib M] [--passes P] [--json]\n"
+            "  membw [--threads N] [--mib M] [--passes P] [--streams S] [--json]\n"
             "      read bandwidth: each of N threads (default 1) sums its own M MiB buffer (default 256;\n"
-            "      make N*M larger than the last-level cache), P passes (default 5), median GB/s\n"
+            "      make N*M larger than the last-level cache), P passes (default 5), median GB/s.\n"
+            "      S (1..8, default 1): the buffer as S runs read side by side, a line of each in turn\n"
             "  storage --file F [--block B] [--qd Q] [--method auto|uring|pread|buffered] [--seconds S]\n"
             "          [--io-threads T] [--seed X] [--wave N [--range R]] [--json]\n"
             "      random block-aligned reads of B bytes (default 8192) over all of F, Q in flight\n"
@@ -28,13 +29,16 @@ static void usage(FILE *out) {
             "      memory. T: pread-pool threads (default Q). Use a file larger than the page cache.\n"
             "      --wave N: reads in waves as decode issues a block's misses: N offsets within R bytes\n"
             "      (default 128M) at a random place, sorted, sent at once (Q in flight), collected whole.\n"
-            "  gemv [--threads N] [--mib M] [--reps R] [--layout x4|rows] [--prefetch B] [--json]\n"
+            "  gemv [--threads N] [--mib M] [--reps R] [--layout x4|rows] [--prefetch B] [--streams S] [--json]\n"
             "      the dense decode GEMV as the engine runs it: M MiB (default 512) of Q4_0 4096 x 4096\n"
             "      matrices (its layout: interleaved by four where the kernels have that; rows: the file's\n"
             "      rows, as --no-repack), one token, one matrix after another on N threads (default 1), R\n"
             "      passes (default 5): the weights' GB/s, median. Beside membw: whether the kernel or the\n"
             "      memory bounds attention and the output head. B: how far ahead the interleaved\n"
-            "      kernel asks for its stream (default 512, the engine's; 0: not at all).\n"
+            "      kernel asks for its stream (default 512, the engine's; 0: not at all). S (1, 2, 4 or\n"
+            "      8; default 1, the engine's): how many runs of groups a thread's rows are read as, side by\n"
+            "      side (runs under 32 KiB apart are merged). The engine takes both from PI2_X4_PREFETCH\n"
+            "      and PI2_X4_STREAMS.\n"
             "  pool [--threads N] [--jobs J] [--gap-us G] [--json]\n"
             "      the engine's thread pool: N threads (default: online CPUs) run an empty job J times back\n"
             "      to back (default 20000), then J/10 times each after the calling thread spun G us alone\n"
@@ -51,24 +55,28 @@ static int parse_method(const char *v, pi2_io_method *m) {
 }
 
 static int run_membw(int argc, char **argv) {
-    int threads = 1, mib = 256, passes = 5, json = 0;
+    int threads = 1, mib = 256, passes = 5, json = 0, streams = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--threads")) { if (pi2_parse_int_arg(a, v, 1, 1024, &threads)) return -1; i++; }
         else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 1, 1 << 20, &mib)) return -1; i++; }
         else if (!strcmp(a, "--passes")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &passes)) return -1; i++; }
+        else if (!strcmp(a, "--streams")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_STREAMS, &streams)) return -1; i++; }
         else return pi2_set_error("membw: unknown option '%s' (pi2-probe --help)", a), -1;
     }
     pi2_membw_result r;
-    if (pi2_probe_membw(threads, (size_t)mib << 20, passes, &r)) return -1;
+    if (pi2_probe_membw(threads, (size_t)mib << 20, passes, streams, &r)) return -1;
     if (json) {
-        printf("{\"probe\": \"membw\", \"threads\": %d, \"mib_per_thread\": %d, \"passes_gb_per_s\": [", threads, mib);
+        printf("{\"probe\": \"membw\", \"threads\": %d, \"mib_per_thread\": %d, \"streams\": %d, \"passes_gb_per_s\": [",
+               threads, mib, streams);
         for (int p = 0; p < passes; p++) printf("%s%.3f", p ? ", " : "", r.pass_gbps[p]);
         printf("], \"gb_per_s\": %.3f}\n", r.median_gbps);
     } else {
-        printf("memory read bandwidth: %.2f GB/s (%d thread%s x %d MiB, median of %d passes)\n", r.median_gbps,
-               threads, threads > 1 ? "s" : "", mib, passes);
+        char st[32] = "";
+        if (streams > 1) snprintf(st, sizeof st, ", %d streams each", streams);
+        printf("memory read bandwidth: %.2f GB/s (%d thread%s x %d MiB%s, median of %d passes)\n", r.median_gbps,
+               threads, threads > 1 ? "s" : "", mib, st, passes);
     }
     return 0;
 }
@@ -124,7 +132,7 @@ static int run_storage(int argc, char **argv) {
 }
 
 static int run_gemv(int argc, char **argv) {
-    int threads = 1, mib = 512, reps = 5, json = 0, rows = 0, prefetch = PI2_X4_PREFETCH_DEFAULT;
+    int threads = 1, mib = 512, reps = 5, json = 0, rows = 0, prefetch = -1, streams = -1; /* -1: the engine's */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
@@ -137,20 +145,26 @@ static int run_gemv(int argc, char **argv) {
         else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 9, 1 << 20, &mib)) return -1; i++; }
         else if (!strcmp(a, "--reps")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &reps)) return -1; i++; }
         else if (!strcmp(a, "--prefetch")) { if (pi2_parse_int_arg(a, v, 0, PI2_X4_PREFETCH_MAX, &prefetch)) return -1; i++; }
+        else if (!strcmp(a, "--streams")) {
+            if (pi2_parse_int_arg(a, v, 1, 8, &streams)) return -1;
+            if (pi2_kernels_set_x4_streams(streams)) return pi2_set_error("--streams takes 1, 2, 4 or 8, got %d", streams), -1;
+            i++;
+        }
         else return pi2_set_error("gemv: unknown option '%s' (pi2-probe --help)", a), -1;
     }
     pi2_gemv_result r;
-    pi2_kernels_set_x4_prefetch(prefetch);
+    if (prefetch >= 0) pi2_kernels_set_x4_prefetch(prefetch);
     if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, rows, &r)) return -1;
     if (json) {
         printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"x4_prefetch\": %d, "
-               "\"matrices\": %d, \"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level, r.x4 ? "true" : "false",
-               r.x4_prefetch, r.matrices, r.bytes);
+               "\"x4_streams\": %d, \"matrices\": %d, \"bytes\": %zu, \"passes_gb_per_s\": [", threads, r.level,
+               r.x4 ? "true" : "false", r.x4_prefetch, r.x4_streams, r.matrices, r.bytes);
         for (int p = 0; p < reps; p++) printf("%s%.3f", p ? ", " : "", r.pass_gbps[p]);
         printf("], \"gb_per_s\": %.3f}\n", r.median_gbps);
     } else {
-        char pf[48] = "";
-        if (r.x4) snprintf(pf, sizeof pf, ", prefetch %d B ahead", r.x4_prefetch);
+        char pf[80] = "";
+        if (r.x4) snprintf(pf, sizeof pf, ", prefetch %d B ahead, %d stream%s", r.x4_prefetch, r.x4_streams,
+                           r.x4_streams > 1 ? "s" : "");
         printf("decode GEMV (%s%s%s): %.2f GB/s (%d thread%s, %d matrices of 4096 x 4096 Q4_0, %zu MiB, median of %d "
                "passes)\n", r.level, r.x4 ? ", rows interleaved by four" : "", pf, r.median_gbps, threads,
                threads > 1 ? "s" : "", r.matrices, r.bytes >> 20, reps);
