@@ -11,7 +11,6 @@
 #include "event_schema.h"
 #include "events.h"
 #include "forward.h"
-#include "kernels.h"
 #include "model.h"
 #include "session.h"
 #include "sparse.h"
@@ -120,7 +119,7 @@ int pi2_chat_main(int argc, char **argv) {
     if (open_session(&s, &o) != 0) goto done;
     uint64_t t_ready = pi2_now_ns();
     const pi2_start_record start = {.t = pi2_seconds(t_ready), .mode = "chat", .engine = "pi2-engine " PI2_VERSION,
-                                    .threads = s.n_threads, .kernels = pi2_kernel_level_name(pi2_kernels_current()),
+                                    .threads = s.n_threads,
                                     .n_ctx = s.n_ctx, .n_batch = s.n_batch, .load_s = pi2_seconds(t_ready - s.t_load0)};
     (void)pi2_event_start(&s.ev, PI2_CMD_CHAT, &start); /* a failure sticks: the first turn's check reports it */
     ssize_t len;

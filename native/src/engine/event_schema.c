@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "kernels.h"
 #include "session_options.h"
 
 #define GEN PI2_CMD_GENERATE
@@ -30,6 +31,8 @@ const pi2_event_field pi2_event_fields[] = {
     {"start", "engine", PI2_EV_STR, AT(pi2_start_record, engine), "string", BOTH, NULL, "\"pi2-engine VERSION\""},
     {"start", "threads", PI2_EV_INT, AT(pi2_start_record, threads), "integer", BOTH, NULL, "compute threads"},
     {"start", "kernels", PI2_EV_STR, AT(pi2_start_record, kernels), "string", BOTH, NULL, "the kernel level that runs"},
+    {"start", "x4_prefetch", PI2_EV_INT, AT(pi2_start_record, x4_prefetch), "integer", BOTH, NULL, "bytes ahead the decode GEMV over rows interleaved by four asks for (PI2_X4_PREFETCH)"},
+    {"start", "x4_streams", PI2_EV_INT, AT(pi2_start_record, x4_streams), "integer", BOTH, NULL, "runs of rows that GEMV reads side by side (PI2_X4_STREAMS)"},
     {"start", "n_ctx", PI2_EV_INT, AT(pi2_start_record, n_ctx), "integer", BOTH, NULL, "KV cache positions"},
     {"start", "n_batch", PI2_EV_INT, AT(pi2_start_record, n_batch), "integer", BOTH, NULL, "most tokens per forward pass (prefill's batch)"},
     {"start", "n_prompt", PI2_EV_INT, AT(pi2_start_record, n_prompt), "integer", GEN, NULL, "prompt tokens"},
@@ -234,7 +237,10 @@ static int emit(pi2_events *ev, const char *kind, unsigned cmd, const void *reco
 }
 
 int pi2_event_start(pi2_events *ev, unsigned cmd, const pi2_start_record *r) {
-    return emit(ev, "start", cmd, r, NULL, NULL);
+    pi2_start_record k = *r; /* the kernels are the process's: filled here for every command */
+    k.kernels = pi2_kernel_level_name(pi2_kernels_current());
+    k.x4_prefetch = pi2_kernels_x4_prefetch(), k.x4_streams = pi2_kernels_x4_streams();
+    return emit(ev, "start", cmd, &k, NULL, NULL);
 }
 int pi2_event_token(pi2_events *ev, unsigned cmd, const pi2_token_record *r, const char *sparse) {
     return emit(ev, "token", cmd, r, sparse, NULL);

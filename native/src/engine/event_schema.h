@@ -43,8 +43,8 @@ extern const char *const pi2_event_kinds[]; /* NULL-terminated */
 /* The records the builders write. cmd: the pi2_command bit of the command writing it. */
 typedef struct {
     double t, load_s;
-    const char *mode, *engine, *kernels;
-    int threads, n_ctx, n_batch, n_prompt;
+    const char *mode, *engine, *kernels; /* kernels (and x4_*): set by pi2_event_start */
+    int threads, n_ctx, n_batch, n_prompt, x4_prefetch, x4_streams;
     const int32_t *prompt_ids;
     int n_prompt_ids; /* follows prompt_ids (PI2_EV_IDS) */
 } pi2_start_record;

@@ -200,7 +200,7 @@ static int cmd_generate(const pi2_options *o) {
     const int32_t *ids = ss.ids;
     uint64_t t0 = pi2_now_ns();
     const pi2_start_record start = {.t = pi2_seconds(t0), .mode = "generate", .engine = "pi2-engine " PI2_VERSION,
-                                    .threads = n_threads, .kernels = pi2_kernel_level_name(pi2_kernels_current()),
+                                    .threads = n_threads,
                                     .n_ctx = n_ctx, .n_batch = ss.n_batch, .n_prompt = n_prompt, .load_s = pi2_seconds(t0 - t_load0),
                                     .prompt_ids = ids, .n_prompt_ids = n_prompt};
     if (pi2_event_start(ev, PI2_CMD_GENERATE, &start) != 0) goto done;
