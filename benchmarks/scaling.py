@@ -3,7 +3,7 @@ with the memory bandwidth at each thread count as the bound. Issue 31's table, f
 
     .venv/bin/python benchmarks/scaling.py --model-dir DIR [--threads 1,2,4] [--budget 60%] [--reps 2]
         [-p 128] [-n 32] [--budget-n 32] [--llama-budget-n 8] [--skip-budget] [--engine-b PATH]
-        [--gemv-prefetch 0,512,1024,2048] [--note TEXT] [--json OUT]
+        [--b-env NAME=VALUE] [--gemv-prefetch 0,512,1024,2048] [--gemv-streams 1,2,4] [--note TEXT] [--json OUT]
 
 DIR holds model.pi2 and its GGUF twin model.gguf (the same weights), e.g. issue 31's model:
     pi2 models synth --like turbosparse-mistral-7b --layers 8 --no-dense-down --predictor-rank 32 --out DIR
@@ -31,7 +31,12 @@ machine does not favour one end of the list), every figure a minute apart on the
                     a cgroup the run happens but is marked "not enforced": its figures are in-memory ones
   pi2 B memory      with --engine-b: that engine (another build: the one before a change), the same run
                     right after pi2 memory, and the ratios pi2 / B per repetition (a before/after
-                    figure from one run of one machine)
+                    figure from one run of one machine); with --b-env NAME=VALUE, B runs with that in
+                    its environment (B is this engine unless --engine-b names another), e.g.
+                    PI2_X4_STREAMS=4 or PI2_KERNELS=avx2 against the defaults
+  --gemv-prefetch   pi2-probe gemv --prefetch B for each distance B, a table by distance
+  --gemv-streams    pi2-probe gemv --streams S and membw --streams S for each S, a table by stream count:
+                    whether one core reads DRAM faster as several sequential streams
 Prefill = P / time to the first token (pi2) or llama-bench's pp; decode = pi2's whole-decode average (the
 turn's decode_tps over every generated token, as llama-bench's tg averages its N) and, in the JSON, its
 steady state after --warmup tokens. Ratios are medians of the per-repetition ratios. pi2 samples
@@ -135,7 +140,7 @@ def token_ids(n: int, vocab: int) -> str:
 
 
 def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int, n: int, seed: int, vocab: int,
-            warmup: int) -> dict:  # fmt: skip
+            warmup: int, env: dict[str, str] | None = None) -> dict:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pi2-scaling-") as tmp:
         events = Path(tmp) / "events.jsonl"
         cmd = [str(engine), "generate", "-m", str(model), "--tokens", token_ids(p, vocab), "-n", str(n),
@@ -145,8 +150,12 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
             cmd += ["--memory-budget", str(budget)]
         shown = shlex.join([*cmd[:4], "--tokens", f"<{p} ids>", *cmd[6:]]).replace(str(events), "EVENTS")
         t0 = time.monotonic()
-        done = run_budgeted(cmd, budget, evict=[model] if budget else [], timeout=900)
+        done = run_budgeted(
+            cmd, budget, evict=[model] if budget else [], timeout=900, env=os.environ | env if env else None
+        )
         out = {"cmd": shown, "budget": done.budget, "wall_s": round(time.monotonic() - t0, 2)}
+        if env:
+            out["env"] = env
         if done.returncode != 0:
             return out | {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
         ev = parse_events(events.read_text().splitlines())
@@ -162,6 +171,7 @@ def run_pi2(engine: Path, model: Path, threads: int, budget: int | None, p: int,
         "peak_rss_bytes": s.get("peak_rss_bytes"), "io_method": s.get("io_method"),
         "anon_huge_bytes": s.get("anon_huge_bytes"),
         "threads": s.get("threads"), "load_s": ev["start"].get("load_s"),
+        "kernels": {k: ev["start"].get(k) for k in ("kernels", "x4_prefetch", "x4_streams")},
         "memory_budget_source": s.get("memory_budget_source"), "decode_profile": s.get("decode_profile"),
         "prefill_profile": s.get("prefill_profile"),
         "named_per_token": sum(named["by_block"]) / named["decode_steps"] if named.get("decode_steps") else None,
@@ -294,6 +304,40 @@ def print_gemv_sweep(threads: list[int], distances: list[int], sweep: dict[str, 
         print(f"| {t} | " + " | ".join(cells) + " |")
 
 
+def print_streams_sweep(threads: list[int], counts: list[int], gemv: dict[str, list[dict]],
+                        membw: dict[str, list[dict]]) -> None:  # fmt: skip
+    """membw and pi2's decode GEMV (GB/s, medians) by how many streams a thread reads side by side."""
+    print("\nreads by streams per thread (GB/s, medians: pi2-probe membw --streams S, then pi2-probe gemv --streams S; "
+          "the engine reads 1 unless PI2_X4_STREAMS says otherwise)\n"
+          "| threads | " + " | ".join(f"membw {c}" for c in counts) + " | " + " | ".join(f"GEMV {c}" for c in counts)
+          + " |\n|---|" + "---|" * (2 * len(counts)))  # fmt: skip
+    for t in threads:
+        cells = [fmt(statistics.median(m["gb_per_s"] for m in sweep[f"{t}/{c}"]), ".1f")
+                 for sweep in (membw, gemv) for c in counts]  # fmt: skip
+        print(f"| {t} | " + " | ".join(cells) + " |")
+
+
+def parse_list(flag: str, text: str, ok, what: str) -> list[int]:
+    """A comma-separated list of integers, each ok(v), else one clear error line."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"scaling: {flag} needs comma-separated {what}, got '{text}'")
+    if not all(ok(v) for v in vals):
+        sys.exit(f"scaling: {flag} '{text}': {what}")
+    return vals
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        name, eq, value = it.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            sys.exit(f"scaling: --b-env {it!r}: give NAME=VALUE, e.g. PI2_X4_STREAMS=4")
+        out[name] = value
+    return out
+
+
 def per_thread(row: dict, key: str) -> str:
     """A rate and, in brackets, its share per thread (a core's own rate where threads <= cores)."""
     v = row.get(key)
@@ -329,7 +373,7 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
         rows, [lambda r, k=k: per_thread(r, k) for k in ("membw_gb_per_s", "gemv_gb_per_s", "llama_gb_per_s")]
     )
     if any("ab_decode_ratio" in r for r in rows):
-        print("\nthe engine against --engine-b (B), in memory (medians; ratios: per repetition, engine / B)\n"
+        print("\nthe engine against B (--engine-b / --b-env), in memory (medians; ratios: per repetition, engine / B)\n"
               "| threads | prefill | B prefill | prefill ratio | decode | B decode | decode ratio |\n|---|---|---|---|---|---|---|")  # fmt: skip
         print_rows(rows, [("pi2_prefill_tps", ".1f"), ("b_prefill_tps", ".1f"), ("ab_prefill_ratio", ".3f", "x"),
                           ("pi2_decode_tps",), ("b_decode_tps",), ("ab_decode_ratio", ".3f", "x")])  # fmt: skip
@@ -417,6 +461,12 @@ def main() -> None:
     ap.add_argument("--gemv-prefetch", default="",
                     help="comma-separated byte distances (e.g. 0,512,1024,2048): pi2-probe gemv at each of them too, "
                     "per thread count and repetition, and a table of the GB/s by distance (the engine uses 512)")  # fmt: skip
+    ap.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment for B's runs (repeatable); without --engine-b, B is this engine with it: "
+                    "e.g. PI2_X4_STREAMS=4")  # fmt: skip
+    ap.add_argument("--gemv-streams", default="",
+                    help="comma-separated stream counts (1, 2, 4, 8): pi2-probe gemv --streams S and membw "
+                    "--streams S at each, per thread count and repetition, and a table by stream count")  # fmt: skip
     ap.add_argument("--note", default="", help="recorded with the machine, e.g. 'shared with other jobs'")
     ap.add_argument("--json", type=Path, help="default: results/benchmarks/scaling-<cores>core.json")
     a = ap.parse_args()
@@ -425,14 +475,15 @@ def main() -> None:
     if a.reps < 1 or a.p < 1 or a.n < 2 or a.budget_n < 2 or a.llama_budget_n < 1:
         sys.exit("scaling: --reps, -p and --llama-budget-n must be at least 1, -n and --budget-n at least 2")
     threads = parse_threads(a.threads) if a.threads else default_threads(len(os.sched_getaffinity(0)))
-    try:
-        distances = [int(x) for x in a.gemv_prefetch.split(",") if x.strip()]
-    except ValueError:
-        sys.exit(f"scaling: --gemv-prefetch needs comma-separated byte counts, got '{a.gemv_prefetch}'")
-    if any(not 0 <= d <= 65536 for d in distances):
-        sys.exit("scaling: --gemv-prefetch distances must be 0..65536 bytes")
+    distances = parse_list(
+        "--gemv-prefetch", a.gemv_prefetch, lambda d: 0 <= d <= 65536, "byte distances 0..65536"
+    )
+    counts = parse_list(
+        "--gemv-streams", a.gemv_streams, lambda c: c in (1, 2, 4, 8), "stream counts 1, 2, 4 or 8"
+    )
+    b_env = parse_env(a.b_env)
     engine, llama = engine_path(), llama_bench_path()
-    engine_b = a.engine_b
+    engine_b = a.engine_b or (engine if b_env else None)
     if engine_b and not engine_b.is_file():
         sys.exit(f"scaling: --engine-b {engine_b}: no such engine")
     probe_exe = probe_path(engine)
@@ -453,6 +504,8 @@ def main() -> None:
           f"{(host['memory_bytes'] or 0) / 2**30:.0f} GiB, load {host['loadavg_start'][0]:.1f}"
           + (f"; {a.note}" if a.note else ""), flush=True)  # fmt: skip
     print(f"pi2 {commit['commit'] or '?'}{' (dirty)' if commit['dirty'] else ''}; engine {engine}; {llama}")
+    if engine_b:
+        print(f"B: {engine_b}" + (" with " + " ".join(f"{k}={v}" for k, v in b_env.items()) if b_env else ""))
     print(f"model {pi2} ({'synthetic' if facts['synthetic'] else 'real'} weights; GGUF twin {gguf.name}): "
           f"{facts['n_layer']} layers, {facts['n_embd']}/{facts['n_ff']}, {facts['neuron_type']}, {size / MiB:.0f} MiB; "
           f"sparsity {facts['sparsity']:.3f}; threads {threads}"
@@ -476,6 +529,8 @@ def main() -> None:
     membw: dict[int, list[dict]] = {}
     gemv: dict[int, list[dict]] = {}
     gemv_sweep: dict[str, list[dict]] = {}  # "T/B": pi2-probe gemv --threads T --prefetch B, per repetition
+    streams_gemv: dict[str, list[dict]] = {}  # "T/S": pi2-probe gemv --threads T --streams S, per repetition
+    streams_membw: dict[str, list[dict]] = {}  # "T/S": pi2-probe membw --threads T --streams S
     t_start = time.time()
     out = a.json or REPO_ROOT / "results" / "benchmarks" / f"scaling-{host['cores']}core.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -484,12 +539,12 @@ def main() -> None:
     def save(rows: list[dict] | None, how: dict) -> None:
         out.write_text(json.dumps({
             "benchmark": "benchmarks/scaling.py", "argv": sys.argv[1:], "machine": host, "pi2": commit,
-            "engine": str(engine), "engine_b": str(engine_b) if engine_b else None, "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
+            "engine": str(engine), "engine_b": str(engine_b) if engine_b else None, "b_env": b_env, "llama_bench": str(llama), "model": str(pi2), "gguf": str(gguf),
             "synthetic": facts["synthetic"], "facts": facts, "budget_bytes": budget, "budget_how": how,
             "prompt_tokens": a.p, "prompt_token_ids": token_ids(a.p, vocab), "n": a.n, "budget_n": a.budget_n,
             "llama_budget_n": a.llama_budget_n, "reps": a.reps, "threads": threads, "storage": storage,
             "membw": {str(k): v for k, v in membw.items()}, "gemv": {str(k): v for k, v in gemv.items()},
-            "gemv_prefetch": gemv_sweep, "table": rows, "complete": rows is not None,
+            "gemv_prefetch": gemv_sweep, "gemv_streams": streams_gemv, "membw_streams": streams_membw, "table": rows, "complete": rows is not None,
             "runs": runs,
         }, indent=1))  # fmt: skip
 
@@ -501,11 +556,18 @@ def main() -> None:
                 gemv_sweep.setdefault(f"{t}/{d}", []).append(
                     probe(probe_exe, ["gemv", "--threads", str(t), "--reps", "3", "--prefetch", str(d)])
                 )
+            for c in counts:
+                streams_membw.setdefault(f"{t}/{c}", []).append(
+                    probe(probe_exe, ["membw", "--threads", str(t), "--passes", "3", "--streams", str(c)])
+                )
+                streams_gemv.setdefault(f"{t}/{c}", []).append(
+                    probe(probe_exe, ["gemv", "--threads", str(t), "--reps", "3", "--streams", str(c)])
+                )
             steps = [("llama.cpp@memory", lambda t=t: run_llama(llama, gguf, t, None, a.p, a.n)),
                      ("pi2@memory", lambda t=t, rep=rep: run_pi2(engine, pi2, t, None, a.p, a.n, rep + 1, vocab, a.warmup))]  # fmt: skip
             if engine_b:
                 steps += [("pi2 B@memory", lambda t=t, rep=rep: run_pi2(engine_b, pi2, t, None, a.p, a.n, rep + 1, vocab,
-                                                                a.warmup))]  # fmt: skip
+                                                                a.warmup, b_env))]  # fmt: skip
             if budget:
                 steps += [("pi2@budget", lambda t=t, rep=rep: run_pi2(engine, pi2, t, budget, a.p, a.budget_n, rep + 1, vocab,
                                                              a.warmup)),
@@ -528,6 +590,8 @@ def main() -> None:
     print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how)
     if distances:
         print_gemv_sweep(threads, distances, gemv_sweep)
+    if counts:
+        print_streams_sweep(threads, counts, streams_gemv, streams_membw)
     print(f"\n{a.reps} repetitions, {time.time() - t_start:.0f} s; load average {host['loadavg_start'][0]:.1f} at the "
           f"start, {host['loadavg_end'][0]:.1f} at the end")  # fmt: skip
     save(rows, how)
