@@ -256,12 +256,20 @@ def summarize(
             pb, lb = runs[f"pi2@budget t={t}"], runs[f"llama.cpp@budget t={t}"]
             row |= {f"budget_split_{k}": v for k, v in time_split(pb, n_neurons).items()}
             reads = med(pb, "reads_per_token")
+            # decode's read rate: whether more compute threads slow the reads (issue 31) shows here,
+            # where io_wait alone grows whenever faster compute leaves more of the read time uncovered
+            rate = [
+                {"v": r["reads_per_token"] * r["decode_tps"]}
+                for r in pb
+                if r.get("reads_per_token") and r.get("decode_tps")
+            ]
             io_s = reads / storage["iops"] if storage and reads is not None else None
             mem_s = pi2_bytes / (gbs * 1e9)
             row |= {"budget_pi2_prefill_tps": med(pb, "prefill_tps"), "budget_pi2_decode_tps": med(pb, "decode_tps"),
                     "budget_pi2_steady_decode_tps": med(pb, "steady_decode_tps"),
                     "budget_io_wait_s": med(pb, "io_wait_s"), "budget_ffn_s": med(pb, "ffn_s"),
                     "budget_reads_per_token": reads, "budget_hit_rate": med(pb, "hit_rate"),
+                    "budget_reads_per_s": med(rate, "v"),
                     "budget_llama_pp_tps": med(lb, "prefill_tps"), "budget_llama_tg_tps": med(lb, "decode_tps"),
                     "budget_decode_ratio": ratio(pb, lb, "decode_tps"),
                     "budget_bound_tps": 1 / max(mem_s, io_s) if io_s is not None else None,
@@ -353,7 +361,13 @@ def print_rows(rows: list[dict], columns: list) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
-def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, how: dict) -> None:
+def share(v: float | None, of: float | None) -> float | None:
+    return v / of if v is not None and of else None
+
+
+def print_tables(
+    rows: list[dict], p: int, n: int, nb: int, budget: int | None, how: dict, iops: float | None
+) -> None:
     print(f"\nin memory (pi2 decode: whole-decode average; bounds: membw / bytes a token reads)\n"
           f"| threads | llama.cpp pp{p} tok/s | pi2 prefill | llama.cpp tg{n} | pi2 decode | decode ratio | "
           f"prefill ratio | membw GB/s | pi2 bound | llama.cpp bound |\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
@@ -384,10 +398,13 @@ def print_tables(rows: list[dict], p: int, n: int, nb: int, budget: int | None, 
     print(f"\nunder a budget of {budget / MiB:.0f} MiB (pi2: {how['pi2']}; llama.cpp: {how['llama.cpp']}); "
           f"io_wait and FFN time: pi2's whole run\n"
           f"| threads | pi2 prefill | pi2 decode | llama.cpp pp{p} | llama.cpp tg{nb} | decode ratio | io_wait s | "
-          f"FFN s | reads/token | hit rate | bound tok/s (storage) |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+          f"FFN s | reads/token | reads/s (of the probe's) | hit rate | bound tok/s (storage) |\n"
+          f"|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     print_rows(rows, [("budget_pi2_prefill_tps", ".1f"), ("budget_pi2_decode_tps",), ("budget_llama_pp_tps", ".1f"),
                       ("budget_llama_tg_tps",), ("budget_decode_ratio", ".2f", "x"), ("budget_io_wait_s",),
-                      ("budget_ffn_s",), ("budget_reads_per_token", ".0f"), ("budget_hit_rate", ".3f"),
+                      ("budget_ffn_s",), ("budget_reads_per_token", ".0f"),
+                      lambda r: f"{fmt(r.get('budget_reads_per_s'), '.0f')} ({fmt(share(r.get('budget_reads_per_s'), iops), '.0%')})",
+                      ("budget_hit_rate", ".3f"),
                       lambda r: f"{fmt(r.get('budget_bound_tps'))} ({fmt(r.get('budget_storage_bound_tps'))})"])  # fmt: skip
     print_split(rows, "budget_split_", "under the budget")
 
@@ -587,7 +604,7 @@ def main() -> None:
     host["loadavg_end"] = list(os.getloadavg())
     rows = summarize(threads, runs, membw, facts, storage, cores, gemv)
     how = budget_how(runs, "engine-enforced") if budget else {}
-    print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how)
+    print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how, storage["iops"] if storage else None)
     if distances:
         print_gemv_sweep(threads, distances, gemv_sweep)
     if counts:
