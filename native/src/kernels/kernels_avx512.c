@@ -636,20 +636,36 @@ static void x4_pack_act(const pi2_block_q8_0 *a, int64_t nb, x4_act *out) {
 
 static inline __m512i bcast16(const void *p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)); }
 
+/* A record's 4 rows: low and high nibbles (a row per 128-bit lane) and the 4 scales spread to their lanes. */
+static inline __attribute__((always_inline)) void x4_record(const uint8_t *r, __m512i *wl, __m512i *wh, __m512 *dw) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), w = _mm512_loadu_si512(r);
+    *wl = _mm512_and_si512(w, m4), *wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+    *dw = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 64)))));
+}
+
+/* The group's 4 dots from its accumulators into y[0..3]: per row, lanes j + (j + 4), then
+ * (0 + 2) + (1 + 3), hsum8's order (so the floats are pi2_gemm's). */
+static inline __attribute__((always_inline)) void x4_store(__m512 lo, __m512 hi, float *y) {
+    const __m512 s = _mm512_add_ps(lo, hi);
+    const __m512 u = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+    float lanes[16];
+    _mm512_storeu_ps(lanes, v);
+    for (int r = 0; r < 4; r++) y[r] = lanes[4 * r];
+}
+
 /* y[t * ldy + r] for the group's 4 rows and NT tokens; the stream asked for pf bytes ahead (0: not) */
 static inline __attribute__((always_inline)) void x4_tile(int NT, const uint8_t *g, int64_t nb,
                                                          const pi2_block_q8_0 *const *a, const x4_act *const *pa,
                                                          float *y, int64_t ldy, int pf) {
     __m512 lo[4], hi[4];
     for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t b = 0; b < nb; b++, g += X4_RECORD) {
         if (pf) __builtin_prefetch(g + pf, 0, 3);
-        const __m512i w = _mm512_loadu_si512(g);
-        const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        const __m512 dw = _mm512_permutexvar_ps(
-            spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(g + 64)))));
+        __m512i wl, wh;
+        __m512 dw;
+        x4_record(g, &wl, &wh, &dw);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const pi2_block_q8_0 *ab = a[t] + b;
@@ -661,14 +677,7 @@ static inline __attribute__((always_inline)) void x4_tile(int NT, const uint8_t 
             hi[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), s, hi[t]);
         }
     }
-    for (int t = 0; t < NT; t++) { /* per row: lanes j + (j + 4), then (0 + 2) + (1 + 3): hsum8 */
-        const __m512 s = _mm512_add_ps(lo[t], hi[t]);
-        const __m512 u = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
-        const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
-        float lanes[16];
-        _mm512_storeu_ps(lanes, v);
-        for (int r = 0; r < 4; r++) y[t * ldy + r] = lanes[4 * r];
-    }
+    for (int t = 0; t < NT; t++) x4_store(lo[t], hi[t], y + t * ldy);
 }
 
 /* One token over S groups at once (decode), `ss` bytes apart: block by block, each group's record in
@@ -679,8 +688,6 @@ static inline __attribute__((always_inline)) void x4_streams(int S, const uint8_
                                                             int64_t ys, int pf) {
     __m512 lo[8], hi[8];
     for (int s = 0; s < S; s++) lo[s] = hi[s] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t b = 0; b < nb; b++) {
         const __m512i al = bcast16(a[b].qs), ah = bcast16(a[b].qs + 16);
         const __m512i ol = bcast16(pa[b].off), oh = bcast16(pa[b].off + 4);
@@ -689,23 +696,15 @@ static inline __attribute__((always_inline)) void x4_streams(int S, const uint8_
         for (int s = 0; s < S; s++) {
             const uint8_t *r = g + s * ss + (size_t)b * X4_RECORD;
             if (pf) __builtin_prefetch(r + pf, 0, 3);
-            const __m512i w = _mm512_loadu_si512(r);
-            const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-            const __m512 dw = _mm512_permutexvar_ps(
-                spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 64)))));
+            __m512i wl, wh;
+            __m512 dw;
+            x4_record(r, &wl, &wh, &dw);
             const __m512 sc = _mm512_mul_ps(dw, d);
             lo[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(ol, wl, al)), sc, lo[s]);
             hi[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(oh, wh, ah)), sc, hi[s]);
         }
     }
-    for (int s = 0; s < S; s++) {
-        const __m512 v0 = _mm512_add_ps(lo[s], hi[s]);
-        const __m512 u = _mm512_add_ps(v0, _mm512_permute_ps(v0, _MM_SHUFFLE(1, 0, 3, 2)));
-        const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
-        float lanes[16];
-        _mm512_storeu_ps(lanes, v);
-        for (int r = 0; r < 4; r++) y[s * ys + r] = lanes[4 * r];
-    }
+    for (int s = 0; s < S; s++) x4_store(lo[s], hi[s], y + s * ys);
 }
 
 /* Streams closer than this are not worth it: on the Zen 4 VM, four streams 4-9 KiB apart read DRAM at
