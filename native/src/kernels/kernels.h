@@ -219,7 +219,7 @@ const char *pi2_kernel_level_name(pi2_kernel_level level);
  * - prefetch: how far ahead (bytes) it asks for its stream (also at a few tokens); 0: not at all.
  * - streams (1, 2, 4 or 8): a call's rows read as that many runs of groups side by side, a block of
  *   each in turn, instead of one run after another (same floats). Runs under 32 KiB apart are merged:
- *   on the Zen 4 VM, streams 4-9 KiB apart read DRAM at 60-70% of one stream's rate.
+ *   on the Zen 4 VM, streams 4-9 KiB apart read DRAM at 60-80% of one stream's rate.
  * The engine takes PI2_X4_PREFETCH and PI2_X4_STREAMS from the environment, else the defaults. */
 #define PI2_X4_PREFETCH_DEFAULT 512
 #define PI2_X4_PREFETCH_MAX 65536

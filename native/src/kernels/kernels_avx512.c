@@ -708,7 +708,7 @@ static inline __attribute__((always_inline)) void x4_streams(int S, const uint8_
 }
 
 /* Streams closer than this are not worth it: on the Zen 4 VM, four streams 4-9 KiB apart read DRAM at
- * 60-70% of one stream's rate, and from 36 KiB apart at 105-115%. */
+ * 60-80% of one stream's rate, and from 36 KiB apart at 90-120% (membw, pairs alternated). */
 #define X4_STREAM_GAP (32 << 10)
 
 /* decode: the rows' groups as S runs read side by side (S from pi2_kernels_x4_streams, fewer when the
