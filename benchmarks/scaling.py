@@ -258,8 +258,8 @@ def summarize(
             reads = med(pb, "reads_per_token")
             # decode's read rate: whether more compute threads slow the reads (issue 31) shows here,
             # where io_wait alone grows whenever faster compute leaves more of the read time uncovered
-            rate = [
-                {"v": r["reads_per_token"] * r["decode_tps"]}
+            rates = [
+                r["reads_per_token"] * r["decode_tps"]
                 for r in pb
                 if r.get("reads_per_token") and r.get("decode_tps")
             ]
@@ -269,7 +269,7 @@ def summarize(
                     "budget_pi2_steady_decode_tps": med(pb, "steady_decode_tps"),
                     "budget_io_wait_s": med(pb, "io_wait_s"), "budget_ffn_s": med(pb, "ffn_s"),
                     "budget_reads_per_token": reads, "budget_hit_rate": med(pb, "hit_rate"),
-                    "budget_reads_per_s": med(rate, "v"),
+                    "budget_reads_per_s": statistics.median(rates) if rates else None,
                     "budget_llama_pp_tps": med(lb, "prefill_tps"), "budget_llama_tg_tps": med(lb, "decode_tps"),
                     "budget_decode_ratio": ratio(pb, lb, "decode_tps"),
                     "budget_bound_tps": 1 / max(mem_s, io_s) if io_s is not None else None,
