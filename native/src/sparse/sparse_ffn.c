@@ -131,10 +131,10 @@ static void chunk_down(pi2_sparse *s, int c) {
     if (!n) return;
     memset(acc, 0, (size_t)s->E * sizeof(float));
     for (int j = 0; j < n; j += 4) {
-        const int after = n - j - 4 < 0 ? 0 : n - j - 4 < 4 ? n - j - 4 : 4;
+        const int now = n - j < 4 ? n - j : 4, left = n - j - now; /* this call's columns, those after it */
         pi2_ahead next;
-        pi2_ahead_init(&next, cols + j + 4, after, pi2_row_size(wt, s->E));
-        pi2_axpy_rows(wt, s->E, a + j, cols + j, n - j < 4 ? n - j : 4, acc, &next);
+        pi2_ahead_init(&next, cols + j + now, left < 4 ? left : 4, pi2_row_size(wt, s->E));
+        pi2_axpy_rows(wt, s->E, a + j, cols + j, now, acc, &next);
     }
 }
 
@@ -145,13 +145,9 @@ static void unit_done(pi2_sparse *s, int i) {
     if (atomic_fetch_sub_explicit(&s->wave.chunk[c].left, 1, memory_order_acq_rel) == 1) chunk_down(s, c);
 }
 
-/* Every chunk is summed (pending reached 0 after each chunk's last unit): out += the partials in chunk
- * order, slice by slice, each slice taken by one thread. An element gets the same additions in the same
- * order whichever slice holds it. Any subset of the threads finishes it: the wave's job returns only
- * when every thread that joined it has. */
 /* o[j] += q[j], j < w. A whole slice's length is a constant, so -O2's vectorizer (which adds no run-time
- * checks) takes that loop: scalar, the final sum was ~70% of the wave worker's own time, ~1 ms a token of
- * issue 31's model on one thread. */
+ * checks) takes that loop: scalar, the final sum was ~70% of the wave worker's own time, ~0.65 ms a token
+ * of issue 31's model on one thread (perf's share). */
 static inline void add_slice(float *restrict o, const float *restrict q, int64_t w) {
     if (w == PI2_DOWN_REDUCE)
         for (int j = 0; j < PI2_DOWN_REDUCE; j++) o[j] += q[j];
@@ -159,6 +155,10 @@ static inline void add_slice(float *restrict o, const float *restrict q, int64_t
         for (int64_t j = 0; j < w; j++) o[j] += q[j];
 }
 
+/* Every chunk is summed (pending reached 0 after each chunk's last unit): out += the partials in chunk
+ * order, slice by slice, each slice taken by one thread. An element gets the same additions in the same
+ * order whichever slice holds it. Any subset of the threads finishes it: the wave's job returns only
+ * when every thread that joined it has. */
 static void reduce_some(pi2_sparse *s) {
     const int nc = n_chunks(s->wave.len);
     for (;;) {
