@@ -49,9 +49,12 @@ static uint64_t sum_words(const uint64_t *p, size_t n) {
 /* The buffer as `streams` equal runs read side by side, a line of each in turn: how many sequential
  * streams one core keeps going at once changes what it gets from DRAM on some machines (the dense
  * GEMV's --streams). The runs are far apart (a buffer's share), as the GEMV keeps its own. */
+/* words per stream: whole lines (what the passes read is streams times this) */
+static size_t stream_words(size_t n, int streams) { return n / (size_t)streams / 8 * 8; }
+
 static uint64_t sum_streams(const uint64_t *p, size_t n, int streams) {
     if (streams == 1) return sum_words(p, n);
-    const size_t run = n / (size_t)streams / 8 * 8; /* words per stream, whole lines */
+    const size_t run = stream_words(n, streams);
     const u64x2 *v[PI2_MEMBW_MAX_STREAMS];
     for (int k = 0; k < streams; k++) v[k] = (const u64x2 *)(p + (size_t)k * run);
     u64x2 s0 = {0, 0}, s1 = s0, s2 = s0, s3 = s0;
@@ -86,7 +89,7 @@ static int cmp_double(const void *a, const void *b) {
 int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int streams, pi2_membw_result *out) {
     size_t n = bytes_per_thread / 64 * 8;
     if (n_threads < 1 || n_threads > 1024 || n == 0 || passes < 1 || passes > PI2_MEMBW_MAX_PASSES || streams < 1 ||
-        streams > PI2_MEMBW_MAX_STREAMS || n / (size_t)streams < 8) {
+        streams > PI2_MEMBW_MAX_STREAMS || stream_words(n, streams) == 0) {
         pi2_set_error("membw: bad arguments (threads %d, %zu bytes per thread, %d passes, %d streams)", n_threads,
                       bytes_per_thread, passes, streams);
         return -1;
@@ -135,7 +138,7 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int stre
     qsort(sorted, (size_t)passes, sizeof(double), cmp_double);
     out->median_gbps = passes % 2 ? sorted[passes / 2] : (sorted[passes / 2 - 1] + sorted[passes / 2]) / 2;
     out->threads = n_threads, out->passes = passes, out->streams = streams;
-    out->bytes_per_thread = n / (size_t)streams / 8 * 8 * (size_t)streams * sizeof(uint64_t); /* what was read */
+    out->bytes_per_thread = stream_words(n, streams) * (size_t)streams * sizeof(uint64_t); /* what was read */
     rc = 0;
 done:
     if (rc && sh.go == 0) pi2_set_error("membw: cannot allocate %d x %zu bytes", n_threads, n * sizeof(uint64_t));

@@ -748,13 +748,9 @@ static void x4_gemm_q4_0(const void *w, int64_t rows, int64_t n, const void *act
     for (int64_t t = 0; t < tokens; t++) x4_pack_act((const pi2_block_q8_0 *)((const uint8_t *)acts + t * ab), nb, pa + t * nb);
     const int pf = pi2_kernels_x4_prefetch();
     const int S = pi2_kernels_x4_streams();
-    if (tokens == 1 && S > 1) {
-        x4_gemv_streams(w, rows, nb, acts, pa, y, S, pf);
-        if (pa != stack) free(pa);
-        return;
-    }
-    /* each group's records (nb * 72 bytes) stay in L1 while the tokens go by four at a time */
-    for (int64_t r = 0; r < rows; r += 4) {
+    if (tokens == 1 && S > 1) x4_gemv_streams(w, rows, nb, acts, pa, y, S, pf);
+    /* else each group's records (nb * 72 bytes) stay in L1 while the tokens go by four at a time */
+    else for (int64_t r = 0; r < rows; r += 4) {
         const uint8_t *g = (const uint8_t *)w + (size_t)(r / 4) * nb * X4_RECORD;
         for (int64_t t = 0; t < tokens; t += 4) {
             const int nt = tokens - t < 4 ? (int)(tokens - t) : 4;

@@ -145,15 +145,13 @@ static int run_gemv(int argc, char **argv) {
         else if (!strcmp(a, "--mib")) { if (pi2_parse_int_arg(a, v, 9, 1 << 20, &mib)) return -1; i++; }
         else if (!strcmp(a, "--reps")) { if (pi2_parse_int_arg(a, v, 1, PI2_MEMBW_MAX_PASSES, &reps)) return -1; i++; }
         else if (!strcmp(a, "--prefetch")) { if (pi2_parse_int_arg(a, v, 0, PI2_X4_PREFETCH_MAX, &prefetch)) return -1; i++; }
-        else if (!strcmp(a, "--streams")) {
-            if (pi2_parse_int_arg(a, v, 1, 8, &streams)) return -1;
-            if (pi2_kernels_set_x4_streams(streams)) return pi2_set_error("--streams takes 1, 2, 4 or 8, got %d", streams), -1;
-            i++;
-        }
+        else if (!strcmp(a, "--streams")) { if (pi2_parse_int_arg(a, v, 1, 8, &streams)) return -1; i++; }
         else return pi2_set_error("gemv: unknown option '%s' (pi2-probe --help)", a), -1;
     }
+    if (streams >= 0 && pi2_kernels_set_x4_streams(streams))
+        return pi2_set_error("--streams takes 1, 2, 4 or 8, got %d", streams), -1;
+    if (prefetch >= 0) pi2_kernels_set_x4_prefetch(prefetch); /* parsed within its range */
     pi2_gemv_result r;
-    if (prefetch >= 0) pi2_kernels_set_x4_prefetch(prefetch);
     if (pi2_probe_gemv(threads, (size_t)mib << 20, reps, rows, &r)) return -1;
     if (json) {
         printf("{\"probe\": \"gemv\", \"threads\": %d, \"level\": \"%s\", \"x4\": %s, \"x4_prefetch\": %d, "
