@@ -303,25 +303,21 @@ def time_split(runs: list[dict], n_neurons: int, phase: str = "decode") -> dict:
     return {k: med(per_run, k) for k in (*SPLIT, "named_share")}
 
 
-def print_gemv_sweep(threads: list[int], distances: list[int], sweep: dict[str, list[dict]]) -> None:
-    """pi2's decode GEMV (GB/s, medians) by how far ahead its kernel asks for the stream."""
-    print("\npi2's decode GEMV by prefetch distance (GB/s, pi2-probe gemv --prefetch B; the engine uses 512)\n"
-          "| threads | " + " | ".join(f"{d} B" for d in distances) + " |\n|---|" + "---|" * len(distances))  # fmt: skip
+def print_sweep(
+    title: str, threads: list[int], columns: list[tuple[str, dict[str, list[dict]], int]]
+) -> None:
+    """A table of probe rates (GB/s, medians over repetitions) by thread count: one column per (header, the
+    sweep's runs keyed "T/value", value)."""
+    print(
+        f"\n{title}\n| threads | "
+        + " | ".join(h for h, _, _ in columns)
+        + " |\n|---|"
+        + "---|" * len(columns)
+    )
     for t in threads:
-        cells = [fmt(statistics.median(m["gb_per_s"] for m in sweep[f"{t}/{d}"]), ".1f") for d in distances]
-        print(f"| {t} | " + " | ".join(cells) + " |")
-
-
-def print_streams_sweep(threads: list[int], counts: list[int], gemv: dict[str, list[dict]],
-                        membw: dict[str, list[dict]]) -> None:  # fmt: skip
-    """membw and pi2's decode GEMV (GB/s, medians) by how many streams a thread reads side by side."""
-    print("\nreads by streams per thread (GB/s, medians: pi2-probe membw --streams S, then pi2-probe gemv --streams S; "
-          "the engine reads 1 unless PI2_X4_STREAMS says otherwise)\n"
-          "| threads | " + " | ".join(f"membw {c}" for c in counts) + " | " + " | ".join(f"GEMV {c}" for c in counts)
-          + " |\n|---|" + "---|" * (2 * len(counts)))  # fmt: skip
-    for t in threads:
-        cells = [fmt(statistics.median(m["gb_per_s"] for m in sweep[f"{t}/{c}"]), ".1f")
-                 for sweep in (membw, gemv) for c in counts]  # fmt: skip
+        cells = [
+            fmt(statistics.median(m["gb_per_s"] for m in sweep[f"{t}/{v}"]), ".1f") for _, sweep, v in columns
+        ]
         print(f"| {t} | " + " | ".join(cells) + " |")
 
 
@@ -606,9 +602,12 @@ def main() -> None:
     how = budget_how(runs, "engine-enforced") if budget else {}
     print_tables(rows, a.p, a.n, a.llama_budget_n, budget, how, storage["iops"] if storage else None)
     if distances:
-        print_gemv_sweep(threads, distances, gemv_sweep)
+        print_sweep("pi2's decode GEMV by prefetch distance (GB/s, pi2-probe gemv --prefetch B; the engine uses 512)",
+                    threads, [(f"{d} B", gemv_sweep, d) for d in distances])  # fmt: skip
     if counts:
-        print_streams_sweep(threads, counts, streams_gemv, streams_membw)
+        print_sweep("reads by streams per thread (GB/s, medians: pi2-probe membw --streams S, then pi2-probe gemv "
+                    "--streams S; the engine reads 1 unless PI2_X4_STREAMS says otherwise)", threads,
+                    [(f"membw {c}", streams_membw, c) for c in counts] + [(f"GEMV {c}", streams_gemv, c) for c in counts])  # fmt: skip
     print(f"\n{a.reps} repetitions, {time.time() - t_start:.0f} s; load average {host['loadavg_start'][0]:.1f} at the "
           f"start, {host['loadavg_end'][0]:.1f} at the end")  # fmt: skip
     save(rows, how)
