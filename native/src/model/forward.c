@@ -586,13 +586,8 @@ int pi2_forward(pi2_ctx *c, const int32_t *tokens, int n, float *logits_all) {
     /* Only the rows whose logits are wanted go through the output matrix. */
     int first = logits_all ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++) pi2_rmsnorm(c->xn + (t - first) * E, c->x + t * E, m->output_norm, E, m->h.rms_eps);
-    float *dst = logits_all ? logits_all : c->logits;
-    if (rows == 1) {
-        matmul(c, &m->output, c->xn, E, 1, dst, V);
-    } else {
-        /* In chunks of n_batch rows (the logits scratch holds that many). */
-        matmul(c, &m->output, c->xn, E, rows, dst, V);
-    }
+    /* rows <= n <= n_batch: one call, as the activations' scratch holds n_batch rows */
+    matmul(c, &m->output, c->xn, E, rows, logits_all ? logits_all : c->logits, V);
     if (logits_all) memcpy(c->logits, logits_all + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     c->prof.output_ns += pi2_now_ns() - t + (t_emb - t_start);
     c->prof.passes++;
