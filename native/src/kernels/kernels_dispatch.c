@@ -132,7 +132,9 @@ void pi2_kernels_init(void) { pthread_once(&init_once, detect_and_fill); }
  * experiment can run the engine itself with other values; the setters (pi2-probe gemv) come after. */
 static _Atomic int x4_prefetch = PI2_X4_PREFETCH_DEFAULT, x4_streams = PI2_X4_STREAMS_DEFAULT;
 
-static int streams_ok(int n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+/* each setting's rule, for the environment and the setters alike */
+static int prefetch_ok(long bytes) { return bytes >= 0 && bytes <= PI2_X4_PREFETCH_MAX; }
+static int streams_ok(long n) { return n == 1 || n == 2 || n == 4 || n == 8; }
 
 /* A value out of range is said once on stderr and the default kept (the start event records what ran). */
 static void x4_tuning_from_env(void) {
@@ -140,19 +142,19 @@ static void x4_tuning_from_env(void) {
     char *end;
     if (v && *v) {
         const long b = strtol(v, &end, 10);
-        if (*end || b < 0 || b > PI2_X4_PREFETCH_MAX)
+        if (*end || !prefetch_ok(b))
             fprintf(stderr, "pi2: PI2_X4_PREFETCH=%s ignored: give 0..%d bytes\n", v, PI2_X4_PREFETCH_MAX);
         else atomic_store(&x4_prefetch, (int)b);
     }
     if ((v = getenv("PI2_X4_STREAMS")) && *v) {
         const long n = strtol(v, &end, 10);
-        if (*end || n < 1 || n > 8 || !streams_ok((int)n)) fprintf(stderr, "pi2: PI2_X4_STREAMS=%s ignored: give 1, 2, 4 or 8\n", v);
+        if (*end || !streams_ok(n)) fprintf(stderr, "pi2: PI2_X4_STREAMS=%s ignored: give 1, 2, 4 or 8\n", v);
         else atomic_store(&x4_streams, (int)n);
     }
 }
 
 int pi2_kernels_set_x4_prefetch(int bytes) {
-    if (bytes < 0 || bytes > PI2_X4_PREFETCH_MAX) return -1;
+    if (!prefetch_ok(bytes)) return -1;
     pi2_kernels_init();
     atomic_store(&x4_prefetch, bytes);
     return 0;
