@@ -46,12 +46,12 @@ static uint64_t sum_words(const uint64_t *p, size_t n) {
     return s[0] + s[1];
 }
 
-/* The buffer as `streams` equal runs read side by side, a line of each in turn: how many sequential
- * streams one core keeps going at once changes what it gets from DRAM on some machines (the dense
- * GEMV's --streams). The runs are far apart (a buffer's share), as the GEMV keeps its own. */
 /* words per stream: whole lines (what the passes read is streams times this) */
 static size_t stream_words(size_t n, int streams) { return n / (size_t)streams / 8 * 8; }
 
+/* The buffer as `streams` equal runs read side by side, a line of each in turn: how many sequential
+ * streams one core keeps going at once changes what it gets from DRAM on some machines (the dense
+ * GEMV's --streams). The runs are far apart (a buffer's share), as the GEMV keeps its own. */
 static uint64_t sum_streams(const uint64_t *p, size_t n, int streams) {
     if (streams == 1) return sum_words(p, n);
     const size_t run = stream_words(n, streams);
@@ -84,6 +84,14 @@ static void *membw_main(void *arg) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The median of a probe's n (<= PI2_MEMBW_MAX_PASSES) passes; the passes keep their order. */
+static double median_of_passes(const double *pass, int n) {
+    double v[PI2_MEMBW_MAX_PASSES];
+    memcpy(v, pass, sizeof(double) * (size_t)n);
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int streams, pi2_membw_result *out) {
@@ -133,10 +141,7 @@ int pi2_probe_membw(int n_threads, size_t bytes_per_thread, int passes, int stre
         pi2_set_error("membw: cannot start thread %d of %d", started + 1, n_threads);
         goto done;
     }
-    double sorted[PI2_MEMBW_MAX_PASSES];
-    memcpy(sorted, out->pass_gbps, sizeof sorted);
-    qsort(sorted, (size_t)passes, sizeof(double), cmp_double);
-    out->median_gbps = passes % 2 ? sorted[passes / 2] : (sorted[passes / 2 - 1] + sorted[passes / 2]) / 2;
+    out->median_gbps = median_of_passes(out->pass_gbps, passes);
     out->threads = n_threads, out->passes = passes, out->streams = streams;
     out->bytes_per_thread = stream_words(n, streams) * (size_t)streams * sizeof(uint64_t); /* what was read */
     rc = 0;
@@ -389,10 +394,7 @@ int pi2_probe_gemv(int n_threads, size_t bytes, int reps, int rows_layout, pi2_g
         for (int i = 0; i < n_mat; i++) pi2_par_matmul(pool, &m[i], act, 1, y, N);
         out->pass_gbps[p] = (double)out->bytes / ((double)(pi2_now_ns() - t0) * 1e-9) / 1e9;
     }
-    double sorted[PI2_MEMBW_MAX_PASSES];
-    memcpy(sorted, out->pass_gbps, sizeof(double) * (size_t)reps);
-    qsort(sorted, (size_t)reps, sizeof(double), cmp_double);
-    out->median_gbps = sorted[reps / 2];
+    out->median_gbps = median_of_passes(out->pass_gbps, reps);
     rc = 0;
 done:
     pi2_pool_free(pool);
