@@ -81,11 +81,11 @@ static double run(wave *w, int use_ahead, int hot) {
                 if (live[i]) cols[n] = bundle(w, l, i, hot) + 2 * w->part, a[n++] = 0.5f;
             float *acc = w->partial + (size_t)(c0 / CHUNK) * E;
             memset(acc, 0, sizeof(float) * E);
-            for (int j = 0; j < n; j += 4) {
-                const int after = n - j - 4 < 0 ? 0 : n - j - 4 < 4 ? n - j - 4 : 4;
+            for (int j = 0; j < n; j += 4) { /* chunk_down's calls */
+                const int now = n - j < 4 ? n - j : 4, left = n - j - now;
                 pi2_ahead ahead;
-                pi2_ahead_init(&ahead, cols + j + 4, after, w->part);
-                pi2_axpy_rows(PI2_Q4_0, E, a + j, cols + j, n - j < 4 ? n - j : 4, acc, use_ahead ? &ahead : NULL);
+                pi2_ahead_init(&ahead, cols + j + now, left < 4 ? left : 4, w->part);
+                pi2_axpy_rows(PI2_Q4_0, E, a + j, cols + j, now, acc, use_ahead ? &ahead : NULL);
             }
             bytes += (double)n * (double)w->part;
         }
