@@ -263,10 +263,11 @@ def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(bench_env, tin
     """The test daemon's forward delivers streamed tokens in bursts (stamped here they read TBT P50
     0.007 ms, 74524 tok/s, ~150x below the engine's ~1 ms); the server's own per-token stamps give the
     engine's time, the same as the same build on the same weights run here. Local and device runs
-    alternate three times and each turn's least disturbed run counts. The bound is 2x either way, not a
-    tight one: this is a correctness test, not a benchmark, and on a shared 2-vCPU machine a turn's best
-    of three has differed by 1.3x between two runs of the very same build (CI: 1.346 ms local against
-    1.026 ms over adb); host-stamped bursts are two orders of magnitude outside it."""
+    alternate three times and each turn's least disturbed run counts. The bound is 3x either way (as the
+    farm test below allows a shared machine), not a tight one: this is a correctness test, not a
+    benchmark. On a shared 2-vCPU machine one turn's TBT sits near 0.9 ms or near 1.4-1.6 ms from run to
+    run, and a turn's best of three has differed by 1.75x between local and adb with the very same build;
+    host-stamped bursts are ~40x outside the bound."""
     import numpy as np
 
     p50s: dict[str, list[list[float]]] = {"local": [], "adb": []}
@@ -284,7 +285,7 @@ def test_tbt_on_the_device_is_the_engines_not_the_forwards_bursts(bench_env, tin
     local, adb = np.min(p50s["local"], axis=0), np.min(p50s["adb"], axis=0)
     assert len(local) == len(adb) >= 2
     for k, (a, b) in enumerate(zip(local, adb, strict=True)):
-        assert 0.5 <= b / a <= 2.0, (k, p50s)
+        assert 1 / 3 <= b / a <= 3, (k, p50s)
 
 
 @pytest.mark.slow
