@@ -1,4 +1,4 @@
-"""Shared helpers for the engine tests: the built programs and running them.
+"""Shared helpers for the engine tests: the built programs, running them, and whether one still runs.
 
 One rule for a program of the host build (pi2-engine, pi2-probe, pi2-fuzz, ...) that is not there:
 where CI is set, `make test` built it first, so its absence is a failure; anywhere else the tests that
@@ -49,3 +49,12 @@ def engine_logits(model: Path, tokens: list[int], tmp: Path, *extra: str) -> np.
         "eval", "-m", model, "--tokens", ",".join(map(str, tokens)), "--logits-out", out, "--all", *extra
     )
     return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie nobody has reaped yet counts as stopped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:  # gone; reaped between open and read, the read fails with ESRCH (a CI run, 2026-11-27)
+        return False

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from engine_helpers import needs_engine
+from engine_helpers import alive, needs_engine
 
 from pi2cli.bench.recorder import BenchInterrupted, DeviceVanished
 from pi2cli.bench.run import BenchConfig, Reporter, run_bench
@@ -117,14 +117,6 @@ class InterruptAfter(Reporter):
                 self.action()
             else:
                 raise KeyboardInterrupt
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:  # gone; reaped between open and read, the read fails with ESRCH
-        return False
 
 
 @pytest.mark.slow

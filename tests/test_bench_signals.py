@@ -10,17 +10,9 @@ import sys
 import time
 
 import pytest
-from engine_helpers import needs_engine
+from engine_helpers import alive, needs_engine
 
 from pi2cli.errors import Pi2Error
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:  # gone; reaped between open and read, the read fails with ESRCH (a CI run, 2026-11-27)
-        return False
 
 
 def _engine_child(pid: int, timeout: float = 60.0) -> int:
@@ -60,7 +52,7 @@ def test_a_signal_stops_the_engine_stores_the_run_and_leaves_no_temp_dir(tiny_mo
         assert any(tmp.glob("pi2-chat-*")), "the events went somewhere else: the check below proves nothing"
         os.kill(proc.pid, sig)  # `kill -TERM PID`: the CLI alone, not its process group
         t0 = time.monotonic()
-        while _alive(engine) and time.monotonic() - t0 < 10:
+        while alive(engine) and time.monotonic() - t0 < 10:
             time.sleep(0.02)
         stopped_after = time.monotonic() - t0
         _, err = proc.communicate(timeout=60)

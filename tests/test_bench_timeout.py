@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from engine_helpers import needs_engine
-from test_bench_signals import _alive
+from engine_helpers import alive, needs_engine
 
 from pi2cli.bench.run import BenchConfig, Reporter, run_bench
 from pi2cli.cli import cli
@@ -56,7 +55,7 @@ def test_a_run_past_its_limit_is_stopped_and_saved_as_timeout(tiny_model, tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err.decode()  # as for any run that is not ok
     assert b"Traceback" not in err
-    assert engines and not any(_alive(pid) for pid in engines)  # nothing left running
+    assert engines and not any(alive(pid) for pid in engines)  # nothing left running
     assert out.strip(), err.decode()  # the runs' rows, whatever their status
     rows = json.loads(out)["runs"]
     assert [(r["workload"], r["status"]) for r in rows] == [("multi-turn", "timeout"), ("code", "timeout")]
@@ -111,7 +110,7 @@ def test_the_next_run_goes_ahead_and_the_alarm_is_put_back(tiny_model, tmp_path,
     assert time.monotonic() - t0 < 30  # the limit cut the 60 s wait short
     assert first.run["status"] == "timeout" and "in humaneval-0 turn 1/1" in first.run["error"]
     assert second.run["status"] == "ok" and second.workload == "math"
-    assert len(started) == 2 and not _alive(started[0])
+    assert len(started) == 2 and not alive(started[0])
     assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 

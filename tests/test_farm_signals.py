@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_helpers import needs_engine
+from engine_helpers import alive, needs_engine
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bench_signals import _alive  # noqa: E402
 from test_farm_run import device, write_farm  # noqa: E402
 
 
@@ -57,9 +56,9 @@ def test_sigterm_to_farm_run_stops_workers_and_engines_and_stores_the_cell(tiny_
         os.kill(proc.pid, signal.SIGTERM)  # the parent alone, as `kill -TERM PID` does
         _, err = proc.communicate(timeout=60)
         t0 = time.monotonic()
-        while any(_alive(p) for p in family) and time.monotonic() - t0 < 5:
+        while any(alive(p) for p in family) and time.monotonic() - t0 < 5:
             time.sleep(0.05)
-        left = [(p, _cmdline(p)) for p in family if _alive(p)]
+        left = [(p, _cmdline(p)) for p in family if alive(p)]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
